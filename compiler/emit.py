@@ -1,0 +1,228 @@
+"""Render the resolved atlas into files: adapters, tests, pages. Pure: text in memory, no I/O."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import jinja2
+
+from . import markdown
+from .ir import Atlas, FamilyIR, HostIR, ValueIR
+from .readpoint import ReadIR
+
+HEADER_RE = re.compile(r"sha256 ([0-9a-f]{64})")
+
+
+def pylit(value: Any) -> str:
+    """A deterministic Python literal: tuples for sequences, sorted-nothing dicts in given order."""
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, bool) or value is None or isinstance(value, int):
+        return repr(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        inner = ", ".join(pylit(v) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{pylit(k)}: {pylit(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"no literal for {type(value).__name__}")
+
+
+def dictlit(value: Any) -> str:
+    """A JSON-like config mapping as a Python literal with lists (configs want lists)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{pylit(k)}: {dictlit(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(dictlit(v) for v in value) + "]"
+    return pylit(value)
+
+
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("nnatlas.compiler", "templates"),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=jinja2.select_autoescape(["html.j2"], default_for_string=False, default=False),
+    )
+    env.filters["py"] = repr
+    env.filters["pylit"] = pylit
+    env.filters["dictlit"] = dictlit
+    env.filters["md"] = markdown.render
+    env.filters["json"] = lambda v: json.dumps(v, sort_keys=True, ensure_ascii=True).replace("</", "<\\/")
+    return env
+
+
+_ENV: jinja2.Environment | None = None
+
+
+def env() -> jinja2.Environment:
+    global _ENV
+    if _ENV is None:
+        _ENV = _env()
+    return _ENV
+
+
+def class_name(path: str) -> str:
+    if path == "model":
+        return "Model"
+    parts = [p.replace("[i]", "") for p in path.split(".")]
+    parts[0] = parts[0].rstrip("s") if parts[0].endswith("layers") else parts[0]
+    return "".join(w.capitalize() for p in parts for w in p.split("_"))
+
+
+@dataclass
+class _Fn:
+    name: str
+    args: str
+    body: str
+
+
+def _read_args(v: ValueIR, derive: str | None) -> str:
+    if v.derived is not None:
+        return (f"'derived', {v.derived_text!r}, {v.words!r}, deps={pylit(v.derived.names)}, derive={derive}")
+    r: ReadIR | None = v.read
+    assert r is not None
+    args = [repr(r.kind), repr(r.text), repr(r.words)]
+    if r.module:
+        args.append(f"module={pylit(r.module)}")
+    args.append(f"side={r.side!r}")
+    if r.param:
+        args.append(f"param={r.param!r}")
+    if r.access:
+        args.append(f"access={pylit(r.access)}")
+    if r.call:
+        args.append(f"call={r.call!r}")
+    if r.op:
+        args.append(f"op={r.op!r}")
+        args.append(f"occurrence={r.occurrence}")
+    return ", ".join(args)
+
+
+def _ident(text: str) -> str:
+    return re.sub(r"\W+", "_", text).strip("_")
+
+
+def family_context(f: FamilyIR) -> dict[str, Any]:
+    functions: list[_Fn] = []
+    layouts: dict[str, dict[str, Any]] = {}
+    conditions: dict[str, dict[str, Any]] = {}
+    hosts = []
+    for hi, h in enumerate(f.hosts):
+        values = []
+        for v in h.values:
+            lay = layouts.setdefault(v.layout.name, {
+                "var": f"_L_{_ident(v.layout.name)}", "name": v.layout.name, "dims": v.layout.dims,
+                "dtype": v.layout.dtype, "optional": v.layout.optional})
+            needs_var = None
+            if v.needs:
+                cond = conditions.setdefault(v.needs.name, {"var": f"_C_{_ident(v.needs.name)}", "name": v.needs.name,
+                                                            "says": v.needs.says, "fix": v.needs.fix})
+                needs_var = cond["var"]
+            derive = None
+            if v.derived is not None:
+                derive = f"_derive_{_ident(h.ident)}_{v.name}"
+                functions.append(_Fn(derive, "v: Any", v.derived.source))
+            values.append({"name": v.name, "layout_var": lay["var"], "meaning": v.meaning,
+                           "read_args": _read_args(v, derive), "view": v.view, "needs_var": needs_var,
+                           "readonly": v.readonly})
+        identities = []
+        for k, ident in enumerate(h.identities):
+            fn = f"_identity_{_ident(h.ident)}_{k}"
+            functions.append(_Fn(fn, "v: Any", f"({ident.lhs.source}, {ident.rhs.source})"))
+            identities.append({"text": ident.text, "terms": ident.terms, "fn": fn, "op": ident.op,
+                               "atol": ident.atol, "rtol": ident.rtol})
+        when_fn = None
+        if h.when is not None:
+            when_fn = f"_when_{_ident(h.ident)}_{hi}"
+            functions.append(_Fn(when_fn, "c: Any, i: int", h.when.source))
+        hosts.append({"path": h.path, "cls": h.cls, "values": values, "identities": identities,
+                      "when_fn": when_fn, "when_text": h.when_text})
+    for d in f.tiny.draw:
+        if d.expr is not None:
+            functions.append(_Fn(f"_draw_{d.name.lstrip('_')}", "c: Any", d.expr.source))
+    return {
+        "f": f,
+        "classes": _classes(f),
+        "functions": functions,
+        "layouts": list(layouts.values()),
+        "conditions": list(conditions.values()),
+        "hosts": hosts,
+        "trait_names": tuple(t for t, _ in f.traits),
+        "rename": {k: v for k, v in f.rename},
+        "tiny_config": dict(f.tiny.config),
+    }
+
+
+def _classes(f: FamilyIR) -> list[dict[str, Any]]:
+    paths = list(dict.fromkeys(h.path for h in f.hosts))
+    out = []
+    for path in paths:
+        attrs: dict[str, str] = {}
+        for h in f.hosts_at(path):
+            for v in h.values:
+                attrs.setdefault(v.name, "Value")
+        prefix = "" if path == "model" else path + "."
+        for child in paths:
+            if child != path and child.startswith(prefix) and "." not in child[len(prefix):].replace("[i]", ""):
+                rest = child[len(prefix):]
+                if rest.endswith("[i]"):
+                    attrs[rest[:-3]] = f"HostList[{class_name(child)}]"
+                elif "[i]" not in rest:
+                    attrs[rest] = class_name(child)
+        for std, _ in f.rename:
+            if std.startswith(prefix) and "." not in std[len(prefix):] and "[" not in std[len(prefix):]:
+                attrs.setdefault(std[len(prefix):], "Host")
+        hosts = f.hosts_at(path)
+        doc = f"{path}: {', '.join(dict.fromkeys(h.cls for h in hosts))}" if hosts else path
+        out.append({"name": class_name(path), "base": "AtlasModel" if path == "model" else "Host",
+                    "attrs": list(attrs.items()), "doc": doc.replace('"', "'")})
+    # a class must be defined before it is named in an annotation string? (annotations are lazy)
+    return out
+
+
+def render_family(f: FamilyIR) -> str:
+    return env().get_template("family.py.j2").render(**family_context(f))
+
+
+def render_tests(f: FamilyIR) -> str:
+    host_paths = tuple(dict.fromkeys(h.path for h in f.hosts))
+    identity_ids = []
+    for path in host_paths:
+        n = sum(len(h.identities) for h in f.hosts_at(path))
+        identity_ids += [(path, k) for k in range(n)]
+    writable, readonly = [], []
+    for h in f.hosts:
+        for v in h.values:
+            item = (h.path, v.name)
+            if v.readonly:
+                readonly.append(item)
+            elif v.layout.dtype == "float" and item not in writable:
+                writable.append(item)
+    examples = [(n.title, k, src) for n in f.notes for k, src in enumerate(n.examples)]
+    return env().get_template("test_family.py.j2").render(
+        f=f, host_paths=host_paths, identity_ids=tuple(identity_ids), writable=tuple(writable),
+        readonly=tuple(readonly), examples=tuple(examples))
+
+
+def render_page(f: FamilyIR, atlas: Atlas) -> str:
+    return env().get_template("page.html.j2").render(f=f, atlas=atlas, by_host=_by_host(f))
+
+
+def _by_host(f: FamilyIR) -> list[tuple[HostIR, list[ValueIR]]]:
+    return [(h, list(h.values)) for h in f.hosts]
+
+
+def render_index(atlas: Atlas) -> str:
+    names = sorted({v.name for f in atlas.families for h in f.hosts for v in h.values})
+    matrix = {f.name: {v.name for h in f.hosts for v in h.values} for f in atlas.families}
+    return env().get_template("index.html.j2").render(atlas=atlas, value_names=names, matrix=matrix)
+
+
+def render_registry(atlas: Atlas) -> str:
+    return env().get_template("families_init.py.j2").render(atlas=atlas)

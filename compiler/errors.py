@@ -1,0 +1,41 @@
+"""Spec problems with their positions, collected so that one run reports them all."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, order=True)
+class Problem:
+    file: str
+    line: int
+    col: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}: {self.message}"
+
+
+class SpecError(Exception):
+    """One or more problems in the specs; ``str()`` lists each as ``file:line:col: message``."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = sorted(set(problems))
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class Problems:
+    """A collector: ``add`` as many as you find, then ``raise_if_any``."""
+
+    def __init__(self) -> None:
+        self.items: list[Problem] = []
+
+    def add(self, file: str, pos: tuple[int, int], message: str) -> None:
+        self.items.append(Problem(file, pos[0], pos[1], message))
+
+    def extend(self, other: list[Problem]) -> None:
+        self.items.extend(other)
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            raise SpecError(self.items)

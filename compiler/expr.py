@@ -1,0 +1,234 @@
+"""A small, whitelisted expression grammar over Python's ``ast``, compiled to Python source.
+
+Specs write identities (``layer_input + self_attn.attention_output + mlp.mlp_output == layer_output``),
+derived values (``softmax(logits[:, -1], -1)``), config expressions (``head_dim or hidden_size //
+num_attention_heads``), block conditions (``layer_types[i] == 'full_attention'``) and views
+(``unflatten(-1, [num_heads, head_dim])``). Nothing is ever ``eval``-ed: the tree is checked
+node by node against a whitelist and turned into source text that the emitted modules contain.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# Functions a spec may call, and the helper each compiles to (``_fn`` is ``nnatlas.functions``).
+FUNCTIONS: dict[str, int | tuple[int, int]] = {
+    "sigmoid": 1,
+    "softmax": 2,
+    "exp": 1,
+    "abs": 1,
+    "flatten": (1, 2),
+    "unflatten": 3,
+    "sum": 2,
+    "shape": 1,
+    "masked": 1,
+    "l2norm": 1,
+    "cat": 2,
+    "transpose": 3,
+    "repeat_kv": 2,
+}
+CONTEXT_FUNCTIONS = {"masked"}  # these also receive the values mapping (the call's mask, the config)
+CONFIG_FUNCTIONS = {"len": 1, "min": 2, "max": 2, "count": 2}
+VIEW_OPS = {"unflatten": 2, "unsqueeze": 1, "transpose": 2, "flatten": (1, 2)}
+
+_BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Pow: "**", ast.Mod: "%"}
+_CMPOPS = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
+
+
+class ExprError(ValueError):
+    def __init__(self, message: str, col: int = 0):
+        super().__init__(message)
+        self.col = col
+
+
+@dataclass(frozen=True)
+class Compiled:
+    source: str  # Python source of the expression
+    names: tuple[str, ...]  # the dotted names it refers to, in order of first use
+
+
+def _parse(text: str) -> ast.expr:
+    if not isinstance(text, str) or not text.strip():
+        raise ExprError("expected a non-empty expression")
+    if "\n" in text.strip():
+        raise ExprError("an expression is one line")
+    try:
+        return ast.parse(text.strip(), mode="eval").body
+    except SyntaxError as e:
+        raise ExprError(f"not an expression: {e.msg}", (e.offset or 1) - 1) from None
+
+
+def _dotted(node: ast.expr) -> str | None:
+    """``a.b[0].c`` → "a.b[0].c": attribute chains, with integer indexes between attributes."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+        while (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+               and type(node.slice.value) is int and isinstance(node.value, ast.Name | ast.Attribute)):
+            parts[-1] = f"[{node.slice.value}].{parts[-1]}"
+            node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts)).replace(".[", "[")
+    return None
+
+
+class _Emitter:
+    def __init__(self, name_code: Callable[[str], str], functions: dict[str, int | tuple[int, int]], fn_prefix: str,
+                 allow_compare: bool, allow_strings: bool, allow_bool: bool):
+        self.name_code = name_code
+        self.functions = functions
+        self.fn_prefix = fn_prefix
+        self.allow_compare = allow_compare
+        self.allow_strings = allow_strings
+        self.allow_bool = allow_bool
+        self.names: list[str] = []
+
+    def fail(self, node: ast.AST, message: str) -> ExprError:
+        return ExprError(message, getattr(node, "col_offset", 0))
+
+    def emit(self, node: ast.expr) -> str:
+        if isinstance(node, ast.Constant):
+            v = node.value
+            if isinstance(v, bool) or v is None:
+                return repr(v)
+            if isinstance(v, int | float):
+                return repr(v)
+            if isinstance(v, str) and self.allow_strings:
+                return repr(v)
+            if v is Ellipsis:
+                return "..."
+            raise self.fail(node, f"constant {v!r} is not allowed here")
+        if isinstance(node, ast.Name | ast.Attribute):
+            dotted = _dotted(node)
+            if dotted is None:
+                raise self.fail(node, "attributes are allowed only on names (a.b.c)")
+            if dotted not in self.names:
+                self.names.append(dotted)
+            return self.name_code(dotted)
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+            return f"({self.emit(node.left)} {_BINOPS[type(node.op)]} {self.emit(node.right)})"
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return f"(-{self.emit(node.operand)})"
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) and self.allow_bool:
+            return f"(not {self.emit(node.operand)})"
+        if isinstance(node, ast.BoolOp) and self.allow_bool:
+            op = " or " if isinstance(node.op, ast.Or) else " and "
+            return "(" + op.join(self.emit(v) for v in node.values) + ")"
+        if isinstance(node, ast.IfExp) and self.allow_bool:
+            return f"({self.emit(node.body)} if {self.emit(node.test)} else {self.emit(node.orelse)})"
+        if isinstance(node, ast.Compare) and self.allow_compare:
+            if len(node.ops) != 1 or type(node.ops[0]) not in _CMPOPS:
+                raise self.fail(node, "one comparison at a time (==, !=, <, <=, >, >=)")
+            return f"({self.emit(node.left)} {_CMPOPS[type(node.ops[0])]} {self.emit(node.comparators[0])})"
+        if isinstance(node, ast.Subscript):
+            return f"{self.emit(node.value)}[{self.emit_index(node.slice)}]"
+        if isinstance(node, ast.Call):
+            if not isinstance(node.func, ast.Name):
+                raise self.fail(node, "only named functions may be called (no methods)")
+            name = node.func.id
+            if name not in self.functions:
+                allowed = ", ".join(sorted(self.functions))
+                raise self.fail(node, f"unknown function '{name}' (allowed: {allowed})")
+            if node.keywords:
+                raise self.fail(node, f"{name}() takes positional arguments only")
+            arity = self.functions[name]
+            lo, hi = (arity, arity) if isinstance(arity, int) else arity
+            if not lo <= len(node.args) <= hi:
+                raise self.fail(node, f"{name}() takes {lo if lo == hi else f'{lo} to {hi}'} arguments, got {len(node.args)}")
+            args = ", ".join([self.emit(a) for a in node.args] + (["v"] if name in CONTEXT_FUNCTIONS else []))
+            return f"{self.fn_prefix}{name}({args})"
+        if isinstance(node, ast.List | ast.Tuple):
+            inner = ", ".join(self.emit(e) for e in node.elts)
+            return f"[{inner}]" if isinstance(node, ast.List) else f"({inner}{',' if len(node.elts) == 1 else ''})"
+        raise self.fail(node, f"'{ast.unparse(node)}' is not allowed in a spec expression")
+
+    def emit_index(self, node: ast.expr) -> str:
+        if isinstance(node, ast.Slice):
+            parts = [self.emit(p) if p is not None else "" for p in (node.lower, node.upper)]
+            text = f"{parts[0]}:{parts[1]}"
+            if node.step is not None:
+                text += f":{self.emit(node.step)}"
+            return text
+        if isinstance(node, ast.Tuple):
+            return ", ".join(self.emit_index(e) for e in node.elts)
+        return self.emit(node)
+
+
+def compile_identity(text: str) -> tuple[str, Compiled, Compiled]:
+    """``lhs OP rhs`` → (op, lhs, rhs); names are value paths relative to the host."""
+    node = _parse(text)
+    if not isinstance(node, ast.Compare) or len(node.ops) != 1 or type(node.ops[0]) not in _CMPOPS:
+        raise ExprError("an identity is one comparison: lhs == rhs (or <=, <, >=, >)")
+    op = _CMPOPS[type(node.ops[0])]
+    sides = []
+    for side in (node.left, node.comparators[0]):
+        e = _Emitter(lambda n: f"v[{n!r}]", FUNCTIONS, "_fn.", False, False, False)
+        sides.append(Compiled(e.emit(side), tuple(e.names)))
+    return op, sides[0], sides[1]
+
+
+def compile_derived(text: str) -> Compiled:
+    e = _Emitter(lambda n: f"v[{n!r}]", FUNCTIONS, "_fn.", False, False, False)
+    return Compiled(e.emit(_parse(text)), tuple(e.names))
+
+
+def compile_config(text: str | int | float) -> Compiled:
+    """A normalized config attribute: names are config attributes (``vision_config.depth``)."""
+    if isinstance(text, bool):
+        raise ExprError("a config entry is a name or an expression, not a boolean")
+    if isinstance(text, int | float):
+        return Compiled(repr(text), ())
+    e = _Emitter(lambda n: f"_cfg(c, {n!r})", CONFIG_FUNCTIONS, "_fn.cfg_", True, True, True)
+    return Compiled(e.emit(_parse(text)), tuple(e.names))
+
+
+def compile_when(text: str) -> Compiled:
+    """A block condition over the normalized config and the block index ``i``."""
+    def name(n: str) -> str:
+        return "i" if n == "i" else f"_cfg(c, {n!r})"
+    e = _Emitter(name, CONFIG_FUNCTIONS, "_fn.cfg_", True, True, True)
+    return Compiled(e.emit(_parse(text)), tuple(n for n in e.names if n != "i"))
+
+
+def parse_view(text: str) -> list[tuple[str, tuple[object, ...]]]:
+    """``unflatten(-1, [num_heads, head_dim]).transpose(1, 2)`` → [(op, args)], names kept as str."""
+    node = _parse(text)
+    calls: list[ast.Call] = []
+    while True:
+        if not isinstance(node, ast.Call):
+            raise ExprError("a view is a chain of calls: unflatten(...), unsqueeze(...), transpose(...), flatten(...)")
+        calls.append(node)
+        if isinstance(node.func, ast.Name):
+            break
+        if isinstance(node.func, ast.Attribute):
+            node = node.func.value
+            continue
+        raise ExprError("a view is a chain of calls")
+    out = []
+    for call in reversed(calls):
+        fname = call.func.id if isinstance(call.func, ast.Name) else call.func.attr  # type: ignore[union-attr]
+        if fname not in VIEW_OPS:
+            raise ExprError(f"unknown view '{fname}' (allowed: {', '.join(sorted(VIEW_OPS))})", call.col_offset)
+        arity = VIEW_OPS[fname]
+        lo, hi = (arity, arity) if isinstance(arity, int) else arity
+        if call.keywords or not lo <= len(call.args) <= hi:
+            raise ExprError(f"{fname}() takes {lo if lo == hi else f'{lo} to {hi}'} positional arguments", call.col_offset)
+        out.append((fname, tuple(_view_arg(a) for a in call.args)))
+    return out
+
+
+def _view_arg(node: ast.expr) -> object:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
+        return -int(node.operand.value)  # type: ignore[arg-type]
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.List | ast.Tuple):
+        return tuple(_view_arg(e) for e in node.elts)
+    raise ExprError(f"view arguments are integers, config names or lists of them, not '{ast.unparse(node)}'",
+                    getattr(node, "col_offset", 0))

@@ -1,0 +1,166 @@
+"""The resolved, frozen family IR the templates render from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .expr import Compiled
+from .readpoint import ReadIR
+
+REQUIRED_CONFIG = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "qk_head_dim",
+                   "vocab_size", "intermediate_size")
+
+
+@dataclass(frozen=True)
+class LayoutIR:
+    name: str
+    dims: tuple[str, ...]
+    dtype: str
+    optional: bool
+
+    @property
+    def text(self) -> str:
+        name = f"{self.name} | None" if self.optional else self.name
+        return f"{name} [{' '.join(self.dims)}]" if self.dims else name
+
+
+@dataclass(frozen=True)
+class ConditionIR:
+    name: str
+    says: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class ValueIR:
+    name: str
+    layout: LayoutIR
+    meaning: str
+    read: ReadIR | None
+    derived: Compiled | None
+    derived_text: str | None
+    view: tuple[tuple[str, tuple[Any, ...]], ...]
+    view_text: str | None
+    needs: ConditionIR | None
+
+    @property
+    def readonly(self) -> bool:
+        return self.derived is not None
+
+    @property
+    def words(self) -> str:
+        if self.derived is not None:
+            return f"derived from {', '.join(self.derived.names)}: {self.derived_text}"
+        assert self.read is not None
+        return self.read.words + (f", viewed as {self.view_text}" if self.view_text else "")
+
+    @property
+    def where(self) -> str:
+        return self.derived_text if self.derived is not None else (self.read.text if self.read else "")
+
+
+@dataclass(frozen=True)
+class IdentityIR:
+    text: str
+    op: str
+    lhs: Compiled
+    rhs: Compiled
+    atol: float
+    rtol: float
+
+    @property
+    def terms(self) -> tuple[str, ...]:
+        seen: list[str] = []
+        for n in (*self.lhs.names, *self.rhs.names):
+            if n not in seen:
+                seen.append(n)
+        return tuple(seen)
+
+
+@dataclass(frozen=True)
+class HostIR:
+    path: str
+    cls: str
+    when: Compiled | None
+    when_text: str | None
+    values: tuple[ValueIR, ...]
+    identities: tuple[IdentityIR, ...]
+
+    @property
+    def ident(self) -> str:
+        """A Python identifier for the host: ``layers[i].self_attn`` → ``layers_self_attn``."""
+        base = self.path.replace("[i]", "").replace(".", "_")
+        if self.when_text:
+            base += "_" + "".join(ch if ch.isalnum() else "_" for ch in self.when_text).strip("_")
+        return base
+
+
+@dataclass(frozen=True)
+class DrawIR:
+    name: str
+    choices: tuple[Any, ...] | None
+    expr: Compiled | None
+
+
+@dataclass(frozen=True)
+class TinyIR:
+    model_class: str
+    config_class: str
+    config: tuple[tuple[str, Any], ...]
+    draw: tuple[DrawIR, ...]
+    batch: tuple[int, int]
+    seq: tuple[int, int]
+    examples: int
+
+
+@dataclass(frozen=True)
+class CheckpointIR:
+    name: str
+    config: tuple[tuple[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class NoteIR:
+    title: str
+    body: str
+    examples: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FamilyIR:
+    name: str
+    file: str
+    sha256: str
+    extends: str | None
+    title: str
+    lines: tuple[str, ...]
+    summary: str
+    traits: tuple[tuple[str, str], ...]
+    model_types: tuple[str, ...]
+    classes: tuple[str, ...]
+    rename: tuple[tuple[str, tuple[str, ...]], ...]
+    config: tuple[tuple[str, Compiled, str], ...]
+    hosts: tuple[HostIR, ...]
+    tiny: TinyIR
+    checkpoints: tuple[CheckpointIR, ...]
+    notes: tuple[NoteIR, ...]
+    docstring: str
+
+    @property
+    def module_name(self) -> str:
+        return self.name
+
+    def hosts_at(self, path: str) -> tuple[HostIR, ...]:
+        return tuple(h for h in self.hosts if h.path == path)
+
+
+@dataclass(frozen=True)
+class Atlas:
+    """Every family, resolved, with the vocabulary they share."""
+
+    families: tuple[FamilyIR, ...]
+    layouts: tuple[LayoutIR, ...]
+    dims: tuple[tuple[str, str], ...]
+    vocabulary_file: str
+    vocabulary_sha256: str

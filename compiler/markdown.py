@@ -1,0 +1,76 @@
+"""A small Markdown subset for the notes, rendered with everything escaped.
+
+Paragraphs, fenced code blocks (```python / ```), `inline code`, **bold**, and "- " lists.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+from markupsafe import Markup
+
+_INLINE = re.compile(r"`([^`]+)`|\*\*([^*]+)\*\*")
+
+
+def _inline(text: str) -> str:
+    out, pos = [], 0
+    for m in _INLINE.finditer(text):
+        out.append(html.escape(text[pos:m.start()]))
+        if m.group(1) is not None:
+            out.append(f"<code>{html.escape(m.group(1))}</code>")
+        else:
+            out.append(f"<strong>{html.escape(m.group(2))}</strong>")
+        pos = m.end()
+    out.append(html.escape(text[pos:]))
+    return "".join(out)
+
+
+def render(text: str) -> Markup:
+    blocks: list[str] = []
+    lines = text.splitlines()
+    i = 0
+    para: list[str] = []
+    items: list[str] = []
+
+    def flush() -> None:
+        if para:
+            blocks.append(f"<p>{_inline(' '.join(para))}</p>")
+            para.clear()
+        if items:
+            blocks.append("<ul>" + "".join(f"<li>{_inline(x)}</li>" for x in items) + "</ul>")
+            items.clear()
+
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("```"):
+            flush()
+            lang = line[3:].strip()
+            j = i + 1
+            code = []
+            while j < len(lines) and not lines[j].startswith("```"):
+                code.append(lines[j])
+                j += 1
+            cls = f' class="language-{html.escape(lang)}"' if lang else ""
+            runs = ' data-runs="true"' if lang == "python" else ""
+            blocks.append(f"<pre{runs}><code{cls}>{html.escape(chr(10).join(code))}</code></pre>")
+            i = j + 1
+            continue
+        if not line.strip():
+            flush()
+        elif line.startswith("- "):
+            if para:
+                flush()
+            items.append(line[2:].strip())
+        else:
+            if items:
+                flush()
+            para.append(line.strip())
+        i += 1
+    flush()
+    return Markup("\n".join(blocks))
+
+
+def to_text(text: str) -> str:
+    """The notes as plain Markdown (for the .md pages): unchanged but for trailing space."""
+    return "\n".join(line.rstrip() for line in text.splitlines())

@@ -1,0 +1,131 @@
+"""The read-point language: where a value is read, in one line.
+
+    output            the host module's output            output[0], output.logits
+    input             the host module's first input       input.input_ids (a named parameter)
+    norm.output       a child module's boundary (standard or native child names)
+    call:attention.args[1]                  an argument of the attention interface call
+    call:attention.output[0]                its output
+    call:attention > op:softmax.input[0]    a torch operation inside that call (op:NAME#K for the K-th)
+    op:mul#2.output                         a torch operation inside the host's own forward
+
+Each parses into the fields of ``nnatlas.adapter.ReadPoint`` plus a sentence for the pages.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .expr import ExprError
+
+CALLS = {"attention": "the attention interface call"}
+_ACCESS = re.compile(r"\[(-?\d+)\]|\.([A-Za-z_][A-Za-z0-9_]*)|\[['\"]([A-Za-z_][A-Za-z0-9_]*)['\"]\]")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_OP = re.compile(r"op:([A-Za-z_][A-Za-z0-9_]*)(?:#(\d+))?\.(input|output)")
+_SIDES = ("input", "inputs", "output", "args")
+
+
+@dataclass(frozen=True)
+class ReadIR:
+    kind: str
+    text: str
+    words: str
+    module: tuple[str, ...] = ()
+    side: str = "output"
+    param: str | None = None
+    access: tuple[int | str, ...] = ()
+    call: str | None = None
+    op: str | None = None
+    occurrence: int = 0
+
+
+def _accessors(rest: str, offset: int) -> tuple[int | str, ...]:
+    out: list[int | str] = []
+    pos = 0
+    while pos < len(rest):
+        m = _ACCESS.match(rest, pos)
+        if not m:
+            raise ExprError(f"cannot read '{rest[pos:]}': expected [N] or .name", offset + pos)
+        if m.group(1) is not None:
+            out.append(int(m.group(1)))
+        else:
+            out.append(m.group(2) or m.group(3))
+        pos = m.end()
+    return tuple(out)
+
+
+def _access_words(access: tuple[int | str, ...]) -> str:
+    words = []
+    for a in access:
+        words.append(f"element {a}" if isinstance(a, int) else f".{a}")
+    return (", " + ", ".join(words)) if words else ""
+
+
+def _ordinal(k: int) -> str:
+    return {0: "first", 1: "second", 2: "third"}.get(k, f"call {k + 1}")
+
+
+def parse(text: str) -> ReadIR:
+    if not isinstance(text, str) or not text.strip():
+        raise ExprError("a read point is a non-empty string")
+    text = text.strip()
+    call = None
+    body = text
+    if text.startswith("call:"):
+        scope, _, inner = text.partition(" > ")
+        m = re.fullmatch(r"call:([A-Za-z_]+)(.*)", scope)
+        if not m or m.group(1) not in CALLS:
+            raise ExprError(f"unknown interface call in '{scope}' (known: {', '.join('call:' + c for c in CALLS)})")
+        call = m.group(1)
+        if inner:
+            if m.group(2):
+                raise ExprError("write either call:NAME.args[...] / .output[...] or call:NAME > op:...")
+            body = inner
+        else:
+            rest = m.group(2)
+            sm = re.match(r"\.(args|output)", rest)
+            if not sm:
+                raise ExprError(f"'{text}': an interface call is read at .args[N] or .output")
+            side = sm.group(1)
+            access = _accessors(rest[sm.end():], len("call:") + len(call) + sm.end())
+            if side == "args" and (not access or not isinstance(access[0], int)):
+                raise ExprError(f"'{text}': name the argument, e.g. .args[1]")
+            what = "the arguments of" if side == "args" else "the output of"
+            return ReadIR("call", text, f"inside the forward: {what} {CALLS[call]}{_access_words(access)}",
+                          side=side, access=access, call=call)
+    m = _OP.match(body)
+    if m:
+        access = _accessors(body[m.end():], m.end())
+        op, k, side = m.group(1), int(m.group(2) or 0), m.group(3)
+        where = f" inside {CALLS[call]}" if call else " inside the forward"
+        if side == "input" and not access:
+            access = (0,)
+        words = f"the {side} of {op} ({_ordinal(k)} call){where}{_access_words(access)}"
+        return ReadIR("op", text, words, side=side, access=access, call=call, op=op, occurrence=k)
+    if call:
+        raise ExprError(f"'{body}': inside a call, read an operation: op:NAME.input[N] or op:NAME.output")
+    parts: list[str] = []
+    pos = 0
+    while True:
+        m2 = _NAME.match(body, pos)
+        if not m2:
+            raise ExprError(f"'{text}': expected a module name or input/output", pos)
+        name = m2.group(0)
+        pos = m2.end()
+        if name in _SIDES:
+            side = name
+            break
+        parts.append(name)
+        if pos >= len(body) or body[pos] != ".":
+            raise ExprError(f"'{text}': a module boundary ends in .input, .inputs or .output", pos)
+        pos += 1
+    if side == "args":
+        raise ExprError(f"'{text}': .args belongs to an interface call (call:attention.args[N])")
+    access = _accessors(body[pos:], pos)
+    param = None
+    if side == "input" and access and isinstance(access[0], str):
+        param, access = access[0], access[1:]
+    owner = f"the child module {'.'.join(parts)}'s" if parts else "the module's own"
+    noun = {"input": "input", "inputs": "inputs (args, kwargs)", "output": "output"}[side]
+    words = f"{owner} {noun}" + (f" {param}" if param else "") + _access_words(access)
+    return ReadIR("module", text, words, module=tuple(parts), side=side, param=param, access=access)

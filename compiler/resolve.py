@@ -1,0 +1,480 @@
+"""specs/*.yaml → a validated, resolved :class:`Atlas`.
+
+Loads every file keeping positions, merges ``extends:`` chains, validates with pydantic and
+then checks what pydantic cannot see (value names against the vocabulary, read points,
+identities, views, draws, notes' code). Every problem is collected; one :class:`SpecError`
+lists them all as ``file:line:col: message``.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from . import expr, readpoint
+from .errors import Problem, Problems, SpecError
+from .ir import (
+    REQUIRED_CONFIG,
+    Atlas,
+    CheckpointIR,
+    ConditionIR,
+    DrawIR,
+    FamilyIR,
+    HostIR,
+    IdentityIR,
+    LayoutIR,
+    NoteIR,
+    TinyIR,
+    ValueIR,
+)
+from .models import FamilyRaw, HostRaw, IdentityRaw, ValueRaw, Vocabulary
+from .yamlpos import Located, load
+from .yamlpos import Path as DataPath
+
+VOCABULARY = "_vocabulary.yaml"
+_HOST_PATH = re.compile(r"model|[a-z_][a-z0-9_]*(\[i\])?(\.[a-z_][a-z0-9_]*(\[i\])?)*")
+_FAMILY_NAME = re.compile(r"[a-z][a-z0-9_]*")
+_CODE_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
+
+
+def suggest(name: str, options: Any) -> str:
+    close = difflib.get_close_matches(name, list(options), n=3, cutoff=0.6)
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+@dataclass
+class Source:
+    """One spec file: its text, sha256 and located data."""
+
+    rel: str
+    text: str
+    sha256: str
+    located: Located
+
+
+@dataclass
+class Merged:
+    """A family's data after ``extends:``, each path remembering the file that set it."""
+
+    data: dict[str, Any]
+    where: dict[DataPath, tuple[str, tuple[int, int]]] = field(default_factory=dict)
+    keys: dict[DataPath, tuple[str, tuple[int, int]]] = field(default_factory=dict)
+
+    def pos(self, path: DataPath, key: bool = False) -> tuple[str, tuple[int, int]]:
+        p = tuple(path)
+        while True:
+            if key and p in self.keys:
+                return self.keys[p]
+            if not key and p in self.where:
+                return self.where[p]
+            if p in self.keys:
+                return self.keys[p]
+            if not p:
+                return next(iter(self.where.values()))
+            p = p[:-1]
+
+
+def _merge(base: Merged, child: Located) -> Merged:
+    out = Merged(_deepcopy(base.data), dict(base.where), dict(base.keys))
+
+    def walk(dst: dict[str, Any], src: dict[str, Any], path: DataPath) -> None:
+        for key, value in src.items():
+            p = (*path, key)
+            out.keys[p] = (child.file, child.keys.get(p, child.pos(p)))
+            if value is None and key in dst and path and path[-1] == "values":
+                del dst[key]  # `name: null` under values drops an inherited value
+                continue
+            if isinstance(value, dict) and isinstance(dst.get(key), dict):
+                walk(dst[key], value, p)
+            else:
+                dst[key] = _deepcopy(value)
+                for q, pos in child.values.items():
+                    if q[: len(p)] == p:
+                        out.where[q] = (child.file, pos)
+                for q, pos in child.keys.items():
+                    if q[: len(p)] == p:
+                        out.keys[q] = (child.file, pos)
+            out.where[p] = (child.file, child.values.get(p, child.pos(p)))
+
+    walk(out.data, child.data, ())
+    out.where.setdefault((), (child.file, (1, 1)))
+    return out
+
+
+def _deepcopy(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _deepcopy(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_deepcopy(x) for x in v]
+    return v
+
+
+def _pydantic_problems(e: ValidationError, pos: Any) -> list[Problem]:
+    out = []
+    for err in e.errors():
+        loc = tuple(x for x in err["loc"] if not (isinstance(x, str) and x in _UNION_TAGS))
+        file, (line, col) = pos(loc, err["type"] == "extra_forbidden")
+        where = ".".join(str(x) for x in loc)
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            parent = loc[:-1]
+            msg = f"unknown key '{loc[-1]}'" + (f" under '{'.'.join(map(str, parent))}'" if parent else "")
+        elif where:
+            msg = f"{where}: {msg}"
+        out.append(Problem(file, line, col, msg))
+    # pydantic reports one error per union branch; keep the first per position and path
+    seen: set[tuple[str, int, int, str]] = set()
+    kept = []
+    for p in out:
+        key = (p.file, p.line, p.col, p.message.split(":")[0])
+        if key not in seen:
+            seen.add(key)
+            kept.append(p)
+    return kept
+
+
+_UNION_TAGS = {"str", "ValueRaw", "IdentityRaw", "list[nullable[union[str,int,float,bool]]]", "list[str]",
+               "int", "float", "bool", "none", "function-after[check(), ValueRaw]"}
+
+
+def read_sources(spec_dir: Path, root: Path) -> tuple[dict[str, Source], list[Problem]]:
+    sources: dict[str, Source] = {}
+    problems: list[Problem] = []
+    for path in sorted(spec_dir.glob("*.yaml")):
+        rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.as_posix()
+        raw = path.read_bytes()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            problems.append(Problem(rel, 1, 1, f"not UTF-8: {e.reason}"))
+            continue
+        located, probs = load(text, rel)
+        problems.extend(probs)
+        if located is not None:
+            sources[path.name] = Source(rel, text, hashlib.sha256(raw).hexdigest(), located)
+    return sources, problems
+
+
+def resolve(spec_dir: Path, root: Path | None = None) -> Atlas:
+    root = root or spec_dir.parent
+    sources, problems = read_sources(spec_dir, root)
+    found = Problems()
+    found.extend(problems)
+    vocab_src = sources.pop(VOCABULARY, None)
+    if vocab_src is None:
+        if not any(p.file.endswith(VOCABULARY) for p in problems):
+            found.add(f"{spec_dir.name}/{VOCABULARY}", (1, 1), "the shared vocabulary is missing")
+        found.raise_if_any()
+        raise AssertionError("unreachable")
+    try:
+        vocab = Vocabulary.model_validate(vocab_src.located.data)
+    except ValidationError as e:
+        loc = vocab_src.located
+        found.extend(_pydantic_problems(e, lambda p, key: (loc.file, loc.pos(p, key))))
+        found.raise_if_any()
+        raise AssertionError("unreachable") from None
+    layouts = _check_vocabulary(vocab, vocab_src, found)
+
+    families: list[FamilyIR] = []
+    by_name: dict[str, Source] = {}
+    for fname, src in sources.items():
+        name = src.located.data.get("family")
+        if not isinstance(name, str) or not _FAMILY_NAME.fullmatch(name):
+            found.add(src.rel, src.located.pos(("family",)), "'family' must be a lowercase name like qwen3_next")
+            continue
+        if name != fname.removesuffix(".yaml"):
+            found.add(src.rel, src.located.pos(("family",)), f"family '{name}' must live in specs/{name}.yaml")
+            continue
+        by_name[name] = src
+    for name, src in by_name.items():
+        merged = _extends_chain(name, by_name, found)
+        if merged is None:
+            continue
+        try:
+            raw = FamilyRaw.model_validate(merged.data)
+        except ValidationError as e:
+            found.extend(_pydantic_problems(e, merged.pos))
+            continue
+        fam = _Family(src, merged, raw, vocab, layouts, found).build()
+        if fam is not None:
+            families.append(fam)
+    found.raise_if_any()
+    return Atlas(tuple(sorted(families, key=lambda f: f.name)), tuple(layouts.values()),
+                 tuple(vocab.dims.items()), vocab_src.rel, vocab_src.sha256)
+
+
+def _check_vocabulary(vocab: Vocabulary, src: Source, found: Problems) -> dict[str, LayoutIR]:
+    layouts: dict[str, LayoutIR] = {}
+    for name, lay in vocab.layouts.items():
+        dims = tuple(lay.dims.split())
+        for d in dims:
+            if d not in vocab.dims:
+                found.add(src.rel, src.located.pos(("layouts", name, "dims")), f"layout {name}: unknown dim '{d}'" + suggest(d, vocab.dims))
+        if lay.dtype not in ("float", "long", "bool", "object"):
+            found.add(src.rel, src.located.pos(("layouts", name, "dtype")), f"layout {name}: dtype is float, long, bool or object")
+        layouts[name] = LayoutIR(name, dims, lay.dtype, lay.optional)
+    tables = [(("values",), vocab.values)] + [(("streams", s), t) for s, t in vocab.streams.items()]
+    for path, table in tables:
+        for vname, v in table.items():
+            if v.layout not in layouts:
+                found.add(src.rel, src.located.pos((*path, vname, "layout")), f"value {vname}: unknown layout '{v.layout}'" + suggest(v.layout, layouts))
+    return layouts
+
+
+def _extends_chain(name: str, by_name: dict[str, Source], found: Problems) -> Merged | None:
+    chain = [name]
+    while True:
+        data = by_name[chain[-1]].located.data
+        base = data.get("extends")
+        if base is None:
+            break
+        src = by_name[chain[-1]]
+        if not isinstance(base, str) or base not in by_name:
+            found.add(src.rel, src.located.pos(("extends",)), f"extends unknown family '{base}'" + suggest(str(base), by_name))
+            return None
+        if base in chain:
+            cycle = " -> ".join([*chain[chain.index(base):], base])
+            found.add(src.rel, src.located.pos(("extends",)), f"extends cycle: {cycle}")
+            return None
+        chain.append(base)
+    merged: Merged | None = None
+    for fam in reversed(chain):
+        loc = by_name[fam].located
+        if merged is None:
+            merged = Merged(_deepcopy(loc.data), {p: (loc.file, v) for p, v in loc.values.items()},
+                            {p: (loc.file, v) for p, v in loc.keys.items()})
+        else:
+            merged = _merge(merged, loc)
+    assert merged is not None
+    merged.data["family"] = name
+    merged.data["extends"] = by_name[name].located.data.get("extends")
+    return merged
+
+
+class _Family:
+    """Checks one merged family and builds its IR; problems go to ``found``."""
+
+    def __init__(self, src: Source, merged: Merged, raw: FamilyRaw, vocab: Vocabulary,
+                 layouts: dict[str, LayoutIR], found: Problems):
+        self.src, self.merged, self.raw, self.vocab, self.layouts, self.found = src, merged, raw, vocab, layouts, found
+        self.ok = True
+
+    def err(self, path: DataPath, message: str, key: bool = False, col: int = 0) -> None:
+        file, (line, c) = self.merged.pos(path, key)
+        self.found.add(file, (line, c + col if col and not key else c), message)
+        self.ok = False
+
+    def build(self) -> FamilyIR | None:
+        r = self.raw
+        for req in ("title", "lines", "summary", "traits", "loads", "tiny"):
+            if getattr(r, req) is None:
+                self.err((), f"family {r.family}: '{req}' is required (here or in the spec it extends)")
+        for trait in r.traits or []:
+            if trait not in self.vocab.traits:
+                self.err(("traits", (r.traits or []).index(trait)), f"unknown trait '{trait}'" + suggest(trait, self.vocab.traits))
+        config = self.config()
+        if "model" not in r.hosts:
+            self.err(("hosts",), "the hosts must include 'model' (the root)")
+        hosts = [self.host(path, h, config) for path, h in r.hosts.items()]
+        tiny = self.tiny() if r.tiny else None
+        notes = self.notes()
+        if not self.ok or tiny is None:
+            return None
+        hosts_ir = tuple(h for h in hosts if h is not None)
+        self.check_identities(hosts_ir, {k for k, _, _ in config})
+        if not self.ok:
+            return None
+        assert r.title and r.lines and r.summary and r.traits is not None and r.loads
+        return FamilyIR(
+            name=r.family, file=self.src.rel, sha256=self.src.sha256, extends=r.extends, title=r.title,
+            lines=tuple(r.lines), summary=r.summary.strip(),
+            traits=tuple((t, self.vocab.traits[t]) for t in r.traits),
+            model_types=tuple(r.loads.model_types), classes=tuple(r.loads.classes),
+            rename=tuple((k, tuple(v) if isinstance(v, list) else (v,)) for k, v in r.rename.items()),
+            config=tuple(config), hosts=hosts_ir, tiny=tiny,
+            checkpoints=tuple(CheckpointIR(c.name, tuple(c.config.items())) for c in r.checkpoints),
+            notes=notes, docstring=(r.docstring or r.summary).strip(),
+        )
+
+    def config(self) -> list[tuple[str, expr.Compiled, str]]:
+        out = []
+        for key in REQUIRED_CONFIG:
+            if key not in self.raw.config:
+                self.err(("config",), f"config: the normalized attribute '{key}' is required", key=True)
+        for key, text in self.raw.config.items():
+            try:
+                out.append((key, expr.compile_config(text), str(text)))
+            except expr.ExprError as e:
+                self.err(("config", key), f"config.{key}: {e}", col=e.col)
+        return out
+
+    def host(self, path: str, h: HostRaw, config: list[tuple[str, expr.Compiled, str]]) -> HostIR | None:
+        at = ("hosts", path)
+        if not _HOST_PATH.fullmatch(path):
+            self.err(at, f"host path '{path}' is not 'model' or a dotted path like layers[i].self_attn", key=True)
+            return None
+        if path != "model" and path.split(".")[0].removesuffix("[i]") not in self.raw.rename:
+            first = path.split(".")[0].removesuffix("[i]")
+            self.err(at, f"host '{path}': '{first}' is not in rename (say which native module it is)" + suggest(first, self.raw.rename), key=True)
+        if h.cls is None:
+            self.err(at, f"host '{path}': 'class' (the native class) is required", key=True)
+        when = None
+        if h.when is not None:
+            try:
+                when = expr.compile_when(h.when)
+            except expr.ExprError as e:
+                self.err((*at, "when"), f"when: {e}", col=e.col)
+        table = self.vocab.values
+        if h.stream is not None:
+            if h.stream not in self.vocab.streams:
+                self.err((*at, "stream"), f"unknown stream '{h.stream}'" + suggest(h.stream, self.vocab.streams))
+            else:
+                table = {**table, **self.vocab.streams[h.stream]}
+        config_names = {k for k, _, _ in config}
+        values = []
+        for vname, v in h.values.items():
+            vat = (*at, "values", vname)
+            if v is None:
+                continue
+            if vname not in table:
+                self.err(vat, f"unknown value '{vname}'" + suggest(vname, table), key=True)
+                continue
+            value = v if isinstance(v, ValueRaw) else ValueRaw(read=v)
+            values.append(self.value(vname, value, table[vname], vat, config_names))
+        names = [v.name for v in values if v]
+        for v in values:
+            if v and v.derived:
+                for dep in v.derived.names:
+                    if dep not in names:
+                        self.err((*at, "values", v.name, "derived"), f"{v.name}: derived from '{dep}', which this host does not have" + suggest(dep, names))
+        identities = []
+        for k, ident in enumerate(h.identities):
+            iat = (*at, "identities", k)
+            item = ident if isinstance(ident, IdentityRaw) else IdentityRaw(check=ident)
+            try:
+                op, lhs, rhs = expr.compile_identity(item.check)
+            except expr.ExprError as e:
+                self.err(iat if isinstance(ident, str) else (*iat, "check"), f"identity: {e}", col=e.col)
+                continue
+            identities.append(IdentityIR(item.check, op, lhs, rhs, float(item.atol), float(item.rtol)))
+        return HostIR(path, h.cls or "", when, h.when, tuple(v for v in values if v), tuple(identities))
+
+    def value(self, name: str, v: ValueRaw, vocab_value: Any, at: DataPath, config_names: set[str]) -> ValueIR | None:
+        if (v.read is None) == (v.derived is None):
+            self.err(at, f"{name}: give exactly one of 'read' (a read point) or 'derived' (an expression)", key=True)
+            return None
+        read = derived = None
+        try:
+            if v.read is not None:
+                read = readpoint.parse(v.read)
+            else:
+                derived = expr.compile_derived(v.derived or "")
+        except expr.ExprError as e:
+            sub = () if isinstance(self.merged_value(at), str) else ("read" if v.read is not None else "derived",)
+            self.err((*at, *sub), f"{name}: {e}", col=e.col)
+            return None
+        view: list[tuple[str, tuple[Any, ...]]] = []
+        if v.view is not None:
+            try:
+                view = expr.parse_view(v.view)
+            except expr.ExprError as e:
+                self.err((*at, "view"), f"{name}: view: {e}", col=e.col)
+            for _, args in view:
+                for a in _flat(args):
+                    if isinstance(a, str) and a not in config_names:
+                        self.err((*at, "view"), f"{name}: view names '{a}', which is not a config entry" + suggest(a, config_names))
+        needs = None
+        if v.needs is not None:
+            cond = self.vocab.conditions.get(v.needs)
+            if cond is None:
+                self.err((*at, "needs"), f"{name}: unknown condition '{v.needs}'" + suggest(v.needs, self.vocab.conditions))
+            else:
+                needs = ConditionIR(v.needs, cond.says, cond.fix)
+        layout = self.layouts.get(vocab_value.layout)
+        if layout is None:
+            return None
+        return ValueIR(name, layout, vocab_value.meaning, read, derived, v.derived, tuple(view), v.view, needs)
+
+    def merged_value(self, path: DataPath) -> Any:
+        node: Any = self.merged.data
+        for p in path:
+            node = node[p]
+        return node
+
+    def check_identities(self, hosts: tuple[HostIR, ...], config_names: set[str]) -> None:
+        by_path: dict[str, set[str]] = {}
+        for h in hosts:
+            by_path.setdefault(h.path, set()).update(v.name for v in h.values)
+        for h in hosts:
+            for k, ident in enumerate(h.identities):
+                for term in ident.terms:
+                    if term not in config_names and not self.term_exists(h.path, term, by_path):
+                        known = sorted(by_path.get(h.path, set()))
+                        self.err(("hosts", h.path, "identities", k), f"identity term '{term}' names nothing on host {h.path}" + suggest(term.split(".")[-1], known))
+
+    @staticmethod
+    def term_exists(host: str, term: str, by_path: dict[str, set[str]]) -> bool:
+        parts = term.split(".")
+        if parts[-1] in ("input", "output"):
+            return True  # a module boundary: checked on the live model by the generated tests
+        prefix = re.sub(r"\[\d+\]", "[i]", ".".join(parts[:-1]))
+        target = host if not prefix else (prefix if host == "model" else f"{host}.{prefix}")
+        return parts[-1] in by_path.get(target, set())
+
+    def tiny(self) -> TinyIR | None:
+        t = self.raw.tiny
+        assert t is not None
+        draws = []
+        known: set[str] = set(t.config)
+        for key, spec in t.draw.items():
+            at = ("tiny", "draw", key)
+            if isinstance(spec, list):
+                if not spec:
+                    self.err(at, f"tiny.draw.{key}: an empty list has nothing to draw")
+                draws.append(DrawIR(key, tuple(spec), None))
+            else:
+                try:
+                    c = expr.compile_config(spec)
+                except expr.ExprError as e:
+                    self.err(at, f"tiny.draw.{key}: {e}", col=e.col)
+                    continue
+                for n in c.names:
+                    if n.split(".")[0] not in known:
+                        self.err(at, f"tiny.draw.{key}: '{n}' is not drawn or fixed before it")
+                draws.append(DrawIR(key, None, c))
+            known.add(key)
+        for rng, name in ((t.batch, "batch"), (t.seq, "seq")):
+            if not 1 <= rng[0] <= rng[1]:
+                self.err(("tiny", name), f"tiny.{name}: a range [low, high] with 1 <= low <= high")
+        return TinyIR(t.model_class, t.config_class, tuple(t.config.items()), tuple(draws), t.batch, t.seq, t.examples)
+
+    def notes(self) -> tuple[NoteIR, ...]:
+        out = []
+        for k, note in enumerate(self.raw.notes):
+            examples = []
+            for block in _CODE_BLOCK.findall(note.body):
+                try:
+                    ast.parse(block)
+                except SyntaxError as e:
+                    self.err(("notes", k, "body"), f"note '{note.title}': example does not parse: {e.msg} (line {e.lineno} of the block)")
+                    continue
+                examples.append(block)
+            out.append(NoteIR(note.title, note.body.strip(), tuple(examples)))
+        return tuple(out)
+
+
+def _flat(args: Any) -> list[Any]:
+    out: list[Any] = []
+    for a in args:
+        out.extend(_flat(a) if isinstance(a, tuple) else [a])
+    return out
+
+
+__all__ = ["resolve", "SpecError", "suggest"]

@@ -1,0 +1,116 @@
+"""YAML to plain data, keeping where every key and value stands.
+
+Safe by construction: only the safe loader's scalars, mappings and sequences; anchors and
+aliases are refused (no alias bombs), as are duplicate keys, tabs in indentation, multiple
+documents and a document that is not a mapping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from .errors import Problem
+
+Path = tuple[str | int, ...]
+MAX_BYTES = 1 << 20
+
+
+@dataclass
+class Located:
+    """A document's data and the (line, col) of each path, 1-based; ``keys`` holds mapping keys."""
+
+    file: str
+    data: dict[str, Any]
+    values: dict[Path, tuple[int, int]] = field(default_factory=dict)
+    keys: dict[Path, tuple[int, int]] = field(default_factory=dict)
+
+    def pos(self, path: Path, key: bool = False) -> tuple[int, int]:
+        """The position of ``path``, or of its nearest ancestor that has one."""
+        table = self.keys if key else self.values
+        p = tuple(path)
+        while p:
+            if p in table:
+                return table[p]
+            if not key and p in self.keys:
+                return self.keys[p]
+            p = p[:-1]
+        return self.values.get((), (1, 1))
+
+
+def _mark(node: yaml.Node) -> tuple[int, int]:
+    return (node.start_mark.line + 1, node.start_mark.column + 1)
+
+
+def load(text: str, file: str) -> tuple[Located | None, list[Problem]]:
+    problems: list[Problem] = []
+    if len(text.encode()) > MAX_BYTES:
+        return None, [Problem(file, 1, 1, f"spec is larger than {MAX_BYTES} bytes")]
+    for n, line in enumerate(text.splitlines(), 1):
+        stripped = line.lstrip(" ")
+        if stripped.startswith("\t"):
+            problems.append(Problem(file, n, len(line) - len(stripped) + 1, "tab in indentation; indent with spaces"))
+    if problems:
+        return None, problems
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                what = "alias" if isinstance(event, yaml.AliasEvent) else "anchor"
+                m = event.start_mark
+                problems.append(Problem(file, m.line + 1, m.column + 1, f"{what} '{event.anchor}': anchors and aliases are not allowed in specs"))
+        if problems:
+            return None, problems
+        docs = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        return None, [Problem(file, line, col, f"invalid YAML: {e.problem or e.context}")]
+    except yaml.YAMLError as e:  # pragma: no cover - yaml raises marked errors for text input
+        return None, [Problem(file, 1, 1, f"invalid YAML: {e}")]
+    if len(docs) != 1 or docs[0] is None:
+        where = _mark(docs[1]) if len(docs) > 1 else (1, 1)
+        return None, [Problem(file, *where, "a spec is exactly one YAML document")]
+    root = docs[0]
+    if not isinstance(root, yaml.MappingNode):
+        return None, [Problem(file, *_mark(root), "a spec must be a mapping of keys to values")]
+    located = Located(file, {})
+    seen: set[int] = set()
+    scalars = yaml.constructor.SafeConstructor()
+
+    def build(node: yaml.Node, path: Path) -> Any:
+        located.values[path] = _mark(node)
+        if id(node) in seen:  # the composer hands an alias back as the anchored node itself
+            problems.append(Problem(file, *_mark(node), "anchors and aliases are not allowed in specs"))
+            return None
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            out: dict[str, Any] = {}
+            for knode, vnode in node.value:
+                if knode.tag == "tag:yaml.org,2002:merge":
+                    problems.append(Problem(file, *_mark(knode), "merge keys (<<) are not allowed in specs"))
+                    continue
+                if not isinstance(knode, yaml.ScalarNode):
+                    problems.append(Problem(file, *_mark(knode), "mapping keys must be plain strings"))
+                    continue
+                key = str(knode.value)
+                if key in out:
+                    first = located.keys[(*path, key)]
+                    problems.append(
+                        Problem(file, *_mark(knode), f"duplicate key '{key}' (first at line {first[0]})")
+                    )
+                    continue
+                located.keys[(*path, key)] = _mark(knode)
+                out[key] = build(vnode, (*path, key))
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [build(item, (*path, i)) for i, item in enumerate(node.value)]
+        try:
+            return scalars.construct_object(node)
+        except yaml.YAMLError as e:
+            problems.append(Problem(file, *_mark(node), f"invalid scalar: {str(e).splitlines()[0]}"))
+            return None
+
+    located.data = build(root, ())
+    return (located if not problems else None), problems

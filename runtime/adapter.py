@@ -1,0 +1,143 @@
+"""The data a family adapter is made of.
+
+Generated modules under ``nnatlas.families`` build one :class:`Family` from these frozen
+dataclasses; the runtime reads nothing else about a family. Nothing here imports torch or
+transformers, so the compiler's tests and the generated modules stay cheap to import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+ReadKind = Literal["module", "call", "op", "derived"]
+Side = Literal["input", "output", "inputs", "args"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A named shape: ``Residual = [batch seq hidden_size]``."""
+
+    name: str
+    dims: tuple[str, ...]
+    dtype: Literal["float", "long", "bool", "object"] = "float"
+    optional: bool = False  # "State | None": the value may be None
+
+    @property
+    def text(self) -> str:
+        dims = f"[{' '.join(self.dims)}]" if self.dims else ""
+        name = f"{self.name} | None" if self.optional else self.name
+        return f"{name} {dims}".strip()
+
+
+@dataclass(frozen=True)
+class ViewOp:
+    """One step of a view onto a layout, e.g. ``unflatten(-1, [num_heads, head_dim])``.
+
+    Arguments that are strings name normalized config attributes, resolved when served.
+    """
+
+    name: Literal["unflatten", "unsqueeze", "transpose", "flatten"]
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class ReadPoint:
+    """Where a value is read, in the terms of one runtime mechanism.
+
+    kind ``module``: the host's (or a child module's) boundary: ``side`` input / output / inputs.
+    kind ``call``: an interface call made inside the host's forward (``call`` = ``attention``):
+    its positional ``args`` or its ``output``.
+    kind ``op``: a torch operation (``op`` name and ``occurrence``) inside an interface call
+    (``call``) or inside the host's forward (``call`` None): its ``input`` or ``output``.
+    kind ``derived``: computed by ``derive`` from other values of the host (``deps``); read-only.
+    """
+
+    kind: ReadKind
+    text: str
+    words: str
+    module: tuple[str, ...] = ()
+    side: Side = "output"
+    param: str | None = None
+    access: tuple[int | str, ...] = ()
+    call: str | None = None
+    op: str | None = None
+    occurrence: int = 0
+    deps: tuple[str, ...] = ()
+    derive: Callable[[Mapping[str, Any]], Any] | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A load condition that makes a value ⚠︎ conditional (``eager``)."""
+
+    name: str
+    says: str  # shown beside the value: "needs attn_implementation='eager'"
+    fix: str  # what load fixes it
+
+
+@dataclass(frozen=True)
+class ValueSpec:
+    name: str
+    layout: Layout
+    meaning: str
+    read: ReadPoint
+    view: tuple[ViewOp, ...] = ()
+    needs: Condition | None = None
+    readonly: bool = False
+
+
+@dataclass(frozen=True)
+class Identity:
+    """An equation between values of one host, compiled to ``check(values) -> (lhs, rhs)``."""
+
+    text: str
+    terms: tuple[str, ...]
+    check: Callable[[Mapping[str, Any]], tuple[Any, Any]] = field(compare=False)
+    op: str = "=="
+    atol: float = 0.0
+    rtol: float = 0.0
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """A host path (``layers[i].self_attn``), its native class and its values."""
+
+    path: str
+    cls: str
+    values: tuple[ValueSpec, ...]
+    identities: tuple[Identity, ...] = ()
+    when: Callable[[Any, int], bool] | None = field(default=None, compare=False)
+    when_text: str | None = None
+
+    def value(self, name: str) -> ValueSpec | None:
+        for v in self.values:
+            if v.name == name:
+                return v
+        return None
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    title: str
+    lines: tuple[str, ...]
+    summary: str
+    traits: tuple[str, ...]
+    model_types: tuple[str, ...]
+    classes: tuple[str, ...]
+    rename: Mapping[str, tuple[str, ...]]
+    config: Mapping[str, Callable[[Any], Any]] = field(compare=False)
+    hosts: tuple[HostSpec, ...] = ()
+    spec_file: str = ""
+    spec_sha256: str = ""
+
+    def host(self, path: str) -> HostSpec | None:
+        for h in self.hosts:
+            if h.path == path:
+                return h
+        return None
+
+    def hosts_at(self, path: str) -> tuple[HostSpec, ...]:
+        return tuple(h for h in self.hosts if h.path == path)

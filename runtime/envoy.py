@@ -1,0 +1,331 @@
+"""The standard-name tree a researcher navigates: hosts, host lists and value handles.
+
+``model.layers[3].self_attn`` is a :class:`Host` (a native module under its standard name);
+``model.layers[3].self_attn.attention_queries`` is a :class:`Value` handle. A handle reads
+nothing by itself: inside a trace, ``.save()``, assignment and in-place edits record
+requests that the forward serves.
+"""
+
+from __future__ import annotations
+
+import difflib
+import operator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import torch
+
+from .adapter import HostSpec, ReadPoint, ValueSpec
+from .errors import NnatlasError, Unavailable, UnknownName
+from .trace import Box, Expr, Request, Target, Tracer
+
+if TYPE_CHECKING:
+    from .model import AtlasModel
+
+BOUNDARIES = {
+    "input": ReadPoint("module", "input", "the module's own input", side="input"),
+    "inputs": ReadPoint("module", "inputs", "the module's own inputs (args, kwargs)", side="inputs"),
+    "output": ReadPoint("module", "output", "the module's own output", side="output"),
+}
+
+
+def resolve_native(root: torch.nn.Module, dotted: str) -> torch.nn.Module | None:
+    node: Any = root
+    for part in dotted.split("."):
+        node = node._modules.get(part) if isinstance(node, torch.nn.Module) else None
+        if node is None:
+            return None
+    return node  # type: ignore[no-any-return]
+
+
+class Host:
+    """A native module under its standard name, with the values its family serves there."""
+
+    _model: AtlasModel
+    _module: torch.nn.Module
+    _label: str
+    _pattern: str
+    _index: int | None
+
+    def __init__(self, model: AtlasModel | None, module: torch.nn.Module, label: str, pattern: str,
+                 index: int | None = None):
+        object.__setattr__(self, "_model", model if model is not None else self)
+        object.__setattr__(self, "_module", module)
+        object.__setattr__(self, "_label", label)
+        object.__setattr__(self, "_pattern", pattern)
+        object.__setattr__(self, "_index", index)
+
+    # -- what applies here --
+    def _block_index(self) -> int | None:
+        return self._index
+
+    def _specs(self) -> list[HostSpec]:
+        return self._model._specs_for(self._pattern, self._block_index())
+
+    def _value_names(self) -> list[str]:
+        return [v.name for s in self._specs() for v in s.values]
+
+    def _child(self, name: str) -> Host | HostList | None:
+        model = self._model
+        key = name if self._pattern == "model" else f"{self._pattern}.{name}"
+        natives = model._family.rename.get(key)
+        if natives:
+            for native in natives:
+                found = resolve_native(self._module, native)
+                if found is not None:
+                    return model._host(found, self._join(name), key)
+            return None
+        child = self._module._modules.get(name)
+        if child is not None:
+            return model._host(child, self._join(name), key)
+        return None
+
+    def _join(self, name: str) -> str:
+        return name if self._pattern == "model" else f"{self._label}.{name}"
+
+    def _resolve_module(self, path: tuple[str, ...], what: str) -> torch.nn.Module:
+        node: Host | HostList = self
+        for part in path:
+            nxt = node._child(part) if isinstance(node, Host) else None
+            if nxt is None:
+                raise UnknownName(f"{what}: {self._label or 'model'} has no child module '{part}'")
+            node = nxt
+        if not isinstance(node, Host):
+            raise NnatlasError(f"{what}: {'.'.join(path)} is a list of modules; index it")
+        return node._module
+
+    def _standard_names(self) -> list[str]:
+        prefix = "" if self._pattern == "model" else f"{self._pattern}."
+        kids = [k[len(prefix):] for k in self._model._family.rename if k.startswith(prefix) and "." not in k[len(prefix):]]
+        return [*self._value_names(), *kids, *self._module._modules, "input", "inputs", "output"]
+
+    # -- attribute protocol --
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        for spec in self._specs():
+            v = spec.value(name)
+            if v is not None:
+                return Value(self, name, v, v.read)
+        if name in BOUNDARIES:
+            return Value(self, name, None, BOUNDARIES[name])
+        child = self._child(name)
+        if child is not None:
+            return child
+        self._model._explain_missing(self, name)
+        close = difflib.get_close_matches(name, self._standard_names(), n=4, cutoff=0.5)
+        hint = f"; nearest: {', '.join(close)}" if close else ""
+        raise UnknownName(f"{self._label or 'model'} ({type(self._module).__name__}) has no value or module '{name}'{hint}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+            return
+        handle = getattr(self, name)
+        if not isinstance(handle, Value):
+            raise AttributeError(f"{name} is a module, not a value; assign to one of its values")
+        handle._assign(value)
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(self._standard_names()))
+
+    def __repr__(self) -> str:
+        return f"<{self._label or 'model'}: {type(self._module).__name__}>"
+
+
+H = TypeVar("H", bound=Host)
+
+
+class HostList(Generic[H]):
+    """A ModuleList under its standard name: ``model.layers[i]``."""
+
+    def __init__(self, model: AtlasModel, module: torch.nn.ModuleList, label: str, pattern: str):
+        self._model, self._module, self._label, self._pattern = model, module, label, pattern
+
+    def __len__(self) -> int:
+        return len(self._module)
+
+    def __getitem__(self, i: int) -> H:
+        if not isinstance(i, int):
+            raise TypeError(f"{self._label}[...] takes one integer index")
+        n = len(self._module)
+        if not -n <= i < n:
+            raise IndexError(f"{self._label}[{i}]: there are {n} ({self._label}[0] to {self._label}[{n - 1}])")
+        i %= n
+        return Host(self._model, self._module[i], f"{self._label}[{i}]", f"{self._pattern}[i]", i)  # type: ignore[return-value]
+
+    def __iter__(self) -> Iterator[H]:
+        return (self[i] for i in range(len(self)))
+
+    def _child(self, name: str) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"<{self._label}: {len(self)} x {type(self._module[0]).__name__ if len(self) else 'empty'}>"
+
+
+def _lazy_binop(op: Callable[[Any, Any], Any], reflected: bool = False) -> Callable[[Any, Any], LazyExpr]:
+    def method(self: Any, other: Any) -> LazyExpr:
+        a, b = self._node(), _node(other)
+        return LazyExpr(Expr(op, (b, a) if reflected else (a, b)))
+    return method
+
+
+def _node(x: Any) -> Any:
+    if isinstance(x, Value | LazyExpr):
+        return x._node()
+    if isinstance(x, list | tuple):
+        return type(x)(_node(i) for i in x)
+    return x
+
+
+class _Lazy:
+    """Arithmetic and torch functions on handles build deferred expressions."""
+
+    def _node(self) -> Any:
+        raise NotImplementedError
+
+    __add__ = _lazy_binop(operator.add)
+    __radd__ = _lazy_binop(operator.add, True)
+    __sub__ = _lazy_binop(operator.sub)
+    __rsub__ = _lazy_binop(operator.sub, True)
+    __mul__ = _lazy_binop(operator.mul)
+    __rmul__ = _lazy_binop(operator.mul, True)
+    __truediv__ = _lazy_binop(operator.truediv)
+    __rtruediv__ = _lazy_binop(operator.truediv, True)
+    __matmul__ = _lazy_binop(operator.matmul)
+    __pow__ = _lazy_binop(operator.pow)
+
+    def __neg__(self) -> LazyExpr:
+        return LazyExpr(Expr(operator.neg, (self._node(),)))
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> LazyExpr:
+        return LazyExpr(Expr(func, _node(tuple(args)), {k: _node(v) for k, v in (kwargs or {}).items()}))
+
+
+class LazyExpr(_Lazy):
+    """A deferred expression over values of the trace (``model.layers[1].output * 2``)."""
+
+    def __init__(self, expr: Expr):
+        self._expr = expr
+
+    def _node(self) -> Expr:
+        return self._expr
+
+    def __getitem__(self, key: Any) -> LazyExpr:
+        return LazyExpr(Expr(operator.getitem, (self._expr, key)))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _lazy_attr(self._expr, name)
+
+    def __repr__(self) -> str:
+        return "<deferred expression: computed during the forward>"
+
+
+def _lazy_attr(node: Any, name: str) -> Any:
+    attr = getattr(torch.Tensor, name, None)
+    if attr is None:
+        raise AttributeError(f"tensors have no attribute '{name}'")
+    if callable(attr):
+        def method(*args: Any, **kwargs: Any) -> LazyExpr:
+            return LazyExpr(Expr(lambda t, *a, **k: getattr(t, name)(*a, **k), (node, *_node(args)),
+                                 {k: _node(v) for k, v in kwargs.items()}))
+        return method
+    return LazyExpr(Expr(lambda t: getattr(t, name), (node,)))
+
+
+class Value(_Lazy):
+    """A handle on one value of one host: save it, assign it, edit it in place."""
+
+    def __init__(self, host: Host, name: str, spec: ValueSpec | None, read: ReadPoint, extra: tuple[Any, ...] = ()):
+        object.__setattr__(self, "_host", host)
+        object.__setattr__(self, "_name", name)
+        object.__setattr__(self, "_spec", spec)
+        object.__setattr__(self, "_read", read)
+        object.__setattr__(self, "_extra", extra)
+
+    @property
+    def label(self) -> str:
+        base = f"{self._host._label}.{self._name}" if self._host._label else self._name
+        for e in self._extra:
+            base += f"[{e!r}]"
+        return base
+
+    def _tracer(self) -> Tracer:
+        return self._host._model._active_tracer(self.label)
+
+    def _target(self) -> Target:
+        return self._host._model._target(self)
+
+    def _node(self) -> Request:
+        tracer = self._tracer()
+        if self._read.kind == "derived":
+            return self._derived(tracer, "capture")
+        return tracer.add(self.label, "capture", self._target())
+
+    def _derived(self, tracer: Tracer, action: str, holder: Any = None) -> Request:
+        spec = self._spec
+        assert spec is not None and spec.read.derive is not None
+        owner = tracer.add(self.label, "derived", None, holder, derive=spec.read.derive, ordered=False)
+        for dep in spec.read.deps:
+            handle = getattr(self._host, dep)
+            owner.deps.append(tracer.add(handle.label, "capture", handle._target(), dep, seq=owner.seq, owner=owner,
+                                         ordered=False))
+        return owner
+
+    def save(self) -> Any:
+        """The value, once the forward computed it: a tensor (a view, no copy) or a :class:`Box`."""
+        tracer = self._tracer()
+        holder = self._holder()
+        if self._read.kind == "derived":
+            self._derived(tracer, "save", holder)
+        else:
+            tracer.add(self.label, "save", self._target(), holder)
+        return holder
+
+    def _holder(self) -> Any:
+        layout = self._spec.layout if self._spec else None
+        if (layout is not None and (layout.dtype == "object" or layout.optional)) or (
+                self._read.side == "inputs" and not self._read.access and not self._extra):
+            return Box(self.label)
+        dtype = {"long": torch.long, "bool": torch.bool}.get(layout.dtype if layout else "", torch.float32)
+        return torch.empty(0, dtype=dtype)
+
+    def _writable(self) -> None:
+        if self._read.kind == "derived":
+            raise NnatlasError(f"{self.label} is derived from other values and read-only; edit what it is derived from")
+
+    def _assign(self, value: Any) -> None:
+        self._writable()
+        tracer = self._tracer()
+        tracer.add(self.label, "replace", self._target(), _node(value))
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._writable()
+        tracer = self._tracer()
+        tracer.add(self.label, "setitem", self._target(), (key, _node(value)))
+
+    def __getitem__(self, key: Any) -> Value:
+        return Value(self._host, self._name, self._spec, self._read, (*self._extra, key))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _lazy_attr(self._node(), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{self.label} is a value; assign it on its host ({self._host._label}.{self._name} = ...)")
+
+    def __bool__(self) -> bool:
+        raise NnatlasError(f"{self.label} has no value while the trace body runs; save it and use it after the trace")
+
+    def __repr__(self) -> str:
+        layout = f" {self._spec.layout.text}" if self._spec else ""
+        return f"<value {self.label}{layout}>"
+
+    def unavailable(self) -> Unavailable | None:
+        """Why this load cannot serve the value, or None."""
+        return self._host._model._why_unavailable(self)

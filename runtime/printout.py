@@ -1,0 +1,205 @@
+"""``print(model)`` and ``model.support()``: the native tree under standard names, with values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .adapter import HostSpec, ValueSpec
+from .envoy import Host, resolve_native
+
+if TYPE_CHECKING:
+    from .model import AtlasModel
+
+
+def _value_line(v: ValueSpec) -> str:
+    if v.layout.dtype == "object" and not v.layout.dims:
+        return f"({v.name}): {v.meaning}"
+    return f"({v.name}) -> {v.layout.text}: {v.meaning}"
+
+
+def _indent(text: str, n: int = 2) -> str:
+    return text.replace("\n", "\n" + " " * n)
+
+
+def _leaf(module: torch.nn.Module) -> str:
+    return f"{type(module).__name__}({module.extra_repr()})"
+
+
+def _reverse(model: AtlasModel, pattern: str) -> dict[str, str]:
+    """native child name → standard name, for the children of a host at ``pattern``."""
+    out: dict[str, str] = {}
+    prefix = f"{pattern}."
+    for std, natives in model._family.rename.items():
+        if std.startswith(prefix) and "." not in std[len(prefix):]:
+            for n in natives:
+                out[n] = std[len(prefix):]
+    return out
+
+
+def _render(model: AtlasModel, module: torch.nn.Module, pattern: str, index: int | None) -> str:
+    specs: list[HostSpec] = model._specs_for(pattern, index) if pattern else []
+    if isinstance(module, torch.nn.ModuleList):
+        return _render_list(model, module, pattern)
+    rev = _reverse(model, pattern) if pattern else {}
+    lines = []
+    for name, child in module._modules.items():
+        if child is None:
+            continue
+        std = rev.get(name, name)
+        shown = std if std == name else f"{std}/{name}"
+        lines.append(f"({shown}): {_render(model, child, f'{pattern}.{std}' if pattern else '', None)}")
+    lines += [_value_line(v) for s in specs for v in s.values]
+    if not lines:
+        return _leaf(module)
+    body = "\n  ".join(_indent(x) for x in lines)
+    extra = module.extra_repr()
+    head = f"{type(module).__name__}({extra}" if extra else f"{type(module).__name__}("
+    return f"{head}\n  {body}\n)"
+
+
+def _render_list(model: AtlasModel, module: torch.nn.ModuleList, pattern: str) -> str:
+    item = f"{pattern}[i]" if pattern else ""
+    rendered = [_render(model, m, item, i) for i, m in enumerate(module)]
+    lines = []
+    start = 0
+    for i in range(1, len(rendered) + 1):
+        if i == len(rendered) or rendered[i] != rendered[start]:
+            n = i - start
+            label = f"({start})" if n == 1 else f"({start}-{i - 1}): {n} x"
+            lines.append(f"{label}{':' if n == 1 else ''} {_indent(rendered[start])}")
+            start = i
+    if not lines:
+        return "ModuleList()"
+    return "ModuleList(\n  " + "\n  ".join(_indent(x) for x in lines) + "\n)"
+
+
+def render(model: AtlasModel) -> str:
+    root = model._module
+    covered: set[int] = set()
+    lines = []
+    for std, natives in model._family.rename.items():
+        if "." in std.split("[")[0] or "[" in std:
+            continue
+        for native in natives:
+            found = resolve_native(root, native)
+            if found is not None:
+                last = native.split(".")[-1]
+                shown = std if std == last else f"{std}/{last}"
+                lines.append(f"({shown}): {_render(model, found, std, None)}")
+                covered.add(id(found))
+                break
+    for path, mod in root.named_modules():
+        if not path or id(mod) in covered:
+            continue
+        if any(p for p in _ancestors(path) if id(resolve_native(root, p)) in covered):
+            continue
+        if mod._modules and any(id(m) in covered for m in mod.modules()):
+            continue  # a container of standard-named modules (model.model): its other children follow
+        lines.append(f"({path}): {_render(model, mod, '', None)}")
+        covered.add(id(mod))
+    lines += [_value_line(v) for s in model._specs_for("model", None) for v in s.values]
+    body = "\n  ".join(_indent(x) for x in lines)
+    return f"{type(root).__name__}(\n  {body}\n)"
+
+
+def _ancestors(path: str) -> list[str]:
+    parts = path.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+@dataclass(frozen=True)
+class Row:
+    host: str
+    cls: str
+    value: str
+    layout: str
+    status: str  # "available" | "unavailable"
+    why: str  # the condition, when conditional
+    conditional: bool
+
+
+class Support:
+    """Values by host for this load: available, or ⚠︎ with the condition that serves them."""
+
+    def __init__(self, family: str, rows: list[Row]):
+        self.family = family
+        self.rows = rows
+
+    def available(self) -> list[tuple[str, str]]:
+        return [(r.host, r.value) for r in self.rows if r.status == "available"]
+
+    def unavailable(self) -> list[tuple[str, str, str]]:
+        return [(r.host, r.value, r.why) for r in self.rows if r.status != "available"]
+
+    def as_dict(self) -> dict[str, dict[str, str]]:
+        out: dict[str, dict[str, str]] = {}
+        for r in self.rows:
+            out.setdefault(r.host, {})[r.value] = r.status if r.status == "available" else f"⚠︎ {r.why}"
+        return out
+
+    def __repr__(self) -> str:
+        lines = [f"support() · family {self.family}"]
+        host = None
+        for r in self.rows:
+            if r.host != host:
+                host = r.host
+                lines.append(f"{r.host} ({r.cls})")
+            mark = "✓" if r.status == "available" else "⚠︎"
+            why = f"  {r.why}" if r.status != "available" else (f"  (conditional: {r.why})" if r.conditional else "")
+            lines.append(f"  {mark} {r.value:<26} {r.layout}{why}")
+        return "\n".join(lines)
+
+
+def _example_hosts(model: AtlasModel) -> list[tuple[str, Host, list[HostSpec]]]:
+    """One live host per (path, block kind): model, layers[first of each kind], their children."""
+    out: list[tuple[str, Host, list[HostSpec]]] = []
+    seen: set[tuple[str, tuple[int, ...]]] = set()
+    for spec in model._family.hosts:
+        path = spec.path
+        if path == "model":
+            key = (path, ())
+            if key not in seen:
+                seen.add(key)
+                out.append(("model", model, model._specs_for("model", None)))
+            continue
+        head, _, rest = path.partition("[i]")
+        lst: Any = model
+        for part in head.split("."):
+            lst = getattr(lst, part)
+        if "[i]" not in path:
+            out.append((path, lst, lst._specs()))
+            continue
+        for i in range(len(lst)):
+            host: Any = lst[i]
+            if spec.when is not None and not spec.when(model._config_view, i):
+                continue
+            try:
+                for part in [p for p in rest.split(".") if p]:
+                    host = getattr(host, part)
+            except Exception:  # noqa: BLE001 - a block kind without this child
+                continue
+            kinds = tuple(id(s) for s in host._specs())
+            key = (path, kinds)
+            if key not in seen:
+                seen.add(key)
+                out.append((path.replace("[i]", f"[{i}]"), host, host._specs()))
+            break
+    return out
+
+
+def support(model: AtlasModel) -> Support:
+    from .envoy import Value
+
+    rows = []
+    for label, host, specs in _example_hosts(model):
+        for spec in specs:
+            for v in spec.values:
+                handle = Value(host, v.name, v, v.read)
+                why = model._why_unavailable(handle)
+                rows.append(Row(label, type(host._module).__name__, v.name, v.layout.text,
+                                "available" if why is None else "unavailable",
+                                v.needs.says if v.needs else "", v.needs is not None))
+    return Support(model.family, rows)

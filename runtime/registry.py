@@ -1,0 +1,52 @@
+"""The generated family adapters, and which one a model loads as."""
+
+from __future__ import annotations
+
+import importlib
+from functools import cache
+from typing import Any
+
+from .adapter import Family
+from .errors import NnatlasError
+
+
+@cache
+def all_families() -> dict[str, Family]:
+    from nnatlas.families import FAMILIES
+
+    return {name: importlib.import_module(f"nnatlas.families.{name}").FAMILY for name in FAMILIES}
+
+
+def get(name: str) -> Family:
+    fams = all_families()
+    if name not in fams:
+        raise NnatlasError(f"no family '{name}'; families: {', '.join(sorted(fams))}")
+    return fams[name]
+
+
+def model_types(config: Any) -> list[str]:
+    """The text config's model_type first (a multimodal wrapper is picked by its text model)."""
+    types = []
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for cfg in (text, config):
+        mt = getattr(cfg, "model_type", None)
+        if mt and mt not in types:
+            types.append(mt)
+    return types
+
+
+def pick(model: Any) -> Family:
+    config = getattr(model, "config", None)
+    if config is None:
+        raise NnatlasError(f"{type(model).__name__} has no config; pass family= to nnatlas.wrap")
+    fams = all_families()
+    for mt in model_types(config):
+        for fam in fams.values():
+            if mt in fam.model_types:
+                return fam
+    cls = type(model).__name__
+    for fam in fams.values():
+        if cls in fam.classes:
+            return fam
+    known = sorted(t for f in fams.values() for t in f.model_types)
+    raise NnatlasError(f"no family for model_type {model_types(config)} ({cls}); nnatlas knows {', '.join(known)}")

@@ -1,0 +1,511 @@
+"""A trace: the body records requests; the forward serves them at their sites.
+
+``with model.trace(inputs):`` runs its body first. Each ``.save()``, assignment or in-place
+edit there records a :class:`Request` in body order. On leaving the block the requests are
+grouped by site, only those sites are hooked, the forward runs once, and everything that
+was installed is removed again, whatever happened. Saved values come back as tensors that
+are views of what the model computed (``Tensor.data`` is pointed at them: no copy).
+
+Requests are served in body order: a request whose site fires while an earlier request is
+still waiting raises :class:`OutOfOrderError` naming both, as an interleaved trace would.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import Token
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from . import sites
+from .errors import NnatlasError, NotReached, OutOfOrderError
+
+if TYPE_CHECKING:
+    from .model import AtlasModel
+
+SiteKey = tuple[Any, ...]
+
+
+# ---- reading and writing inside a payload --------------------------------------------------
+
+def get_item(x: Any, a: Any) -> Any:
+    if isinstance(a, str) and not isinstance(x, Mapping):
+        return getattr(x, a)
+    return x[a]
+
+
+def set_item(x: Any, a: Any, new: Any) -> Any:
+    """``x`` with element ``a`` replaced; tuples are rebuilt, mappings and tensors edited."""
+    if isinstance(x, tuple):
+        items = list(x)
+        items[a] = new
+        return type(x)(items) if type(x) is tuple else type(x)(*items)
+    if isinstance(x, list):
+        items = list(x)
+        items[a] = new
+        return items
+    if isinstance(x, torch.Tensor):
+        x[a] = new
+        return x
+    if isinstance(x, Mapping):
+        x[a] = new  # type: ignore[index]
+        return x
+    setattr(x, a, new)
+    return x
+
+
+_FIRST_PARAMS: dict[type, list[str]] = {}
+
+
+def forward_params(module: torch.nn.Module) -> list[str]:
+    cls = type(module)
+    if cls not in _FIRST_PARAMS:
+        params = inspect.signature(module.forward).parameters.values()
+        _FIRST_PARAMS[cls] = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD,
+                                                                    p.KEYWORD_ONLY)]
+    return _FIRST_PARAMS[cls]
+
+
+@dataclass
+class Target:
+    """A resolved read: the site it fires at, and how to find the value in that site's payload."""
+
+    label: str
+    site: SiteKey
+    module: torch.nn.Module
+    side: str
+    param: str | None
+    access: tuple[Any, ...]
+    view: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    extra: tuple[Any, ...] = ()
+
+    def _param_index(self) -> tuple[int, str | None]:
+        if self.param is None:
+            return 0, (forward_params(self.module) or [None])[0]
+        names = forward_params(self.module)
+        return (names.index(self.param) if self.param in names else 10**6), self.param
+
+    def native(self, payload: Any) -> Any:
+        if self.side in ("input", "args"):
+            args, kwargs = payload
+            if self.side == "input":
+                idx, name = self._param_index()
+                x = args[idx] if idx < len(args) else kwargs.get(name) if name else None
+            else:
+                x = args
+        elif self.side == "inputs":
+            x = payload
+        else:
+            x = payload
+        for a in self.access:
+            x = get_item(x, a)
+        return x
+
+    def with_native(self, payload: Any, new: Any) -> Any:
+        def put(x: Any, path: tuple[Any, ...]) -> Any:
+            if not path:
+                return new
+            return set_item(x, path[0], put(get_item(x, path[0]), path[1:]))
+
+        if self.side == "input":
+            args, kwargs = payload
+            idx, name = self._param_index()
+            if idx < len(args):
+                args = set_item(args, idx, put(args[idx], self.access))
+            else:
+                kwargs = dict(kwargs)
+                kwargs[name] = put(kwargs.get(name), self.access)
+            return (args, kwargs)
+        if self.side == "args":
+            args, kwargs = payload
+            return (put(args, self.access), kwargs)
+        return put(payload, self.access)
+
+    def served(self, native: Any) -> Any:
+        x = native
+        for name, args in self.view:
+            x = getattr(x, name)(*args)
+        for a in self.extra:
+            x = get_item(x, a)
+        return x
+
+    def replace(self, payload: Any, new: Any) -> Any:
+        """Assign a value: written into the tensor the model computed, so every use of it sees the
+        edit (``layer_mid`` is both the MLP's input and the residual added after it); a value of
+        another shape or type is substituted for the native one instead."""
+        native = self.native(payload)
+        served = self.served(native)
+        if isinstance(served, torch.Tensor) and isinstance(new, torch.Tensor) and new.shape == served.shape:
+            if new is not served:
+                served.copy_(new)
+            return payload
+        if self.view or self.extra:
+            shape = tuple(served.shape) if isinstance(served, torch.Tensor) else type(served).__name__
+            got = tuple(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
+            raise NnatlasError(f"{self.label}: assigned a value of shape {got} where the model has {shape}")
+        return self.with_native(payload, new)
+
+
+# ---- requests ------------------------------------------------------------------------------
+
+class Box:
+    """A saved value that is not a tensor (a size, a tuple, a state that may be None): ``.value``."""
+
+    __slots__ = ("value", "filled", "label")
+
+    def __init__(self, label: str):
+        self.value: Any = None
+        self.filled = False
+        self.label = label
+
+    def __repr__(self) -> str:
+        return f"Box({self.value!r})" if self.filled else f"Box(<{self.label}: not computed yet>)"
+
+    def __getitem__(self, k: Any) -> Any:
+        return self.value[k]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.value)
+
+    def __len__(self) -> int:
+        return len(self.value)
+
+    def __eq__(self, other: object) -> bool:
+        return bool(self.value == (other.value if isinstance(other, Box) else other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclass(eq=False)
+class Request:
+    seq: int
+    label: str
+    action: str  # save | capture | setitem | replace | derived
+    target: Target | None
+    payload: Any = None
+    step: int = 0
+    call: int = 0
+    readonly: bool = False
+    done: bool = False
+    owner: Request | None = None
+    deps: list[Request] = field(default_factory=list)
+    derive: Callable[[Mapping[str, Any]], Any] | None = None
+    value: Any = None  # what a capture holds
+    ordered: bool = True  # derived values and their inputs are served whenever the forward reaches them
+
+
+def fill(holder: Any, value: Any, label: str) -> None:
+    if isinstance(holder, Box):
+        holder.value, holder.filled = value, True
+        return
+    if not isinstance(value, torch.Tensor):
+        raise NnatlasError(
+            f"{label} is a {type(value).__name__}, not a tensor: save an element of it (for example "
+            f"{label}[0]), or read a standard value")
+    holder.data = value.detach()
+
+
+class Expr:
+    """A deferred computation over values of the same forward: ``layers[1].output * 2``."""
+
+    __slots__ = ("fn", "args", "kwargs")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any] | None = None):
+        self.fn, self.args, self.kwargs = fn, args, kwargs or {}
+
+    def evaluate(self, tracer: Tracer, needed_by: str) -> Any:
+        def ev(x: Any) -> Any:
+            if isinstance(x, Expr):
+                return x.evaluate(tracer, needed_by)
+            if isinstance(x, Request):
+                if not x.done:
+                    raise OutOfOrderError(x.label, needed_by,
+                                          f"{x.label} is used to compute {needed_by} but does not exist yet")
+                return x.value
+            if isinstance(x, list | tuple):
+                return type(x)(ev(i) for i in x)
+            return x
+        return self.fn(*ev(self.args), **{k: ev(v) for k, v in self.kwargs.items()})
+
+
+# ---- the tracer ----------------------------------------------------------------------------
+
+class Tracer:
+    """The context of one ``model.trace(...)`` (or ``model.generate(...)``)."""
+
+    def __init__(self, model: AtlasModel, run: Callable[[], Any], order: str = "strict", grad: bool = False,
+                 steps: int | None = None):
+        if order not in ("strict", "any"):
+            raise ValueError("order is 'strict' or 'any'")
+        self.model = model
+        self._run = run
+        self.strict = order == "strict"
+        self.grad = grad
+        self.steps = steps
+        self.requests: list[Request] = []
+        self.seq = 0
+        self.current_step = 0
+        self.step = 0
+        self.output: Any = None
+        self._cursor = 0
+        self._ordered: list[Request] = []
+        self.by_site: dict[SiteKey, list[Request]] = {}
+        self.fired: dict[tuple[SiteKey, int], int] = {}
+        self._lock_held = False
+
+    # -- recording (the body) --
+    def add(self, label: str, action: str, target: Target | None, payload: Any = None, seq: int | None = None,
+            **kw: Any) -> Request:
+        r = Request(self.seq if seq is None else seq, label, action, target, payload, step=self.current_step, **kw)
+        if seq is None:
+            self.seq += 1
+        self.requests.append(r)
+        return r
+
+    @property
+    def iter(self) -> _Steps:
+        """Generation steps: ``for step in tracer.iter[0:3]:`` records the body once per step."""
+        return _Steps(self)
+
+    # -- the context manager --
+    def __enter__(self) -> Tracer:
+        self.model._lock.acquire()
+        self._lock_held = True
+        if self.model._tracer is not None:
+            self._release()
+            raise NnatlasError("a trace of this model is already open; traces do not nest")
+        self.model._tracer = self
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.model._tracer = None
+        try:
+            if exc_type is None:
+                self._execute()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        if self._lock_held:
+            self._lock_held = False
+            self.model._lock.release()
+
+    # -- serving (the forward) --
+    def _first_undone(self) -> Request | None:
+        while self._cursor < len(self._ordered) and (self._ordered[self._cursor].done
+                                                     or not self._ordered[self._cursor].ordered):
+            self._cursor += 1
+        return self._ordered[self._cursor] if self._cursor < len(self._ordered) else None
+
+    def serve(self, key: SiteKey, payload: Any) -> Any:
+        reqs = self.by_site.get(key)
+        if reqs is None:
+            return payload
+        n = self.fired.get((key, self.step), 0)
+        self.fired[(key, self.step)] = n + 1
+        for r in reqs:
+            if r.done or r.step != self.step or r.call != n:
+                continue
+            if self.strict and r.ordered:
+                first = self._first_undone()
+                if first is not None and first.seq < r.seq:
+                    raise OutOfOrderError(first.label, r.label)
+            payload = self._apply(r, payload)
+        return payload
+
+    def _apply(self, r: Request, payload: Any) -> Any:
+        t = r.target
+        assert t is not None
+        if r.action == "replace":
+            current = t.served(t.native(payload))
+            new = self.resolve(r.payload, current, r.label)
+            payload = t.replace(payload, new)
+        elif r.action == "setitem":
+            current = t.served(t.native(payload))
+            key, val = r.payload
+            current[key] = self.resolve(val, current[key], r.label)
+        else:
+            value = t.served(t.native(payload))
+            if r.action == "save":
+                fill(r.payload, value, r.label)
+            else:  # capture
+                r.value = value
+        r.done = True
+        owner = r.owner
+        if owner is not None and owner.action == "derived" and all(d.done for d in owner.deps):
+            values = {d.payload: d.value for d in owner.deps}
+            assert owner.derive is not None
+            owner.value = owner.derive(values)
+            if owner.payload is not None:
+                fill(owner.payload, owner.value, owner.label)
+            owner.done = True
+        return payload
+
+    def resolve(self, val: Any, current: Any, label: str) -> Any:
+        if isinstance(val, Expr):
+            return val.evaluate(self, label)
+        if isinstance(val, Request):
+            return Expr(lambda x: x, (val,)).evaluate(self, label)
+        if callable(val) and not isinstance(val, torch.Tensor):
+            return val(current)
+        if isinstance(val, int | float | bool) and isinstance(current, torch.Tensor):
+            return torch.full_like(current, val)
+        return val
+
+    def _execute(self) -> None:
+        self._ordered = sorted(self.requests, key=lambda r: r.seq)
+        sited = [r for r in self._ordered if r.target is not None]
+        for r in sited:
+            assert r.target is not None
+            self.by_site.setdefault(r.target.site, []).append(r)
+        installed: list[Any] = []
+        modes: list[sites.OpMode] = []
+        restore: list[Callable[[], None]] = []
+        route_token: Token[Any] | None = None
+        try:
+            routes = self._install(installed, modes, restore)
+            if routes:
+                route_token = sites._ROUTES.set(routes)
+            if self.steps is not None:
+                root = self.model._module
+
+                def count_step(mod: Any, args: Any, kwargs: Any) -> None:
+                    self.step = self._calls
+                    self._calls += 1
+
+                self._calls = 0
+                installed.append(root.register_forward_pre_hook(count_step, with_kwargs=True))
+            with torch.set_grad_enabled(self.grad and torch.is_grad_enabled()):
+                self.output = self._run()
+        finally:
+            for h in reversed(installed):
+                h.remove()
+            for m in reversed(modes):
+                if getattr(m, "_entered", False):
+                    m.__exit__(None, None, None)
+            for undo in reversed(restore):
+                undo()
+            if route_token is not None:
+                sites._ROUTES.reset(route_token)
+        missing = [r for r in self._ordered if not r.done and r.owner is None]
+        if missing:
+            names = ", ".join(r.label + (f" (step {r.step})" if self.steps is not None else "") for r in missing)
+            raise NotReached(f"the forward finished without computing {names}: "
+                             "nothing in this call reaches that point (check the inputs, the block kind, the step)")
+
+    def _install(self, installed: list[Any], modes: list[sites.OpMode], restore: list[Callable[[], None]]
+                 ) -> dict[int, Callable[..., Any]]:
+        modules: dict[int, torch.nn.Module] = {}
+        kinds: dict[int, set[str]] = {}
+        for key, reqs in self.by_site.items():
+            assert reqs[0].target is not None
+            mod = reqs[0].target.module
+            modules[id(mod)] = mod
+            kinds.setdefault(id(mod), set()).add(key[0])
+        routes: dict[int, Callable[..., Any]] = {}
+        for mid, kind in kinds.items():
+            mod = modules[mid]
+            if "pre" in kind:
+                installed.append(mod.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
+            if "post" in kind:
+                installed.append(mod.register_forward_hook(self._post_hook))
+            if "op" in kind:
+                fwd_ops = {k[3] for k in self.by_site if k[0] == "op" and k[1] == mid and k[2] is None}
+                if fwd_ops:
+                    self._install_forward_ops(mod, fwd_ops, installed, modes)
+            if kind & {"call_in", "call_out"} or any(k[0] == "op" and k[1] == mid and k[2] == "call"
+                                                     for k in self.by_site):
+                routes[mid] = self._call_handler(mid)
+        if routes:
+            self._route_attention(modules, routes, restore)
+        return routes
+
+    def _pre_hook(self, mod: torch.nn.Module, args: Any, kwargs: Any) -> Any:
+        payload = (args, kwargs)
+        new = self.serve(("pre", id(mod)), payload)
+        return None if new is payload else new
+
+    def _post_hook(self, mod: torch.nn.Module, args: Any, output: Any) -> Any:
+        new = self.serve(("post", id(mod)), output)
+        return None if new is output else new
+
+    def _op_server(self, mid: int, scope: str | None) -> Callable[[str, int, str, Any], Any]:
+        def serve(name: str, k: int, side: str, payload: Any) -> Any:
+            return self.serve(("op", mid, scope, name, k, side), payload)
+        return serve
+
+    def _install_forward_ops(self, mod: torch.nn.Module, names: set[str], installed: list[Any],
+                             modes: list[sites.OpMode]) -> None:
+        mid = id(mod)
+
+        def enter(m: Any, args: Any, kwargs: Any) -> None:
+            mode = sites.OpMode(names, self._op_server(mid, None))
+            mode.__enter__()
+            mode._entered = True  # type: ignore[attr-defined]
+            modes.append(mode)
+
+        def leave(m: Any, args: Any, out: Any) -> None:
+            mode = modes.pop()
+            mode.__exit__(None, None, None)
+            mode._entered = False  # type: ignore[attr-defined]
+
+        installed.append(mod.register_forward_pre_hook(enter, with_kwargs=True))
+        installed.append(mod.register_forward_hook(leave))
+
+    def _call_handler(self, mid: int) -> Callable[..., Any]:
+        ops = {k[3] for k in self.by_site if k[0] == "op" and k[1] == mid and k[2] == "call"}
+
+        def handler(original: Callable[..., Any], module: torch.nn.Module, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> Any:
+            full_args, kwargs = self.serve(("call_in", mid), ((module, *args), kwargs))
+            if ops:
+                with sites.OpMode(ops, self._op_server(mid, "call")):
+                    out = original(*full_args, **kwargs)
+            else:
+                out = original(*full_args, **kwargs)
+            return self.serve(("call_out", mid), out)
+
+        return handler
+
+    def _route_attention(self, modules: dict[int, torch.nn.Module], routes: dict[int, Any],
+                         restore: list[Callable[[], None]]) -> None:
+        configs: dict[int, Any] = {}
+        for mid in routes:
+            cfg = getattr(modules[mid], "config", None)
+            if cfg is None:
+                raise NnatlasError(f"{type(modules[mid]).__name__} has no config to route its attention through")
+            configs[id(cfg)] = cfg
+        for cfg in configs.values():
+            impl = cfg._attn_implementation
+            name = sites.acquire_attention(impl)
+
+            def undo(cfg: Any = cfg, impl: str = impl, name: str = name) -> None:
+                cfg._attn_implementation = impl
+                sites.release_attention(name)
+
+            restore.append(undo)
+            cfg._attn_implementation = name
+
+
+class _Steps:
+    def __init__(self, tracer: Tracer):
+        self.tracer = tracer
+
+    def __getitem__(self, sl: int | slice) -> Iterator[int]:
+        total = self.tracer.steps
+        if total is None:
+            raise NnatlasError("tracer.iter is for model.generate(...): a trace runs one step")
+        steps = range(total)[sl] if isinstance(sl, slice) else [range(total)[sl]]
+        return self._walk(list(steps))
+
+    def _walk(self, steps: list[int]) -> Iterator[int]:
+        try:
+            for s in steps:
+                self.tracer.current_step = s
+                yield s
+        finally:
+            self.tracer.current_step = 0
+
