@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 # Functions a spec may call, and the helper each compiles to (``_fn`` is ``nnatlas.functions``).
-FUNCTIONS: dict[str, int | tuple[int, int]] = {
+Arity = int | tuple[int, int]
+FUNCTIONS: dict[str, Arity] = {
     "sigmoid": 1,
     "softmax": 2,
     "exp": 1,
@@ -30,8 +31,8 @@ FUNCTIONS: dict[str, int | tuple[int, int]] = {
     "repeat_kv": 2,
 }
 CONTEXT_FUNCTIONS = {"masked"}  # these also receive the values mapping (the call's mask, the config)
-CONFIG_FUNCTIONS = {"len": 1, "min": 2, "max": 2, "count": 2}
-VIEW_OPS = {"unflatten": 2, "unsqueeze": 1, "transpose": 2, "flatten": (1, 2)}
+CONFIG_FUNCTIONS: dict[str, Arity] = {"len": 1, "min": 2, "max": 2, "count": 2}
+VIEW_OPS: dict[str, Arity] = {"unflatten": 2, "unsqueeze": 1, "transpose": 2, "flatten": (1, 2)}
 
 _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Pow: "**", ast.Mod: "%"}
 _CMPOPS = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
@@ -210,7 +211,8 @@ def parse_view(text: str) -> list[tuple[str, tuple[object, ...]]]:
         raise ExprError("a view is a chain of calls")
     out = []
     for call in reversed(calls):
-        fname = call.func.id if isinstance(call.func, ast.Name) else call.func.attr  # type: ignore[union-attr]
+        func = call.func
+        fname = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
         if fname not in VIEW_OPS:
             raise ExprError(f"unknown view '{fname}' (allowed: {', '.join(sorted(VIEW_OPS))})", call.col_offset)
         arity = VIEW_OPS[fname]

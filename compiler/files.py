@@ -33,7 +33,7 @@ def _read(path: Path) -> str | None:
 
 
 def diff(root: Path, outputs: dict[str, str], changed: list[str], orphans: list[str]) -> str:
-    out = []
+    out: list[str] = []
     for rel in changed:
         old = (_read(root / rel) or "").splitlines(keepends=True)
         new = outputs[rel].splitlines(keepends=True)

@@ -57,7 +57,9 @@ class ValueIR:
 
     @property
     def where(self) -> str:
-        return self.derived_text if self.derived is not None else (self.read.text if self.read else "")
+        if self.derived is not None:
+            return self.derived_text or ""
+        return self.read.text if self.read else ""
 
 
 @dataclass(frozen=True)

@@ -338,7 +338,7 @@ class _Family:
             else:
                 table = {**table, **self.vocab.streams[h.stream]}
         config_names = {k for k, _, _ in config}
-        values = []
+        values: list[ValueIR] = []
         for vname, v in h.values.items():
             vat = (*at, "values", vname)
             if v is None:
@@ -347,13 +347,14 @@ class _Family:
                 self.err(vat, f"unknown value '{vname}'" + suggest(vname, table), key=True)
                 continue
             value = v if isinstance(v, ValueRaw) else ValueRaw(read=v)
-            values.append(self.value(vname, value, table[vname], vat, config_names))
-        names = [v.name for v in values if v]
-        for v in values:
-            if v and v.derived:
-                for dep in v.derived.names:
-                    if dep not in names:
-                        self.err((*at, "values", v.name, "derived"), f"{v.name}: derived from '{dep}', which this host does not have" + suggest(dep, names))
+            built = self.value(vname, value, table[vname], vat, config_names)
+            if built is not None:
+                values.append(built)
+        names = [x.name for x in values]
+        for x in values:
+            for dep in x.derived.names if x.derived else ():
+                if dep not in names:
+                    self.err((*at, "values", x.name, "derived"), f"{x.name}: derived from '{dep}', which this host does not have" + suggest(dep, names))
         identities = []
         for k, ident in enumerate(h.identities):
             iat = (*at, "identities", k)
@@ -364,7 +365,7 @@ class _Family:
                 self.err(iat if isinstance(ident, str) else (*iat, "check"), f"identity: {e}", col=e.col)
                 continue
             identities.append(IdentityIR(item.check, op, lhs, rhs, float(item.atol), float(item.rtol)))
-        return HostIR(path, h.cls or "", when, h.when, tuple(v for v in values if v), tuple(identities))
+        return HostIR(path, h.cls or "", when, h.when, tuple(values), tuple(identities))
 
     def value(self, name: str, v: ValueRaw, vocab_value: Any, at: DataPath, config_names: set[str]) -> ValueIR | None:
         if (v.read is None) == (v.derived is None):

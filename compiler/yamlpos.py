@@ -65,8 +65,8 @@ def load(text: str, file: str) -> tuple[Located | None, list[Problem]]:
         docs = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
-        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-        return None, [Problem(file, line, col, f"invalid YAML: {e.problem or e.context}")]
+        at_line, at_col = (int(mark.line) + 1, int(mark.column) + 1) if mark else (1, 1)
+        return None, [Problem(file, at_line, at_col, f"invalid YAML: {e.problem or e.context}")]
     except yaml.YAMLError as e:  # pragma: no cover - yaml raises marked errors for text input
         return None, [Problem(file, 1, 1, f"invalid YAML: {e}")]
     if len(docs) != 1 or docs[0] is None:

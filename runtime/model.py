@@ -149,6 +149,7 @@ class AtlasModel(Host):
         read, host = value._read, value._host
         view = tuple((op, tuple(self._view_arg(a) for a in args)) for op, args in (
             ((v.name, v.args) for v in value._spec.view) if value._spec else ()))
+        key: tuple[Any, ...]
         if read.kind == "module":
             module = host._resolve_module(read.module, value.label)
             side = read.side

@@ -157,6 +157,7 @@ def _example_hosts(model: AtlasModel) -> list[tuple[str, Host, list[HostSpec]]]:
     """One live host per (path, block kind): model, layers[first of each kind], their children."""
     out: list[tuple[str, Host, list[HostSpec]]] = []
     seen: set[tuple[str, tuple[int, ...]]] = set()
+    key: tuple[str, tuple[int, ...]]
     for spec in model._family.hosts:
         path = spec.path
         if path == "model":
@@ -181,8 +182,7 @@ def _example_hosts(model: AtlasModel) -> list[tuple[str, Host, list[HostSpec]]]:
                     host = getattr(host, part)
             except Exception:  # noqa: BLE001 - a block kind without this child
                 continue
-            kinds = tuple(id(s) for s in host._specs())
-            key = (path, kinds)
+            key = (path, tuple(id(s) for s in host._specs()))
             if key not in seen:
                 seen.add(key)
                 out.append((path.replace("[i]", f"[{i}]"), host, host._specs()))

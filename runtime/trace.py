@@ -84,7 +84,8 @@ class Target:
 
     def _param_index(self) -> tuple[int, str | None]:
         if self.param is None:
-            return 0, (forward_params(self.module) or [None])[0]
+            names = forward_params(self.module)
+            return 0, names[0] if names else None
         names = forward_params(self.module)
         return (names.index(self.param) if self.param in names else 10**6), self.param
 

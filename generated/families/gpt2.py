@@ -430,6 +430,6 @@ TINY: dict[str, Any] = {
     "examples": 12,
 }
 
-CHECKPOINTS: dict[str, dict[str, Any]] = {
+CHECKPOINTS: dict[str, Any] = {
     'openai-community/gpt2': [['model_type', 'gpt2'], ['architectures', ['GPT2LMHeadModel']], ['n_embd', 768], ['n_layer', 12], ['n_head', 12], ['n_positions', 1024], ['n_ctx', 1024], ['vocab_size', 50257], ['activation_function', 'gelu_new'], ['layer_norm_epsilon', 1e-05]],
 }

@@ -411,6 +411,6 @@ TINY: dict[str, Any] = {
     "examples": 12,
 }
 
-CHECKPOINTS: dict[str, dict[str, Any]] = {
+CHECKPOINTS: dict[str, Any] = {
     'meta-llama/Llama-3.2-1B': [['model_type', 'llama'], ['architectures', ['LlamaForCausalLM']], ['hidden_size', 2048], ['intermediate_size', 8192], ['num_hidden_layers', 16], ['num_attention_heads', 32], ['num_key_value_heads', 8], ['head_dim', 64], ['vocab_size', 128256], ['max_position_embeddings', 131072], ['rms_norm_eps', 1e-05], ['rope_theta', 500000.0], ['tie_word_embeddings', True]],
 }
