@@ -166,3 +166,11 @@ class Atlas:
     dims: tuple[tuple[str, str], ...]
     vocabulary_file: str
     vocabulary_sha256: str
+    sources: tuple[tuple[str, str], ...] = ()  # every spec file read: (path, sha256)
+
+    @property
+    def digest(self) -> str:
+        """One sha256 over every spec file: the header of files generated from all of them."""
+        import hashlib
+
+        return hashlib.sha256("".join(f"{p}\0{s}\n" for p, s in self.sources).encode()).hexdigest()

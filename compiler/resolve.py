@@ -45,7 +45,10 @@ _CODE_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 
 
 def suggest(name: str, options: Any) -> str:
-    close = difflib.get_close_matches(name, list(options), n=3, cutoff=0.6)
+    """"; did you mean 'x'?" naming the closest option (or the few equally close ones)."""
+    scored = sorted(((difflib.SequenceMatcher(None, name, o).ratio(), o) for o in options), key=lambda t: (-t[0], t[1]))
+    best = scored[0][0] if scored else 0.0
+    close = [o for r, o in scored if r >= 0.6 and r >= best - 0.03][:3]
     return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
@@ -180,7 +183,11 @@ def resolve(spec_dir: Path, root: Path | None = None) -> Atlas:
         found.extend(_pydantic_problems(e, lambda p, key: (loc.file, loc.pos(p, key))))
         found.raise_if_any()
         raise AssertionError("unreachable") from None
-    layouts = _check_vocabulary(vocab, vocab_src, found)
+    vocab_found = Problems()
+    layouts = _check_vocabulary(vocab, vocab_src, vocab_found)
+    if vocab_found.items:  # every family reads the vocabulary: its problems would only echo there
+        found.extend(vocab_found.items)
+        found.raise_if_any()
 
     families: list[FamilyIR] = []
     by_name: dict[str, Source] = {}
@@ -206,17 +213,20 @@ def resolve(spec_dir: Path, root: Path | None = None) -> Atlas:
         if fam is not None:
             families.append(fam)
     found.raise_if_any()
+    all_sources = sorted([(vocab_src.rel, vocab_src.sha256), *((s.rel, s.sha256) for s in sources.values())])
     return Atlas(tuple(sorted(families, key=lambda f: f.name)), tuple(layouts.values()),
-                 tuple(vocab.dims.items()), vocab_src.rel, vocab_src.sha256)
+                 tuple(vocab.dims.items()), vocab_src.rel, vocab_src.sha256, tuple(all_sources))
 
 
 def _check_vocabulary(vocab: Vocabulary, src: Source, found: Problems) -> dict[str, LayoutIR]:
     layouts: dict[str, LayoutIR] = {}
     for name, lay in vocab.layouts.items():
         dims = tuple(lay.dims.split())
+        line, col = src.located.pos(("layouts", name, "dims"))
         for d in dims:
             if d not in vocab.dims:
-                found.add(src.rel, src.located.pos(("layouts", name, "dims")), f"layout {name}: unknown dim '{d}'" + suggest(d, vocab.dims))
+                offset = f" {lay.dims} ".find(f" {d} ")  # the word's column inside a one-line value
+                found.add(src.rel, (line, col + max(offset, 0)), f"layout {name}: unknown dim '{d}'" + suggest(d, vocab.dims))
         if lay.dtype not in ("float", "long", "bool", "object"):
             found.add(src.rel, src.located.pos(("layouts", name, "dtype")), f"layout {name}: dtype is float, long, bool or object")
         layouts[name] = LayoutIR(name, dims, lay.dtype, lay.optional)

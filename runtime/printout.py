@@ -69,7 +69,7 @@ def _render_list(model: AtlasModel, module: torch.nn.ModuleList, pattern: str) -
         if i == len(rendered) or rendered[i] != rendered[start]:
             n = i - start
             label = f"({start})" if n == 1 else f"({start}-{i - 1}): {n} x"
-            lines.append(f"{label}{':' if n == 1 else ''} {_indent(rendered[start])}")
+            lines.append(f"{label}{':' if n == 1 else ''} {rendered[start]}")
             start = i
     if not lines:
         return "ModuleList()"

@@ -1,0 +1,133 @@
+"""Golden error messages: a broken spec names file:line:col for every problem, and writes nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nnatlas.compiler import SpecError, compile_atlas, generate
+
+
+def errors(root: Path) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        compile_atlas(root / "specs", root)
+    return str(info.value).splitlines()
+
+
+def edit(root: Path, name: str, old: str, new: str) -> None:
+    path = root / "specs" / name
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {name}"
+    path.write_text(text.replace(old, new, 1))
+
+
+def line_of(root: Path, name: str, needle: str) -> int:
+    for n, line in enumerate((root / "specs" / name).read_text().splitlines(), 1):
+        if needle in line:
+            return n
+    raise AssertionError(needle)
+
+
+def test_value_name_typo(spec_root: Path) -> None:
+    edit(spec_root, "llama.yaml", "      layer_mid: post_attention_layernorm.input", "      layr_mid: post_attention_layernorm.input")
+    n = line_of(spec_root, "llama.yaml", "layr_mid")
+    assert errors(spec_root) == [f"specs/llama.yaml:{n}:7: unknown value 'layr_mid'; did you mean 'layer_mid'?"]
+
+
+def test_unknown_layout_and_dim(spec_root: Path) -> None:
+    edit(spec_root, "_vocabulary.yaml", "  Neurons: {dims: batch seq intermediate_size}", "  Neurons: {dims: batch seq intermediate}")
+    edit(spec_root, "_vocabulary.yaml", "    layout: Residual\n    meaning: The residual stream entering the block",
+         "    layout: Residul\n    meaning: The residual stream entering the block")
+    n1 = line_of(spec_root, "_vocabulary.yaml", "Neurons: {dims")
+    c1 = (spec_root / "specs" / "_vocabulary.yaml").read_text().splitlines()[n1 - 1].index("intermediate") + 1
+    n2 = line_of(spec_root, "_vocabulary.yaml", "layout: Residul")
+    assert errors(spec_root) == [
+        f"specs/_vocabulary.yaml:{n1}:{c1}: layout Neurons: unknown dim 'intermediate'; did you mean 'intermediate_size'?",
+        f"specs/_vocabulary.yaml:{n2}:13: value layer_input: unknown layout 'Residul'; did you mean 'Residual'?",
+    ]
+
+
+def test_identity_term_names_nothing(spec_root: Path) -> None:
+    edit(spec_root, "gpt2.yaml", "      - mlp_neurons == mlp_activation\n", "      - mlp_neurons == mlp_activaton\n")
+    n = line_of(spec_root, "gpt2.yaml", "mlp_activaton")
+    assert errors(spec_root) == [
+        f"specs/gpt2.yaml:{n}:9: identity term 'mlp_activaton' names nothing on host layers[i].mlp; did you mean 'mlp_activation'?"]
+
+
+def test_duplicate_key_tab_and_unknown_key_all_reported(spec_root: Path) -> None:
+    edit(spec_root, "llama.yaml", "title: Llama\n", "title: Llama\ntitle: Llama again\n")
+    edit(spec_root, "gpt2.yaml", "title: GPT-2\n", "title: GPT-2\ncolour: blue\n")
+    (spec_root / "specs" / "broken.yaml").write_text("family: broken\nhosts:\n\tmodel: {}\n")
+    got = errors(spec_root)
+    assert got == [
+        "specs/broken.yaml:3:1: tab in indentation; indent with spaces",
+        "specs/gpt2.yaml:3:1: unknown key 'colour'",
+        "specs/llama.yaml:3:1: duplicate key 'title' (first at line 2)",
+    ]
+
+
+def test_alias_bomb_is_refused_without_expansion(spec_root: Path) -> None:
+    bomb = ["family: bomb", 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i in range(1, 9):
+        prev = chr(ord("a") + i - 1)
+        cur = chr(ord("a") + i)
+        bomb.append(f"{cur}: &{cur} [*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev}]")
+    (spec_root / "specs" / "bomb.yaml").write_text("\n".join(bomb) + "\n")
+    got = errors(spec_root)
+    assert got[0] == "specs/bomb.yaml:2:4: anchor 'a': anchors and aliases are not allowed in specs"
+    assert all(line.startswith("specs/bomb.yaml:") for line in got)
+
+
+def test_non_mapping_document_and_extends_itself(spec_root: Path) -> None:
+    (spec_root / "specs" / "listy.yaml").write_text("- family: listy\n")
+    edit(spec_root, "gpt2.yaml", "family: gpt2\n", "family: gpt2\nextends: gpt2\n")
+    assert errors(spec_root) == [
+        "specs/gpt2.yaml:2:10: extends cycle: gpt2 -> gpt2",
+        "specs/listy.yaml:1:1: a spec must be a mapping of keys to values",
+    ]
+
+
+def test_bad_read_point_view_and_condition(spec_root: Path) -> None:
+    edit(spec_root, "llama.yaml", "attention_queries: call:attention.args[1]", "attention_queries: call:atention.args[1]")
+    edit(spec_root, "llama.yaml", 'view: "unflatten(-1, [num_heads, head_dim])"', 'view: "unflatten(-1, [num_head, head_dim])"')
+    edit(spec_root, "llama.yaml", 'needs: eager}\n      attention_probabilities', 'needs: eagr}\n      attention_probabilities')
+    got = errors(spec_root)
+    assert len(got) == 3
+    assert "attention_queries: unknown interface call in 'call:atention.args[1]' (known: call:attention)" in got[0]
+    assert "attention_scores: unknown condition 'eagr'; did you mean 'eager'?" in got[1]
+    assert "attention_premix: view names 'num_head', which is not a config entry; did you mean 'num_heads'?" in got[2]
+
+
+def test_identity_grammar_refuses_code(spec_root: Path) -> None:
+    edit(spec_root, "gpt2.yaml", "      - mlp_neurons == mlp_activation\n", "      - __import__('os').system('true') == 0\n")
+    got = errors(spec_root)
+    assert len(got) == 1 and "identity: only named functions may be called (no methods)" in got[0]
+
+
+def digest(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted((root / "generated").rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+
+
+def test_broken_generate_leaves_generated_untouched(spec_root: Path) -> None:
+    before = digest(spec_root)
+    edit(spec_root, "llama.yaml", "summary: >", "summary: >\n  changed and\n")  # a change that would rewrite files
+    edit(spec_root, "gpt2.yaml", "      layer_input: input\n", "      layer_inptu: input\n")  # and an error
+    with pytest.raises(SpecError):
+        generate(spec_root)
+    assert digest(spec_root) == before
+
+
+def test_cli_exit_status_2_lists_every_problem(spec_root: Path) -> None:
+    edit(spec_root, "llama.yaml", "      layer_mid:", "      layr_mid:")
+    edit(spec_root, "gpt2.yaml", "      layer_mid:", "      layr_mid:")
+    proc = subprocess.run([sys.executable, "-m", "nnatlas.compiler.cli", "generate", "--root", str(spec_root)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith("specs/gpt2.yaml:") and lines[1].startswith("specs/llama.yaml:")
+    assert lines[-1] == "nnatlas: 2 problems in the specs; nothing was written"
