@@ -345,7 +345,8 @@ class PageModel:
                 heads = {t.split(".")[0] for t in ident.terms if "." in t}
                 if heads <= present | {"input", "output"} or not heads:
                     identities.append(ident.text)
-        label = " · ".join(f"{n}: {h.cls}" for n, h in children.items()) or (lay.cls if lay else stack)
+        ordered = sorted(children.items(), key=lambda kv: (kv[0] in named, kv[0]))  # the mixers first
+        label = " · ".join(f"{n}: {h.cls}" for n, h in ordered) or (lay.cls if lay else stack)
         return Kind(k, label, blocks, parts, identities)
 
     # ---- support() tables ----
