@@ -37,7 +37,33 @@ HYBRID_SPEC = textwrap.dedent('''\
     loads: {model_types: [hybrid_test], classes: [LlamaForCausalLM]}
     rename:
       layers[i].linear_attn: self_attn
+      vision: model.visual
+      vision.layers: model.visual.blocks
+      vision.layers[i].input_layernorm: norm1
+      vision.layers[i].post_attention_layernorm: norm2
+      vision.layers[i].self_attn: attn
     hosts:
+      vision:
+        class: VisionModel
+        values:
+          token_embeddings: patch_embed.output
+          final_norm_output: merger.output
+      vision.layers[i]:
+        class: VisionBlock
+        values:
+          layer_input: input
+          attention_norm_output: input_layernorm.output
+          layer_mid: post_attention_layernorm.input
+          mlp_norm_output: post_attention_layernorm.output
+          layer_output: output
+      vision.layers[i].self_attn:
+        class: VisionAttention
+        values:
+          attention_output: output
+      vision.layers[i].mlp:
+        class: VisionMLP
+        values:
+          mlp_output: output
       layers[i].self_attn:
         when: "layer_types[i] == 'full_attention'"
       layers[i].linear_attn:

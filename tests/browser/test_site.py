@@ -195,3 +195,20 @@ def test_spec_strings_stay_text(page: Any, test_site: Path) -> None:
     assert shown.count() == 1 and shown.first.get_attribute("data-family") == "hybrid_test"
     assert "</script><script>window.__pwned = 3</script>" in shown.first.inner_text()
     assert page.errors == []
+
+
+def test_the_vision_path_is_drawn_from_the_vision_hosts(page: Any, test_site: Path) -> None:
+    _open(page, test_site / "hybrid_test.html")
+    vision = page.locator("section#vision")
+    assert vision.count() == 1
+    chain = vision.locator(".chain button.part").evaluate_all("els => els.map(e => e.querySelector('.part-name').textContent)")
+    assert chain[0].startswith("patch_embed") and chain[1].startswith("layers") and chain[-1].startswith("merger")
+    block = vision.locator(".kind:not([hidden]) button.part")
+    names = block.evaluate_all("els => els.map(e => e.querySelector('.part-name').textContent)")
+    assert names == ["x", "input_layernorm/norm1", "self_attn/attn", "+", "post_attention_layernorm/norm2", "mlp", "+"]
+    part = vision.locator(".kind:not([hidden]) button.part.role-mixer")
+    part.hover()
+    card = page.locator("#" + part.get_attribute("data-card"))
+    assert card.is_visible() and card.locator(".card-std").inner_text() == "attention_output"
+    assert "VisionAttention" in card.inner_text()
+    assert page.errors == []
