@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import emit, files
+from . import emit, files, printouts
 from .errors import Problem, SpecError
-from .ir import Atlas
+from .ir import Atlas, FamilyIR
 from .resolve import resolve
 
 OWNED = ("generated/families", "generated/tests", "generated/docs")
@@ -27,16 +27,64 @@ def compile_atlas(spec_dir: Path, root: Path | None = None) -> Atlas:
     return resolve(spec_dir, root)
 
 
-def render(atlas: Atlas) -> dict[str, str]:
-    """Every generated file, path relative to the root → text."""
+def render(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> dict[str, str]:
+    """Every generated file, path relative to the root → text.
+
+    ``printout_texts``: family → its printout file (``compiler/printouts.py``), which the pages
+    show and take their per-checkpoint facts from; without it the pages are drawn from the specs alone.
+    """
+    printout_texts = printout_texts or {}
     out: dict[str, str] = {"generated/families/__init__.py": emit.render_registry(atlas)}
     for f in atlas.families:
+        printout = printout_texts.get(f.name)
         out[f"generated/families/{f.name}.py"] = emit.render_family(f)
         out[f"generated/tests/test_{f.name}.py"] = emit.render_tests(f)
-        out[f"generated/docs/{f.name}.html"] = emit.render_page(f, atlas)
+        out[f"generated/docs/{f.name}.html"] = emit.render_page(f, atlas, printout)
+        out[f"generated/docs/{f.name}.md"] = emit.render_page_md(f, atlas, printout)
+        if printout is not None:
+            out[printouts.path_for(f.name)] = printout
     out["generated/docs/index.html"] = emit.render_index(atlas)
+    out["generated/docs/llms.txt"] = emit.render_llms(atlas)
     out["generated/docs/atlas.css"] = emit.env().get_template("atlas.css.j2").render()
+    out["generated/docs/atlas.js"] = emit.env().get_template("atlas.js.j2").render()
     return out
+
+
+def printout_key(f: FamilyIR, atlas: Atlas) -> str:
+    """The key a printout file must carry to be fresh (see ``compiler/printouts.py``)."""
+    by_name = {x.name: x for x in atlas.families}
+    chain: list[str] = []
+    node: FamilyIR | None = f
+    while node is not None:
+        chain.append(node.sha256)
+        node = by_name.get(node.extends) if node.extends else None
+    chain.append(atlas.vocabulary_sha256)
+    return printouts.input_key(f, emit.render_family(f), chain)
+
+
+def plan_printouts(root: Path, atlas: Atlas, compute: bool) -> tuple[dict[str, str], list[str]]:
+    """(family → printout text, the printout files that are stale).
+
+    A fresh file (its header's key matches) is kept as it is; a stale one is recomputed on the
+    meta device when ``compute`` (this imports torch), else reported stale and its old text kept.
+    """
+    texts: dict[str, str] = {}
+    stale: list[str] = []
+    for f in atlas.families:
+        if not f.checkpoints:
+            continue
+        rel = printouts.path_for(f.name)
+        existing = files.read(root / rel)
+        key = printout_key(f, atlas)
+        if printouts.is_fresh(existing, f, key):
+            texts[f.name] = existing or ""
+        elif compute:
+            texts[f.name] = printouts.compute(f, emit.render_family(f), key)
+        else:
+            stale.append(rel)
+            if existing is not None:
+                texts[f.name] = existing
+    return texts, stale
 
 
 @dataclass
@@ -49,16 +97,52 @@ class Result:
 def generate(root: Path | None = None, check: bool = False) -> Result:
     """Validate every spec and regenerate; with ``check`` write nothing and report the diff.
 
-    All files are rendered in memory first: a spec error writes nothing at all.
+    All files are rendered in memory first: a spec error writes nothing at all. Printouts are
+    recomputed (on the meta device, importing torch) only when their header says they are stale;
+    ``check`` decides that from the headers alone.
     """
     root = root or default_root()
     atlas = compile_atlas(root / "specs", root)
-    outputs = render(atlas)
+    texts, stale_printouts = plan_printouts(root, atlas, compute=not check)
+    outputs = render(atlas, texts)
     changed, orphans = files.stale(root, outputs, OWNED)
-    result = Result(changed, orphans, files.diff(root, outputs, changed, orphans) if check else "")
+    orphans = [o for o in orphans if o not in stale_printouts]
+    diff = files.diff(root, outputs, changed, orphans) if check else ""
+    for rel in stale_printouts:
+        diff += f"--- a/{rel}\n+++ b/{rel}\n(stale: its header does not match the spec, the code or transformers)\n"
+        if rel not in changed:
+            changed.append(rel)
+    result = Result(changed, orphans, diff)
     if not check:
         files.write(root, outputs, changed, orphans)
     return result
 
 
-__all__ = ["Atlas", "Problem", "Result", "SpecError", "compile_atlas", "default_root", "generate", "render"]
+def build_site(out: Path, root: Path | None = None) -> list[str]:
+    """The static site, one folder: every page, the Markdown pages, llms.txt, CSS and JS.
+
+    Rendered from the specs in memory (stale printouts recomputed), so it never depends on
+    whether ``generated/`` was regenerated; returns the files written, relative to ``out``.
+    """
+    import shutil
+
+    root = root or default_root()
+    atlas = compile_atlas(root / "specs", root)
+    texts, _ = plan_printouts(root, atlas, compute=True)
+    outputs = render(atlas, texts)
+    if out.exists():
+        shutil.rmtree(out)
+    written = []
+    for rel, text in sorted(outputs.items()):
+        if not rel.startswith("generated/docs/"):
+            continue
+        target = out / rel.removeprefix("generated/docs/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8", newline="\n")
+        written.append(target.relative_to(out).as_posix())
+    (out / ".nojekyll").write_text("", encoding="utf-8")
+    return written
+
+
+__all__ = ["Atlas", "Problem", "Result", "SpecError", "build_site", "compile_atlas", "default_root", "generate",
+           "plan_printouts", "render"]

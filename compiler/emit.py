@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import jinja2
+from markupsafe import Markup
 
-from . import markdown
-from .ir import Atlas, FamilyIR, HostIR, ValueIR
+from . import markdown, site
+from .ir import Atlas, FamilyIR, ValueIR
 from .readpoint import ReadIR
 
 HEADER_RE = re.compile(r"sha256 ([0-9a-f]{64})")
@@ -54,8 +55,18 @@ def _env() -> jinja2.Environment:
     env.filters["pylit"] = pylit
     env.filters["dictlit"] = dictlit
     env.filters["md"] = markdown.render
-    env.filters["json"] = lambda v: json.dumps(v, sort_keys=True, ensure_ascii=True).replace("</", "<\\/")
+    env.filters["json"] = script_json
+    env.filters["cfgtext"] = site.config_text
+    env.filters["mdtext"] = markdown.inline_text
+    env.filters["mdcell"] = markdown.cell
+    env.filters["mdcode"] = markdown.code_span
     return env
+
+
+def script_json(value: Any) -> Markup:
+    """JSON safe inside <script>: no '<', '>' or '&' survive as such, so no '</script>' can close it."""
+    text = json.dumps(value, sort_keys=True, ensure_ascii=True)
+    return Markup(text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))
 
 
 _ENV: jinja2.Environment | None = None
@@ -210,18 +221,60 @@ def render_tests(f: FamilyIR) -> str:
         readonly=tuple(readonly), examples=tuple(examples))
 
 
-def render_page(f: FamilyIR, atlas: Atlas) -> str:
-    return env().get_template("page.html.j2").render(f=f, atlas=atlas, by_host=_by_host(f))
+def page_context(f: FamilyIR, atlas: Atlas, printout: str | None = None) -> dict[str, Any]:
+    from . import printouts
+
+    head = printouts.parse_header(printout)
+    model = site.PageModel(f, head.facts if head else None)
+    return {"f": f, "atlas": atlas, "stacks": model.stacks(), "hosts": model.hosts(),
+            "checkpoints": model.checkpoints(), "printouts": printouts.body(printout) if printout else []}
 
 
-def _by_host(f: FamilyIR) -> list[tuple[HostIR, list[ValueIR]]]:
-    return [(h, list(h.values)) for h in f.hosts]
+def render_page(f: FamilyIR, atlas: Atlas, printout: str | None = None) -> str:
+    return env().get_template("page.html.j2").render(**page_context(f, atlas, printout))
+
+
+def render_page_md(f: FamilyIR, atlas: Atlas, printout: str | None = None) -> str:
+    return env().get_template("page.md.j2").render(**page_context(f, atlas, printout))
+
+
+def _index_data(atlas: Atlas) -> dict[str, Any]:
+    names = sorted({v.name for f in atlas.families for h in f.hosts for v in h.values})
+    matrix: dict[str, dict[str, str]] = {}
+    conditional: dict[str, set[str]] = {}
+    families_of: dict[str, list[str]] = {}
+    entries: list[dict[str, str]] = []
+    for f in atlas.families:
+        matrix[f.name] = {}
+        conditional[f.name] = set()
+        for h in f.hosts:
+            host_label = "model" if h.path == "model" else f"model.{h.path}"
+            entries.append({"text": h.cls, "name": h.cls, "kind": "native class", "family": f.name,
+                            "where": host_label, "href": f"{f.name}.html#{site.host_anchor(h, f)}"})
+            for v in h.values:
+                anchor = site.value_anchor(h, v, f)
+                matrix[f.name].setdefault(v.name, anchor)
+                if v.needs:
+                    conditional[f.name].add(v.name)
+                if f.name not in families_of.setdefault(v.name, []):
+                    families_of[v.name].append(f.name)
+                entries.append({"text": v.name, "name": v.name, "kind": "value", "family": f.name,
+                                "where": f"{host_label} ({h.cls})", "href": f"{f.name}.html#{anchor}"})
+        for std, natives in f.rename:
+            for n in natives:
+                entries.append({"text": f"{std} {n}", "name": std, "kind": f"standard name of {n}", "family": f.name,
+                                "where": "rename", "href": f"{f.name}.html#support"})
+    traits = sorted({t for f in atlas.families for t, _ in f.traits})
+    return {"atlas": atlas, "value_names": names, "matrix": matrix, "conditional": conditional,
+            "families_of": families_of, "search_index": entries, "traits": traits}
 
 
 def render_index(atlas: Atlas) -> str:
-    names = sorted({v.name for f in atlas.families for h in f.hosts for v in h.values})
-    matrix = {f.name: {v.name for h in f.hosts for v in h.values} for f in atlas.families}
-    return env().get_template("index.html.j2").render(atlas=atlas, value_names=names, matrix=matrix)
+    return env().get_template("index.html.j2").render(**_index_data(atlas))
+
+
+def render_llms(atlas: Atlas) -> str:
+    return env().get_template("llms.txt.j2").render(**_index_data(atlas))
 
 
 def render_registry(atlas: Atlas) -> str:

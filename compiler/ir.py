@@ -130,6 +130,20 @@ class NoteIR:
 
 
 @dataclass(frozen=True)
+class DiagramIR:
+    """The parts the page draws, in order (standard names; see ``models.DiagramRaw``)."""
+
+    text: tuple[str, ...]
+    block: tuple[str, ...]
+    vision: tuple[str, ...]
+    vision_block: tuple[str, ...]
+
+
+DEFAULT_TEXT = ("embed_tokens", "layers", "norm", "lm_head")
+DEFAULT_BLOCK = ("input_layernorm", "mixer", "add", "post_attention_layernorm", "mlp", "add")
+
+
+@dataclass(frozen=True)
 class FamilyIR:
     name: str
     file: str
@@ -148,6 +162,7 @@ class FamilyIR:
     checkpoints: tuple[CheckpointIR, ...]
     notes: tuple[NoteIR, ...]
     docstring: str
+    diagram: DiagramIR = DiagramIR(DEFAULT_TEXT, DEFAULT_BLOCK, (), DEFAULT_BLOCK)
 
     @property
     def module_name(self) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import re
+from typing import Any
 
 from markupsafe import Markup
 
@@ -74,3 +75,17 @@ def render(text: str) -> Markup:
 def to_text(text: str) -> str:
     """The notes as plain Markdown (for the .md pages): unchanged but for trailing space."""
     return "\n".join(line.rstrip() for line in text.splitlines())
+
+
+def inline_text(text: str) -> str:
+    """A spec string on one line of a Markdown page: newlines folded, HTML and emphasis inert."""
+    text = " ".join(str(text).split())
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def cell(text: Any) -> str:
+    return inline_text(str(text)).replace("|", "\\|")
+
+
+def code_span(text: str) -> str:
+    return " ".join(str(text).split()).replace("`", "'")

@@ -92,6 +92,21 @@ class NoteRaw(Strict):
     body: StrictStr
 
 
+class DiagramRaw(Strict):
+    """How the page draws the family (optional): each list names standard parts, in order.
+
+    ``text``: the path of the tokens (default embed_tokens, layers, norm, lm_head); ``block``: one
+    block of ``layers`` (default input_layernorm, mixer, add, post_attention_layernorm, mlp, add,
+    where ``mixer`` stands for the block's mixer hosts of its kind and ``add`` for a residual add);
+    ``vision`` and ``vision_block`` the same for the vision encoder, when the family has one.
+    """
+
+    text: list[StrictStr] | None = None
+    block: list[StrictStr] | None = None
+    vision: list[StrictStr] | None = None
+    vision_block: list[StrictStr] | None = None
+
+
 class FamilyRaw(Strict):
     family: StrictStr
     extends: StrictStr | None = None
@@ -107,3 +122,4 @@ class FamilyRaw(Strict):
     checkpoints: list[CheckpointRaw] = []
     notes: list[NoteRaw] = []
     docstring: StrictStr | None = None
+    diagram: DiagramRaw | None = None

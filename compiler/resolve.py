@@ -21,10 +21,13 @@ from pydantic import ValidationError
 from . import expr, readpoint
 from .errors import Problem, Problems, SpecError
 from .ir import (
+    DEFAULT_BLOCK,
+    DEFAULT_TEXT,
     REQUIRED_CONFIG,
     Atlas,
     CheckpointIR,
     ConditionIR,
+    DiagramIR,
     DrawIR,
     FamilyIR,
     HostIR,
@@ -299,6 +302,7 @@ class _Family:
             return None
         hosts_ir = tuple(h for h in hosts if h is not None)
         self.check_identities(hosts_ir, {k for k, _, _ in config})
+        diagram = self.diagram(hosts_ir)
         if not self.ok:
             return None
         assert r.title and r.lines and r.summary and r.traits is not None and r.loads
@@ -310,8 +314,37 @@ class _Family:
             rename=tuple((k, tuple(v) if isinstance(v, list) else (v,)) for k, v in r.rename.items()),
             config=tuple(config), hosts=hosts_ir, tiny=tiny,
             checkpoints=tuple(CheckpointIR(c.name, tuple(c.config.items())) for c in r.checkpoints),
-            notes=notes, docstring=(r.docstring or r.summary).strip(),
+            notes=notes, docstring=(r.docstring or r.summary).strip(), diagram=diagram,
         )
+
+    def diagram(self, hosts: tuple[HostIR, ...]) -> DiagramIR:
+        """The optional ``diagram:`` section: every part it names must be a part of the family."""
+        d = self.raw.diagram
+        rename = set(self.raw.rename)
+
+        def known(prefix: str, host: str, name: str) -> bool:
+            full = f"{prefix}.{name}" if prefix else name
+            if full in rename or any(h.path == full or h.path.startswith(full + "[i]") for h in hosts):
+                return True
+            return any(v.read is not None and v.read.module[:1] == (name,)
+                       for h in hosts if h.path == host for v in h.values)
+
+        out = {"text": DEFAULT_TEXT, "block": DEFAULT_BLOCK, "vision": (), "vision_block": DEFAULT_BLOCK}
+        checks = {"text": ("", "model", ()), "block": ("layers[i]", "layers[i]", ("add", "mixer")),
+                  "vision": ("vision", "vision", ()), "vision_block": ("vision.layers[i]", "vision.layers[i]", ("add", "mixer"))}
+        for key, (prefix, host, words) in checks.items():
+            items = getattr(d, key) if d is not None else None
+            if items is None:
+                continue
+            for k, name in enumerate(items):
+                ok = name in words or known(prefix, host, name) or (key == "vision" and known("", "model", name))
+                if not ok:
+                    where = f"{prefix} " if prefix else ""
+                    self.err(("diagram", key, k), f"diagram.{key}: '{name}' is no {where}part of this family "
+                             f"(a rename entry, a host, or a module a value is read at" +
+                             (", or add / mixer)" if words else ")"))
+            out[key] = tuple(items)
+        return DiagramIR(out["text"], out["block"], out["vision"], out["vision_block"])
 
     def config(self) -> list[tuple[str, expr.Compiled, str]]:
         out = []

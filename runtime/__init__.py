@@ -5,12 +5,34 @@
     with model.trace("The Eiffel Tower is in the city of"):
         out = model.layers[1].layer_output.save()
         model.layers[0].mlp.mlp_output[:] = 0
+
+The names that need torch are imported on first use, so ``nnatlas.compiler`` (and
+``nnatlas generate --check``) starts without importing torch or transformers.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import NnatlasError, NotReached, OutOfOrderError, SpecError, Unavailable, UnknownName
-from .model import AtlasModel, load, wrap
-from .registry import all_families
-from .trace import Box
+
+if TYPE_CHECKING:
+    from .model import AtlasModel, load, wrap
+    from .registry import all_families
+    from .trace import Box
+
+_LAZY = {"AtlasModel": "model", "load": "model", "wrap": "model", "all_families": "registry", "Box": "trace"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'nnatlas' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = ["AtlasModel", "Box", "NnatlasError", "NotReached", "OutOfOrderError", "SpecError", "Unavailable",
            "UnknownName", "all_families", "load", "wrap"]

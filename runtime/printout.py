@@ -77,29 +77,38 @@ def _render_list(model: AtlasModel, module: torch.nn.ModuleList, pattern: str) -
 
 
 def render(model: AtlasModel) -> str:
+    """The native tree in native module order, breadth first (the root's own children, such as
+    lm_head, before those of the inner model), standard names beside the native ones."""
     root = model._module
-    covered: set[int] = set()
-    lines = []
+    targets: dict[int, str] = {}
     for std, natives in model._family.rename.items():
         if "." in std.split("[")[0] or "[" in std:
             continue
         for native in natives:
             found = resolve_native(root, native)
             if found is not None:
-                last = native.split(".")[-1]
-                shown = std if std == last else f"{std}/{last}"
-                lines.append(f"({shown}): {_render(model, found, std, None)}")
-                covered.add(id(found))
+                targets.setdefault(id(found), std)
                 break
-    for path, mod in root.named_modules():
-        if not path or id(mod) in covered:
-            continue
-        if any(p for p in _ancestors(path) if id(resolve_native(root, p)) in covered):
-            continue
-        if mod._modules and any(id(m) in covered for m in mod.modules()):
-            continue  # a container of standard-named modules (model.model): its other children follow
-        lines.append(f"({path}): {_render(model, mod, '', None)}")
-        covered.add(id(mod))
+    holders = {id(m) for _, m in root.named_modules() if any(id(d) in targets for d in m.modules())}
+    covered: set[int] = set()
+    lines = []
+    queue = [("", root)]
+    while queue:
+        path, mod = queue.pop(0)
+        for name, child in mod._modules.items():
+            if child is None or id(child) in covered:
+                continue
+            cpath = f"{path}.{name}" if path else name
+            if id(child) in targets:
+                std = targets[id(child)]
+                shown = std if std == name else f"{std}/{name}"
+                lines.append(f"({shown}): {_render(model, child, std, None)}")
+                covered.add(id(child))
+            elif id(child) in holders:
+                queue.append((cpath, child))  # a container of standard-named modules (model.model)
+            else:
+                lines.append(f"({cpath}): {_render(model, child, '', None)}")
+                covered.add(id(child))
     lines += [_value_line(v) for s in model._specs_for("model", None) for v in s.values]
     body = "\n  ".join(_indent(x) for x in lines)
     return f"{type(root).__name__}(\n  {body}\n)"

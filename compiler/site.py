@@ -1,0 +1,385 @@
+"""What a family page draws, computed from the IR: the stack, each block kind's parts, the cards.
+
+Pure data for the templates (``page.html.j2``, ``page.md.j2``, ``index.html.j2``): no HTML here,
+so everything that came from a spec is escaped by the templates' autoescape in one place.
+
+Which hosts apply to which block comes from the printout facts (computed by transformers on the
+first recorded checkpoint, ``compiler/printouts.py``) when there are any; otherwise the hosts'
+``when:`` conditions are evaluated here on the first checkpoint's recorded config, or on the tiny
+config. Those conditions were compiled from whitelisted expressions (``compiler/expr.py``); the
+evaluation runs that compiled source with nothing but the config lookups in scope, as the
+generated adapter does.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from .expr import Compiled
+from .ir import DEFAULT_BLOCK, DEFAULT_TEXT, FamilyIR, HostIR, ValueIR
+
+MAX_KINDS = 8
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]+", "-", text).strip("-")
+
+
+def value_anchor(h: HostIR, v: ValueIR, f: FamilyIR) -> str:
+    return "v-" + slug(h.path) + _host_suffix(h, f) + "-" + v.name
+
+
+def host_anchor(h: HostIR, f: FamilyIR) -> str:
+    return "host-" + slug(h.path) + _host_suffix(h, f)
+
+
+def _host_suffix(h: HostIR, f: FamilyIR) -> str:
+    same = f.hosts_at(h.path)
+    return f"-{same.index(h) + 1}" if len(same) > 1 else ""
+
+
+@dataclass
+class Card:
+    """One value as the page describes it."""
+
+    name: str
+    layout: str
+    meaning: str
+    words: str
+    where: str
+    needs: str
+    anchor: str
+
+
+@dataclass
+class Part:
+    id: str
+    std: str  # the standard name drawn
+    native: str  # the native name when it differs, else ""
+    role: str  # input / embed / stack / norm / mixer / mlp / add / head / output / vision
+    path: str  # the standard path (layers[i].self_attn)
+    cls: str  # the native class, for hosts
+    value: Card | None
+    others: list[Card] = field(default_factory=list)
+    count: str = ""  # "× 48" on a stack
+    subtitle: str = ""
+
+
+@dataclass
+class Kind:
+    index: int
+    label: str
+    blocks: list[int]
+    parts: list[Part]
+    identities: list[str]
+
+
+@dataclass
+class Stack:
+    """One stack of blocks (``layers``, ``vision.layers``) with its block kinds."""
+
+    name: str
+    prefix: str  # "" for the text model, "vision" for the vision encoder
+    chain: list[Part]
+    kinds: list[Kind]
+    blocks: list[int]  # block i → its kind's index
+    title: str
+
+
+def _cfg(config: Any, name: str) -> Any:
+    node = config
+    for part in name.split("."):
+        node = node.get(part) if isinstance(node, dict) else getattr(node, part, None)
+        if node is None:
+            return None
+    return node
+
+
+class _Fns:
+    cfg_len = staticmethod(len)
+    cfg_min = staticmethod(min)
+    cfg_max = staticmethod(max)
+    cfg_count = staticmethod(lambda xs, item: list(xs).count(item))
+
+
+def evaluate(c: Compiled, config: dict[str, Any], i: int | None = None) -> Any:
+    """Run a compiled config or ``when`` expression on a plain config mapping."""
+    scope = {"__builtins__": {}, "_cfg": _cfg, "_fn": _Fns, "c": config, "i": i}
+    return eval(c.source, scope)  # noqa: S307 - compiled from a whitelisted AST, config lookups only
+
+
+def _fallback_config(f: FamilyIR) -> list[dict[str, Any]]:
+    configs = [dict(c.config) for c in f.checkpoints]
+    tiny = dict(f.tiny.config)
+    for d in f.tiny.draw:
+        if d.choices is not None:
+            tiny[d.name] = d.choices[-1]
+        elif d.expr is not None:
+            try:
+                tiny[d.name] = evaluate(d.expr, tiny)
+            except Exception:  # noqa: BLE001
+                pass
+    return [*configs, tiny]
+
+
+def _card(h: HostIR, v: ValueIR, f: FamilyIR) -> Card:
+    return Card(v.name, v.layout.text, v.meaning, v.words, v.where, v.needs.says if v.needs else "",
+                value_anchor(h, v, f))
+
+
+def _native(f: FamilyIR, std_path: str) -> str:
+    rename = dict(f.rename)
+    natives = rename.get(std_path)
+    if not natives:
+        return ""
+    last = natives[0].split(".")[-1]
+    return "" if last == std_path.split(".")[-1] else last
+
+
+def _module_value(hosts: list[HostIR], module: str, side: str, f: FamilyIR) -> Card | None:
+    for h in hosts:
+        for v in h.values:
+            r = v.read
+            if r is not None and r.kind == "module" and r.module == ((module,) if module else ()) and \
+                    r.side == side and not r.access[:1] == ("",):
+                if side == "input" and r.param is not None:
+                    continue
+                return _card(h, v, f)
+    return None
+
+
+def _own_output(h: HostIR, f: FamilyIR) -> Card | None:
+    for v in h.values:
+        r = v.read
+        if r is not None and r.kind == "module" and not r.module and r.side == "output":
+            return _card(h, v, f)
+    return None
+
+
+class PageModel:
+    def __init__(self, f: FamilyIR, facts: dict[str, Any] | None):
+        self.f = f
+        self.facts = facts or {}
+        ckpts = self.facts.get("checkpoints") or []
+        self.first = ckpts[0] if ckpts else None
+        self._ids: set[str] = set()
+
+    def uid(self, base: str) -> str:
+        base = slug(base)
+        out, k = base, 2
+        while out in self._ids:
+            out, k = f"{base}-{k}", k + 1
+        self._ids.add(out)
+        return out
+
+    # ---- which hosts apply to which block ----
+    def block_hosts(self, stack: str) -> list[list[int]]:
+        if self.first and stack in self.first.get("blocks", {}):
+            return [list(x) for x in self.first["blocks"][stack]]
+        hosts = [(k, h) for k, h in enumerate(self.f.hosts) if h.path.startswith(f"{stack}[i]")]
+        n = self.count(stack) or 1
+        rows = []
+        for i in range(n):
+            row = []
+            for k, h in hosts:
+                if h.when is None or self._when(h, i):
+                    row.append(k)
+            rows.append(row)
+        return rows
+
+    def _when(self, h: HostIR, i: int) -> bool:
+        assert h.when is not None
+        for cfg in _fallback_config(self.f):
+            try:
+                return bool(evaluate(h.when, cfg, i))
+            except Exception:  # noqa: BLE001 - this config does not say; try the next
+                continue
+        return True
+
+    def count(self, stack: str) -> int | None:
+        if self.first and stack in self.first.get("blocks", {}):
+            return len(self.first["blocks"][stack])
+        name = "num_layers" if stack == "layers" else f"{stack.split('.')[0]}_num_layers"
+        if self.first and isinstance(self.first.get("normalized", {}).get(name), int):
+            return int(self.first["normalized"][name])
+        for key, c, _ in self.f.config:
+            if key == name:
+                for cfg in _fallback_config(self.f):
+                    try:
+                        v = evaluate(c, cfg)
+                    except Exception:  # noqa: BLE001
+                        continue
+                    if isinstance(v, int):
+                        return v
+        return None
+
+    # ---- the drawing ----
+    def stacks(self) -> list[Stack]:
+        out = [self.stack("layers", "")]
+        if any(h.path == "vision" or h.path.startswith("vision.") for h in self.f.hosts):
+            out.append(self.stack("vision.layers", "vision"))
+        return [s for s in out if s is not None]
+
+    def stack(self, name: str, prefix: str) -> Stack:
+        f = self.f
+        rows = self.block_hosts(name)
+        keys: list[tuple[int, ...]] = []
+        blocks = []
+        for row in rows:
+            key = tuple(row)
+            if key not in keys:
+                keys.append(key)
+            blocks.append(keys.index(key))
+        parts_spec = f.diagram.block if not prefix else f.diagram.vision_block
+        kinds = []
+        for k, key in enumerate(keys[:MAX_KINDS]):
+            hosts = [f.hosts[x] for x in key]
+            kinds.append(self.kind(k, name, hosts, parts_spec, [i for i, b in enumerate(blocks) if b == k]))
+        blocks = [min(b, MAX_KINDS - 1) for b in blocks]
+        chain = self.chain(name, prefix, len(rows))
+        title = "the residual stream" if not prefix else "the vision encoder"
+        return Stack(name, prefix, chain, kinds, blocks, title)
+
+    def chain(self, stack: str, prefix: str, n: int) -> list[Part]:
+        f = self.f
+        rename = {k for k, _ in f.rename}
+        model_hosts = list(f.hosts_at("model"))
+        parts: list[Part] = []
+        if not prefix:
+            items = [x for x in f.diagram.text if x in rename or x == "layers" or f.diagram.text != DEFAULT_TEXT]
+            for item in items:
+                if item == "layers":
+                    parts.append(self.stack_part(stack, n))
+                    continue
+                role = {"embed_tokens": "embed", "norm": "norm", "lm_head": "head"}.get(item, "module")
+                parts.append(Part(self.uid(f"c-{item}"), item, _native(f, item), role, item, "",
+                                  _module_value(model_hosts, item, "output", f)))
+            out = next((_card(h, v, f) for h in model_hosts for v in h.values if v.name == "logits"), None)
+            if out is not None:
+                parts.append(Part(self.uid("c-logits"), "logits", "", "output", "model", "", out,
+                                  subtitle="the output"))
+            return parts
+        vhosts = list(f.hosts_at(prefix))
+        items = list(f.diagram.vision)
+        if not items:
+            for h in vhosts:
+                for v in h.values:
+                    if v.read is not None and v.read.kind == "module" and v.read.module and v.read.side == "output":
+                        m = v.read.module[0]
+                        if m not in items and m != "layers":
+                            items.append(m)
+            if any(h.path.startswith(f"{stack}[i]") for h in f.hosts):
+                items.insert(min(1, len(items)), "layers")
+        for item in items:
+            if item == "layers":
+                parts.append(self.stack_part(stack, n))
+                continue
+            full = f"{prefix}.{item}"
+            card = _module_value(vhosts, item, "output", f) or _module_value(model_hosts, item, "output", f)
+            path = full if (full in rename or any(h.path == full for h in f.hosts)) else item
+            parts.append(Part(self.uid(f"c-{full}"), item, _native(f, path), "vision", path, "", card))
+        return parts
+
+    def stack_part(self, stack: str, n: int) -> Part:
+        f = self.f
+        hosts = list(f.hosts_at(f"{stack}[i]"))
+        card = _own_output(hosts[0], f) if hosts else None
+        cls = ", ".join(dict.fromkeys(h.cls for h in hosts))
+        leaf = stack.split(".")[-1]
+        return Part(self.uid(f"c-{stack}"), leaf, _native(f, stack), "stack", f"{stack}[i]", cls, card,
+                    count=f"× {n}" if n else "")
+
+    def kind(self, k: int, stack: str, hosts: list[HostIR], spec: tuple[str, ...], blocks: list[int]) -> Kind:
+        f = self.f
+        layer_hosts = [h for h in hosts if h.path == f"{stack}[i]"]
+        children = {h.path[len(stack) + 4:]: h for h in hosts
+                    if h.path.startswith(f"{stack}[i].") and "." not in h.path[len(stack) + 4:]}
+        named = set(spec)
+        mixers = [c for c in children if c not in named]
+        parts: list[Part] = []
+        lay = layer_hosts[0] if layer_hosts else None
+        items: list[str] = []
+        for item in spec:
+            if item == "mixer":
+                items.extend(f"host:{m}" for m in mixers)
+            else:
+                items.append(item)
+        if lay is not None:
+            card = _module_value([lay], "", "input", f)
+            parts.append(Part(self.uid(f"k{k}-{stack}-input"), "x", "", "input", f"{stack}[i]", lay.cls, card,
+                              subtitle="the block's input"))
+        default = spec == DEFAULT_BLOCK
+        for j, item in enumerate(items):
+            nxt = items[j + 1] if j + 1 < len(items) else None
+            if item == "add":
+                card = None
+                if lay is not None:
+                    if nxt is not None and not nxt.startswith("host:") and nxt != "add":
+                        card = _module_value([lay], nxt, "input", f)
+                    elif nxt is None:
+                        card = _own_output(lay, f)
+                parts.append(Part(self.uid(f"k{k}-{stack}-add{j}"), "+", "", "add", f"{stack}[i]", "", card,
+                                  subtitle="residual add"))
+                continue
+            name = item.removeprefix("host:")
+            host = children.get(name)
+            if host is not None:
+                role = "mlp" if "mlp" in name or name in ("moe", "feed_forward", "experts") else "mixer"
+                others = [_card(host, v, f) for v in host.values]
+                main = _own_output(host, f)
+                parts.append(Part(self.uid(f"k{k}-{stack}-{name}"), name, _native(f, f"{stack}[i].{name}"), role,
+                                  host.path, host.cls, main, [c for c in others if main is None or c.name != main.name]))
+                continue
+            card = _module_value([lay], name, "output", f) if lay is not None else None
+            if card is None and default and f"{stack}[i].{name}" not in dict(f.rename):
+                continue  # a default part this family does not have
+            role = "norm" if "norm" in name else "module"
+            parts.append(Part(self.uid(f"k{k}-{stack}-{name}"), name, _native(f, f"{stack}[i].{name}"), role,
+                              f"{stack}[i].{name}", "", card))
+        present = set(children)
+        identities = []
+        for h in layer_hosts:
+            for ident in h.identities:
+                heads = {t.split(".")[0] for t in ident.terms if "." in t}
+                if heads <= present | {"input", "output"} or not heads:
+                    identities.append(ident.text)
+        ordered = sorted(children.items(), key=lambda kv: (kv[0] in named, kv[0]))  # the mixers first
+        label = " · ".join(f"{n}: {h.cls}" for n, h in ordered) or (lay.cls if lay else stack)
+        return Kind(k, label, blocks, parts, identities)
+
+    # ---- support() tables ----
+    def hosts(self) -> list[dict[str, Any]]:
+        f = self.f
+        out = []
+        for h in f.hosts:
+            out.append({"host": h, "anchor": host_anchor(h, f), "label": "model" if h.path == "model" else f"model.{h.path}",
+                        "values": [(v, _card(h, v, f)) for v in h.values]})
+        return out
+
+    def checkpoints(self) -> list[dict[str, Any]]:
+        facts = {c["name"]: c for c in self.facts.get("checkpoints", [])}
+        out = []
+        for c in self.f.checkpoints:
+            fc = facts.get(c.name, {})
+            normalized = fc.get("normalized")
+            if normalized is None:
+                normalized = {}
+                for key, comp, _ in self.f.config:
+                    try:
+                        normalized[key] = evaluate(comp, dict(c.config))
+                    except Exception:  # noqa: BLE001
+                        normalized[key] = None
+            out.append({"name": c.name, "normalized": normalized, "config": c.config, "cls": fc.get("class", "")})
+        return out
+
+
+def config_text(v: Any) -> str:
+    if isinstance(v, bool) or v is None:
+        return str(v)
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(config_text(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {config_text(x)}" for k, x in v.items()) + "}"
+    return str(v)

@@ -1,0 +1,214 @@
+"""The generated site in a real browser: loads clean, the slider, the cards, the index, links, keyboard."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import pytest
+
+from .conftest import ARTIFACTS, NASTY
+
+pytestmark = pytest.mark.browser
+
+
+def _pages(site: Path) -> list[Path]:
+    return sorted(site.glob("*.html"))
+
+
+def _open(page: Any, path: Path) -> None:
+    page.goto(path.as_uri())
+    page.wait_for_load_state("load")
+
+
+def test_every_page_loads_without_console_errors_and_is_screenshotted(page: Any, real_site: Path, test_site: Path) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    seen = []
+    for site, tag in ((real_site, "site"), (test_site, "test")):
+        for path in _pages(site):
+            _open(page, path)
+            assert page.title(), path
+            if page.query_selector("button.part.role-mixer"):
+                page.hover("button.part.role-mixer")
+            page.screenshot(path=str(ARTIFACTS / f"{tag}-{path.stem}.png"), full_page=True)
+            seen.append(path.name)
+    assert page.errors == []
+    assert {"index.html", "llama.html", "gpt2.html", "hybrid_test.html"} <= set(seen)
+
+
+def test_the_slider_redraws_the_block_kind_on_a_hybrid_family(page: Any, test_site: Path) -> None:
+    _open(page, test_site / "hybrid_test.html")
+    section = page.locator("section#block")
+    slider = section.locator("input.slider")
+    visible = section.locator(".kind:not([hidden])")
+    assert visible.count() == 1
+    assert section.locator(".kind").count() == 2
+    first = visible.get_attribute("data-label")
+    assert "linear_attn" in first and visible.locator("button.part", has_text="linear_attn").count() == 1
+    slider.focus()
+    for _ in range(3):
+        page.keyboard.press("ArrowRight")
+    assert section.locator(".pick-i").inner_text() == "i = 3"
+    visible = section.locator(".kind:not([hidden])")
+    assert visible.count() == 1
+    label = visible.get_attribute("data-label")
+    assert label != first and "self_attn" in label and "linear_attn" not in label
+    assert visible.locator("button.part", has_text="self_attn").count() == 1
+    assert section.locator(".kind-name").inner_text() == label
+    slider.fill("4")  # back to a linear block
+    assert "linear_attn" in section.locator(".kind:not([hidden])").get_attribute("data-label")
+    assert page.errors == []
+
+
+def test_hover_and_focus_show_the_card_with_the_standard_name_and_click_pins(page: Any, real_site: Path) -> None:
+    _open(page, real_site / "llama.html")
+    part = page.locator("section#block .kind:not([hidden]) button.part.role-mixer")
+    card = page.locator("#" + part.get_attribute("data-card"))
+    assert card.is_hidden()
+    part.hover()
+    assert card.is_visible()
+    assert card.locator(".card-std").inner_text() == "attention_output"
+    assert "What the attention adds to the residual stream" in card.inner_text()
+    assert "Residual [batch seq hidden_size]" in card.inner_text()
+    page.mouse.move(0, 0)
+    assert card.is_hidden()
+    mlp = page.locator("section#block .kind:not([hidden]) button.part.role-mlp")
+    mlp.focus()
+    mcard = page.locator("#" + mlp.get_attribute("data-card"))
+    assert mcard.is_visible() and mcard.locator(".card-std").inner_text() == "mlp_output"
+    # click pins: the card stays when the pointer leaves, and another part's hover does not replace it
+    part.click()
+    page.mouse.move(0, 0)
+    assert card.is_visible() and part.get_attribute("aria-pressed") == "true"
+    norm = page.locator("section#block .chain button.part.role-norm")
+    norm.hover()
+    assert card.is_visible()
+    part.click()
+    assert part.get_attribute("aria-pressed") == "false"
+    assert page.errors == []
+
+
+def test_search_and_trait_filter_narrow_the_index(page: Any, test_site: Path, real_site: Path) -> None:
+    _open(page, real_site / "index.html")
+    families = page.locator("li.family:not([hidden])")
+    total = families.count()
+    assert total >= 2
+    page.fill("#search", "LlamaAttention")
+    assert families.count() == 1 and families.first.get_attribute("data-family") == "llama"
+    assert page.locator("#results li").count() >= 1
+    assert "native class" in page.locator("#results").inner_text()
+    page.fill("#search", "position_embeddings")
+    assert [families.nth(i).get_attribute("data-family") for i in range(families.count())] == ["gpt2"]
+    href = page.locator("#results a").first.get_attribute("href")
+    assert href.startswith("gpt2.html#")
+    page.fill("#search", "")
+    assert families.count() == total
+    page.click("button.trait-filter[data-trait='Rotary positions']")
+    assert [families.nth(i).get_attribute("data-family") for i in range(families.count())] == ["llama"]
+    page.click("button.trait-filter[data-trait='Rotary positions']")
+    assert families.count() == total
+    page.click("button.trait-filter[data-trait='LayerNorm']")
+    page.fill("#search", "LlamaMLP")
+    assert families.count() == 0
+    assert page.errors == []
+
+
+def test_no_internal_link_is_broken(page: Any, real_site: Path, test_site: Path) -> None:
+    checked = 0
+    for site in (real_site, test_site):
+        ids: dict[str, set[str]] = {}
+        for path in _pages(site):
+            _open(page, path)
+            ids[path.name] = set(page.eval_on_selector_all("[id]", "els => els.map(e => e.id)"))
+        for path in _pages(site):
+            _open(page, path)
+            hrefs = page.eval_on_selector_all("a[href], link[href], script[src]",
+                                              "els => els.map(e => e.getAttribute('href') || e.getAttribute('src'))")
+            for href in hrefs:
+                url = urlparse(href)
+                assert not url.scheme and not url.netloc, f"{path.name}: external reference {href}"
+                target = url.path or path.name
+                assert (site / unquote(target)).is_file(), f"{path.name}: broken link {href}"
+                if url.fragment and target.endswith(".html"):
+                    assert unquote(url.fragment) in ids[target], f"{path.name}: no #{url.fragment} in {target}"
+                checked += 1
+    assert checked > 50
+
+
+def test_keyboard_alone_reaches_every_card(page: Any, test_site: Path, real_site: Path) -> None:
+    for path in (real_site / "llama.html", test_site / "hybrid_test.html"):
+        _open(page, path)
+        section = page.locator("section#block")
+        kinds = section.locator(".kind").count()
+        slider = section.locator("input.slider")
+        blocks = [int(x) for x in slider.get_attribute("data-blocks").split(",")]
+        reached: set[str] = set()
+        for k in range(kinds):
+            slider.focus()
+            page.keyboard.press("Home")
+            for _ in range(blocks.index(k)):
+                page.keyboard.press("ArrowRight")
+            want = set(section.locator(f".kind[data-kind='{k}'] button.part").evaluate_all(
+                "els => els.map(e => e.dataset.card)")) | set(section.locator(".chain button.part").evaluate_all(
+                "els => els.map(e => e.dataset.card)"))
+            page.locator("body").focus()
+            page.evaluate("document.activeElement && document.activeElement.blur()")
+            for _ in range(200):
+                page.keyboard.press("Tab")
+                info = page.evaluate("""() => { const e = document.activeElement;
+                    if (!e || !e.classList.contains('part')) return null;
+                    const c = document.getElementById(e.dataset.card);
+                    return {card: e.dataset.card, std: e.dataset.std, shown: !c.hidden,
+                            text: c.querySelector('.card-std').textContent}; }""")
+                if info is None:
+                    if want <= reached:
+                        break
+                    continue
+                assert info["shown"], info
+                assert info["text"] == info["std"], info
+                reached.add(info["card"])
+            assert want <= reached, (path.name, k, want - reached)
+    assert page.errors == []
+
+
+def test_spec_strings_stay_text(page: Any, test_site: Path) -> None:
+    html = (test_site / "hybrid_test.html").read_text(encoding="utf-8")
+    assert len(re.findall(r"<script\b", html)) == 1  # only atlas.js
+    index = (test_site / "index.html").read_text(encoding="utf-8")
+    assert len(re.findall(r"<script\b", index)) == 2  # the JSON index and atlas.js
+    assert "</script><script>window" not in html + index
+    for name in ("hybrid_test.html", "index.html"):
+        _open(page, test_site / name)
+        assert page.evaluate("window.__pwned") is None
+    _open(page, test_site / "hybrid_test.html")
+    summary = page.locator("header .summary").inner_text()
+    assert NASTY.split(" {%")[0] in " ".join(summary.split())
+    assert "{{ 7 * 7 }}" in summary and "49" not in summary
+    assert "</script><script>window.__pwned = 3</script>" in page.locator("header .lines").inner_text()
+    assert "<b>tags</b>" in page.locator("#notes").inner_text()
+    assert page.title().startswith("family hybrid_test")
+    _open(page, test_site / "index.html")
+    page.fill("#search", "linear_attn")  # a standard name only the hybrid family has
+    shown = page.locator("li.family:not([hidden])")
+    assert shown.count() == 1 and shown.first.get_attribute("data-family") == "hybrid_test"
+    assert "</script><script>window.__pwned = 3</script>" in shown.first.inner_text()
+    assert page.errors == []
+
+
+def test_the_vision_path_is_drawn_from_the_vision_hosts(page: Any, test_site: Path) -> None:
+    _open(page, test_site / "hybrid_test.html")
+    vision = page.locator("section#vision")
+    assert vision.count() == 1
+    chain = vision.locator(".chain button.part").evaluate_all("els => els.map(e => e.querySelector('.part-name').textContent)")
+    assert chain[0].startswith("patch_embed") and chain[1].startswith("layers") and chain[-1].startswith("merger")
+    block = vision.locator(".kind:not([hidden]) button.part")
+    names = block.evaluate_all("els => els.map(e => e.querySelector('.part-name').textContent)")
+    assert names == ["x", "input_layernorm/norm1", "self_attn/attn", "+", "post_attention_layernorm/norm2", "mlp", "+"]
+    part = vision.locator(".kind:not([hidden]) button.part.role-mixer")
+    part.hover()
+    card = page.locator("#" + part.get_attribute("data-card"))
+    assert card.is_visible() and card.locator(".card-std").inner_text() == "attention_output"
+    assert "VisionAttention" in card.inner_text()
+    assert page.errors == []
