@@ -10,8 +10,10 @@ node by node against a whitelist and turned into source text that the emitted mo
 from __future__ import annotations
 
 import ast
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 # Functions a spec may call, and the helper each compiles to (``_fn`` is ``nnatlas.functions``).
 Arity = int | tuple[int, int]
@@ -48,6 +50,7 @@ class ExprError(ValueError):
 class Compiled:
     source: str  # Python source of the expression
     names: tuple[str, ...]  # the dotted names it refers to, in order of first use
+    text: str = ""  # the spec's own text (config and block-condition expressions keep it for `evaluate`)
 
 
 def _parse(text: str) -> ast.expr:
@@ -182,9 +185,9 @@ def compile_config(text: str | int | float) -> Compiled:
     if isinstance(text, bool):
         raise ExprError("a config entry is a name or an expression, not a boolean")
     if isinstance(text, int | float):
-        return Compiled(repr(text), ())
+        return Compiled(repr(text), (), repr(text))
     e = _Emitter(lambda n: f"_cfg(c, {n!r})", CONFIG_FUNCTIONS, "_fn.cfg_", True, True, True)
-    return Compiled(e.emit(_parse(text)), tuple(e.names))
+    return Compiled(e.emit(_parse(text)), tuple(e.names), text)
 
 
 def compile_when(text: str) -> Compiled:
@@ -192,7 +195,7 @@ def compile_when(text: str) -> Compiled:
     def name(n: str) -> str:
         return "i" if n == "i" else f"_cfg(c, {n!r})"
     e = _Emitter(name, CONFIG_FUNCTIONS, "_fn.cfg_", True, True, True)
-    return Compiled(e.emit(_parse(text)), tuple(n for n in e.names if n != "i"))
+    return Compiled(e.emit(_parse(text)), tuple(n for n in e.names if n != "i"), text)
 
 
 def parse_view(text: str) -> list[tuple[str, tuple[object, ...]]]:
@@ -234,3 +237,56 @@ def _view_arg(node: ast.expr) -> object:
         return tuple(_view_arg(e) for e in node.elts)
     raise ExprError(f"view arguments are integers, config names or lists of them, not '{ast.unparse(node)}'",
                     getattr(node, "col_offset", 0))
+
+
+# ---- evaluating config expressions at generate time (no eval: a walk of the same whitelist) ----
+
+_CONFIG_CALLS: dict[str, Callable[..., object]] = {
+    "len": len, "min": min, "max": max, "count": lambda xs, item: list(xs).count(item)}
+_PYOPS: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow, ast.Mod: operator.mod, ast.Eq: operator.eq,
+    ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge}
+
+
+def evaluate(c: Compiled, lookup: Callable[[str], Any], i: int | None = None) -> Any:
+    """Compute a config or block-condition expression: names come from ``lookup`` (``i`` is the block).
+
+    The text was checked by ``compile_config`` / ``compile_when``; this walks the same node types.
+    """
+    if not c.text:
+        raise ExprError("this expression keeps no text to evaluate")
+    compile_when(c.text)  # the whitelist, once more: nothing outside it is walked below
+
+    def ev(node: ast.expr) -> Any:
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Name | ast.Attribute):
+            dotted = _dotted(node)
+            return i if dotted == "i" else lookup(dotted or "")
+        if isinstance(node, ast.BinOp):
+            return _PYOPS[type(node.op)](ev(node.left), ev(node.right))
+        if isinstance(node, ast.UnaryOp):
+            v = ev(node.operand)
+            return -v if isinstance(node.op, ast.USub) else not v
+        if isinstance(node, ast.BoolOp):
+            result: Any = None
+            for v_node in node.values:
+                result = ev(v_node)
+                if isinstance(node.op, ast.Or) and result or isinstance(node.op, ast.And) and not result:
+                    return result
+            return result
+        if isinstance(node, ast.IfExp):
+            return ev(node.body) if ev(node.test) else ev(node.orelse)
+        if isinstance(node, ast.Compare):
+            return _PYOPS[type(node.ops[0])](ev(node.left), ev(node.comparators[0]))
+        if isinstance(node, ast.Subscript):
+            return ev(node.value)[ev(node.slice)]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            return _CONFIG_CALLS[node.func.id](*(ev(a) for a in node.args))
+        if isinstance(node, ast.List | ast.Tuple):
+            items = [ev(e) for e in node.elts]
+            return items if isinstance(node, ast.List) else tuple(items)
+        raise ExprError(f"cannot evaluate '{ast.unparse(node)}'")
+
+    return ev(_parse(c.text))

@@ -6,9 +6,7 @@ so everything that came from a spec is escaped by the templates' autoescape in o
 Which hosts apply to which block comes from the printout facts (computed by transformers on the
 first recorded checkpoint, ``compiler/printouts.py``) when there are any; otherwise the hosts'
 ``when:`` conditions are evaluated here on the first checkpoint's recorded config, or on the tiny
-config. Those conditions were compiled from whitelisted expressions (``compiler/expr.py``); the
-evaluation runs that compiled source with nothing but the config lookups in scope, as the
-generated adapter does.
+config, by ``expr.evaluate``: a walk of the same whitelisted expression tree, never ``eval``.
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import expr
 from .expr import Compiled
 from .ir import DEFAULT_BLOCK, DEFAULT_TEXT, FamilyIR, HostIR, ValueIR
 
@@ -97,17 +96,9 @@ def _cfg(config: Any, name: str) -> Any:
     return node
 
 
-class _Fns:
-    cfg_len = staticmethod(len)
-    cfg_min = staticmethod(min)
-    cfg_max = staticmethod(max)
-    cfg_count = staticmethod(lambda xs, item: list(xs).count(item))
-
-
 def evaluate(c: Compiled, config: dict[str, Any], i: int | None = None) -> Any:
-    """Run a compiled config or ``when`` expression on a plain config mapping."""
-    scope = {"__builtins__": {}, "_cfg": _cfg, "_fn": _Fns, "c": config, "i": i}
-    return eval(c.source, scope)  # noqa: S307 - compiled from a whitelisted AST, config lookups only
+    """Compute a config or ``when`` expression on a plain config mapping (no eval: see expr.evaluate)."""
+    return expr.evaluate(c, lambda name: _cfg(config, name), i)
 
 
 def _fallback_config(f: FamilyIR) -> list[dict[str, Any]]:
