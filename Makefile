@@ -26,7 +26,15 @@ check: $(STAMP)
 	$(BIN)/ruff check compiler runtime generated tests $(wildcard bench)
 	$(BIN)/mypy compiler runtime generated/families
 
-test: $(STAMP)
+# the browser tests drive Debian's Chromium (never `playwright install`, which downloads browsers)
+CHROMIUM := /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" -ne 0 ] && echo sudo)
+
+$(CHROMIUM):
+	$(SUDO) apt-get update -qq
+	$(SUDO) apt-get install -y -qq --no-install-recommends chromium
+
+test: $(STAMP) $(CHROMIUM)
 	$(BIN)/python -m pytest
 
 docs: $(STAMP)
