@@ -7,10 +7,26 @@
         model.layers[0].mlp.mlp_output[:] = 0
 """
 
+from typing import TYPE_CHECKING, Any
+
 from .errors import NnatlasError, NotReached, OutOfOrderError, SpecError, Unavailable, UnknownName
-from .model import AtlasModel, load, wrap
 from .registry import all_families
-from .trace import Box
+
+if TYPE_CHECKING:
+    from .model import AtlasModel, load, wrap
+    from .trace import Box
+
+# torch loads on first use, so `nnatlas generate` (nnatlas.compiler) starts without it
+_LAZY = {"AtlasModel": "model", "load": "model", "wrap": "model", "Box": "trace"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'nnatlas' has no attribute '{name}'")
+
 
 __all__ = ["AtlasModel", "Box", "NnatlasError", "NotReached", "OutOfOrderError", "SpecError", "Unavailable",
            "UnknownName", "all_families", "load", "wrap"]
