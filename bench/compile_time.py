@@ -9,16 +9,22 @@ import time
 from pathlib import Path
 
 
-def cold_check(runs: int = 3) -> float:
-    """Median wall seconds of ``nnatlas generate --check`` in a fresh process."""
+def cold_check(runs: int = 3) -> tuple[float, float]:
+    """Median wall seconds of ``nnatlas generate --check`` in a fresh process, and its CPU seconds
+    (user + system: what the wall time would be on an idle machine)."""
+    import resource
+
     exe = Path(sys.executable).with_name("nnatlas")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "nnatlas.compiler.cli"]
-    times = []
+    times, cpu = [], []
     for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         subprocess.run([*cmd, "generate", "--check"], check=True, capture_output=True)
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return statistics.median(times), statistics.median(cpu)
 
 
 def in_process(runs: int = 5) -> tuple[float, int]:

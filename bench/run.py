@@ -138,12 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     for row in mem_rows:
         print("  " + row)
 
-    cold = compile_time.cold_check()
+    cold, cold_cpu = compile_time.cold_check()
     warm, n = compile_time.in_process()
     print("\ncompiler: nnatlas generate --check")
     cold_ok = "ok" if cold < 1.5 else "MISS"
     warm_ok = "ok" if warm / n < 0.1 else "MISS"
-    print(f"  cold process: {cold * 1e3:.0f} ms ({cold_ok} < 1500 ms)")
+    print(f"  cold process: {cold * 1e3:.0f} ms wall, {cold_cpu * 1e3:.0f} ms CPU ({cold_ok} < 1500 ms)")
     print(f"  in process:   {warm * 1e3:.0f} ms for {n} families = {warm / n * 1e3:.0f} ms per family "
           f"({warm_ok} < 100 ms)")
     (table.met if cold < 1.5 else table.misses).append(f"compiler cold {cold * 1e3:.0f} ms < 1500")
