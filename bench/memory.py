@@ -1,7 +1,8 @@
 """Saving makes no copies: what the trace allocates beyond the plain forward, and storage sharing.
 
 ``Allocations`` counts the bytes of every new storage an aten op produces (views and detach
-produce none), so ``traced - plain`` is what the trace itself allocated. ``shared_storage``
+produce none), so ``traced - plain`` is what the trace itself allocated: 0 when saving copies
+nothing. ``shared_storage``
 checks, in one forward, that each saved layer output lives in the very storage a plain forward
 hook sees the model compute.
 """
@@ -19,24 +20,26 @@ from nnatlas.model import AtlasModel
 
 
 class Allocations(TorchDispatchMode):
-    """Bytes of new storages created by aten ops while active."""
+    """Bytes of the new storages aten ops produce while active (an output that shares its storage
+    with an input, a view or ``detach``, counts nothing); the allocator reusing freed memory
+    does not hide an allocation."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.seen: set[int] = set()
         self.bytes = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        for t in tree_flatten((args, kwargs or {}))[0]:
-            if isinstance(t, torch.Tensor):
-                self.seen.add(t.untyped_storage().data_ptr())
+        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs or {}))[0]
+                  if isinstance(t, torch.Tensor)}
         out = func(*args, **(kwargs or {}))
+        fresh: set[int] = set()
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
-                ptr = t.untyped_storage().data_ptr()
-                if ptr not in self.seen:
-                    self.seen.add(ptr)
-                    self.bytes += t.untyped_storage().nbytes()
+                storage = t.untyped_storage()
+                ptr = storage.data_ptr()
+                if ptr not in inputs and ptr not in fresh:
+                    fresh.add(ptr)
+                    self.bytes += storage.nbytes()
         return out
 
 
