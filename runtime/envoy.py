@@ -255,7 +255,8 @@ class Value(_Lazy):
         return base
 
     def _tracer(self) -> Tracer:
-        return self._host._model._active_tracer(self.label)
+        model = self._host._model
+        return model._tracer or model._active_tracer(self.label)
 
     def _target(self) -> Target:
         return self._host._model._target(self)

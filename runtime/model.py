@@ -10,7 +10,7 @@ import torch
 
 from . import registry as _families
 from .adapter import Family, HostSpec
-from .envoy import Host, HostList, Value
+from .envoy import Host, HostList, Value, resolve_native
 from .errors import NnatlasError, Unavailable
 from .inputs import prepare
 from .trace import Target, Tracer
@@ -55,6 +55,7 @@ class AtlasModel(Host):
         object.__setattr__(self, "_tracer", None)
         object.__setattr__(self, "_config_view", ConfigView(getattr(hf_model, "config", None)))
         object.__setattr__(self, "_hosts_cache", {})
+        object.__setattr__(self, "_targets_cache", {})
         with _LOCKS_GUARD:
             lock = _LOCKS.setdefault(hf_model, threading.RLock())
         object.__setattr__(self, "_lock", lock)
@@ -146,6 +147,23 @@ class AtlasModel(Host):
         why = self._why_unavailable(value)
         if why is not None:
             raise why
+        # resolved once per (module, value): a cached target is used while its module is still the
+        # one the host's path leads to (a replaced submodule resolves afresh)
+        key = (id(value._host._module), id(value._read), value._extra, value.label)
+        cached = self._targets_cache.get(key)
+        if cached is not None:
+            target, path = cached
+            if path is None or resolve_native(value._host._module, path) is target.module:
+                return target
+        target = self._resolve_target(value)
+        path = None
+        if target.module is not value._host._module:
+            path = next((n for n, m in value._host._module.named_modules() if m is target.module), None)
+        if target.module is value._host._module or path is not None:
+            self._targets_cache[key] = (target, path)
+        return target
+
+    def _resolve_target(self, value: Value) -> Target:
         read, host = value._read, value._host
         view = tuple((op, tuple(self._view_arg(a) for a in args)) for op, args in (
             ((v.name, v.args) for v in value._spec.view) if value._spec else ()))

@@ -401,11 +401,14 @@ class Tracer:
                  ) -> dict[int, Callable[..., Any]]:
         modules: dict[int, torch.nn.Module] = {}
         kinds: dict[int, set[str]] = {}
-        for key, reqs in self.by_site.items():
+        fwd_ops: dict[int, set[str]] = {}
+        for key, reqs in self.by_site.items():  # one pass: sites by module
             assert reqs[0].target is not None
             mod = reqs[0].target.module
             modules[id(mod)] = mod
-            kinds.setdefault(id(mod), set()).add(key[0])
+            kinds.setdefault(id(mod), set()).add("op_call" if key[0] == "op" and key[2] == "call" else key[0])
+            if key[0] == "op" and key[2] is None:
+                fwd_ops.setdefault(key[1], set()).add(key[3])
         routes: dict[int, Callable[..., Any]] = {}
         for mid, kind in kinds.items():
             mod = modules[mid]
@@ -413,12 +416,9 @@ class Tracer:
                 installed.append(mod.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
             if "post" in kind:
                 installed.append(mod.register_forward_hook(self._post_hook))
-            if "op" in kind:
-                fwd_ops = {k[3] for k in self.by_site if k[0] == "op" and k[1] == mid and k[2] is None}
-                if fwd_ops:
-                    self._install_forward_ops(mod, fwd_ops, installed, modes)
-            if kind & {"call_in", "call_out"} or any(k[0] == "op" and k[1] == mid and k[2] == "call"
-                                                     for k in self.by_site):
+            if mid in fwd_ops:
+                self._install_forward_ops(mod, fwd_ops[mid], installed, modes)
+            if kind & {"call_in", "call_out", "op_call"}:
                 routes[mid] = self._call_handler(mid)
         if routes:
             self._route_attention(modules, routes, restore)

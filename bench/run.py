@@ -1,0 +1,176 @@
+"""``python -m bench``: the overhead table, memory, and compiler times."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+from typing import Any
+
+import torch
+
+import nnatlas
+
+from . import compile_time, memory, models
+from .timing import medians
+from .workloads import CASES, layer_values, nnsight_available, ours_workloads, standard_values, theirs_workloads
+
+# (scope, case) -> the most ours/plain may be; scope "tiny llama", "tiny", "mid"
+TARGETS: dict[tuple[str, str], float] = {
+    ("tiny", "a"): 1.02, ("mid", "a"): 1.02,
+    ("tiny llama", "b"): 1.05, ("mid", "b"): 1.02,
+    ("tiny", "c"): 1.25,
+}
+VS_NNSIGHT = 0.8
+
+
+def target(scope: str, family: str, case: str) -> float | None:
+    if scope == "tiny" and family == "llama" and ("tiny llama", case) in TARGETS:
+        return TARGETS[("tiny llama", case)]
+    return TARGETS.get((scope, case))
+
+
+class Table:
+    def __init__(self) -> None:
+        self.rows: list[list[str]] = []
+        self.misses: list[str] = []
+        self.met: list[str] = []
+
+    def add(self, model: str, scope: str, family: str, case: str, t: dict[str, float], note: str = "") -> None:
+        ratio = t["ours"] / t["plain"]
+        goal = target(scope, family, case)
+        theirs = t.get("theirs")
+        vs = t["ours"] / theirs if theirs else None
+        verdicts = []
+        if goal is not None:
+            ok = ratio <= goal
+            verdicts.append(f"{'ok' if ok else 'MISS'} ≤{goal:.2f}")
+            (self.met if ok else self.misses).append(f"{model} ({case}) ours/plain {ratio:.3f} ≤ {goal}")
+        if vs is not None:
+            ok = vs <= VS_NNSIGHT
+            verdicts.append(f"{'ok' if ok else 'MISS'} vs ≤{VS_NNSIGHT}")
+            (self.met if ok else self.misses).append(f"{model} ({case}) ours/nnsight {vs:.3f} ≤ {VS_NNSIGHT}")
+        self.rows.append([
+            model, f"({case}) {CASES[case]}", f"{t['plain'] * 1e3:.2f}", f"{t['ours'] * 1e3:.2f}", f"{ratio:.3f}",
+            f"{theirs * 1e3:.2f}" if theirs else "-", f"{theirs / t['plain']:.3f}" if theirs else "-",
+            f"{vs:.3f}" if vs is not None else "-", ", ".join(verdicts) + (f" {note}" if note else ""),
+        ])
+
+    def print(self) -> None:
+        head = ["model", "workload", "plain ms", "ours ms", "ours/plain", "nnsight ms", "nnsight/plain",
+                "ours/nnsight", "target"]
+        widths = [max(len(r[i]) for r in [head, *self.rows]) for i in range(len(head))]
+        line = lambda r: "  ".join(c.ljust(w) if i < 2 or i == 8 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        print(line(head))
+        print("  ".join("-" * w for w in widths))
+        last = None
+        for r in self.rows:
+            if last is not None and r[0] != last:
+                print()
+            print(line(r))
+            last = r[0]
+
+
+def bench_model(table: Table, name: str, scope: str, family: str, model: Any, eager: Any,
+                inputs: dict[str, torch.Tensor], runs: int, gen_runs: int, cases: str, with_nnsight: bool) -> None:
+    ours = ours_workloads(model, eager, inputs)
+    theirs: dict[str, Any] = {}
+    notes: dict[str, str] = {}
+    if with_nnsight:
+        theirs, notes = theirs_workloads(model, eager, inputs)
+    for case in cases:
+        w = ours[case]
+        fns = {"plain": w.plain, "ours": w.ours}
+        if case in theirs:
+            fns["theirs"] = theirs[case]
+        t = medians(fns, gen_runs if case == "e" else runs, warmup=1 if scope == "mid" else 3)
+        table.add(name, scope, family, case, t, notes.get(case, ""))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--runs", type=int, default=41, help="timed runs per forward workload, tiny models")
+    parser.add_argument("--gen-runs", type=int, default=11, help="timed runs per generation workload, tiny models")
+    parser.add_argument("--mid-runs", type=int, default=5, help="timed runs per workload, mid-size model")
+    parser.add_argument("--mid-layers", type=int, default=2, help="blocks of the mid-size model (0: skip it)")
+    parser.add_argument("--families", default="", help="comma-separated families (default: all)")
+    parser.add_argument("--cases", default="abcde")
+    parser.add_argument("--no-nnsight", action="store_true")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    with_nnsight = nnsight_available() and not args.no_nnsight
+    versions = f"torch {torch.__version__}, python {platform.python_version()}, 1 thread"
+    if with_nnsight:
+        import nnsight
+
+        versions += f", nnsight {nnsight.__version__}"
+    print(f"nnatlas overhead, median of interleaved warm runs ({versions})")
+    print(f"tiny: {args.runs} runs ({args.gen_runs} for generation), batch 1 seq {models.TINY_SEQ}; "
+          f"mid-size: {args.mid_runs} runs, seq {models.MID_SEQ}\n")
+
+    table = Table()
+    families = [f for f in args.families.split(",") if f] or sorted(nnatlas.all_families())
+    mem_rows: list[str] = []
+    for family in families:
+        model, eager, inputs = models.tiny(family)
+        hidden = model.normalized_config.get("hidden_size")
+        name = f"{family} tiny (h{hidden} L{len(model.layers)})"
+        bench_model(table, name, "tiny", family, model, eager, inputs, args.runs, args.gen_runs, args.cases,
+                    with_nnsight)
+        mem_rows.append(memory_row(name, model, eager, inputs))
+
+    if args.mid_layers:
+        t0 = time.perf_counter()
+        label, model, eager, inputs = models.mid(args.mid_layers)
+        built = time.perf_counter() - t0
+        bench_model(table, f"mid {label}", "mid", model.family, model, eager, inputs, args.mid_runs,
+                    max(2, args.mid_runs // 2), args.cases, with_nnsight)
+        mem_rows.append(memory_row(f"mid {label}", model, eager, inputs))
+        mid_note = f"mid-size model built in {built:.1f} s (recorded config, random weights, blocks scaled down)"
+    else:
+        mid_note = "mid-size model skipped"
+
+    table.print()
+    print(f"\n{mid_note}")
+    print("\nmemory (saving makes no copies): bytes allocated by the traced forward beyond the plain one")
+    for row in mem_rows:
+        print("  " + row)
+
+    cold, cold_cpu = compile_time.cold_check()
+    warm, n = compile_time.in_process()
+    print("\ncompiler: nnatlas generate --check")
+    cold_ok = "ok" if cold < 1.5 else "MISS"
+    warm_ok = "ok" if warm / n < 0.1 else "MISS"
+    print(f"  cold process: {cold * 1e3:.0f} ms wall, {cold_cpu * 1e3:.0f} ms CPU ({cold_ok} < 1500 ms)")
+    print(f"  in process:   {warm * 1e3:.0f} ms for {n} families = {warm / n * 1e3:.0f} ms per family "
+          f"({warm_ok} < 100 ms)")
+    (table.met if cold < 1.5 else table.misses).append(f"compiler cold {cold * 1e3:.0f} ms < 1500")
+    (table.met if warm / n < 0.1 else table.misses).append(f"compiler in process {warm / n * 1e3:.0f} ms/family < 100")
+
+    print(f"\ntargets met: {len(table.met)}, missed: {len(table.misses)}")
+    for miss in table.misses:
+        print(f"  MISS {miss}")
+    print(f"(bench took {time.perf_counter() - start:.0f} s)")
+    return 0
+
+
+def memory_row(name: str, model: Any, eager: Any, inputs: dict[str, torch.Tensor]) -> str:
+    plain, _ = memory.allocated(lambda: eager.native(**inputs))
+    values = [h for h in standard_values(eager) if h._read.kind != "derived"]
+
+    def traced() -> list[Any]:
+        with eager.trace(inputs, order="any"):
+            saved = [h.save() for h in values]
+        return saved
+
+    with torch.no_grad():
+        plain, _ = memory.allocated(lambda: eager.native(**inputs))
+        ours, saved = memory.allocated(traced)
+    tensors = [s for s in saved if isinstance(s, torch.Tensor)]
+    same, total = memory.shared_storage(model, inputs, layer_values(model))
+    extra = ours - plain
+    return (f"{name}: {len(tensors)} values saved ({memory.saved_bytes(tensors) / 1e6:.3f} MB of storage they "
+            f"look into); traced forward allocated {extra:+d} bytes vs plain; "
+            f"{same}/{total} saved layer outputs share storage with the model's own tensors")

@@ -1,0 +1,265 @@
+"""The five workloads, each as (plain, ours) callables on one model, plus nnsight's where installed.
+
+(a) an empty trace; (b) saving every layer's output; (c) saving every standard value the load
+serves (eager attention); (d) an in-place edit at every layer; (e) generating 16 tokens with one
+value saved per step. Baselines: the same forward / generate call on the bare transformers model.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from nnatlas.model import AtlasModel
+from nnatlas.testing import each_host, host_specs
+
+GEN_TOKENS = 16
+CASES = {
+    "a": "empty trace",
+    "b": "save every layer output",
+    "c": "save every standard value (eager)",
+    "d": "edit every layer",
+    "e": f"generate {GEN_TOKENS}, save 1/step",
+}
+
+
+@dataclass
+class Workload:
+    case: str
+    plain: Callable[[], Any]
+    ours: Callable[[], Any]
+    theirs: Callable[[], Any] | None = None
+    note: str = ""
+
+
+def layer_values(model: AtlasModel) -> list[Any]:
+    """Each block's ``layer_output`` (its output when the family names none)."""
+    out = []
+    for layer in model.layers:
+        names = {v.name for s in layer._specs() for v in s.values}
+        out.append(layer.layer_output if "layer_output" in names else layer.output)
+    return out
+
+
+def standard_values(model: AtlasModel) -> list[Any]:
+    """Every value handle of every live host that this load serves."""
+    handles = []
+    for path in dict.fromkeys(h.path for h in model._family.hosts):
+        for _label, host in each_host(model, path):
+            for spec in host_specs(model, host):
+                for v in spec.values:
+                    handle = getattr(host, v.name)
+                    if handle.unavailable() is None:
+                        handles.append(handle)
+    return handles
+
+
+def generate_settings(model: AtlasModel) -> dict[str, Any]:
+    settings: dict[str, Any] = {"max_new_tokens": GEN_TOKENS, "min_new_tokens": GEN_TOKENS, "do_sample": False}
+    pad = getattr(model.tokenizer, "pad_token_id", None)
+    settings["pad_token_id"] = pad if pad is not None else 0
+    return settings
+
+
+# ---- ours --------------------------------------------------------------------------------------
+
+def ours_workloads(model: AtlasModel, eager: AtlasModel, inputs: dict[str, torch.Tensor]) -> dict[str, Workload]:
+    hf, hf_eager = model.native, eager.native
+    settings = generate_settings(model)
+
+    def plain() -> Any:
+        with torch.no_grad():
+            return hf(**inputs)
+
+    def plain_eager() -> Any:
+        with torch.no_grad():
+            return hf_eager(**inputs)
+
+    def plain_generate() -> Any:
+        with torch.no_grad():
+            return hf.generate(**inputs, **settings)
+
+    def empty() -> None:
+        with model.trace(inputs):
+            pass
+
+    def save_layers() -> list[Any]:
+        with model.trace(inputs):
+            saved = [v.save() for v in layer_values(model)]
+        return saved
+
+    # which hosts exist is the bench's enumeration, done once; each trace names every value afresh
+    pairs = [(h._host, h._name) for h in standard_values(eager)]
+
+    def save_all() -> list[Any]:
+        with eager.trace(inputs, order="any"):
+            saved = [getattr(host, name).save() for host, name in pairs]
+        return saved
+
+    def edit_layers() -> None:
+        with model.trace(inputs):
+            for v in layer_values(model):
+                v[:, 0] = 0
+
+    last = len(model.layers) - 1
+
+    def generate() -> list[Any]:
+        with model.generate(inputs, max_new_tokens=GEN_TOKENS) as tracer:
+            saved = [layer_values(model)[last].save() for _ in tracer.iter[:]]
+        return saved
+
+    return {
+        "a": Workload("a", plain, empty),
+        "b": Workload("b", plain, save_layers),
+        "c": Workload("c", plain_eager, save_all),
+        "d": Workload("d", plain, edit_layers),
+        "e": Workload("e", plain_generate, generate),
+    }
+
+
+# ---- nnsight -----------------------------------------------------------------------------------
+
+def nnsight_available() -> bool:
+    try:
+        import nnsight  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class Theirs:
+    """The same reads through nnsight, on a separate copy of the model (nnsight wraps modules)."""
+
+    def __init__(self, model: AtlasModel):
+        from nnsight import LanguageModel
+
+        self.ours = model
+        self.hf = copy.deepcopy(model.native)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.nn = LanguageModel(self.hf, tokenizer=model.tokenizer)
+        self.names = {id(m): n for n, m in model.native.named_modules()}
+
+    def envoy(self, module: torch.nn.Module) -> Any:
+        node = self.nn
+        name = self.names[id(module)]
+        for part in name.split(".") if name else ():
+            node = node[int(part)] if part.isdigit() else getattr(node, part)
+        return node
+
+    def proxy(self, handle: Any) -> Any:
+        """nnsight's proxy for one of our value handles (same site, same access, same view)."""
+        read, host = handle._read, handle._host
+        if read.kind == "module":
+            env = self.envoy(host._resolve_module(read.module, handle.label))
+            if read.side == "output":
+                x = env.output
+            elif read.side == "inputs":
+                x = env.inputs
+            elif read.param is not None:
+                x = env.inputs[1][read.param]
+            else:
+                x = env.input
+        elif read.kind in ("call", "op"):
+            env = self.envoy(host._module)
+            src = env.source
+            if read.kind == "call" or read.call:
+                call = [n for n in src.names if n.startswith(f"{read.call or read.text.split(':')[1].split('.')[0]}_interface")
+                        or n.startswith("attention_interface")][-1]
+                src = getattr(src, call)
+            if read.kind == "op":
+                src = src.source
+                op = [n for n in src.names if n.endswith(f"{read.op}_{read.occurrence}")][0]
+                src = getattr(src, op)
+            x = src.inputs[0] if read.side in ("args", "input") else src.output
+        else:
+            raise ValueError(f"{handle.label} is derived")
+        for a in read.access:
+            x = getattr(x, a) if isinstance(a, str) else x[a]
+        spec = handle._spec
+        for v in (spec.view if spec else ()):
+            x = getattr(x, v.name)(*(self.ours._view_arg(a) for a in v.args))
+        for e in handle._extra:
+            x = x[e]
+        return x
+
+
+def serve_order(model: AtlasModel, inputs: dict[str, torch.Tensor], handles: list[Any]) -> list[Any]:
+    """The handles in the order the forward computes them (nnsight serves in that order only)."""
+    order: list[str] = []
+    with model.trace(inputs, order="any") as tracer:
+        for h in handles:
+            if h._read.kind != "derived":
+                h.save()
+        apply = tracer._apply
+
+        def record(r: Any, payload: Any) -> Any:
+            order.append(r.label)
+            return apply(r, payload)
+
+        tracer._apply = record  # type: ignore[method-assign]
+    rank = {label: i for i, label in enumerate(order)}
+    return sorted((h for h in handles if h._read.kind != "derived"), key=lambda h: rank[h.label])
+
+
+def theirs_workloads(model: AtlasModel, eager: AtlasModel, inputs: dict[str, torch.Tensor]
+                     ) -> tuple[dict[str, Callable[[], Any]], dict[str, str]]:
+    """nnsight's version of each workload, and a note for each one it cannot do."""
+    t, te = Theirs(model), Theirs(eager)
+    nn, nne = t.nn, te.nn
+    handles = serve_order(eager, inputs, standard_values(eager))
+    derived = [h for h in standard_values(eager) if h._read.kind == "derived"]
+    settings = generate_settings(model)
+    lv = layer_values(model)
+    out: dict[str, Callable[[], Any]] = {}
+    notes: dict[str, str] = {}
+
+    def empty() -> None:
+        with nn.trace(inputs):
+            pass
+
+    def save_layers() -> list[Any]:
+        saved = []
+        with nn.trace(inputs):
+            for h in lv:
+                saved.append(t.proxy(h).save())
+        return saved
+
+    def save_all() -> dict[str, Any]:
+        saved: dict[str, Any] = {}
+        with nne.trace(inputs):
+            for h in handles:
+                saved[h.label] = te.proxy(h).save()
+        for h in derived:  # computed from the values it is derived from, as ours are
+            spec = h._spec
+            deps = {d: saved[getattr(h._host, d).label] for d in spec.read.deps}
+            saved[h.label] = spec.read.derive(deps)
+        return saved
+
+    def edit_layers() -> None:
+        with nn.trace(inputs):
+            for h in lv:
+                t.proxy(h)[:, 0] = 0
+
+    def generate() -> list[Any]:
+        saved = []
+        with nn.generate(inputs, **settings) as tracer:
+            for _ in tracer.iter[:GEN_TOKENS]:
+                saved.append(t.proxy(lv[-1]).save())
+        return saved
+
+    for key, fn in (("a", empty), ("b", save_layers), ("c", save_all), ("d", edit_layers), ("e", generate)):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - reported in the table, not hidden
+            notes[key] = f"nnsight: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
+        else:
+            out[key] = fn
+    return out, notes
+
+

@@ -1,0 +1,86 @@
+"""Saving a value copies nothing: a traced forward that saves every standard value allocates
+exactly the bytes the plain forward allocates, and saved tensors are the model's own storage."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+import nnatlas
+from nnatlas.testing import build, draw_inputs, each_host, host_specs
+
+
+class Allocations(TorchDispatchMode):
+    """Bytes of the new storages aten ops produce (views and detach share their input's storage)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs or {}))[0]
+                  if isinstance(t, torch.Tensor)}
+        out = func(*args, **(kwargs or {}))
+        fresh: set[int] = set()
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                ptr = t.untyped_storage().data_ptr()
+                if ptr not in inputs and ptr not in fresh:
+                    fresh.add(ptr)
+                    self.bytes += t.untyped_storage().nbytes()
+        return out
+
+
+def _values(model: Any) -> list[Any]:
+    out = []
+    for path in dict.fromkeys(h.path for h in model._family.hosts):
+        for _, host in each_host(model, path):
+            for spec in host_specs(model, host):
+                for v in spec.values:
+                    handle = getattr(host, v.name)
+                    if handle._read.kind != "derived" and handle.unavailable() is None:
+                        out.append(handle)
+    return out
+
+
+@pytest.mark.parametrize("family", sorted(nnatlas.all_families()))
+def test_saving_every_value_allocates_nothing(family: str) -> None:
+    model = build(family, attn_implementation="eager")
+    inputs = draw_inputs(int(model.normalized_config["vocab_size"]), 2, 5, [0, 1], seed=3)
+    values = _values(model)
+    assert len(values) > 10
+    with torch.no_grad(), Allocations() as plain:
+        model.native(**inputs)
+    with Allocations() as traced, model.trace(inputs, order="any"):
+        saved = [v.save() for v in values]
+    tensors = [s for s in saved if isinstance(s, torch.Tensor)]
+    assert len(tensors) > 10 and all(t.numel() for t in tensors)
+    assert traced.bytes == plain.bytes, f"the trace allocated {traced.bytes - plain.bytes} bytes beyond the forward"
+
+
+@pytest.mark.parametrize("family", sorted(nnatlas.all_families()))
+def test_saved_values_share_the_models_storage(family: str) -> None:
+    """In one forward, a plain forward hook and a saved value see the same memory."""
+    model = build(family)
+    inputs = draw_inputs(int(model.normalized_config["vocab_size"]), 1, 4, [0], seed=2)
+    seen: dict[int, torch.Tensor] = {}
+    handles = []
+    for i, layer in enumerate(model.layers):
+        def hook(mod: Any, args: Any, out: Any, i: int = i) -> None:
+            seen[i] = out if isinstance(out, torch.Tensor) else out[0]
+        handles.append(layer._module.register_forward_hook(hook))
+    try:
+        with model.trace(inputs):
+            saved = [layer.output.save() for layer in model.layers]
+    finally:
+        for h in handles:
+            h.remove()
+    for i, s in enumerate(saved):
+        s = s if isinstance(s, torch.Tensor) else s.value
+        s = s if isinstance(s, torch.Tensor) else s[0]
+        assert s.data_ptr() == seen[i].data_ptr()
+        assert s.untyped_storage().data_ptr() == seen[i].untyped_storage().data_ptr()
