@@ -84,6 +84,8 @@ class _Fn:
 
 
 def _read_args(v: ValueIR, derive: str | None) -> str:
+    if v.missing is not None:
+        return f"'missing', '', {v.missing!r}"
     if v.derived is not None:
         return (f"'derived', {v.derived_text!r}, {v.words!r}, deps={pylit(v.derived.names)}, derive={derive}")
     r: ReadIR | None = v.read
@@ -122,7 +124,9 @@ def family_context(f: FamilyIR) -> dict[str, Any]:
             needs_var = None
             if v.needs:
                 cond = conditions.setdefault(v.needs.name, {"var": f"_C_{_ident(v.needs.name)}", "name": v.needs.name,
-                                                            "says": v.needs.says, "fix": v.needs.fix})
+                                                            "says": v.needs.says, "fix": v.needs.fix,
+                                                            "attribute": v.needs.attribute,
+                                                            "values": v.needs.values})
                 needs_var = cond["var"]
             derive = None
             if v.derived is not None:
@@ -142,7 +146,7 @@ def family_context(f: FamilyIR) -> dict[str, Any]:
             when_fn = f"_when_{_ident(h.ident)}_{hi}"
             functions.append(_Fn(when_fn, "c: Any, i: int", h.when.source))
         hosts.append({"path": h.path, "cls": h.cls, "values": values, "identities": identities,
-                      "when_fn": when_fn, "when_text": h.when_text})
+                      "when_fn": when_fn, "when_text": h.when_text, "dims": h.dims})
     for d in f.tiny.draw:
         if d.expr is not None:
             functions.append(_Fn(f"_draw_{d.name.lstrip('_')}", "c: Any", d.expr.source))
@@ -196,18 +200,20 @@ def render_tests(f: FamilyIR) -> str:
     for path in host_paths:
         n = sum(len(h.identities) for h in f.hosts_at(path))
         identity_ids += [(path, k) for k in range(n)]
-    writable, readonly = [], []
+    writable, readonly, missing = [], [], []
     for h in f.hosts:
         for v in h.values:
             item = (h.path, v.name)
-            if v.readonly:
+            if v.missing is not None:
+                missing.append(item)
+            elif v.readonly:
                 readonly.append(item)
             elif v.layout.dtype == "float" and item not in writable:
                 writable.append(item)
     examples = [(n.title, k, src) for n in f.notes for k, src in enumerate(n.examples)]
     return env().get_template("test_family.py.j2").render(
         f=f, host_paths=host_paths, identity_ids=tuple(identity_ids), writable=tuple(writable),
-        readonly=tuple(readonly), examples=tuple(examples))
+        readonly=tuple(readonly), missing=tuple(missing), examples=tuple(examples))
 
 
 def render_page(f: FamilyIR, atlas: Atlas) -> str:

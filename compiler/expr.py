@@ -29,6 +29,9 @@ FUNCTIONS: dict[str, Arity] = {
     "cat": 2,
     "transpose": 3,
     "repeat_kv": 2,
+    "tokens": 1,
+    "topk_weights": 3,
+    "topk_indices": 2,
 }
 CONTEXT_FUNCTIONS = {"masked"}  # these also receive the values mapping (the call's mask, the config)
 CONFIG_FUNCTIONS: dict[str, Arity] = {"len": 1, "min": 2, "max": 2, "count": 2}

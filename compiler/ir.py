@@ -30,6 +30,8 @@ class ConditionIR:
     name: str
     says: str
     fix: str
+    attribute: str | None = None
+    values: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class ValueIR:
     view: tuple[tuple[str, tuple[Any, ...]], ...]
     view_text: str | None
     needs: ConditionIR | None
+    missing: str | None = None
 
     @property
     def readonly(self) -> bool:
@@ -50,6 +53,8 @@ class ValueIR:
 
     @property
     def words(self) -> str:
+        if self.missing is not None:
+            return f"missing: {self.missing}"
         if self.derived is not None:
             return f"derived from {', '.join(self.derived.names)}: {self.derived_text}"
         assert self.read is not None
@@ -88,6 +93,7 @@ class HostIR:
     when_text: str | None
     values: tuple[ValueIR, ...]
     identities: tuple[IdentityIR, ...]
+    dims: tuple[tuple[str, str], ...] = ()
 
     @property
     def ident(self) -> str:
@@ -114,6 +120,7 @@ class TinyIR:
     batch: tuple[int, int]
     seq: tuple[int, int]
     examples: int
+    experts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

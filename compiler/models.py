@@ -33,6 +33,10 @@ class VocabValueRaw(Strict):
 class ConditionRaw(Strict):
     says: StrictStr
     fix: StrictStr
+    # a config attribute of the module the value is read in (or of the model) and the values that
+    # serve it: ``attribute: _experts_implementation, values: [grouped_mm, batched_mm]``
+    attribute: StrictStr | None = None
+    values: list[StrictStr] = []
 
 
 class Vocabulary(Strict):
@@ -51,6 +55,8 @@ class ValueRaw(Strict):
     derived: StrictStr | None = None
     view: StrictStr | None = None
     needs: StrictStr | None = None
+    # the family has no such value, and why (support() and the page say so; reading it raises Unavailable)
+    missing: StrictStr | None = None
 
 
 class IdentityRaw(Strict):
@@ -63,6 +69,8 @@ class HostRaw(Strict):
     cls: StrictStr | None = Field(default=None, alias="class")
     when: StrictStr | None = None
     stream: StrictStr | None = None
+    # dims this host's values are sized by another config entry: {intermediate_size: shared_expert_intermediate_size}
+    dims: dict[StrictStr, StrictStr] = {}
     values: dict[StrictStr, StrictStr | ValueRaw | None] = {}
     identities: list[StrictStr | IdentityRaw] = []
 
@@ -80,6 +88,8 @@ class TinyRaw(Strict):
     batch: tuple[StrictInt, StrictInt] = (1, 3)
     seq: tuple[StrictInt, StrictInt] = (1, 8)
     examples: StrictInt = 12
+    # the experts implementations (transformers' experts interface) the generated tests run under
+    experts: list[StrictStr] = []
 
 
 class CheckpointRaw(Strict):

@@ -6,7 +6,13 @@
     call:attention.args[1]                  an argument of the attention interface call
     call:attention.output[0]                its output
     call:attention > op:softmax.input[0]    a torch operation inside that call (op:NAME#K for the K-th)
-    op:mul#2.output                         a torch operation inside the host's own forward
+    op:mul#2.output                         a torch operation inside the host's own forward (not inside
+                                            its child modules' forwards, which have their own scope)
+    router > op:linear.output               an operation inside a child module's own forward
+    experts > call:experts > op:view.output an operation inside the experts interface call a child makes
+
+A read point may start with a child module (``CHILD > ...``): the scope the interface call or the
+operation is looked for in, instead of the host's own forward.
 
 Each parses into the fields of ``nnatlas.adapter.ReadPoint`` plus a sentence for the pages.
 """
@@ -18,7 +24,7 @@ from dataclasses import dataclass
 
 from .expr import ExprError
 
-CALLS = {"attention": "the attention interface call"}
+CALLS = {"attention": "the attention interface call", "experts": "the experts interface call"}
 _ACCESS = re.compile(r"\[(-?\d+)\]|\.([A-Za-z_][A-Za-z0-9_]*)|\[['\"]([A-Za-z_][A-Za-z0-9_]*)['\"]\]")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _OP = re.compile(r"op:([A-Za-z_][A-Za-z0-9_]*)(?:#(\d+))?\.(input|output)")
@@ -69,6 +75,18 @@ def parse(text: str) -> ReadIR:
     if not isinstance(text, str) or not text.strip():
         raise ExprError("a read point is a non-empty string")
     text = text.strip()
+    head, sep, tail = text.partition(" > ")
+    if sep and not head.startswith(("call:", "op:")):
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", head):
+            raise ExprError(f"'{head}': a scope before ' > ' is a child module path like router or mlp.experts")
+        if not tail.startswith(("call:", "op:")):
+            raise ExprError(f"'{text}': inside a child module, read an interface call (call:NAME) or an op (op:NAME)")
+        child = tuple(head.split("."))
+        ir = parse(tail)
+        owner = f"inside {head}'s forward: "
+        words = ir.words.removeprefix("inside the forward: ").replace(" inside the forward", "")
+        return ReadIR(ir.kind, text, owner + words, module=child, side=ir.side, param=ir.param, access=ir.access,
+                      call=ir.call, op=ir.op, occurrence=ir.occurrence)
     call = None
     body = text
     if text.startswith("call:"):

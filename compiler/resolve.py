@@ -39,6 +39,8 @@ from .yamlpos import Located, load
 from .yamlpos import Path as DataPath
 
 VOCABULARY = "_vocabulary.yaml"
+CALL_DIMS = ("batch", "seq")
+EXPERTS_IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm")  # what transformers runs on CPU  # view arguments bound per call from the host module's input
 _HOST_PATH = re.compile(r"model|[a-z_][a-z0-9_]*(\[i\])?(\.[a-z_][a-z0-9_]*(\[i\])?)*")
 _FAMILY_NAME = re.compile(r"[a-z][a-z0-9_]*")
 _CODE_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
@@ -338,6 +340,12 @@ class _Family:
             else:
                 table = {**table, **self.vocab.streams[h.stream]}
         config_names = {k for k, _, _ in config}
+        for dim, entry in h.dims.items():
+            if dim not in self.vocab.dims:
+                self.err((*at, "dims", dim), f"host '{path}': unknown dim '{dim}'" + suggest(dim, self.vocab.dims), key=True)
+            if entry not in config_names:
+                self.err((*at, "dims", dim), f"host '{path}': dim {dim} sized by '{entry}', which is not a config entry"
+                         + suggest(entry, config_names))
         values: list[ValueIR] = []
         for vname, v in h.values.items():
             vat = (*at, "values", vname)
@@ -365,11 +373,23 @@ class _Family:
                 self.err(iat if isinstance(ident, str) else (*iat, "check"), f"identity: {e}", col=e.col)
                 continue
             identities.append(IdentityIR(item.check, op, lhs, rhs, float(item.atol), float(item.rtol)))
-        return HostIR(path, h.cls or "", when, h.when, tuple(values), tuple(identities))
+        return HostIR(path, h.cls or "", when, h.when, tuple(values), tuple(identities), tuple(h.dims.items()))
 
     def value(self, name: str, v: ValueRaw, vocab_value: Any, at: DataPath, config_names: set[str]) -> ValueIR | None:
+        if v.missing is not None:
+            if v.read is not None or v.derived is not None or v.view is not None or v.needs is not None:
+                self.err(at, f"{name}: a missing value has only its reason ('missing'), no read, derived, view or needs", key=True)
+                return None
+            if not v.missing.strip():
+                self.err((*at, "missing"), f"{name}: say why the family has no {name}")
+                return None
+            lay = self.layouts.get(vocab_value.layout)
+            if lay is None:
+                return None
+            return ValueIR(name, lay, vocab_value.meaning, None, None, None, (), None, None, " ".join(v.missing.split()))
         if (v.read is None) == (v.derived is None):
-            self.err(at, f"{name}: give exactly one of 'read' (a read point) or 'derived' (an expression)", key=True)
+            self.err(at, f"{name}: give exactly one of 'read' (a read point), 'derived' (an expression) or 'missing' "
+                     "(why the family has none)", key=True)
             return None
         read = derived = None
         try:
@@ -389,15 +409,16 @@ class _Family:
                 self.err((*at, "view"), f"{name}: view: {e}", col=e.col)
             for _, args in view:
                 for a in _flat(args):
-                    if isinstance(a, str) and a not in config_names:
-                        self.err((*at, "view"), f"{name}: view names '{a}', which is not a config entry" + suggest(a, config_names))
+                    if isinstance(a, str) and a not in config_names and a not in CALL_DIMS:
+                        self.err((*at, "view"), f"{name}: view names '{a}', which is not a config entry nor a "
+                                 f"call dim ({', '.join(CALL_DIMS)})" + suggest(a, [*config_names, *CALL_DIMS]))
         needs = None
         if v.needs is not None:
             cond = self.vocab.conditions.get(v.needs)
             if cond is None:
                 self.err((*at, "needs"), f"{name}: unknown condition '{v.needs}'" + suggest(v.needs, self.vocab.conditions))
             else:
-                needs = ConditionIR(v.needs, cond.says, cond.fix)
+                needs = ConditionIR(v.needs, cond.says, cond.fix, cond.attribute, tuple(cond.values))
         layout = self.layouts.get(vocab_value.layout)
         if layout is None:
             return None
@@ -454,7 +475,12 @@ class _Family:
         for rng, name in ((t.batch, "batch"), (t.seq, "seq")):
             if not 1 <= rng[0] <= rng[1]:
                 self.err(("tiny", name), f"tiny.{name}: a range [low, high] with 1 <= low <= high")
-        return TinyIR(t.model_class, t.config_class, tuple(t.config.items()), tuple(draws), t.batch, t.seq, t.examples)
+        for k, impl in enumerate(t.experts):
+            if impl not in EXPERTS_IMPLEMENTATIONS:
+                self.err(("tiny", "experts", k), f"tiny.experts: unknown experts implementation '{impl}' (CPU: "
+                         f"{', '.join(EXPERTS_IMPLEMENTATIONS)})" + suggest(impl, EXPERTS_IMPLEMENTATIONS))
+        return TinyIR(t.model_class, t.config_class, tuple(t.config.items()), tuple(draws), t.batch, t.seq, t.examples,
+                      tuple(t.experts))
 
     def notes(self) -> tuple[NoteIR, ...]:
         out = []

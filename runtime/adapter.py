@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-ReadKind = Literal["module", "call", "op", "derived"]
+ReadKind = Literal["module", "call", "op", "derived", "missing"]
 Side = Literal["input", "output", "inputs", "args"]
 
 
@@ -52,6 +52,7 @@ class ReadPoint:
     kind ``op``: a torch operation (``op`` name and ``occurrence``) inside an interface call
     (``call``) or inside the host's forward (``call`` None): its ``input`` or ``output``.
     kind ``derived``: computed by ``derive`` from other values of the host (``deps``); read-only.
+    kind ``missing``: the family has no such value; ``words`` says why (reading it raises Unavailable).
     """
 
     kind: ReadKind
@@ -75,6 +76,8 @@ class Condition:
     name: str
     says: str  # shown beside the value: "needs attn_implementation='eager'"
     fix: str  # what load fixes it
+    attribute: str | None = None  # a config attribute of the module read in (or of the model) ...
+    values: tuple[str, ...] = ()  # ... and the values under which the value is served
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ class HostSpec:
     identities: tuple[Identity, ...] = ()
     when: Callable[[Any, int], bool] | None = field(default=None, compare=False)
     when_text: str | None = None
+    dims: tuple[tuple[str, str], ...] = ()  # dims sized by another config entry on this host
 
     def value(self, name: str) -> ValueSpec | None:
         for v in self.values:

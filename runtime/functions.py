@@ -87,6 +87,22 @@ def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x.repeat_interleave(groups, dim=1)
 
 
+def tokens(x: torch.Tensor) -> torch.Tensor:
+    """[batch, seq, ...] → [batch * seq, ...]: the flattened tokens a mixture of experts works on."""
+    return x.flatten(0, 1)
+
+
+def topk_weights(probs: torch.Tensor, k: int, normalize: Any) -> torch.Tensor:
+    """The ``k`` largest probabilities of each row, divided by their sum when ``normalize``."""
+    top = torch.topk(probs, int(k), dim=-1).values
+    return top / top.sum(-1, keepdim=True) if normalize else top
+
+
+def topk_indices(probs: torch.Tensor, k: int) -> torch.Tensor:
+    """The indices of the ``k`` largest entries of each row, largest first."""
+    return torch.topk(probs, int(k), dim=-1).indices
+
+
 def masked(pattern: torch.Tensor, values: Mapping[str, Any]) -> torch.Tensor:
     """The entries of a [batch heads query key] pattern that the causal and padding mask hides.
 

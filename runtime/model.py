@@ -13,7 +13,9 @@ from .adapter import Family, HostSpec
 from .envoy import Host, HostList, Value
 from .errors import NnatlasError, Unavailable
 from .inputs import prepare
-from .trace import Target, Tracer
+from .trace import CallDim, Target, Tracer
+
+CALL_DIMS = ("batch", "seq")  # view arguments bound per call, from the model's input ids (or embeddings)
 
 _LOCKS: weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
 _LOCKS_GUARD = threading.Lock()
@@ -134,12 +136,19 @@ class AtlasModel(Host):
 
     def _why_unavailable(self, value: Value) -> Unavailable | None:
         spec = value._spec
+        if spec is not None and spec.read.kind == "missing":
+            return Unavailable(f"{value.label} does not exist in family {self.family}: {spec.read.words}")
         if spec is None or spec.needs is None:
             return None
-        if conditions_met(spec.needs.name, self, value._host._module):
+        module = value._host._module
+        if value._read.kind in ("call", "op") and value._read.module:
+            found = _scope_module(value._host, value._read.module)
+            module = found if found is not None else module
+        if conditions_met(spec.needs.name, self, module, spec.needs):
             return None
-        impl = getattr(getattr(value._host._module, "config", self.config), "_attn_implementation", None)
-        return Unavailable(f"{value.label} is unavailable under this load (attn_implementation={impl!r}): it "
+        attr = spec.needs.attribute or "_attn_implementation"
+        impl = getattr(getattr(module, "config", None) or self.config, attr, None)
+        return Unavailable(f"{value.label} is unavailable under this load ({attr.lstrip('_')}={impl!r}): it "
                            f"{spec.needs.says}. Fix: {spec.needs.fix}")
 
     def _target(self, value: Value) -> Target:
@@ -149,25 +158,31 @@ class AtlasModel(Host):
         read, host = value._read, value._host
         view = tuple((op, tuple(self._view_arg(a) for a in args)) for op, args in (
             ((v.name, v.args) for v in value._spec.view) if value._spec else ()))
+        dims_module = self._module if _names_call_dims(view) else None  # the model's call gives [batch, seq]
+        extra: dict[str, Any] = {"dims_module": dims_module,
+                                 "call_dims": self._tracer.call_dims if self._tracer is not None else None}
         key: tuple[Any, ...]
         if read.kind == "module":
             module = host._resolve_module(read.module, value.label)
             side = read.side
             key = ("pre" if side in ("input", "inputs") else "post", id(module))
-            return Target(value.label, key, module, side, read.param, read.access, view, value._extra)
-        module = host._module
+            return Target(value.label, key, module, side, read.param, read.access, view, value._extra, **extra)
+        # an interface call or an operation: in the host's own forward, or in a child's (``router > op:...``)
+        module = host._resolve_module(read.module, value.label) if read.module else host._module
         if read.kind == "call":
-            key = ("call_in" if read.side == "args" else "call_out", id(module))
-            return Target(value.label, key, module, read.side, None, read.access, view, value._extra)
+            key = ("call_in" if read.side == "args" else "call_out", id(module), read.call)
+            return Target(value.label, key, module, read.side, None, read.access, view, value._extra, **extra)
         if read.kind == "op":
-            key = ("op", id(module), "call" if read.call else None, read.op, read.occurrence, read.side)
+            key = ("op", id(module), read.call, read.op, read.occurrence, read.side)
             side = "args" if read.side == "input" else "output"
-            return Target(value.label, key, module, side, None, read.access, view, value._extra)
+            return Target(value.label, key, module, side, None, read.access, view, value._extra, **extra)
         raise NnatlasError(f"{value.label} is derived; it has no site of its own")
 
     def _view_arg(self, a: Any) -> Any:
         if isinstance(a, tuple):
             return tuple(self._view_arg(x) for x in a)
+        if a in CALL_DIMS:
+            return CallDim(a)
         return self._config_value(a) if isinstance(a, str) else a
 
     # ---- tracing ----
@@ -209,7 +224,26 @@ class AtlasModel(Host):
         return self.__repr__()
 
 
-def conditions_met(name: str, model: AtlasModel, module: torch.nn.Module) -> bool:
+def _names_call_dims(view: Any) -> bool:
+    if isinstance(view, CallDim):
+        return True
+    if isinstance(view, tuple):
+        return any(_names_call_dims(x) for x in view)
+    return False
+
+
+def _scope_module(host: Host, path: tuple[str, ...]) -> torch.nn.Module | None:
+    try:
+        return host._resolve_module(path, host._label)
+    except NnatlasError:
+        return None
+
+
+def conditions_met(name: str, model: AtlasModel, module: torch.nn.Module, condition: Any = None) -> bool:
+    """Whether this load serves a value with condition ``name`` read in ``module``."""
+    if condition is not None and getattr(condition, "attribute", None):
+        cfg = getattr(module, "config", None) or model.config
+        return getattr(cfg, condition.attribute, None) in condition.values
     if name == "eager":
         cfg = getattr(module, "config", None) or model.config
         return getattr(cfg, "_attn_implementation", None) == "eager"

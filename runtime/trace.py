@@ -81,6 +81,9 @@ class Target:
     access: tuple[Any, ...]
     view: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     extra: tuple[Any, ...] = ()
+    # the module whose call gives [batch, seq] to views that name them (the model), and where they land
+    dims_module: torch.nn.Module | None = None
+    call_dims: dict[int, tuple[int, int]] | None = None
 
     def _param_index(self) -> tuple[int, str | None]:
         if self.param is None:
@@ -125,9 +128,22 @@ class Target:
             return (put(args, self.access), kwargs)
         return put(payload, self.access)
 
+    def _bind(self, a: Any) -> Any:
+        if isinstance(a, CallDim):
+            assert self.dims_module is not None and self.call_dims is not None
+            dims = self.call_dims.get(id(self.dims_module))
+            if dims is None:
+                raise NnatlasError(f"{self.label}: the call's {a.name} is not known yet")
+            return dims[0] if a.name == "batch" else dims[1]
+        if isinstance(a, tuple):
+            return tuple(self._bind(x) for x in a)
+        return a
+
     def served(self, native: Any) -> Any:
         x = native
         for name, args in self.view:
+            if self.dims_module is not None:
+                args = self._bind(args)
             x = getattr(x, name)(*args)
         for a in self.extra:
             x = get_item(x, a)
@@ -148,6 +164,13 @@ class Target:
             got = tuple(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
             raise NnatlasError(f"{self.label}: assigned a value of shape {got} where the model has {shape}")
         return self.with_native(payload, new)
+
+
+@dataclass(frozen=True)
+class CallDim:
+    """``batch`` or ``seq`` in a view: the current call's, from the model's input ids (or embeddings)."""
+
+    name: str
 
 
 # ---- requests ------------------------------------------------------------------------------
@@ -255,6 +278,7 @@ class Tracer:
         self._ordered: list[Request] = []
         self.by_site: dict[SiteKey, list[Request]] = {}
         self.fired: dict[tuple[SiteKey, int], int] = {}
+        self.call_dims: dict[int, tuple[int, int]] = {}
         self._lock_held = False
 
     # -- recording (the body) --
@@ -398,15 +422,22 @@ class Tracer:
                              "nothing in this call reaches that point (check the inputs, the block kind, the step)")
 
     def _install(self, installed: list[Any], modes: list[sites.OpMode], restore: list[Callable[[], None]]
-                 ) -> dict[int, Callable[..., Any]]:
+                 ) -> dict[tuple[str, int], Callable[..., Any]]:
         modules: dict[int, torch.nn.Module] = {}
         kinds: dict[int, set[str]] = {}
+        dims_modules: dict[int, torch.nn.Module] = {}
         for key, reqs in self.by_site.items():
             assert reqs[0].target is not None
             mod = reqs[0].target.module
             modules[id(mod)] = mod
             kinds.setdefault(id(mod), set()).add(key[0])
-        routes: dict[int, Callable[..., Any]] = {}
+            for r in reqs:
+                if r.target is not None and r.target.dims_module is not None:
+                    dims_modules[id(r.target.dims_module)] = r.target.dims_module
+        for dm in dims_modules.values():
+            installed.append(dm.register_forward_pre_hook(self._dims_hook, with_kwargs=True, prepend=True))
+        routes: dict[tuple[str, int], Callable[..., Any]] = {}
+        forward_ops: list[tuple[torch.nn.Module, set[str]]] = []
         for mid, kind in kinds.items():
             mod = modules[mid]
             if "pre" in kind:
@@ -416,13 +447,27 @@ class Tracer:
             if "op" in kind:
                 fwd_ops = {k[3] for k in self.by_site if k[0] == "op" and k[1] == mid and k[2] is None}
                 if fwd_ops:
-                    self._install_forward_ops(mod, fwd_ops, installed, modes)
-            if kind & {"call_in", "call_out"} or any(k[0] == "op" and k[1] == mid and k[2] == "call"
-                                                     for k in self.by_site):
-                routes[mid] = self._call_handler(mid)
+                    forward_ops.append((mod, fwd_ops))
+            interfaces = {k[2] for k in self.by_site if k[1] == mid and (k[0] in ("call_in", "call_out")
+                                                                        or (k[0] == "op" and k[2] is not None))}
+            for interface in interfaces:
+                routes[(interface, mid)] = self._call_handler(mid, interface)
+        # last, so that a child's depth counter wraps every other hook on that child
+        for mod, names in forward_ops:
+            self._install_forward_ops(mod, names, installed, modes)
         if routes:
-            self._route_attention(modules, routes, restore)
+            self._route(modules, routes, restore)
         return routes
+
+    def _dims_hook(self, mod: torch.nn.Module, args: Any, kwargs: Any) -> None:
+        """The call's [batch, seq]: of the model's input ids, or its input embeddings."""
+        x = kwargs.get("input_ids")
+        if x is None:
+            x = kwargs.get("inputs_embeds")
+        if x is None and args:
+            x = args[0]
+        if isinstance(x, torch.Tensor) and x.dim() >= 2:
+            self.call_dims[id(mod)] = (int(x.shape[0]), int(x.shape[1]))
 
     def _pre_hook(self, mod: torch.nn.Module, args: Any, kwargs: Any) -> Any:
         payload = (args, kwargs)
@@ -440,55 +485,71 @@ class Tracer:
 
     def _install_forward_ops(self, mod: torch.nn.Module, names: set[str], installed: list[Any],
                              modes: list[sites.OpMode]) -> None:
+        """A TorchFunctionMode over ``mod``'s own forward; its children's forwards are not counted."""
         mid = id(mod)
+        active: list[sites.OpMode] = []
 
         def enter(m: Any, args: Any, kwargs: Any) -> None:
             mode = sites.OpMode(names, self._op_server(mid, None))
             mode.__enter__()
             mode._entered = True  # type: ignore[attr-defined]
             modes.append(mode)
+            active.append(mode)
 
         def leave(m: Any, args: Any, out: Any) -> None:
-            mode = modes.pop()
+            mode = active.pop()
+            modes.remove(mode)
             mode.__exit__(None, None, None)
             mode._entered = False  # type: ignore[attr-defined]
 
+        def child_in(m: Any, args: Any, kwargs: Any) -> None:
+            if active:
+                active[-1].depth += 1
+
+        def child_out(m: Any, args: Any, out: Any) -> None:
+            if active and active[-1].depth:
+                active[-1].depth -= 1
+
         installed.append(mod.register_forward_pre_hook(enter, with_kwargs=True))
         installed.append(mod.register_forward_hook(leave))
+        for child in mod.children():
+            installed.append(child.register_forward_pre_hook(child_in, with_kwargs=True, prepend=True))
+            installed.append(child.register_forward_hook(child_out))
 
-    def _call_handler(self, mid: int) -> Callable[..., Any]:
-        ops = {k[3] for k in self.by_site if k[0] == "op" and k[1] == mid and k[2] == "call"}
+    def _call_handler(self, mid: int, interface: str) -> Callable[..., Any]:
+        ops = {k[3] for k in self.by_site if k[0] == "op" and k[1] == mid and k[2] == interface}
 
         def handler(original: Callable[..., Any], module: torch.nn.Module, args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> Any:
-            full_args, kwargs = self.serve(("call_in", mid), ((module, *args), kwargs))
+            full_args, kwargs = self.serve(("call_in", mid, interface), ((module, *args), kwargs))
             if ops:
-                with sites.OpMode(ops, self._op_server(mid, "call")):
+                with sites.OpMode(ops, self._op_server(mid, interface)):
                     out = original(*full_args, **kwargs)
             else:
                 out = original(*full_args, **kwargs)
-            return self.serve(("call_out", mid), out)
+            return self.serve(("call_out", mid, interface), out)
 
         return handler
 
-    def _route_attention(self, modules: dict[int, torch.nn.Module], routes: dict[int, Any],
-                         restore: list[Callable[[], None]]) -> None:
-        configs: dict[int, Any] = {}
-        for mid in routes:
+    def _route(self, modules: dict[int, torch.nn.Module], routes: dict[tuple[str, int], Any],
+               restore: list[Callable[[], None]]) -> None:
+        """Point each routed module's config at the nnatlas routing function of its interface."""
+        configs: dict[tuple[str, int], Any] = {}
+        for interface, mid in routes:
             cfg = getattr(modules[mid], "config", None)
             if cfg is None:
-                raise NnatlasError(f"{type(modules[mid]).__name__} has no config to route its attention through")
-            configs[id(cfg)] = cfg
-        for cfg in configs.values():
-            impl = cfg._attn_implementation
-            name = sites.acquire_attention(impl)
+                raise NnatlasError(f"{type(modules[mid]).__name__} has no config to route its {interface} through")
+            configs[(interface, id(cfg))] = cfg
+        for (interface, _), cfg in configs.items():
+            impl = getattr(cfg, sites.CONFIG_ATTRIBUTE[interface])
+            name = sites.acquire(interface, impl)
 
-            def undo(cfg: Any = cfg, impl: str = impl, name: str = name) -> None:
-                cfg._attn_implementation = impl
-                sites.release_attention(name)
+            def undo(cfg: Any = cfg, impl: str = impl, name: str = name, interface: str = interface) -> None:
+                sites.set_implementation(cfg, interface, impl)
+                sites.release(interface, name)
 
             restore.append(undo)
-            cfg._attn_implementation = name
+            sites.set_implementation(cfg, interface, name)
 
 
 class _Steps:

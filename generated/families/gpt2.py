@@ -428,6 +428,7 @@ TINY: dict[str, Any] = {
     "batch": (1, 3),
     "seq": (1, 7),
     "examples": 12,
+    "experts": (),
 }
 
 CHECKPOINTS: dict[str, Any] = {
