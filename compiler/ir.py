@@ -141,7 +141,7 @@ class FamilyIR:
     name: str
     file: str
     sha256: str
-    extends: str | None
+    extends: tuple[str, ...]
     title: str
     lines: tuple[str, ...]
     summary: str

@@ -104,7 +104,8 @@ class NoteRaw(Strict):
 
 class FamilyRaw(Strict):
     family: StrictStr
-    extends: StrictStr | None = None
+    # one base, or several merged left to right (a later base overrides an earlier one; this file, all)
+    extends: StrictStr | list[StrictStr] | None = None
     title: StrictStr | None = None
     lines: list[StrictStr] | None = None
     summary: StrictStr | None = None

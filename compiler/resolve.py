@@ -83,30 +83,45 @@ class Merged:
             p = p[:-1]
 
 
-def _merge(base: Merged, child: Located) -> Merged:
+def _droppable(path: DataPath) -> bool:
+    return bool(path) and (path[-1] == "values" or path in (("hosts",), ("rename",), ("config",), ("tiny", "draw")))
+
+
+def _layer(loc: Located) -> Merged:
+    """One file's data as a merge layer: every path positioned in that file."""
+    return Merged(_deepcopy(loc.data), {p: (loc.file, v) for p, v in loc.values.items()},
+                  {p: (loc.file, v) for p, v in loc.keys.items()})
+
+
+def _merge(base: Merged, top: Merged) -> Merged:
+    """``top`` over ``base``: mappings merge key by key, anything else (lists too) is replaced;
+    ``name: null`` drops an inherited entry of ``values``, ``hosts``, ``rename``, ``config`` or
+    ``tiny.draw`` (elsewhere null is a value: ``tiny.config`` passes it to the config class).
+    Positions follow what was set."""
     out = Merged(_deepcopy(base.data), dict(base.where), dict(base.keys))
 
     def walk(dst: dict[str, Any], src: dict[str, Any], path: DataPath) -> None:
         for key, value in src.items():
             p = (*path, key)
-            out.keys[p] = (child.file, child.keys.get(p, child.pos(p)))
-            if value is None and key in dst and path and path[-1] == "values":
-                del dst[key]  # `name: null` under values drops an inherited value
+            out.keys[p] = top.pos(p, key=True)
+            if value is None and key in dst and _droppable(path):
+                del dst[key]  # `name: null` drops an inherited entry
                 continue
             if isinstance(value, dict) and isinstance(dst.get(key), dict):
                 walk(dst[key], value, p)
             else:
                 dst[key] = _deepcopy(value)
-                for q, pos in child.values.items():
+                for q, pos in top.where.items():
                     if q[: len(p)] == p:
-                        out.where[q] = (child.file, pos)
-                for q, pos in child.keys.items():
+                        out.where[q] = pos
+                for q, pos in top.keys.items():
                     if q[: len(p)] == p:
-                        out.keys[q] = (child.file, pos)
-            out.where[p] = (child.file, child.values.get(p, child.pos(p)))
+                        out.keys[q] = pos
+            out.where[p] = top.where.get(p, top.pos(p))
 
-    walk(out.data, child.data, ())
-    out.where.setdefault((), (child.file, (1, 1)))
+    walk(out.data, top.data, ())
+    if () in top.where:
+        out.where.setdefault((), top.where[()])
     return out
 
 
@@ -195,8 +210,9 @@ def resolve(spec_dir: Path, root: Path | None = None) -> Atlas:
             found.add(src.rel, src.located.pos(("family",)), f"family '{name}' must live in specs/{name}.yaml")
             continue
         by_name[name] = src
+    chains: dict[str, Merged | None] = {}
     for name, src in by_name.items():
-        merged = _extends_chain(name, by_name, found)
+        merged = _extends_chain(name, by_name, found, chains)
         if merged is None:
             continue
         try:
@@ -230,33 +246,65 @@ def _check_vocabulary(vocab: Vocabulary, src: Source, found: Problems) -> dict[s
     return layouts
 
 
-def _extends_chain(name: str, by_name: dict[str, Source], found: Problems) -> Merged | None:
-    chain = [name]
-    while True:
-        data = by_name[chain[-1]].located.data
-        base = data.get("extends")
-        if base is None:
-            break
-        src = by_name[chain[-1]]
-        if not isinstance(base, str) or base not in by_name:
-            found.add(src.rel, src.located.pos(("extends",)), f"extends unknown family '{base}'" + suggest(str(base), by_name))
-            return None
-        if base in chain:
-            cycle = " -> ".join([*chain[chain.index(base):], base])
-            found.add(src.rel, src.located.pos(("extends",)), f"extends cycle: {cycle}")
-            return None
-        chain.append(base)
+def _bases(src: Source) -> tuple[list[str], list[DataPath]]:
+    """A family's ``extends:``: one name or a list of names, each with its path in the file."""
+    ext = src.located.data.get("extends")
+    if ext is None:
+        return [], []
+    if isinstance(ext, list):
+        return [x if isinstance(x, str) else repr(x) for x in ext], [("extends", k) for k in range(len(ext))]
+    return [ext if isinstance(ext, str) else repr(ext)], [("extends",)]
+
+
+def _extends_chain(name: str, by_name: dict[str, Source], found: Problems,
+                   done: dict[str, Merged | None] | None = None, stack: tuple[str, ...] = ()) -> Merged | None:
+    """A family's data merged over its bases.
+
+    ``extends: base`` or ``extends: [a, b, ...]``: the bases are merged left to right, each one
+    fully resolved first (with its own bases), so a later base overrides an earlier one; the
+    family's own file is merged last and overrides them all. A base named twice, an unknown base
+    and a cycle are errors at the ``extends`` entry that names them.
+    """
+    done = {} if done is None else done
+    if name in done:
+        return done[name]
+    src = by_name[name]
+    bases, paths = _bases(src)
+    ok = True
+    if not bases and "extends" in src.located.data:
+        found.add(src.rel, src.located.pos(("extends",)), "extends names no family: give a name or a list of names")
+        ok = False
+    seen: set[str] = set()
     merged: Merged | None = None
-    for fam in reversed(chain):
-        loc = by_name[fam].located
-        if merged is None:
-            merged = Merged(_deepcopy(loc.data), {p: (loc.file, v) for p, v in loc.values.items()},
-                            {p: (loc.file, v) for p, v in loc.keys.items()})
-        else:
-            merged = _merge(merged, loc)
-    assert merged is not None
+    for base, at in zip(bases, paths):
+        pos = src.located.pos(at)
+        if base in seen:
+            found.add(src.rel, pos, f"extends names '{base}' twice")
+            ok = False
+            continue
+        seen.add(base)
+        if base not in by_name:
+            found.add(src.rel, pos, f"extends unknown family '{base}'" + suggest(base, by_name))
+            ok = False
+            continue
+        if base == name or base in stack:
+            chain = [*stack[stack.index(base):], name, base] if base in stack else [name, base]
+            found.add(src.rel, pos, f"extends cycle: {' -> '.join(chain)}")
+            ok = False
+            continue
+        got = _extends_chain(base, by_name, found, done, (*stack, name))
+        if got is None:
+            ok = False
+            continue
+        merged = got if merged is None else _merge(merged, got)
+    if not ok:
+        done[name] = None
+        return None
+    own = _layer(src.located)
+    merged = own if merged is None else _merge(merged, own)
     merged.data["family"] = name
-    merged.data["extends"] = by_name[name].located.data.get("extends")
+    merged.data["extends"] = src.located.data.get("extends")
+    done[name] = merged
     return merged
 
 
@@ -294,8 +342,9 @@ class _Family:
         if not self.ok:
             return None
         assert r.title and r.lines and r.summary and r.traits is not None and r.loads
+        extends = () if r.extends is None else (r.extends,) if isinstance(r.extends, str) else tuple(r.extends)
         return FamilyIR(
-            name=r.family, file=self.src.rel, sha256=self.src.sha256, extends=r.extends, title=r.title,
+            name=r.family, file=self.src.rel, sha256=self.src.sha256, extends=extends, title=r.title,
             lines=tuple(r.lines), summary=r.summary.strip(),
             traits=tuple((t, self.vocab.traits[t]) for t in r.traits),
             model_types=tuple(r.loads.model_types), classes=tuple(r.loads.classes),

@@ -75,3 +75,48 @@ def test_the_qwen3_next_spec_compiles_its_mixture() -> None:
     shared = next(h for h in fam.hosts if h.path == "layers[i].mlp.shared_experts")
     assert shared.dims == (("intermediate_size", "shared_expert_intermediate_size"),)
     assert fam.tiny.experts == ("eager", "batched_mm", "grouped_mm")
+
+
+def _atlas_files(tmp_path: Path, files: dict[str, str]) -> SpecError | None:
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    for name in ("_vocabulary.yaml", "llama.yaml"):
+        shutil.copy(SPECS / name, specs / name)
+    for name, text in files.items():
+        (specs / name).write_text(text)
+    try:
+        compile_atlas(specs, tmp_path)
+    except SpecError as e:
+        return e
+    return None
+
+
+def test_extends_a_list_merges_left_to_right(tmp_path: Path) -> None:
+    specs = tmp_path / "specs"
+    err = _atlas_files(tmp_path, {
+        "a.yaml": "family: a\nextends: llama\ntitle: A\nlines: [A]\n",
+        "b.yaml": "family: b\nextends: llama\ntitle: B\nsummary: from b\n",
+        "c.yaml": "family: c\nextends: [a, b]\nlines: [C]\n",
+    })
+    assert err is None
+    atlas = compile_atlas(specs, tmp_path)
+    c = next(f for f in atlas.families if f.name == "c")
+    assert c.extends == ("a", "b")
+    assert c.title == "B"  # b, the later base, overrides a
+    assert c.summary == "from b"
+    assert c.lines == ("C",)  # the family's own file overrides every base
+
+
+def test_extends_problems_are_reported_where_the_base_is_named(tmp_path: Path) -> None:
+    err = _atlas_files(tmp_path, {
+        "a.yaml": "family: a\nextends:\n  - llama\n  - b\n",
+        "b.yaml": "family: b\nextends: [llama, a]\n",
+        "d.yaml": "family: d\nextends: [llama, nope, llama]\n",
+    })
+    assert err is not None
+    text = str(err)
+    assert "extends cycle: a -> b -> a" in text or "extends cycle: b -> a -> b" in text
+    cycle = next(p for p in err.problems if "cycle" in p.message)
+    assert (cycle.file, cycle.line) in (("specs/b.yaml", 2), ("specs/a.yaml", 4))
+    assert "specs/d.yaml:2:" in text and "extends unknown family 'nope'" in text
+    assert "extends names 'llama' twice" in text
