@@ -96,7 +96,7 @@ def test_model_kernels_setting_and_state_edit_reaches_later_tokens() -> None:
         with model.trace(dict(inputs)) as tracer:
             base = model.logits.save()
         with model.trace(dict(inputs)) as tracer:
-            for t in tracer.iter[2:3]:
+            for _ in tracer.iter[2:3]:
                 model.layers[0].linear_attn.state[:] = 0  # forget everything after token 2
             edited = model.logits.save()
     finally:
