@@ -46,10 +46,11 @@ class ValueIR:
     view_text: str | None
     needs: ConditionIR | None
     missing: str | None = None
+    edit: str = "logits"  # what an edit reaches: logits | later | none
 
     @property
     def readonly(self) -> bool:
-        return self.derived is not None
+        return self.derived is not None or self.edit == "none"
 
     @property
     def words(self) -> str:
@@ -94,6 +95,7 @@ class HostIR:
     values: tuple[ValueIR, ...]
     identities: tuple[IdentityIR, ...]
     dims: tuple[tuple[str, str], ...] = ()
+    kind: str | None = None
 
     @property
     def ident(self) -> str:
@@ -102,6 +104,16 @@ class HostIR:
         if self.when_text:
             base += "_" + "".join(ch if ch.isalnum() else "_" for ch in self.when_text).strip("_")
         return base
+
+
+@dataclass(frozen=True)
+class FunctionIR:
+    """A group of module-level functions read as one (``fn:delta_rule``), and how to route it."""
+
+    name: str
+    names: tuple[str, ...]
+    words: str
+    route: tuple[tuple[str, Any], ...] | None
 
 
 @dataclass(frozen=True)
@@ -150,6 +162,7 @@ class FamilyIR:
     classes: tuple[str, ...]
     rename: tuple[tuple[str, tuple[str, ...]], ...]
     config: tuple[tuple[str, Compiled, str], ...]
+    functions: tuple[FunctionIR, ...]
     hosts: tuple[HostIR, ...]
     tiny: TinyIR
     checkpoints: tuple[CheckpointIR, ...]

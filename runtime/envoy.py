@@ -312,6 +312,8 @@ class Value(_Lazy):
     def _writable(self) -> None:
         if self._read.kind == "derived":
             raise NnatlasError(f"{self.label} is derived from other values and read-only; edit what it is derived from")
+        if self._spec is not None and self._spec.edit == "none":
+            raise NnatlasError(f"{self.label} is read-only: it records what ran (an edit could reach nothing)")
 
     def _assign(self, value: Any) -> None:
         self._writable()

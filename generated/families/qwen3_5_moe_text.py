@@ -140,7 +140,7 @@ def _derive_model_input_size(v: Any) -> Any:
 
 
 def _derive_model_next_token_probs(v: Any) -> Any:
-    return _fn.softmax(v['logits'][:, (-1)], (-1))
+    return _fn.softmax(v['logits'][:, (-1)], -1)
 
 
 def _identity_model_0(v: Any) -> Any:
@@ -164,11 +164,11 @@ def _identity_layers_mlp_0(v: Any) -> Any:
 
 
 def _identity_layers_mlp_1(v: Any) -> Any:
-    return (v['expert_weights'], _fn.topk_weights(_fn.softmax(v['router_logits'], (-1)), v['top_k'], v['norm_topk_prob']))
+    return (v['expert_weights'], _fn.topk_weights(_fn.softmax(v['router_logits'], -1), v['top_k'], v['norm_topk_prob']))
 
 
 def _identity_layers_mlp_2(v: Any) -> Any:
-    return (v['expert_indices'], _fn.topk_indices(_fn.softmax(v['router_logits'], (-1)), v['top_k']))
+    return (v['expert_indices'], _fn.topk_indices(_fn.softmax(v['router_logits'], -1), v['top_k']))
 
 
 def _identity_layers_mlp_3(v: Any) -> Any:
