@@ -35,7 +35,7 @@ $(CHROMIUM):
 	$(SUDO) apt-get install -y -qq --no-install-recommends chromium
 
 test: $(STAMP) $(CHROMIUM)
-	$(BIN)/python -m pytest
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest
 
 docs: $(STAMP)
 	$(BIN)/nnatlas docs --out site

@@ -54,10 +54,12 @@ def printout_key(f: FamilyIR, atlas: Atlas) -> str:
     """The key a printout file must carry to be fresh (see ``compiler/printouts.py``)."""
     by_name = {x.name: x for x in atlas.families}
     chain: list[str] = []
-    node: FamilyIR | None = f
-    while node is not None:
-        chain.append(node.sha256)
-        node = by_name.get(node.extends) if node.extends else None
+    todo = [f.name]
+    while todo:  # the family and every spec it extends, directly or not
+        node = by_name.get(todo.pop(0))
+        if node is not None and node.sha256 not in chain:
+            chain.append(node.sha256)
+            todo.extend(node.extends)
     chain.append(atlas.vocabulary_sha256)
     return printouts.input_key(f, emit.render_family(f), chain)
 

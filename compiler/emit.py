@@ -95,6 +95,8 @@ class _Fn:
 
 
 def _read_args(v: ValueIR, derive: str | None) -> str:
+    if v.missing is not None:
+        return f"'missing', '', {v.missing!r}"
     if v.derived is not None:
         return (f"'derived', {v.derived_text!r}, {v.words!r}, deps={pylit(v.derived.names)}, derive={derive}")
     r: ReadIR | None = v.read
@@ -112,6 +114,8 @@ def _read_args(v: ValueIR, derive: str | None) -> str:
     if r.op:
         args.append(f"op={r.op!r}")
         args.append(f"occurrence={r.occurrence}")
+    if r.fn:
+        args.append(f"fn={r.fn!r}")
     return ", ".join(args)
 
 
@@ -127,13 +131,16 @@ def family_context(f: FamilyIR) -> dict[str, Any]:
     for hi, h in enumerate(f.hosts):
         values = []
         for v in h.values:
-            lay = layouts.setdefault(v.layout.name, {
-                "var": f"_L_{_ident(v.layout.name)}", "name": v.layout.name, "dims": v.layout.dims,
+            lay_key = v.layout.name + ("_or_none" if v.layout.optional else "")
+            lay = layouts.setdefault(lay_key, {
+                "var": f"_L_{_ident(lay_key)}", "name": v.layout.name, "dims": v.layout.dims,
                 "dtype": v.layout.dtype, "optional": v.layout.optional})
             needs_var = None
             if v.needs:
                 cond = conditions.setdefault(v.needs.name, {"var": f"_C_{_ident(v.needs.name)}", "name": v.needs.name,
-                                                            "says": v.needs.says, "fix": v.needs.fix})
+                                                            "says": v.needs.says, "fix": v.needs.fix,
+                                                            "attribute": v.needs.attribute,
+                                                            "values": v.needs.values})
                 needs_var = cond["var"]
             derive = None
             if v.derived is not None:
@@ -141,7 +148,7 @@ def family_context(f: FamilyIR) -> dict[str, Any]:
                 functions.append(_Fn(derive, "v: Any", v.derived.source))
             values.append({"name": v.name, "layout_var": lay["var"], "meaning": v.meaning,
                            "read_args": _read_args(v, derive), "view": v.view, "needs_var": needs_var,
-                           "readonly": v.readonly})
+                           "readonly": v.readonly, "edit": v.edit})
         identities = []
         for k, ident in enumerate(h.identities):
             fn = f"_identity_{_ident(h.ident)}_{k}"
@@ -153,7 +160,7 @@ def family_context(f: FamilyIR) -> dict[str, Any]:
             when_fn = f"_when_{_ident(h.ident)}_{hi}"
             functions.append(_Fn(when_fn, "c: Any, i: int", h.when.source))
         hosts.append({"path": h.path, "cls": h.cls, "values": values, "identities": identities,
-                      "when_fn": when_fn, "when_text": h.when_text})
+                      "when_fn": when_fn, "when_text": h.when_text, "kind": h.kind, "dims": h.dims})
     for d in f.tiny.draw:
         if d.expr is not None:
             functions.append(_Fn(f"_draw_{d.name.lstrip('_')}", "c: Any", d.expr.source))
@@ -166,6 +173,8 @@ def family_context(f: FamilyIR) -> dict[str, Any]:
         "hosts": hosts,
         "trait_names": tuple(t for t, _ in f.traits),
         "rename": {k: v for k, v in f.rename},
+        "function_groups": [{"name": g.name, "names": g.names, "words": g.words,
+                             "route": dict(g.route) if g.route else None} for g in f.functions],
         "tiny_config": dict(f.tiny.config),
     }
 
@@ -207,18 +216,20 @@ def render_tests(f: FamilyIR) -> str:
     for path in host_paths:
         n = sum(len(h.identities) for h in f.hosts_at(path))
         identity_ids += [(path, k) for k in range(n)]
-    writable, readonly = [], []
+    writable, readonly, missing = [], [], []
     for h in f.hosts:
         for v in h.values:
             item = (h.path, v.name)
-            if v.readonly:
+            if v.missing is not None:
+                missing.append(item)
+            elif v.readonly:
                 readonly.append(item)
-            elif v.layout.dtype == "float" and item not in writable:
+            elif v.layout.dtype == "float" and v.edit == "logits" and item not in writable:
                 writable.append(item)
     examples = [(n.title, k, src) for n in f.notes for k, src in enumerate(n.examples)]
     return env().get_template("test_family.py.j2").render(
         f=f, host_paths=host_paths, identity_ids=tuple(identity_ids), writable=tuple(writable),
-        readonly=tuple(readonly), examples=tuple(examples))
+        readonly=tuple(readonly), missing=tuple(missing), examples=tuple(examples))
 
 
 def page_context(f: FamilyIR, atlas: Atlas, printout: str | None = None) -> dict[str, Any]:

@@ -30,6 +30,8 @@ class ConditionIR:
     name: str
     says: str
     fix: str
+    attribute: str | None = None
+    values: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -43,13 +45,17 @@ class ValueIR:
     view: tuple[tuple[str, tuple[Any, ...]], ...]
     view_text: str | None
     needs: ConditionIR | None
+    missing: str | None = None
+    edit: str = "logits"  # what an edit reaches: logits | later | none
 
     @property
     def readonly(self) -> bool:
-        return self.derived is not None
+        return self.derived is not None or self.edit == "none"
 
     @property
     def words(self) -> str:
+        if self.missing is not None:
+            return f"missing: {self.missing}"
         if self.derived is not None:
             return f"derived from {', '.join(self.derived.names)}: {self.derived_text}"
         assert self.read is not None
@@ -88,6 +94,8 @@ class HostIR:
     when_text: str | None
     values: tuple[ValueIR, ...]
     identities: tuple[IdentityIR, ...]
+    dims: tuple[tuple[str, str], ...] = ()
+    kind: str | None = None
 
     @property
     def ident(self) -> str:
@@ -96,6 +104,16 @@ class HostIR:
         if self.when_text:
             base += "_" + "".join(ch if ch.isalnum() else "_" for ch in self.when_text).strip("_")
         return base
+
+
+@dataclass(frozen=True)
+class FunctionIR:
+    """A group of module-level functions read as one (``fn:delta_rule``), and how to route it."""
+
+    name: str
+    names: tuple[str, ...]
+    words: str
+    route: tuple[tuple[str, Any], ...] | None
 
 
 @dataclass(frozen=True)
@@ -114,6 +132,7 @@ class TinyIR:
     batch: tuple[int, int]
     seq: tuple[int, int]
     examples: int
+    experts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -148,7 +167,7 @@ class FamilyIR:
     name: str
     file: str
     sha256: str
-    extends: str | None
+    extends: tuple[str, ...]
     title: str
     lines: tuple[str, ...]
     summary: str
@@ -157,6 +176,7 @@ class FamilyIR:
     classes: tuple[str, ...]
     rename: tuple[tuple[str, tuple[str, ...]], ...]
     config: tuple[tuple[str, Compiled, str], ...]
+    functions: tuple[FunctionIR, ...]
     hosts: tuple[HostIR, ...]
     tiny: TinyIR
     checkpoints: tuple[CheckpointIR, ...]

@@ -28,11 +28,16 @@ class LayoutRaw(Strict):
 class VocabValueRaw(Strict):
     layout: StrictStr
     meaning: StrictStr
+    optional: StrictBool = False  # the value may be None ("State | None")
 
 
 class ConditionRaw(Strict):
     says: StrictStr
     fix: StrictStr
+    # a config attribute of the module the value is read in (or of the model) and the values that
+    # serve it: ``attribute: _experts_implementation, values: [grouped_mm, batched_mm]``
+    attribute: StrictStr | None = None
+    values: list[StrictStr] = []
 
 
 class Vocabulary(Strict):
@@ -51,6 +56,11 @@ class ValueRaw(Strict):
     derived: StrictStr | None = None
     view: StrictStr | None = None
     needs: StrictStr | None = None
+    # the family has no such value, and why (support() and the page say so; reading it raises Unavailable)
+    missing: StrictStr | None = None
+    # what an edit reaches: "logits" (this forward, the default), "later" (only later calls: a
+    # state written to the cache), "none" (a record of what ran: read-only)
+    edit: StrictStr = "logits"
 
 
 class IdentityRaw(Strict):
@@ -59,12 +69,42 @@ class IdentityRaw(Strict):
     rtol: StrictFloat | StrictInt = 0.0
 
 
+class KindRaw(Strict):
+    """One block kind of a hybrid stack: the blocks ``when`` selects, with their own values and identities."""
+
+    when: StrictStr
+    values: dict[StrictStr, StrictStr | ValueRaw | None] = {}
+    identities: list[StrictStr | IdentityRaw] = []
+
+
 class HostRaw(Strict):
     cls: StrictStr | None = Field(default=None, alias="class")
     when: StrictStr | None = None
     stream: StrictStr | None = None
+    # dims this host's values are sized by another config entry: {intermediate_size: shared_expert_intermediate_size}
+    dims: dict[StrictStr, StrictStr] = {}
     values: dict[StrictStr, StrictStr | ValueRaw | None] = {}
     identities: list[StrictStr | IdentityRaw] = []
+    # hybrid stacks: one entry per block kind (``model.<kind>_layers`` lists its blocks)
+    kinds: dict[StrictStr, KindRaw] = {}
+
+
+class RouteRaw(Strict):
+    """How ``route_kernels(family, "torch")`` runs a function group token by token."""
+
+    torch: StrictStr  # the pure-torch function each token's step calls
+    seq_dim: StrictInt = 1  # the sequence dim of the sequence arguments and of the outputs
+    state_arg: StrictStr  # the argument that carries the state into a step
+    state_output: StrictInt  # the output element that is the state after a step
+    final_state_flag: StrictStr | None = None  # the argument asking the function to return its final state
+
+
+class FunctionRaw(Strict):
+    """Module-level functions a host's forward calls, under one name: whichever the call runs."""
+
+    names: list[StrictStr]
+    words: StrictStr
+    route: RouteRaw | None = None
 
 
 class LoadsRaw(Strict):
@@ -80,6 +120,8 @@ class TinyRaw(Strict):
     batch: tuple[StrictInt, StrictInt] = (1, 3)
     seq: tuple[StrictInt, StrictInt] = (1, 8)
     examples: StrictInt = 12
+    # the experts implementations (transformers' experts interface) the generated tests run under
+    experts: list[StrictStr] = []
 
 
 class CheckpointRaw(Strict):
@@ -109,7 +151,8 @@ class DiagramRaw(Strict):
 
 class FamilyRaw(Strict):
     family: StrictStr
-    extends: StrictStr | None = None
+    # one base, or several merged left to right (a later base overrides an earlier one; this file, all)
+    extends: StrictStr | list[StrictStr] | None = None
     title: StrictStr | None = None
     lines: list[StrictStr] | None = None
     summary: StrictStr | None = None
@@ -117,6 +160,7 @@ class FamilyRaw(Strict):
     loads: LoadsRaw | None = None
     rename: dict[StrictStr, StrictStr | list[StrictStr]] = {}
     config: dict[StrictStr, StrictStr | StrictInt | StrictFloat] = {}
+    functions: dict[StrictStr, FunctionRaw] = {}
     hosts: dict[StrictStr, HostRaw] = {}
     tiny: TinyRaw | None = None
     checkpoints: list[CheckpointRaw] = []

@@ -9,9 +9,11 @@ lists them all as ``file:line:col: message``.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from .ir import (
     DiagramIR,
     DrawIR,
     FamilyIR,
+    FunctionIR,
     HostIR,
     IdentityIR,
     LayoutIR,
@@ -42,6 +45,9 @@ from .yamlpos import Located, load
 from .yamlpos import Path as DataPath
 
 VOCABULARY = "_vocabulary.yaml"
+CALL_DIMS = ("batch", "seq")  # view arguments bound per call from the model's input ids
+EXPERTS_IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm")  # what transformers runs on CPU
+_EDITS = ("logits", "later", "none")
 _HOST_PATH = re.compile(r"model|[a-z_][a-z0-9_]*(\[i\])?(\.[a-z_][a-z0-9_]*(\[i\])?)*")
 _FAMILY_NAME = re.compile(r"[a-z][a-z0-9_]*")
 _CODE_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
@@ -87,30 +93,45 @@ class Merged:
             p = p[:-1]
 
 
-def _merge(base: Merged, child: Located) -> Merged:
+def _droppable(path: DataPath) -> bool:
+    return bool(path) and (path[-1] == "values" or path in (("hosts",), ("rename",), ("config",), ("tiny", "draw")))
+
+
+def _layer(loc: Located) -> Merged:
+    """One file's data as a merge layer: every path positioned in that file."""
+    return Merged(_deepcopy(loc.data), {p: (loc.file, v) for p, v in loc.values.items()},
+                  {p: (loc.file, v) for p, v in loc.keys.items()})
+
+
+def _merge(base: Merged, top: Merged) -> Merged:
+    """``top`` over ``base``: mappings merge key by key, anything else (lists too) is replaced;
+    ``name: null`` drops an inherited entry of ``values``, ``hosts``, ``rename``, ``config`` or
+    ``tiny.draw`` (elsewhere null is a value: ``tiny.config`` passes it to the config class).
+    Positions follow what was set."""
     out = Merged(_deepcopy(base.data), dict(base.where), dict(base.keys))
 
     def walk(dst: dict[str, Any], src: dict[str, Any], path: DataPath) -> None:
         for key, value in src.items():
             p = (*path, key)
-            out.keys[p] = (child.file, child.keys.get(p, child.pos(p)))
-            if value is None and key in dst and path and path[-1] == "values":
-                del dst[key]  # `name: null` under values drops an inherited value
+            out.keys[p] = top.pos(p, key=True)
+            if value is None and key in dst and _droppable(path):
+                del dst[key]  # `name: null` drops an inherited entry
                 continue
             if isinstance(value, dict) and isinstance(dst.get(key), dict):
                 walk(dst[key], value, p)
             else:
                 dst[key] = _deepcopy(value)
-                for q, pos in child.values.items():
+                for q, pos in top.where.items():
                     if q[: len(p)] == p:
-                        out.where[q] = (child.file, pos)
-                for q, pos in child.keys.items():
+                        out.where[q] = pos
+                for q, pos in top.keys.items():
                     if q[: len(p)] == p:
-                        out.keys[q] = (child.file, pos)
-            out.where[p] = (child.file, child.values.get(p, child.pos(p)))
+                        out.keys[q] = pos
+            out.where[p] = top.where.get(p, top.pos(p))
 
-    walk(out.data, child.data, ())
-    out.where.setdefault((), (child.file, (1, 1)))
+    walk(out.data, top.data, ())
+    if () in top.where:
+        out.where.setdefault((), top.where[()])
     return out
 
 
@@ -203,8 +224,9 @@ def resolve(spec_dir: Path, root: Path | None = None) -> Atlas:
             found.add(src.rel, src.located.pos(("family",)), f"family '{name}' must live in specs/{name}.yaml")
             continue
         by_name[name] = src
+    chains: dict[str, Merged | None] = {}
     for name, src in by_name.items():
-        merged = _extends_chain(name, by_name, found)
+        merged = _extends_chain(name, by_name, found, chains)
         if merged is None:
             continue
         try:
@@ -241,33 +263,65 @@ def _check_vocabulary(vocab: Vocabulary, src: Source, found: Problems) -> dict[s
     return layouts
 
 
-def _extends_chain(name: str, by_name: dict[str, Source], found: Problems) -> Merged | None:
-    chain = [name]
-    while True:
-        data = by_name[chain[-1]].located.data
-        base = data.get("extends")
-        if base is None:
-            break
-        src = by_name[chain[-1]]
-        if not isinstance(base, str) or base not in by_name:
-            found.add(src.rel, src.located.pos(("extends",)), f"extends unknown family '{base}'" + suggest(str(base), by_name))
-            return None
-        if base in chain:
-            cycle = " -> ".join([*chain[chain.index(base):], base])
-            found.add(src.rel, src.located.pos(("extends",)), f"extends cycle: {cycle}")
-            return None
-        chain.append(base)
+def _bases(src: Source) -> tuple[list[str], list[DataPath]]:
+    """A family's ``extends:``: one name or a list of names, each with its path in the file."""
+    ext = src.located.data.get("extends")
+    if ext is None:
+        return [], []
+    if isinstance(ext, list):
+        return [x if isinstance(x, str) else repr(x) for x in ext], [("extends", k) for k in range(len(ext))]
+    return [ext if isinstance(ext, str) else repr(ext)], [("extends",)]
+
+
+def _extends_chain(name: str, by_name: dict[str, Source], found: Problems,
+                   done: dict[str, Merged | None] | None = None, stack: tuple[str, ...] = ()) -> Merged | None:
+    """A family's data merged over its bases.
+
+    ``extends: base`` or ``extends: [a, b, ...]``: the bases are merged left to right, each one
+    fully resolved first (with its own bases), so a later base overrides an earlier one; the
+    family's own file is merged last and overrides them all. A base named twice, an unknown base
+    and a cycle are errors at the ``extends`` entry that names them.
+    """
+    done = {} if done is None else done
+    if name in done:
+        return done[name]
+    src = by_name[name]
+    bases, paths = _bases(src)
+    ok = True
+    if not bases and "extends" in src.located.data:
+        found.add(src.rel, src.located.pos(("extends",)), "extends names no family: give a name or a list of names")
+        ok = False
+    seen: set[str] = set()
     merged: Merged | None = None
-    for fam in reversed(chain):
-        loc = by_name[fam].located
-        if merged is None:
-            merged = Merged(_deepcopy(loc.data), {p: (loc.file, v) for p, v in loc.values.items()},
-                            {p: (loc.file, v) for p, v in loc.keys.items()})
-        else:
-            merged = _merge(merged, loc)
-    assert merged is not None
+    for base, at in zip(bases, paths):
+        pos = src.located.pos(at)
+        if base in seen:
+            found.add(src.rel, pos, f"extends names '{base}' twice")
+            ok = False
+            continue
+        seen.add(base)
+        if base not in by_name:
+            found.add(src.rel, pos, f"extends unknown family '{base}'" + suggest(base, by_name))
+            ok = False
+            continue
+        if base == name or base in stack:
+            chain = [*stack[stack.index(base):], name, base] if base in stack else [name, base]
+            found.add(src.rel, pos, f"extends cycle: {' -> '.join(chain)}")
+            ok = False
+            continue
+        got = _extends_chain(base, by_name, found, done, (*stack, name))
+        if got is None:
+            ok = False
+            continue
+        merged = got if merged is None else _merge(merged, got)
+    if not ok:
+        done[name] = None
+        return None
+    own = _layer(src.located)
+    merged = own if merged is None else _merge(merged, own)
     merged.data["family"] = name
-    merged.data["extends"] = by_name[name].located.data.get("extends")
+    merged.data["extends"] = src.located.data.get("extends")
+    done[name] = merged
     return merged
 
 
@@ -278,6 +332,7 @@ class _Family:
                  layouts: dict[str, LayoutIR], found: Problems):
         self.src, self.merged, self.raw, self.vocab, self.layouts, self.found = src, merged, raw, vocab, layouts, found
         self.ok = True
+        self.groups: dict[str, str] = {}
 
     def err(self, path: DataPath, message: str, key: bool = False, col: int = 0) -> None:
         file, (line, c) = self.merged.pos(path, key)
@@ -295,7 +350,9 @@ class _Family:
         config = self.config()
         if "model" not in r.hosts:
             self.err(("hosts",), "the hosts must include 'model' (the root)")
-        hosts = [self.host(path, h, config) for path, h in r.hosts.items()]
+        functions = self.functions()
+        self.groups = {f.name: f.words for f in functions}
+        hosts = [x for path, h in r.hosts.items() for x in self.host(path, h, config)]
         tiny = self.tiny() if r.tiny else None
         notes = self.notes()
         if not self.ok or tiny is None:
@@ -306,13 +363,14 @@ class _Family:
         if not self.ok:
             return None
         assert r.title and r.lines and r.summary and r.traits is not None and r.loads
+        extends = () if r.extends is None else (r.extends,) if isinstance(r.extends, str) else tuple(r.extends)
         return FamilyIR(
-            name=r.family, file=self.src.rel, sha256=self.src.sha256, extends=r.extends, title=r.title,
+            name=r.family, file=self.src.rel, sha256=self.src.sha256, extends=extends, title=r.title,
             lines=tuple(r.lines), summary=r.summary.strip(),
             traits=tuple((t, self.vocab.traits[t]) for t in r.traits),
             model_types=tuple(r.loads.model_types), classes=tuple(r.loads.classes),
             rename=tuple((k, tuple(v) if isinstance(v, list) else (v,)) for k, v in r.rename.items()),
-            config=tuple(config), hosts=hosts_ir, tiny=tiny,
+            config=tuple(config), functions=functions, hosts=hosts_ir, tiny=tiny,
             checkpoints=tuple(CheckpointIR(c.name, tuple(c.config.items())) for c in r.checkpoints),
             notes=notes, docstring=(r.docstring or r.summary).strip(), diagram=diagram,
         )
@@ -358,22 +416,60 @@ class _Family:
                 self.err(("config", key), f"config.{key}: {e}", col=e.col)
         return out
 
-    def host(self, path: str, h: HostRaw, config: list[tuple[str, expr.Compiled, str]]) -> HostIR | None:
+    def functions(self) -> tuple[FunctionIR, ...]:
+        out = []
+        for name, fn in self.raw.functions.items():
+            at = ("functions", name)
+            if not fn.names:
+                self.err((*at, "names"), f"functions.{name}: list at least one function name")
+            for n in fn.names:
+                if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n):
+                    self.err((*at, "names"), f"functions.{name}: '{n}' is not a Python name")
+            route = None
+            if fn.route is not None:
+                route = tuple(fn.route.model_dump().items())
+            out.append(FunctionIR(name, tuple(fn.names), fn.words.strip(), route))
+        return tuple(out)
+
+    def host(self, path: str, h: HostRaw, config: list[tuple[str, expr.Compiled, str]]) -> list[HostIR]:
         at = ("hosts", path)
         if not _HOST_PATH.fullmatch(path):
             self.err(at, f"host path '{path}' is not 'model' or a dotted path like layers[i].self_attn", key=True)
-            return None
+            return []
         if path != "model" and path.split(".")[0].removesuffix("[i]") not in self.raw.rename:
             first = path.split(".")[0].removesuffix("[i]")
             self.err(at, f"host '{path}': '{first}' is not in rename (say which native module it is)" + suggest(first, self.raw.rename), key=True)
         if h.cls is None:
             self.err(at, f"host '{path}': 'class' (the native class) is required", key=True)
-        when = None
+        common_v: list[tuple[DataPath, str, Any]] = [((*at, "values", k), k, v) for k, v in h.values.items()]
+        common_i: list[tuple[DataPath, Any]] = [((*at, "identities", k), x) for k, x in enumerate(h.identities)]
+        if not h.kinds:
+            built = self.host_kind(path, h, config, h.when, (*at, "when"), common_v, common_i, None)
+            return [built] if built is not None else []
         if h.when is not None:
+            self.err((*at, "when"), f"host '{path}': give either 'when' or 'kinds' (each kind has its own when)")
+        out = []
+        for kname, kind in h.kinds.items():
+            kat = (*at, "kinds", kname)
+            if not re.fullmatch(r"[a-z][a-z0-9_]*", kname):
+                self.err(kat, f"kind '{kname}' must be a lowercase name (model.{kname}_layers lists its blocks)", key=True)
+            kv = common_v + [((*kat, "values", k), k, v) for k, v in kind.values.items()]
+            ki = common_i + [((*kat, "identities", k), x) for k, x in enumerate(kind.identities)]
+            built = self.host_kind(path, h, config, kind.when, (*kat, "when"), kv, ki, kname)
+            if built is not None:
+                out.append(built)
+        return out
+
+    def host_kind(self, path: str, h: HostRaw, config: list[tuple[str, expr.Compiled, str]], when_text: str | None,
+                  when_at: DataPath, value_items: Sequence[tuple[DataPath, str, Any]],
+                  identity_items: Sequence[tuple[DataPath, Any]], kind: str | None) -> HostIR | None:
+        at = ("hosts", path)
+        when = None
+        if when_text is not None:
             try:
-                when = expr.compile_when(h.when)
+                when = expr.compile_when(when_text)
             except expr.ExprError as e:
-                self.err((*at, "when"), f"when: {e}", col=e.col)
+                self.err(when_at, f"when: {e}", col=e.col)
         table = self.vocab.values
         if h.stream is not None:
             if h.stream not in self.vocab.streams:
@@ -381,9 +477,14 @@ class _Family:
             else:
                 table = {**table, **self.vocab.streams[h.stream]}
         config_names = {k for k, _, _ in config}
+        for dim, entry in h.dims.items():
+            if dim not in self.vocab.dims:
+                self.err((*at, "dims", dim), f"host '{path}': unknown dim '{dim}'" + suggest(dim, self.vocab.dims), key=True)
+            if entry not in config_names:
+                self.err((*at, "dims", dim), f"host '{path}': dim {dim} sized by '{entry}', which is not a config entry"
+                         + suggest(entry, config_names))
         values: list[ValueIR] = []
-        for vname, v in h.values.items():
-            vat = (*at, "values", vname)
+        for vat, vname, v in value_items:
             if v is None:
                 continue
             if vname not in table:
@@ -399,8 +500,7 @@ class _Family:
                 if dep not in names:
                     self.err((*at, "values", x.name, "derived"), f"{x.name}: derived from '{dep}', which this host does not have" + suggest(dep, names))
         identities = []
-        for k, ident in enumerate(h.identities):
-            iat = (*at, "identities", k)
+        for iat, ident in identity_items:
             item = ident if isinstance(ident, IdentityRaw) else IdentityRaw(check=ident)
             try:
                 op, lhs, rhs = expr.compile_identity(item.check)
@@ -408,16 +508,30 @@ class _Family:
                 self.err(iat if isinstance(ident, str) else (*iat, "check"), f"identity: {e}", col=e.col)
                 continue
             identities.append(IdentityIR(item.check, op, lhs, rhs, float(item.atol), float(item.rtol)))
-        return HostIR(path, h.cls or "", when, h.when, tuple(values), tuple(identities))
+        return HostIR(path, h.cls or "", when, when_text, tuple(values), tuple(identities), dims=tuple(h.dims.items()),
+                      kind=kind)
 
     def value(self, name: str, v: ValueRaw, vocab_value: Any, at: DataPath, config_names: set[str]) -> ValueIR | None:
+        if v.missing is not None:
+            if v.read is not None or v.derived is not None or v.view is not None or v.needs is not None:
+                self.err(at, f"{name}: a missing value has only its reason ('missing'), no read, derived, view or needs", key=True)
+                return None
+            if not v.missing.strip():
+                self.err((*at, "missing"), f"{name}: say why the family has no {name}")
+                return None
+            lay = self.layouts.get(vocab_value.layout)
+            if lay is None:
+                return None
+            return ValueIR(name, lay, vocab_value.meaning, None, None, None, (), None, None,
+                           missing=" ".join(v.missing.split()))
         if (v.read is None) == (v.derived is None):
-            self.err(at, f"{name}: give exactly one of 'read' (a read point) or 'derived' (an expression)", key=True)
+            self.err(at, f"{name}: give exactly one of 'read' (a read point), 'derived' (an expression) or 'missing' "
+                     "(why the family has none)", key=True)
             return None
         read = derived = None
         try:
             if v.read is not None:
-                read = readpoint.parse(v.read)
+                read = readpoint.parse(v.read, self.groups)
             else:
                 derived = expr.compile_derived(v.derived or "")
         except expr.ExprError as e:
@@ -432,19 +546,25 @@ class _Family:
                 self.err((*at, "view"), f"{name}: view: {e}", col=e.col)
             for _, args in view:
                 for a in _flat(args):
-                    if isinstance(a, str) and a not in config_names:
-                        self.err((*at, "view"), f"{name}: view names '{a}', which is not a config entry" + suggest(a, config_names))
+                    if isinstance(a, str) and a not in config_names and a not in CALL_DIMS:
+                        self.err((*at, "view"), f"{name}: view names '{a}', which is not a config entry nor a "
+                                 f"call dim ({', '.join(CALL_DIMS)})" + suggest(a, [*config_names, *CALL_DIMS]))
         needs = None
         if v.needs is not None:
             cond = self.vocab.conditions.get(v.needs)
             if cond is None:
                 self.err((*at, "needs"), f"{name}: unknown condition '{v.needs}'" + suggest(v.needs, self.vocab.conditions))
             else:
-                needs = ConditionIR(v.needs, cond.says, cond.fix)
+                needs = ConditionIR(v.needs, cond.says, cond.fix, cond.attribute, tuple(cond.values))
+        if v.edit not in _EDITS:
+            self.err((*at, "edit"), f"{name}: edit is one of {', '.join(_EDITS)} (what an edit of the value reaches)")
         layout = self.layouts.get(vocab_value.layout)
         if layout is None:
             return None
-        return ValueIR(name, layout, vocab_value.meaning, read, derived, v.derived, tuple(view), v.view, needs)
+        if vocab_value.optional and not layout.optional:
+            layout = dataclasses.replace(layout, optional=True)
+        return ValueIR(name, layout, vocab_value.meaning, read, derived, v.derived, tuple(view), v.view, needs,
+                       edit=v.edit)
 
     def merged_value(self, path: DataPath) -> Any:
         node: Any = self.merged.data
@@ -497,7 +617,12 @@ class _Family:
         for rng, name in ((t.batch, "batch"), (t.seq, "seq")):
             if not 1 <= rng[0] <= rng[1]:
                 self.err(("tiny", name), f"tiny.{name}: a range [low, high] with 1 <= low <= high")
-        return TinyIR(t.model_class, t.config_class, tuple(t.config.items()), tuple(draws), t.batch, t.seq, t.examples)
+        for k, impl in enumerate(t.experts):
+            if impl not in EXPERTS_IMPLEMENTATIONS:
+                self.err(("tiny", "experts", k), f"tiny.experts: unknown experts implementation '{impl}' (CPU: "
+                         f"{', '.join(EXPERTS_IMPLEMENTATIONS)})" + suggest(impl, EXPERTS_IMPLEMENTATIONS))
+        return TinyIR(t.model_class, t.config_class, tuple(t.config.items()), tuple(draws), t.batch, t.seq, t.examples,
+                      tuple(t.experts))
 
     def notes(self) -> tuple[NoteIR, ...]:
         out = []

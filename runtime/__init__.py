@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any
 from .errors import NnatlasError, NotReached, OutOfOrderError, SpecError, Unavailable, UnknownName
 
 if TYPE_CHECKING:
-    from .model import AtlasModel, load, wrap
+    from .model import AtlasModel, load, route_kernels, wrap
     from .registry import all_families
     from .trace import Box
 
-_LAZY = {"AtlasModel": "model", "load": "model", "wrap": "model", "all_families": "registry", "Box": "trace"}
+_LAZY = {"AtlasModel": "model", "load": "model", "wrap": "model", "route_kernels": "model",
+         "all_families": "registry", "Box": "trace"}
 
 
 def __getattr__(name: str) -> Any:
@@ -35,4 +36,4 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["AtlasModel", "Box", "NnatlasError", "NotReached", "OutOfOrderError", "SpecError", "Unavailable",
-           "UnknownName", "all_families", "load", "wrap"]
+           "UnknownName", "all_families", "load", "route_kernels", "wrap"]

@@ -11,8 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-ReadKind = Literal["module", "call", "op", "derived"]
-Side = Literal["input", "output", "inputs", "args"]
+ReadKind = Literal["module", "call", "op", "fn", "derived", "missing"]
+Side = Literal["input", "output", "inputs", "args", "fn_args", "fn_output", "fn_step", "fn_steps"]
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,12 @@ class ReadPoint:
     its positional ``args`` or its ``output``.
     kind ``op``: a torch operation (``op`` name and ``occurrence``) inside an interface call
     (``call``) or inside the host's forward (``call`` None): its ``input`` or ``output``.
+    kind ``fn``: a module-level function (or a group of them, ``Family.functions``) that the host's
+    forward calls: its arguments (``fn_args``: by position in the signature or by parameter name),
+    its output (``fn_output``), or, under ``route_kernels``, each token's step (``fn_step``) or every
+    step stacked (``fn_steps``).
     kind ``derived``: computed by ``derive`` from other values of the host (``deps``); read-only.
+    kind ``missing``: the family has no such value; ``words`` says why (reading it raises Unavailable).
     """
 
     kind: ReadKind
@@ -64,6 +69,7 @@ class ReadPoint:
     call: str | None = None
     op: str | None = None
     occurrence: int = 0
+    fn: str | None = None
     deps: tuple[str, ...] = ()
     derive: Callable[[Mapping[str, Any]], Any] | None = field(default=None, compare=False)
 
@@ -75,6 +81,8 @@ class Condition:
     name: str
     says: str  # shown beside the value: "needs attn_implementation='eager'"
     fix: str  # what load fixes it
+    attribute: str | None = None  # a config attribute of the module read in (or of the model) ...
+    values: tuple[str, ...] = ()  # ... and the values under which the value is served
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,7 @@ class ValueSpec:
     view: tuple[ViewOp, ...] = ()
     needs: Condition | None = None
     readonly: bool = False
+    edit: Literal["logits", "later", "none"] = "logits"  # what an edit reaches (this forward, later calls, nothing)
 
 
 @dataclass(frozen=True)
@@ -110,12 +119,30 @@ class HostSpec:
     identities: tuple[Identity, ...] = ()
     when: Callable[[Any, int], bool] | None = field(default=None, compare=False)
     when_text: str | None = None
+    kind: str | None = None  # the block kind of a hybrid stack (``model.<kind>_layers``)
+    dims: tuple[tuple[str, str], ...] = ()  # dims sized by another config entry on this host
 
     def value(self, name: str) -> ValueSpec | None:
         for v in self.values:
             if v.name == name:
                 return v
         return None
+
+
+@dataclass(frozen=True)
+class FunctionGroup:
+    """Module-level functions read under one name (``fn:delta_rule``): whichever of ``names`` a call runs.
+
+    ``route`` (optional) says how ``route_kernels(family, "torch")`` runs a call token by token:
+    ``torch`` (the pure-torch function each step calls), ``seq_dim``, ``state_arg`` (the argument
+    carrying the state into a step), ``state_output`` (the output element that is the state after it)
+    and ``final_state_flag`` (the argument asking for the final state).
+    """
+
+    name: str
+    names: tuple[str, ...]
+    words: str
+    route: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +157,7 @@ class Family:
     rename: Mapping[str, tuple[str, ...]]
     config: Mapping[str, Callable[[Any], Any]] = field(compare=False)
     hosts: tuple[HostSpec, ...] = ()
+    functions: Mapping[str, FunctionGroup] = field(default_factory=dict)
     spec_file: str = ""
     spec_sha256: str = ""
 

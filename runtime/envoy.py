@@ -112,6 +112,8 @@ class Host:
         child = self._child(name)
         if child is not None:
             return child
+        if self._model is not self and name in self._model._family.config:
+            return self._model._config_value(name)  # every host shows the normalized config: moe.top_k
         self._model._explain_missing(self, name)
         close = difflib.get_close_matches(name, self._standard_names(), n=4, cutoff=0.5)
         hint = f"; nearest: {', '.join(close)}" if close else ""
@@ -199,6 +201,15 @@ class _Lazy:
     def __neg__(self) -> LazyExpr:
         return LazyExpr(Expr(operator.neg, (self._node(),)))
 
+    # comparisons build masks of the forward's values: ``moe.expert_indices == e``
+    __eq__ = _lazy_binop(operator.eq)  # type: ignore[assignment]
+    __ne__ = _lazy_binop(operator.ne)  # type: ignore[assignment]
+    __lt__ = _lazy_binop(operator.lt)
+    __le__ = _lazy_binop(operator.le)
+    __gt__ = _lazy_binop(operator.gt)
+    __ge__ = _lazy_binop(operator.ge)
+    __hash__ = object.__hash__
+
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> LazyExpr:
         return LazyExpr(Expr(func, _node(tuple(args)), {k: _node(v) for k, v in (kwargs or {}).items()}))
@@ -223,6 +234,10 @@ class LazyExpr(_Lazy):
 
     def __repr__(self) -> str:
         return "<deferred expression: computed during the forward>"
+
+    def __bool__(self) -> bool:
+        raise NnatlasError("a deferred expression has no truth value while the trace body runs; compute it after "
+                           "the trace, or use it as a tensor (masked_fill, where) inside the forward")
 
 
 def _lazy_attr(node: Any, name: str) -> Any:
@@ -298,6 +313,8 @@ class Value(_Lazy):
     def _writable(self) -> None:
         if self._read.kind == "derived":
             raise NnatlasError(f"{self.label} is derived from other values and read-only; edit what it is derived from")
+        if self._spec is not None and self._spec.edit == "none":
+            raise NnatlasError(f"{self.label} is read-only: it records what ran (an edit could reach nothing)")
 
     def _assign(self, value: Any) -> None:
         self._writable()

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 
 
 def _value_line(v: ValueSpec) -> str:
+    if v.read.kind == "missing":
+        return f"({v.name}) -> {v.layout.text}: ⚠︎ missing: {v.read.words}"
     if v.layout.dtype == "object" and not v.layout.dims:
         return f"({v.name}): {v.meaning}"
     return f"({v.name}) -> {v.layout.text}: {v.meaning}"
@@ -125,7 +127,7 @@ class Row:
     cls: str
     value: str
     layout: str
-    status: str  # "available" | "unavailable"
+    status: str  # "available" | "unavailable" | "missing"
     why: str  # the condition, when conditional
     conditional: bool
 
@@ -208,7 +210,9 @@ def support(model: AtlasModel) -> Support:
             for v in spec.values:
                 handle = Value(host, v.name, v, v.read)
                 why = model._why_unavailable(handle)
+                missing = v.read.kind == "missing"
                 rows.append(Row(label, type(host._module).__name__, v.name, v.layout.text,
-                                "available" if why is None else "unavailable",
-                                v.needs.says if v.needs else "", v.needs is not None))
+                                "available" if why is None else "missing" if missing else "unavailable",
+                                v.read.words if missing else v.needs.says if v.needs else "",
+                                v.needs is not None))
     return Support(model.family, rows)

@@ -12,9 +12,10 @@ still waiting raises :class:`OutOfOrderError` naming both, as an interleaved tra
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Iterator, Mapping
-from contextvars import Token
+from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,10 @@ if TYPE_CHECKING:
     from .model import AtlasModel
 
 SiteKey = tuple[Any, ...]
+# [batch, seq] of each dims module's current call, for views that name them (the trace's own dict)
+CALL_DIMS: ContextVar[dict[int, tuple[int, int]] | None] = ContextVar("nnatlas_call_dims", default=None)
+FN_SITES = ("fn_args", "fn_output", "fn_step", "fn_steps")
+PER_CALL_SITES = ("fn_step",)  # sites that fire once per token of a call: tracer.iter picks the token
 
 
 # ---- reading and writing inside a payload --------------------------------------------------
@@ -81,6 +86,8 @@ class Target:
     access: tuple[Any, ...]
     view: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     extra: tuple[Any, ...] = ()
+    # the module whose call gives [batch, seq] to views that name them (the model), and where they land
+    dims_module: torch.nn.Module | None = None  # whose call gives ``batch`` / ``seq`` to the view
 
     def _param_index(self) -> tuple[int, str | None]:
         if self.param is None:
@@ -89,7 +96,21 @@ class Target:
         names = forward_params(self.module)
         return (names.index(self.param) if self.param in names else 10**6), self.param
 
+    def _fn_param(self, names: tuple[str, ...]) -> str:
+        a0 = self.access[0]
+        if isinstance(a0, int):
+            if a0 >= len(names):
+                raise NnatlasError(f"{self.label}: the function takes {len(names)} named arguments, not {a0 + 1}")
+            return names[a0]
+        return str(a0)
+
     def native(self, payload: Any) -> Any:
+        if self.side == "fn_args":
+            names, kw = payload
+            x = kw.get(self._fn_param(names))
+            for a in self.access[1:]:
+                x = get_item(x, a)
+            return x
         if self.side in ("input", "args"):
             args, kwargs = payload
             if self.side == "input":
@@ -111,6 +132,12 @@ class Target:
                 return new
             return set_item(x, path[0], put(get_item(x, path[0]), path[1:]))
 
+        if self.side == "fn_args":
+            names, kw = payload
+            pname = self._fn_param(names)
+            kw = dict(kw)
+            kw[pname] = put(kw.get(pname), self.access[1:])
+            return (names, kw)
         if self.side == "input":
             args, kwargs = payload
             idx, name = self._param_index()
@@ -125,9 +152,22 @@ class Target:
             return (put(args, self.access), kwargs)
         return put(payload, self.access)
 
+    def _bind(self, a: Any) -> Any:
+        if isinstance(a, CallDim):
+            assert self.dims_module is not None
+            dims = (CALL_DIMS.get() or {}).get(id(self.dims_module))
+            if dims is None:
+                raise NnatlasError(f"{self.label}: the call's {a.name} is not known yet")
+            return dims[0] if a.name == "batch" else dims[1]
+        if isinstance(a, tuple):
+            return tuple(self._bind(x) for x in a)
+        return a
+
     def served(self, native: Any) -> Any:
         x = native
         for name, args in self.view:
+            if self.dims_module is not None:
+                args = self._bind(args)
             x = getattr(x, name)(*args)
         for a in self.extra:
             x = get_item(x, a)
@@ -148,6 +188,13 @@ class Target:
             got = tuple(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
             raise NnatlasError(f"{self.label}: assigned a value of shape {got} where the model has {shape}")
         return self.with_native(payload, new)
+
+
+@dataclass(frozen=True)
+class CallDim:
+    """``batch`` or ``seq`` in a view: the current call's, from the model's input ids (or embeddings)."""
+
+    name: str
 
 
 # ---- requests ------------------------------------------------------------------------------
@@ -188,7 +235,7 @@ class Request:
     target: Target | None
     payload: Any = None
     step: int = 0
-    call: int = 0
+    call: int = 0  # which firing of the site within the step; -1: every firing (a per-token site outside tracer.iter)
     readonly: bool = False
     done: bool = False
     owner: Request | None = None
@@ -238,7 +285,7 @@ class Tracer:
     """The context of one ``model.trace(...)`` (or ``model.generate(...)``)."""
 
     def __init__(self, model: AtlasModel, run: Callable[[], Any], order: str = "strict", grad: bool = False,
-                 steps: int | None = None):
+                 steps: int | None = None, calls: int | None = None):
         if order not in ("strict", "any"):
             raise ValueError("order is 'strict' or 'any'")
         self.model = model
@@ -248,6 +295,8 @@ class Tracer:
         self.steps = steps
         self.requests: list[Request] = []
         self.seq = 0
+        self.calls = calls
+        self.current_call = -1
         self.current_step = 0
         self.step = 0
         self.output: Any = None
@@ -255,11 +304,15 @@ class Tracer:
         self._ordered: list[Request] = []
         self.by_site: dict[SiteKey, list[Request]] = {}
         self.fired: dict[tuple[SiteKey, int], int] = {}
+        self.call_dims: dict[int, tuple[int, int]] = {}
         self._lock_held = False
+        self._fn_host_tokens: list[Token[Any]] = []
 
     # -- recording (the body) --
     def add(self, label: str, action: str, target: Target | None, payload: Any = None, seq: int | None = None,
             **kw: Any) -> Request:
+        if target is not None and target.site[0] in PER_CALL_SITES and "call" not in kw:
+            kw["call"] = self.current_call
         r = Request(self.seq if seq is None else seq, label, action, target, payload, step=self.current_step, **kw)
         if seq is None:
             self.seq += 1
@@ -308,7 +361,7 @@ class Tracer:
         n = self.fired.get((key, self.step), 0)
         self.fired[(key, self.step)] = n + 1
         for r in reqs:
-            if r.done or r.step != self.step or r.call != n:
+            if r.step != self.step or (r.done and r.call != -1) or r.call not in (n, -1):
                 continue
             if self.strict and r.ordered:
                 first = self._first_undone()
@@ -366,10 +419,15 @@ class Tracer:
         modes: list[sites.OpMode] = []
         restore: list[Callable[[], None]] = []
         route_token: Token[Any] | None = None
+        fn_tokens: list[Token[Any]] = []
         try:
             routes = self._install(installed, modes, restore)
             if routes:
                 route_token = sites._ROUTES.set(routes)
+            fn_routes = self._install_functions(installed, restore)
+            if fn_routes:
+                fn_tokens.append(sites._FN_ROUTES.set(fn_routes))
+                fn_tokens.append(sites._FN_HOST.set(None))
             if self.steps is not None:
                 root = self.model._module
 
@@ -379,8 +437,12 @@ class Tracer:
 
                 self._calls = 0
                 installed.append(root.register_forward_pre_hook(count_step, with_kwargs=True))
-            with torch.set_grad_enabled(self.grad and torch.is_grad_enabled()):
-                self.output = self._run()
+            dims_token = CALL_DIMS.set(self.call_dims)
+            try:
+                with torch.set_grad_enabled(self.grad and torch.is_grad_enabled()):
+                    self.output = self._run()
+            finally:
+                CALL_DIMS.reset(dims_token)
         finally:
             for h in reversed(installed):
                 h.remove()
@@ -391,6 +453,8 @@ class Tracer:
                 undo()
             if route_token is not None:
                 sites._ROUTES.reset(route_token)
+            for tok in reversed(fn_tokens):
+                tok.var.reset(tok)
         missing = [r for r in self._ordered if not r.done and r.owner is None]
         if missing:
             names = ", ".join(r.label + (f" (step {r.step})" if self.steps is not None else "") for r in missing)
@@ -398,31 +462,139 @@ class Tracer:
                              "nothing in this call reaches that point (check the inputs, the block kind, the step)")
 
     def _install(self, installed: list[Any], modes: list[sites.OpMode], restore: list[Callable[[], None]]
-                 ) -> dict[int, Callable[..., Any]]:
+                 ) -> dict[tuple[str, int], Callable[..., Any]]:
         modules: dict[int, torch.nn.Module] = {}
         kinds: dict[int, set[str]] = {}
         fwd_ops: dict[int, set[str]] = {}
+        interfaces: dict[int, set[str]] = {}
+        dims_modules: dict[int, torch.nn.Module] = {}
         for key, reqs in self.by_site.items():  # one pass: sites by module
             assert reqs[0].target is not None
             mod = reqs[0].target.module
-            modules[id(mod)] = mod
-            kinds.setdefault(id(mod), set()).add("op_call" if key[0] == "op" and key[2] == "call" else key[0])
+            mid = id(mod)
+            modules[mid] = mod
+            kinds.setdefault(mid, set()).add(key[0])
             if key[0] == "op" and key[2] is None:
-                fwd_ops.setdefault(key[1], set()).add(key[3])
-        routes: dict[int, Callable[..., Any]] = {}
+                fwd_ops.setdefault(mid, set()).add(key[3])
+            elif key[0] in ("call_in", "call_out") or (key[0] == "op" and key[2] is not None):
+                interfaces.setdefault(mid, set()).add(key[2])
+            for r in reqs:
+                if r.target is not None and r.target.dims_module is not None:
+                    dims_modules[id(r.target.dims_module)] = r.target.dims_module
+        for dm in dims_modules.values():
+            installed.append(dm.register_forward_pre_hook(self._dims_hook, with_kwargs=True, prepend=True))
+        routes: dict[tuple[str, int], Callable[..., Any]] = {}
         for mid, kind in kinds.items():
             mod = modules[mid]
             if "pre" in kind:
                 installed.append(mod.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
             if "post" in kind:
                 installed.append(mod.register_forward_hook(self._post_hook))
-            if mid in fwd_ops:
-                self._install_forward_ops(mod, fwd_ops[mid], installed, modes)
-            if kind & {"call_in", "call_out", "op_call"}:
-                routes[mid] = self._call_handler(mid)
+            for interface in sorted(interfaces.get(mid, ())):
+                routes[(interface, mid)] = self._call_handler(mid, interface)
+        # last, so that a child's depth counter wraps every other hook on that child
+        for mid, names in fwd_ops.items():
+            self._install_forward_ops(modules[mid], names, installed, modes)
         if routes:
-            self._route_attention(modules, routes, restore)
+            self._route(modules, routes, restore)
         return routes
+
+    def _dims_hook(self, mod: torch.nn.Module, args: Any, kwargs: Any) -> None:
+        """The call's [batch, seq]: of the model's input ids, or its input embeddings."""
+        x = kwargs.get("input_ids")
+        if x is None:
+            x = kwargs.get("inputs_embeds")
+        if x is None and args:
+            x = args[0]
+        if isinstance(x, torch.Tensor) and x.dim() >= 2:
+            self.call_dims[id(mod)] = (int(x.shape[0]), int(x.shape[1]))
+    # -- module-level functions (fn: read points) and route_kernels --
+    def _install_functions(self, installed: list[Any], restore: list[Callable[[], None]]
+                           ) -> dict[tuple[int, str], Callable[..., Any]]:
+        family = self.model._family
+        wanted: dict[int, tuple[torch.nn.Module, set[str]]] = {}
+        for key, reqs in self.by_site.items():
+            if key[0] in FN_SITES:
+                assert reqs[0].target is not None
+                mod = reqs[0].target.module
+                wanted.setdefault(id(mod), (mod, set()))[1].add(key[2])
+        routed = self.model._kernel_route()
+        if routed == "torch":
+            for mod, group in self.model._routed_modules():
+                wanted.setdefault(id(mod), (mod, set()))[1].add(group)
+        routes: dict[tuple[int, str], Callable[..., Any]] = {}
+        for mid, (mod, groups) in wanted.items():
+            namespace = sites.forward_globals(mod)
+            for g in sorted(groups):
+                spec = family.functions.get(g)
+                route = spec.route if (spec is not None and routed == "torch") else None
+                for name in (spec.names if spec is not None else (g,)):
+                    if (mid, name) in routes:
+                        raise NnatlasError(f"{name} is read under two names on {type(mod).__name__}")
+                    sites.acquire_function(namespace, name)
+                    restore.append(functools.partial(sites.release_function, namespace, name))
+                    routes[(mid, name)] = self._fn_handler(mid, g, route, namespace)
+            installed.append(mod.register_forward_pre_hook(self._fn_enter, with_kwargs=True))
+            installed.append(mod.register_forward_hook(self._fn_leave))
+        return routes
+
+    def _fn_enter(self, mod: torch.nn.Module, args: Any, kwargs: Any) -> None:
+        self._fn_host_tokens.append(sites._FN_HOST.set(id(mod)))
+
+    def _fn_leave(self, mod: torch.nn.Module, args: Any, out: Any) -> None:
+        if self._fn_host_tokens:
+            sites._FN_HOST.reset(self._fn_host_tokens.pop())
+
+    def _fn_handler(self, mid: int, group: str, route: Any, namespace: dict[str, Any]) -> Callable[..., Any]:
+        def handler(original: Callable[..., Any], name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            names = _param_names(original)
+            if len(args) > len(names):
+                raise NnatlasError(f"{name} was called with {len(args)} positional arguments; nnatlas reads "
+                                   f"functions whose parameters are named ({', '.join(names)})")
+            kw = dict(zip(names, args))
+            kw.update(kwargs)
+            names, kw = self.serve(("fn_args", mid, group), (names, kw))
+            if route is not None:
+                out = self._token_by_token(mid, group, route, namespace, kw)
+            else:
+                out = original(**kw)
+            return self.serve(("fn_output", mid, group), out)
+
+        return handler
+
+    def _token_by_token(self, mid: int, group: str, route: Any, namespace: dict[str, Any], kw: dict[str, Any]) -> Any:
+        """One call of a recurrent kernel, run one token at a time through the pure-torch step."""
+        fn = inspect.unwrap(sites.original_function(namespace, route["torch"]))
+        dim, state_arg, k = route["seq_dim"], route["state_arg"], route["state_output"]
+        flag = route.get("final_state_flag")
+        seqs = [v.shape[dim] for n, v in kw.items() if isinstance(v, torch.Tensor) and n != state_arg and v.dim() > dim]
+        if not seqs:
+            raise NnatlasError(f"{route['torch']}: no sequence argument to step through")
+        seq = seqs[0]
+        accepted = _param_names(fn)
+        takes_any = _takes_kwargs(fn)
+        state = kw.get(state_arg)
+        outs: list[tuple[Any, ...]] = []
+        for t in range(seq):
+            step = {n: (v.narrow(dim, t, 1) if isinstance(v, torch.Tensor) and n != state_arg and v.dim() > dim
+                        and v.shape[dim] == seq else v) for n, v in kw.items() if takes_any or n in accepted}
+            step[state_arg] = state
+            if flag:
+                step[flag] = True
+            out = tuple(fn(**step))
+            out = tuple(self.serve(("fn_step", mid, group), out))
+            state = out[k]
+            outs.append(out)
+        result = []
+        for i in range(len(outs[0]) if outs else 0):
+            if i == k:
+                result.append(state if (not flag or kw.get(flag)) else None)
+            else:
+                result.append(torch.cat([o[i] for o in outs], dim))
+        if ("fn_steps", mid, group) in self.by_site:
+            stacked = tuple(torch.stack([o[i] for o in outs], dim) if i == k else result[i] for i in range(len(result)))
+            self.serve(("fn_steps", mid, group), stacked)
+        return tuple(result)
 
     def _pre_hook(self, mod: torch.nn.Module, args: Any, kwargs: Any) -> Any:
         payload = (args, kwargs)
@@ -440,73 +612,121 @@ class Tracer:
 
     def _install_forward_ops(self, mod: torch.nn.Module, names: set[str], installed: list[Any],
                              modes: list[sites.OpMode]) -> None:
+        """A TorchFunctionMode over ``mod``'s own forward; its children's forwards are not counted."""
         mid = id(mod)
+        active: list[sites.OpMode] = []
 
         def enter(m: Any, args: Any, kwargs: Any) -> None:
             mode = sites.OpMode(names, self._op_server(mid, None))
             mode.__enter__()
             mode._entered = True  # type: ignore[attr-defined]
             modes.append(mode)
+            active.append(mode)
 
         def leave(m: Any, args: Any, out: Any) -> None:
-            mode = modes.pop()
+            mode = active.pop()
+            modes.remove(mode)
             mode.__exit__(None, None, None)
             mode._entered = False  # type: ignore[attr-defined]
 
+        def child_in(m: Any, args: Any, kwargs: Any) -> None:
+            if active:
+                active[-1].depth += 1
+
+        def child_out(m: Any, args: Any, out: Any) -> None:
+            if active and active[-1].depth:
+                active[-1].depth -= 1
+
         installed.append(mod.register_forward_pre_hook(enter, with_kwargs=True))
         installed.append(mod.register_forward_hook(leave))
+        for child in mod.children():
+            installed.append(child.register_forward_pre_hook(child_in, with_kwargs=True, prepend=True))
+            installed.append(child.register_forward_hook(child_out))
 
-    def _call_handler(self, mid: int) -> Callable[..., Any]:
-        ops = {k[3] for k in self.by_site if k[0] == "op" and k[1] == mid and k[2] == "call"}
+    def _call_handler(self, mid: int, interface: str) -> Callable[..., Any]:
+        ops = {k[3] for k in self.by_site if k[0] == "op" and k[1] == mid and k[2] == interface}
 
         def handler(original: Callable[..., Any], module: torch.nn.Module, args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> Any:
-            full_args, kwargs = self.serve(("call_in", mid), ((module, *args), kwargs))
+            full_args, kwargs = self.serve(("call_in", mid, interface), ((module, *args), kwargs))
             if ops:
-                with sites.OpMode(ops, self._op_server(mid, "call")):
+                with sites.OpMode(ops, self._op_server(mid, interface)):
                     out = original(*full_args, **kwargs)
             else:
                 out = original(*full_args, **kwargs)
-            return self.serve(("call_out", mid), out)
+            return self.serve(("call_out", mid, interface), out)
 
         return handler
 
-    def _route_attention(self, modules: dict[int, torch.nn.Module], routes: dict[int, Any],
-                         restore: list[Callable[[], None]]) -> None:
-        configs: dict[int, Any] = {}
-        for mid in routes:
+    def _route(self, modules: dict[int, torch.nn.Module], routes: dict[tuple[str, int], Any],
+               restore: list[Callable[[], None]]) -> None:
+        """Point each routed module's config at the nnatlas routing function of its interface."""
+        configs: dict[tuple[str, int], Any] = {}
+        for interface, mid in routes:
             cfg = getattr(modules[mid], "config", None)
             if cfg is None:
-                raise NnatlasError(f"{type(modules[mid]).__name__} has no config to route its attention through")
-            configs[id(cfg)] = cfg
-        for cfg in configs.values():
-            impl = cfg._attn_implementation
-            name = sites.acquire_attention(impl)
+                raise NnatlasError(f"{type(modules[mid]).__name__} has no config to route its {interface} through")
+            configs[(interface, id(cfg))] = cfg
+        for (interface, _), cfg in configs.items():
+            impl = getattr(cfg, sites.CONFIG_ATTRIBUTE[interface])
+            name = sites.acquire(interface, impl)
 
-            def undo(cfg: Any = cfg, impl: str = impl, name: str = name) -> None:
-                cfg._attn_implementation = impl
-                sites.release_attention(name)
+            def undo(cfg: Any = cfg, impl: str = impl, name: str = name, interface: str = interface) -> None:
+                sites.set_implementation(cfg, interface, impl)
+                sites.release(interface, name)
 
             restore.append(undo)
-            cfg._attn_implementation = name
+            sites.set_implementation(cfg, interface, name)
+
+
+_PARAMS: dict[int, tuple[tuple[str, ...], bool]] = {}
+
+
+def _signature(fn: Callable[..., Any]) -> tuple[tuple[str, ...], bool]:
+    key = id(fn)
+    if key not in _PARAMS:
+        params = inspect.signature(fn).parameters.values()
+        names = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+        _PARAMS[key] = (names, any(p.kind == p.VAR_KEYWORD for p in params))
+    return _PARAMS[key]
+
+
+def _param_names(fn: Callable[..., Any]) -> tuple[str, ...]:
+    return _signature(fn)[0]
+
+
+def _takes_kwargs(fn: Callable[..., Any]) -> bool:
+    return _signature(fn)[1]
 
 
 class _Steps:
+    """``tracer.iter[...]``: generation steps under ``model.generate``; in a trace, the tokens of a
+    per-token value (a recurrent kernel's ``state`` under ``route_kernels``)."""
+
     def __init__(self, tracer: Tracer):
         self.tracer = tracer
 
     def __getitem__(self, sl: int | slice) -> Iterator[int]:
         total = self.tracer.steps
-        if total is None:
-            raise NnatlasError("tracer.iter is for model.generate(...): a trace runs one step")
+        per_call = total is None
+        if per_call:
+            total = self.tracer.calls
+            if total is None:
+                raise NnatlasError("tracer.iter walks generation steps (model.generate) or the tokens of a trace "
+                                   "whose inputs have a known length")
+        assert total is not None
         steps = range(total)[sl] if isinstance(sl, slice) else [range(total)[sl]]
-        return self._walk(list(steps))
+        return self._walk(list(steps), per_call)
 
-    def _walk(self, steps: list[int]) -> Iterator[int]:
+    def _walk(self, steps: list[int], per_call: bool) -> Iterator[int]:
         try:
             for s in steps:
-                self.tracer.current_step = s
+                if per_call:
+                    self.tracer.current_call = s
+                else:
+                    self.tracer.current_step = s
                 yield s
         finally:
             self.tracer.current_step = 0
+            self.tracer.current_call = -1
 

@@ -97,9 +97,9 @@ def test_bad_read_point_view_and_condition(spec_root: Path) -> None:
     edit(spec_root, "llama.yaml", 'needs: eager}\n      attention_probabilities', 'needs: eagr}\n      attention_probabilities')
     got = errors(spec_root)
     assert len(got) == 3
-    assert "attention_queries: unknown interface call in 'call:atention.args[1]' (known: call:attention)" in got[0]
+    assert "attention_queries: unknown interface call in 'call:atention.args[1]' (known: call:attention, call:experts)" in got[0]
     assert "attention_scores: unknown condition 'eagr'; did you mean 'eager'?" in got[1]
-    assert "attention_premix: view names 'num_head', which is not a config entry; did you mean 'num_heads'?" in got[2]
+    assert "attention_premix: view names 'num_head', which is not a config entry nor a call dim (batch, seq); did you mean 'num_heads'?" in got[2]
 
 
 def test_identity_grammar_refuses_code(spec_root: Path) -> None:
