@@ -44,6 +44,7 @@ class ValueIR:
     view_text: str | None
     needs: ConditionIR | None
     edit: str = "logits"  # what an edit reaches: logits | later | none
+    copy: bool = False  # served as a copy put in the native's place
 
     @property
     def readonly(self) -> bool:

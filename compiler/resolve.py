@@ -448,7 +448,7 @@ class _Family:
             return None
         if vocab_value.optional and not layout.optional:
             layout = dataclasses.replace(layout, optional=True)
-        return ValueIR(name, layout, vocab_value.meaning, read, derived, v.derived, tuple(view), v.view, needs, v.edit)
+        return ValueIR(name, layout, vocab_value.meaning, read, derived, v.derived, tuple(view), v.view, needs, v.edit, v.served_copy)
 
     def merged_value(self, path: DataPath) -> Any:
         node: Any = self.merged.data

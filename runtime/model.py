@@ -261,7 +261,8 @@ class AtlasModel(Host):
         if read.kind == "fn":
             assert read.fn is not None
             key = (read.side, id(module), read.fn)
-            return Target(value.label, key, module, read.side, None, read.access, view, value._extra)
+            copy = bool(value._spec and value._spec.copy)
+            return Target(value.label, key, module, read.side, None, read.access, view, value._extra, copy)
         raise NnatlasError(f"{value.label} is derived; it has no site of its own")
 
     def _view_arg(self, a: Any) -> Any:

@@ -84,6 +84,7 @@ class Target:
     access: tuple[Any, ...]
     view: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     extra: tuple[Any, ...] = ()
+    copy: bool = False
 
     def _param_index(self) -> tuple[int, str | None]:
         if self.param is None:
@@ -348,6 +349,10 @@ class Tracer:
     def _apply(self, r: Request, payload: Any) -> Any:
         t = r.target
         assert t is not None
+        if t.copy:
+            native = t.native(payload)
+            if isinstance(native, torch.Tensor):
+                payload = t.with_native(payload, native.clone())
         if r.action == "replace":
             current = t.served(t.native(payload))
             new = self.resolve(r.payload, current, r.label)

@@ -115,3 +115,24 @@ def test_hybrid_stack_kinds() -> None:
     with pytest.raises(nnatlas.Unavailable, match="attention block.*linear_attn exists on layers\\[0\\], layers\\[1\\]"):
         _ = model.layers[3].linear_attn.state_output
     assert "qwen3_5" in sys.modules[type(model.native).__module__].__name__
+
+
+def test_state_output_edit_reaches_the_next_generation_step() -> None:
+    model = T.build(FAMILY)
+
+    def run(edit: bool) -> list[torch.Tensor]:
+        out: list[torch.Tensor] = []
+        with model.generate("the eiffel tower is", max_new_tokens=3) as tracer:
+            for step in tracer.iter[0:3]:
+                if edit and step == 0:
+                    model.layers[0].linear_attn.state_output[:] = 0
+                if step == 1:
+                    state_in = model.layers[0].linear_attn.state_input.save()
+                out.append(model.logits.save())
+        assert state_in.value is not None and (state_in.value.abs().max() == 0) == edit
+        return out
+
+    base, edited = run(False), run(True)
+    assert torch.equal(base[0], edited[0])  # the prompt's logits do not read the state it leaves
+    assert not torch.equal(base[1], edited[1])
+    assert sites.patched_functions() == []
