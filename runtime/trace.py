@@ -513,7 +513,11 @@ class Tracer:
             if route is not None:
                 out = self._token_by_token(mid, group, route, namespace, kw)
             else:
-                out = original(**kw)
+                # called as the forward called it: what was positional stays positional (a wrapper
+                # may hand it to an implementation whose parameters have other names)
+                rest = dict(kw)
+                positional = [rest.pop(n) for n in names[:len(args)]]
+                out = original(*positional, **rest)
             return self.serve(("fn_output", mid, group), out)
 
         return handler

@@ -136,3 +136,45 @@ def test_state_output_edit_reaches_the_next_generation_step() -> None:
     assert torch.equal(base[0], edited[0])  # the prompt's logits do not read the state it leaves
     assert not torch.equal(base[1], edited[1])
     assert sites.patched_functions() == []
+
+
+def test_an_implementation_with_other_parameter_names_is_read_the_same() -> None:
+    """flash-linear-attention's kernels name their parameters q, k, v: transformers' wrapper passes
+    the forward's positional arguments on positionally. A stand-in global of that shape (put back
+    at the end) is read and edited like the pure-torch one."""
+    import functools
+
+    model = T.build(FAMILY)
+    inputs = T._fixed_inputs(model)
+    ns = _kernel_globals(model)
+    torch_fn = ns["torch_chunk_gated_delta_rule"]
+    calls: list[int] = []
+
+    def fla_like(q, k, v, g=None, beta=None, initial_state=None, output_final_state=False,  # type: ignore[no-untyped-def]
+                 use_qk_l2norm_in_kernel=False, cu_seqlens=None):
+        calls.append(1)
+        return torch_fn(q, k, v, g=g, beta=beta, initial_state=initial_state, output_final_state=output_final_state,
+                        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+
+    import inspect
+
+    applicable = tuple(inspect.signature(fla_like).parameters)
+
+    @functools.wraps(inspect.unwrap(torch_fn))  # type: ignore[arg-type]
+    def wrapped(*args, **kwargs):  # type: ignore[no-untyped-def]
+        return fla_like(*args, **{n: x for n, x in kwargs.items() if n in applicable})
+
+    with model.trace(dict(inputs)):
+        ref = model.layers[0].linear_attn.attention_head_outputs.save()
+    ns["torch_chunk_gated_delta_rule"] = wrapped
+    try:
+        with model.trace(dict(inputs)):
+            q = model.layers[0].linear_attn.attention_queries.save()
+            out = model.layers[0].linear_attn.attention_head_outputs.save()
+        with model.trace(dict(inputs)):
+            model.layers[0].linear_attn.attention_values[:] = 0
+            zeroed = model.layers[0].linear_attn.attention_head_outputs.save()
+    finally:
+        ns["torch_chunk_gated_delta_rule"] = torch_fn
+    assert calls and q.shape[-1] == model.key_dim
+    assert torch.equal(out, ref) and zeroed.abs().max() == 0
