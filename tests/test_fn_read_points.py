@@ -178,3 +178,38 @@ def test_an_implementation_with_other_parameter_names_is_read_the_same() -> None
         ns["torch_chunk_gated_delta_rule"] = torch_fn
     assert calls and q.shape[-1] == model.key_dim
     assert torch.equal(out, ref) and zeroed.abs().max() == 0
+
+
+def test_fn_values_are_served_without_copies() -> None:
+    """Saving every DeltaNet value allocates nothing beyond the forward (state_input, the one value
+    served as a copy, is None on a prompt), and a saved value is the kernel's own argument."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class Allocations(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bytes = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs or {}))[0]
+                      if isinstance(t, torch.Tensor)}
+            out = func(*args, **(kwargs or {}))
+            fresh: set[int] = set()
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs | fresh:
+                    fresh.add(t.untyped_storage().data_ptr())
+                    self.bytes += t.untyped_storage().nbytes()
+            return out
+
+    model = T.build(FAMILY)
+    inputs = T._fixed_inputs(model)
+    names = [v.name for v in model._family.host("layers[i].linear_attn").values if v.read.kind == "fn"]
+    with torch.no_grad(), Allocations() as plain:
+        model.native(**inputs)
+    with Allocations() as traced, model.trace(dict(inputs), order="any"):
+        for i in model.linear_attention_layers:
+            for name in names:
+                if getattr(model.layers[i].linear_attn, name).unavailable() is None:
+                    getattr(model.layers[i].linear_attn, name).save()
+    assert traced.bytes == plain.bytes
