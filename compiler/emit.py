@@ -148,7 +148,7 @@ def family_context(f: FamilyIR) -> dict[str, Any]:
                 functions.append(_Fn(derive, "v: Any", v.derived.source))
             values.append({"name": v.name, "layout_var": lay["var"], "meaning": v.meaning,
                            "read_args": _read_args(v, derive), "view": v.view, "needs_var": needs_var,
-                           "readonly": v.readonly, "edit": v.edit})
+                           "readonly": v.readonly, "edit": v.edit, "served_copy": v.copy})
         identities = []
         for k, ident in enumerate(h.identities):
             fn = f"_identity_{_ident(h.ident)}_{k}"

@@ -47,6 +47,7 @@ class ValueIR:
     needs: ConditionIR | None
     missing: str | None = None
     edit: str = "logits"  # what an edit reaches: logits | later | none
+    copy: bool = False  # served as a copy put in the native's place
 
     @property
     def readonly(self) -> bool:

@@ -61,6 +61,9 @@ class ValueRaw(Strict):
     # what an edit reaches: "logits" (this forward, the default), "later" (only later calls: a
     # state written to the cache), "none" (a record of what ran: read-only)
     edit: StrictStr = "logits"
+    # serve a copy, put in the call's place: for a buffer the model overwrites later in the same run
+    # (a cache's state), so the saved value keeps what entered and in-place edits still reach the call
+    served_copy: StrictBool = Field(default=False, alias="copy")
 
 
 class IdentityRaw(Strict):

@@ -564,7 +564,7 @@ class _Family:
         if vocab_value.optional and not layout.optional:
             layout = dataclasses.replace(layout, optional=True)
         return ValueIR(name, layout, vocab_value.meaning, read, derived, v.derived, tuple(view), v.view, needs,
-                       edit=v.edit)
+                       edit=v.edit, copy=v.served_copy)
 
     def merged_value(self, path: DataPath) -> Any:
         node: Any = self.merged.data

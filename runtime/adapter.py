@@ -95,6 +95,7 @@ class ValueSpec:
     needs: Condition | None = None
     readonly: bool = False
     edit: Literal["logits", "later", "none"] = "logits"  # what an edit reaches (this forward, later calls, nothing)
+    copy: bool = False  # served as a copy put in the native's place (a buffer overwritten later in the run)
 
 
 @dataclass(frozen=True)

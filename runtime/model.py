@@ -275,7 +275,7 @@ class AtlasModel(Host):
         view = tuple((op, tuple(self._view_arg(a) for a in args)) for op, args in (
             ((v.name, v.args) for v in value._spec.view) if value._spec else ()))
         dims_module = self._module if _names_call_dims(view) else None  # the model's call gives [batch, seq]
-        extra: dict[str, Any] = {"dims_module": dims_module}
+        extra: dict[str, Any] = {"dims_module": dims_module, "copy": bool(value._spec and value._spec.copy)}
         key: tuple[Any, ...]
         if read.kind == "module":
             module = host._resolve_module(read.module, value.label)

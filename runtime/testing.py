@@ -37,6 +37,11 @@ def tiny_tokenizer(vocab_size: int) -> Any:
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", bos_token="[BOS]",
                                    eos_token="[EOS]")
+    # a minimal chat template (the turns' text, then a generation prompt), so the notes' templated
+    # examples run; it stands for a checkpoint's template, whose text the notes describe
+    fast.chat_template = ("{% for m in messages %}{{ m['content'] }} {% endfor %}"
+                          "{% if add_generation_prompt %}{{ 'yes' if enable_thinking is defined and enable_thinking "
+                          "else 'no' }}{% endif %}")
     return fast
 
 

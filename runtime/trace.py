@@ -88,6 +88,7 @@ class Target:
     extra: tuple[Any, ...] = ()
     # the module whose call gives [batch, seq] to views that name them (the model), and where they land
     dims_module: torch.nn.Module | None = None  # whose call gives ``batch`` / ``seq`` to the view
+    copy: bool = False  # serve a copy, put in the native's place (a buffer the forward overwrites)
 
     def _param_index(self) -> tuple[int, str | None]:
         if self.param is None:
@@ -373,6 +374,10 @@ class Tracer:
     def _apply(self, r: Request, payload: Any) -> Any:
         t = r.target
         assert t is not None
+        if t.copy:
+            native = t.native(payload)
+            if isinstance(native, torch.Tensor):
+                payload = t.with_native(payload, native.clone())
         if r.action == "replace":
             current = t.served(t.native(payload))
             new = self.resolve(r.payload, current, r.label)
@@ -557,7 +562,11 @@ class Tracer:
             if route is not None:
                 out = self._token_by_token(mid, group, route, namespace, kw)
             else:
-                out = original(**kw)
+                # called as the forward called it: what was positional stays positional (a wrapper
+                # may hand it to an implementation whose parameters have other names)
+                rest = dict(kw)
+                positional = [rest.pop(n) for n in names[:len(args)]]
+                out = original(*positional, **rest)
             return self.serve(("fn_output", mid, group), out)
 
         return handler

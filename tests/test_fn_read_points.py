@@ -115,3 +115,101 @@ def test_hybrid_stack_kinds() -> None:
     with pytest.raises(nnatlas.Unavailable, match="attention block.*linear_attn exists on layers\\[0\\], layers\\[1\\]"):
         _ = model.layers[3].linear_attn.state_output
     assert "qwen3_5" in sys.modules[type(model.native).__module__].__name__
+
+
+def test_state_output_edit_reaches_the_next_generation_step() -> None:
+    model = T.build(FAMILY)
+
+    def run(edit: bool) -> list[torch.Tensor]:
+        out: list[torch.Tensor] = []
+        with model.generate("the eiffel tower is", max_new_tokens=3) as tracer:
+            for step in tracer.iter[0:3]:
+                if edit and step == 0:
+                    model.layers[0].linear_attn.state_output[:] = 0
+                if step == 1:
+                    state_in = model.layers[0].linear_attn.state_input.save()
+                out.append(model.logits.save())
+        assert state_in.value is not None and (state_in.value.abs().max() == 0) == edit
+        return out
+
+    base, edited = run(False), run(True)
+    assert torch.equal(base[0], edited[0])  # the prompt's logits do not read the state it leaves
+    assert not torch.equal(base[1], edited[1])
+    assert sites.patched_functions() == []
+
+
+def test_an_implementation_with_other_parameter_names_is_read_the_same() -> None:
+    """flash-linear-attention's kernels name their parameters q, k, v: transformers' wrapper passes
+    the forward's positional arguments on positionally. A stand-in global of that shape (put back
+    at the end) is read and edited like the pure-torch one."""
+    import functools
+
+    model = T.build(FAMILY)
+    inputs = T._fixed_inputs(model)
+    ns = _kernel_globals(model)
+    torch_fn = ns["torch_chunk_gated_delta_rule"]
+    calls: list[int] = []
+
+    def fla_like(q, k, v, g=None, beta=None, initial_state=None, output_final_state=False,  # type: ignore[no-untyped-def]
+                 use_qk_l2norm_in_kernel=False, cu_seqlens=None):
+        calls.append(1)
+        return torch_fn(q, k, v, g=g, beta=beta, initial_state=initial_state, output_final_state=output_final_state,
+                        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+
+    import inspect
+
+    applicable = tuple(inspect.signature(fla_like).parameters)
+
+    @functools.wraps(inspect.unwrap(torch_fn))  # type: ignore[arg-type]
+    def wrapped(*args, **kwargs):  # type: ignore[no-untyped-def]
+        return fla_like(*args, **{n: x for n, x in kwargs.items() if n in applicable})
+
+    with model.trace(dict(inputs)):
+        ref = model.layers[0].linear_attn.attention_head_outputs.save()
+    ns["torch_chunk_gated_delta_rule"] = wrapped
+    try:
+        with model.trace(dict(inputs)):
+            q = model.layers[0].linear_attn.attention_queries.save()
+            out = model.layers[0].linear_attn.attention_head_outputs.save()
+        with model.trace(dict(inputs)):
+            model.layers[0].linear_attn.attention_values[:] = 0
+            zeroed = model.layers[0].linear_attn.attention_head_outputs.save()
+    finally:
+        ns["torch_chunk_gated_delta_rule"] = torch_fn
+    assert calls and q.shape[-1] == model.key_dim
+    assert torch.equal(out, ref) and zeroed.abs().max() == 0
+
+
+def test_fn_values_are_served_without_copies() -> None:
+    """Saving every DeltaNet value allocates nothing beyond the forward (state_input, the one value
+    served as a copy, is None on a prompt), and a saved value is the kernel's own argument."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class Allocations(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bytes = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs or {}))[0]
+                      if isinstance(t, torch.Tensor)}
+            out = func(*args, **(kwargs or {}))
+            fresh: set[int] = set()
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs | fresh:
+                    fresh.add(t.untyped_storage().data_ptr())
+                    self.bytes += t.untyped_storage().nbytes()
+            return out
+
+    model = T.build(FAMILY)
+    inputs = T._fixed_inputs(model)
+    names = [v.name for v in model._family.host("layers[i].linear_attn").values if v.read.kind == "fn"]
+    with torch.no_grad(), Allocations() as plain:
+        model.native(**inputs)
+    with Allocations() as traced, model.trace(dict(inputs), order="any"):
+        for i in model.linear_attention_layers:
+            for name in names:
+                if getattr(model.layers[i].linear_attn, name).unavailable() is None:
+                    getattr(model.layers[i].linear_attn, name).save()
+    assert traced.bytes == plain.bytes

@@ -529,9 +529,10 @@ HOSTS: tuple[HostSpec, ...] = (
             ValueSpec(
                 'state_input',
                 _L_State_or_none,
-                'The recurrent state entering the layer, or None at the start of a prompt',
+                "The recurrent state entering the layer, or None at the start of a prompt (a copy of the cache's buffer, which the kernel reads in its place)",
                 ReadPoint('fn', 'fn:delta_rule.kwargs.initial_state', "inside the forward: the arguments of the kernel this call runs (a prompt's chunked one or a decode step's recurrent one), argument initial_state", side='fn_args', access=('initial_state',), fn='delta_rule'),
                 edit='later',
+                copy=True,
             ),
             ValueSpec(
                 'state',
