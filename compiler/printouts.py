@@ -136,9 +136,20 @@ def _blocks(f: FamilyIR, model: Any) -> dict[str, list[list[int]]]:
         rows = []
         for i in range(n):
             rows.append([k for k, h in enumerate(model._family.hosts)
-                         if h.path.startswith(f"{stack}[i]") and (h.when is None or bool(h.when(view, i)))])
+                         if h.path.startswith(f"{stack}[i]") and (h.when is None or bool(h.when(view, i)))
+                         and _reaches(lst[i], h.path[len(stack) + 3:])])
         out[stack] = rows
     return out
+
+
+def _reaches(block: Any, rest: str) -> bool:
+    """Whether this block has the child a host path names (a DeltaNet block has no self_attn)."""
+    node = block
+    for part in [p for p in rest.split(".") if p]:
+        node = node._child(part) if hasattr(node, "_child") else None
+        if node is None:
+            return False
+    return True
 
 
 def body(text: str) -> list[tuple[str, str]]:

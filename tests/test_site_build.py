@@ -138,3 +138,13 @@ def test_docs_builds_one_folder_and_serves_on_loopback(tmp_path: Path) -> None:
         proc.wait(timeout=10)
     out_text = proc.stdout.read() if proc.stdout else ""
     assert "serving" in out_text and "127.0.0.1" in out_text
+
+
+def test_a_hybrid_block_kind_draws_only_its_own_mixer() -> None:
+    """qwen3_next: a DeltaNet block has linear_attn and no self_attn, an attention block the reverse."""
+    import re
+
+    page = (ROOT / "generated" / "docs" / "qwen3_next.html").read_text()
+    labels = re.findall(r'class="kind kind-\d+" data-kind="\d+" data-label="([^"]*)"', page)
+    assert labels == ["linear_attn: Qwen3NextGatedDeltaNet · mlp: Qwen3NextSparseMoeBlock",
+                      "self_attn: Qwen3NextAttention · mlp: Qwen3NextSparseMoeBlock"]
