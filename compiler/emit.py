@@ -53,6 +53,7 @@ def _env() -> jinja2.Environment:
     env.filters["py"] = repr
     env.filters["pylit"] = pylit
     env.filters["dictlit"] = dictlit
+    env.filters["ident"] = _ident
     env.filters["md"] = markdown.render
     env.filters["json"] = lambda v: json.dumps(v, sort_keys=True, ensure_ascii=True).replace("</", "<\\/")
     return env
@@ -101,6 +102,13 @@ def _read_args(v: ValueIR, derive: str | None) -> str:
     if r.op:
         args.append(f"op={r.op!r}")
         args.append(f"occurrence={r.occurrence}")
+    if r.method:
+        args.append(f"method={r.method!r}")
+        args.append(f"occurrence={r.occurrence}" if not r.per_index else "per_index=True")
+    if r.scope:
+        args.append(f"scope={pylit(r.scope)}")
+    if r.scope_root:
+        args.append("scope_root=True")
     return ", ".join(args)
 
 
@@ -119,18 +127,22 @@ def family_context(f: FamilyIR) -> dict[str, Any]:
             lay = layouts.setdefault(v.layout.name, {
                 "var": f"_L_{_ident(v.layout.name)}", "name": v.layout.name, "dims": v.layout.dims,
                 "dtype": v.layout.dtype, "optional": v.layout.optional})
-            needs_var = None
+            needs_var = reached_var = None
+            for c in (v.needs, v.reached):
+                if c is not None:
+                    conditions.setdefault(c.name, {"var": f"_C_{_ident(c.name)}", "name": c.name,
+                                                   "says": c.says, "fix": c.fix, "kind": c.kind, "never": c.never})
             if v.needs:
-                cond = conditions.setdefault(v.needs.name, {"var": f"_C_{_ident(v.needs.name)}", "name": v.needs.name,
-                                                            "says": v.needs.says, "fix": v.needs.fix})
-                needs_var = cond["var"]
+                needs_var = conditions[v.needs.name]["var"]
+            if v.reached:
+                reached_var = conditions[v.reached.name]["var"]
             derive = None
             if v.derived is not None:
                 derive = f"_derive_{_ident(h.ident)}_{v.name}"
                 functions.append(_Fn(derive, "v: Any", v.derived.source))
             values.append({"name": v.name, "layout_var": lay["var"], "meaning": v.meaning,
-                           "read_args": _read_args(v, derive), "view": v.view, "needs_var": needs_var,
-                           "readonly": v.readonly})
+                           "read_args": _read_args(v, derive), "view": v.view, "needs_var": needs_var, "reached_var": reached_var,
+                           "readonly": v.readonly, "readonly_why": v.readonly_why})
         identities = []
         for k, ident in enumerate(h.identities):
             fn = f"_identity_{_ident(h.ident)}_{k}"
@@ -145,7 +157,7 @@ def family_context(f: FamilyIR) -> dict[str, Any]:
                       "when_fn": when_fn, "when_text": h.when_text})
     for d in f.tiny.draw:
         if d.expr is not None:
-            functions.append(_Fn(f"_draw_{d.name.lstrip('_')}", "c: Any", d.expr.source))
+            functions.append(_Fn(f"_draw_{_ident(d.name)}", "c: Any", d.expr.source))
     return {
         "f": f,
         "classes": _classes(f),
@@ -156,6 +168,8 @@ def family_context(f: FamilyIR) -> dict[str, Any]:
         "trait_names": tuple(t for t, _ in f.traits),
         "rename": {k: v for k, v in f.rename},
         "tiny_config": dict(f.tiny.config),
+        "tiny_processor": dict(f.tiny.processor) if f.tiny.processor else None,
+        "tiny_images": dict(f.tiny.images) if f.tiny.images else None,
     }
 
 
@@ -202,7 +216,7 @@ def render_tests(f: FamilyIR) -> str:
             item = (h.path, v.name)
             if v.readonly:
                 readonly.append(item)
-            elif v.layout.dtype == "float" and item not in writable:
+            elif v.layout.dtype == "float" and item not in writable and not (v.needs and v.needs.never):
                 writable.append(item)
     examples = [(n.title, k, src) for n in f.notes for k, src in enumerate(n.examples)]
     return env().get_template("test_family.py.j2").render(

@@ -30,6 +30,8 @@ class ConditionIR:
     name: str
     says: str
     fix: str
+    kind: str = "load"
+    never: bool = False
 
 
 @dataclass(frozen=True)
@@ -43,10 +45,12 @@ class ValueIR:
     view: tuple[tuple[str, tuple[Any, ...]], ...]
     view_text: str | None
     needs: ConditionIR | None
+    reached: ConditionIR | None = None
+    readonly_why: str | None = None  # a read value whose edit would reach nothing
 
     @property
     def readonly(self) -> bool:
-        return self.derived is not None
+        return self.derived is not None or self.readonly_why is not None
 
     @property
     def words(self) -> str:
@@ -114,6 +118,8 @@ class TinyIR:
     batch: tuple[int, int]
     seq: tuple[int, int]
     examples: int
+    processor: tuple[tuple[str, Any], ...] | None = None  # class, image_processor, image_processor_config, tokens
+    images: tuple[tuple[str, Any], ...] | None = None  # count, sizes
 
 
 @dataclass(frozen=True)
@@ -127,6 +133,7 @@ class NoteIR:
     title: str
     body: str
     examples: tuple[str, ...]
+    shared: str | None = None  # the group of specs/_notes.yaml it comes from
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,11 @@
     call:attention.output[0]                its output
     call:attention > op:softmax.input[0]    a torch operation inside that call (op:NAME#K for the K-th)
     op:mul#2.output                         a torch operation inside the host's own forward
+    model.model > op:masked_scatter.input[1]   ... inside another module's forward: a path from the
+                                            root (``model.``) or from the host, then ``>``
+    method:_deepstack_process#i.args[2]     a call of one of the module's own methods (the K-th call
+                                            of the forward; ``#i`` is the host's block index), its
+                                            positional ``args`` or its ``output``; scoped like ops
 
 Each parses into the fields of ``nnatlas.adapter.ReadPoint`` plus a sentence for the pages.
 """
@@ -22,6 +27,8 @@ CALLS = {"attention": "the attention interface call"}
 _ACCESS = re.compile(r"\[(-?\d+)\]|\.([A-Za-z_][A-Za-z0-9_]*)|\[['\"]([A-Za-z_][A-Za-z0-9_]*)['\"]\]")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _OP = re.compile(r"op:([A-Za-z_][A-Za-z0-9_]*)(?:#(\d+))?\.(input|output)")
+_METHOD = re.compile(r"method:([A-Za-z_][A-Za-z0-9_]*)(?:#(\d+|i))?\.(args|output)")
+_SCOPE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _SIDES = ("input", "inputs", "output", "args")
 
 
@@ -37,6 +44,10 @@ class ReadIR:
     call: str | None = None
     op: str | None = None
     occurrence: int = 0
+    scope: tuple[str, ...] = ()  # the module whose forward (ops) or method (method:) is read
+    scope_root: bool = False  # scope is a path from the root, not from the host
+    method: str | None = None
+    per_index: bool = False  # the occurrence is the host's block index (#i)
 
 
 def _accessors(rest: str, offset: int) -> tuple[int | str, ...]:
@@ -71,6 +82,10 @@ def parse(text: str) -> ReadIR:
     text = text.strip()
     call = None
     body = text
+    if " > " in text and not text.startswith("call:"):
+        return _scoped(text)
+    if text.startswith("method:"):
+        return _method(text, text, (), False)
     if text.startswith("call:"):
         scope, _, inner = text.partition(" > ")
         m = re.fullmatch(r"call:([A-Za-z_]+)(.*)", scope)
@@ -129,3 +144,45 @@ def parse(text: str) -> ReadIR:
     noun = {"input": "input", "inputs": "inputs (args, kwargs)", "output": "output"}[side]
     words = f"{owner} {noun}" + (f" {param}" if param else "") + _access_words(access)
     return ReadIR("module", text, words, module=tuple(parts), side=side, param=param, access=access)
+
+
+def _scoped(text: str) -> ReadIR:
+    scope_text, _, inner = text.partition(" > ")
+    if not _SCOPE.fullmatch(scope_text):
+        raise ExprError(f"'{scope_text}': a scope is a module path (model.x.y from the root, or a child's path)")
+    parts = tuple(scope_text.split("."))
+    root = parts[0] == "model"
+    scope = parts[1:] if root else parts
+    if not scope and not root:
+        raise ExprError(f"'{text}': name the module whose forward is read")
+    where = ("the root's child " if root else "the child module ") + ".".join(scope) if scope else "the root"
+    if inner.startswith("method:"):
+        return _method(text, inner, scope, root)
+    m = _OP.match(inner)
+    if not m:
+        raise ExprError(f"'{inner}': inside a module's forward, read an operation (op:NAME.input[N] / .output) "
+                        "or a method call (method:NAME.args[N] / .output)")
+    access = _accessors(inner[m.end():], len(scope_text) + 3 + m.end())
+    op, k, side = m.group(1), int(m.group(2) or 0), m.group(3)
+    if side == "input" and not access:
+        access = (0,)
+    words = f"the {side} of {op} ({_ordinal(k)} call) inside the forward of {where}{_access_words(access)}"
+    return ReadIR("op", text, words, side=side, access=access, op=op, occurrence=k, scope=scope, scope_root=root)
+
+
+def _method(text: str, inner: str, scope: tuple[str, ...], root: bool) -> ReadIR:
+    m = _METHOD.match(inner)
+    if not m:
+        raise ExprError(f"'{inner}': a method call is read at method:NAME#K.args[N] or method:NAME#K.output")
+    name, k, side = m.group(1), m.group(2) or "0", m.group(3)
+    access = _accessors(inner[m.end():], m.end())
+    if side == "args" and (not access or not isinstance(access[0], int)):
+        raise ExprError(f"'{text}': name the argument, e.g. .args[1]")
+    per_index = k == "i"
+    which = "the call numbered by the block index" if per_index else f"the {_ordinal(int(k))} call"
+    owner = ("the root's child " if root else "the child module ") + ".".join(scope) if scope else (
+        "the root" if root else "the module")
+    what = "the arguments of" if side == "args" else "the output of"
+    words = f"{what} {owner}'s method {name} ({which}){_access_words(access)}"
+    return ReadIR("method", text, words, side=side, access=access, method=name,
+                  occurrence=0 if per_index else int(k), per_index=per_index, scope=scope, scope_root=root)

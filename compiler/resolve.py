@@ -34,11 +34,12 @@ from .ir import (
     TinyIR,
     ValueIR,
 )
-from .models import FamilyRaw, HostRaw, IdentityRaw, ValueRaw, Vocabulary
+from .models import FamilyRaw, HostRaw, IdentityRaw, NoteRaw, SharedNoteRaw, UnavailableRaw, ValueRaw, Vocabulary
 from .yamlpos import Located, load
 from .yamlpos import Path as DataPath
 
 VOCABULARY = "_vocabulary.yaml"
+SHARED_NOTES = "_notes.yaml"  # groups of notes written once, referenced by families as {shared: NAME}
 _HOST_PATH = re.compile(r"model|[a-z_][a-z0-9_]*(\[i\])?(\.[a-z_][a-z0-9_]*(\[i\])?)*")
 _FAMILY_NAME = re.compile(r"[a-z][a-z0-9_]*")
 _CODE_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
@@ -81,6 +82,9 @@ class Merged:
             p = p[:-1]
 
 
+_REPLACED = {("tiny",)}  # sections a family that extends another restates whole (a tiny model is one config)
+
+
 def _merge(base: Merged, child: Located) -> Merged:
     out = Merged(_deepcopy(base.data), dict(base.where), dict(base.keys))
 
@@ -91,7 +95,7 @@ def _merge(base: Merged, child: Located) -> Merged:
             if value is None and key in dst and path and path[-1] == "values":
                 del dst[key]  # `name: null` under values drops an inherited value
                 continue
-            if isinstance(value, dict) and isinstance(dst.get(key), dict):
+            if isinstance(value, dict) and isinstance(dst.get(key), dict) and p not in _REPLACED:
                 walk(dst[key], value, p)
             else:
                 dst[key] = _deepcopy(value)
@@ -141,7 +145,8 @@ def _pydantic_problems(e: ValidationError, pos: Any) -> list[Problem]:
 
 
 _UNION_TAGS = {"str", "ValueRaw", "IdentityRaw", "list[nullable[union[str,int,float,bool]]]", "list[str]",
-               "int", "float", "bool", "none", "function-after[check(), ValueRaw]"}
+               "int", "float", "bool", "none", "function-after[check(), ValueRaw]", "NoteRaw", "SharedNoteRaw",
+               "UnavailableRaw"}
 
 
 def read_sources(spec_dir: Path, root: Path) -> tuple[dict[str, Source], list[Problem]]:
@@ -181,6 +186,7 @@ def resolve(spec_dir: Path, root: Path | None = None) -> Atlas:
         found.raise_if_any()
         raise AssertionError("unreachable") from None
     layouts = _check_vocabulary(vocab, vocab_src, found)
+    shared = _shared_notes(sources.pop(SHARED_NOTES, None), found)
 
     families: list[FamilyIR] = []
     by_name: dict[str, Source] = {}
@@ -202,12 +208,37 @@ def resolve(spec_dir: Path, root: Path | None = None) -> Atlas:
         except ValidationError as e:
             found.extend(_pydantic_problems(e, merged.pos))
             continue
-        fam = _Family(src, merged, raw, vocab, layouts, found).build()
+        fam = _Family(src, merged, raw, vocab, layouts, found, shared).build()
         if fam is not None:
             families.append(fam)
     found.raise_if_any()
     return Atlas(tuple(sorted(families, key=lambda f: f.name)), tuple(layouts.values()),
                  tuple(vocab.dims.items()), vocab_src.rel, vocab_src.sha256)
+
+
+def _shared_notes(src: Source | None, found: Problems) -> dict[str, list[NoteRaw]]:
+    """specs/_notes.yaml: NAME: [ {title, body}, ... ], each group written once for every page that names it."""
+    if src is None:
+        return {}
+    data = src.located.data
+    if not isinstance(data, dict):
+        found.add(src.rel, (1, 1), "the shared notes are a mapping NAME: [ {title, body}, ... ]")
+        return {}
+    out: dict[str, list[NoteRaw]] = {}
+    for name, group in data.items():
+        if not isinstance(group, list) or not group:
+            found.add(src.rel, src.located.pos((name,)), f"shared notes '{name}': a non-empty list of {{title, body}}")
+            continue
+        notes = []
+        for k, item in enumerate(group):
+            try:
+                notes.append(NoteRaw.model_validate(item))
+            except ValidationError as e:
+                loc = src.located
+                found.extend(_pydantic_problems(
+                    e, lambda p, key, k=k, name=name, loc=loc: (loc.file, loc.pos((name, k, *p), key))))
+        out[name] = notes
+    return out
 
 
 def _check_vocabulary(vocab: Vocabulary, src: Source, found: Problems) -> dict[str, LayoutIR]:
@@ -262,8 +293,9 @@ class _Family:
     """Checks one merged family and builds its IR; problems go to ``found``."""
 
     def __init__(self, src: Source, merged: Merged, raw: FamilyRaw, vocab: Vocabulary,
-                 layouts: dict[str, LayoutIR], found: Problems):
+                 layouts: dict[str, LayoutIR], found: Problems, shared: dict[str, list[NoteRaw]] | None = None):
         self.src, self.merged, self.raw, self.vocab, self.layouts, self.found = src, merged, raw, vocab, layouts, found
+        self.shared = shared or {}
         self.ok = True
 
     def err(self, path: DataPath, message: str, key: bool = False, col: int = 0) -> None:
@@ -309,14 +341,23 @@ class _Family:
             if key not in self.raw.config:
                 self.err(("config",), f"config: the normalized attribute '{key}' is required", key=True)
         for key, text in self.raw.config.items():
+            if isinstance(text, UnavailableRaw):
+                out.append((key, expr.Compiled(f"_fn.config_unavailable({text.unavailable!r})", ()),
+                            f"Unavailable: {text.unavailable}"))
+                continue
             try:
                 out.append((key, expr.compile_config(text), str(text)))
             except expr.ExprError as e:
                 self.err(("config", key), f"config.{key}: {e}", col=e.col)
         return out
 
-    def host(self, path: str, h: HostRaw, config: list[tuple[str, expr.Compiled, str]]) -> HostIR | None:
-        at = ("hosts", path)
+    def host(self, key: str, h: HostRaw, config: list[tuple[str, expr.Compiled, str]]) -> HostIR | None:
+        at = ("hosts", key)
+        # `layers[i]#deepstack`: a second spec for the same path (another block kind), told apart by its `when`
+        path, _, tag = key.partition("#")
+        if tag and (not re.fullmatch(r"[a-z][a-z0-9_]*", tag) or h.when is None):
+            self.err(at, f"host '{key}': a tagged host (PATH#tag) names a block kind and needs a 'when'", key=True)
+            return None
         if not _HOST_PATH.fullmatch(path):
             self.err(at, f"host path '{path}' is not 'model' or a dotted path like layers[i].self_attn", key=True)
             return None
@@ -347,12 +388,18 @@ class _Family:
                 self.err(vat, f"unknown value '{vname}'" + suggest(vname, table), key=True)
                 continue
             value = v if isinstance(v, ValueRaw) else ValueRaw(read=v)
+            defaults = {k: getattr(h, k) for k in ("needs", "reached") if getattr(h, k) is not None and getattr(value, k) is None}
+            if defaults:
+                value = value.model_copy(update=defaults)
             built = self.value(vname, value, table[vname], vat, config_names)
             if built is not None:
                 values.append(built)
         names = [x.name for x in values]
+        root_names = self.root_value_names()
         for x in values:
             for dep in x.derived.names if x.derived else ():
+                if dep in config_names or (dep.startswith("model.") and dep[len("model."):] in root_names):
+                    continue
                 if dep not in names:
                     self.err((*at, "values", x.name, "derived"), f"{x.name}: derived from '{dep}', which this host does not have" + suggest(dep, names))
         identities = []
@@ -391,17 +438,31 @@ class _Family:
                 for a in _flat(args):
                     if isinstance(a, str) and a not in config_names:
                         self.err((*at, "view"), f"{name}: view names '{a}', which is not a config entry" + suggest(a, config_names))
-        needs = None
-        if v.needs is not None:
-            cond = self.vocab.conditions.get(v.needs)
+        needs = reached = None
+        for field_name, kind in (("needs", "load"), ("reached", "call")):
+            cname = getattr(v, field_name)
+            if cname is None:
+                continue
+            cond = self.vocab.conditions.get(cname)
             if cond is None:
-                self.err((*at, "needs"), f"{name}: unknown condition '{v.needs}'" + suggest(v.needs, self.vocab.conditions))
+                self.err((*at, field_name), f"{name}: unknown condition '{cname}'" + suggest(cname, self.vocab.conditions))
+            elif cond.kind != kind:
+                self.err((*at, field_name), f"{name}: '{cname}' is a {cond.kind} condition; '{field_name}' takes a {kind} condition")
+            elif kind == "load":
+                needs = ConditionIR(cname, cond.says, cond.fix, cond.kind, cond.never)
             else:
-                needs = ConditionIR(v.needs, cond.says, cond.fix)
+                reached = ConditionIR(cname, cond.says, cond.fix, cond.kind)
         layout = self.layouts.get(vocab_value.layout)
         if layout is None:
             return None
-        return ValueIR(name, layout, vocab_value.meaning, read, derived, v.derived, tuple(view), v.view, needs)
+        if v.readonly is not None and v.derived is not None:
+            self.err((*at, "readonly"), f"{name}: a derived value is read-only already")
+        return ValueIR(name, layout, vocab_value.meaning, read, derived, v.derived, tuple(view), v.view, needs, reached,
+                       v.readonly)
+
+    def root_value_names(self) -> set[str]:
+        root = self.raw.hosts.get("model")
+        return {k for k, v in root.values.items() if v is not None} if root else set()
 
     def merged_value(self, path: DataPath) -> Any:
         node: Any = self.merged.data
@@ -425,7 +486,9 @@ class _Family:
         parts = term.split(".")
         if parts[-1] in ("input", "output"):
             return True  # a module boundary: checked on the live model by the generated tests
-        prefix = re.sub(r"\[\d+\]", "[i]", ".".join(parts[:-1]))
+        if parts[0] == "model" and len(parts) > 1:  # a path from the root
+            host, parts = "model", parts[1:]
+        prefix = re.sub(r"\[(\d+|i|i[+-]\d+)\]", "[i]", ".".join(parts[:-1]))
         target = host if not prefix else (prefix if host == "model" else f"{host}.{prefix}")
         return parts[-1] in by_path.get(target, set())
 
@@ -447,27 +510,52 @@ class _Family:
                     self.err(at, f"tiny.draw.{key}: {e}", col=e.col)
                     continue
                 for n in c.names:
-                    if n.split(".")[0] not in known:
+                    if n not in known and n.split(".")[0] not in known:
                         self.err(at, f"tiny.draw.{key}: '{n}' is not drawn or fixed before it")
                 draws.append(DrawIR(key, None, c))
-            known.add(key)
+            known.add(key)  # a dotted key (text_config.hidden_size) sets one entry of a nested config
         for rng, name in ((t.batch, "batch"), (t.seq, "seq")):
             if not 1 <= rng[0] <= rng[1]:
                 self.err(("tiny", name), f"tiny.{name}: a range [low, high] with 1 <= low <= high")
-        return TinyIR(t.model_class, t.config_class, tuple(t.config.items()), tuple(draws), t.batch, t.seq, t.examples)
+        processor = images = None
+        if t.processor is not None:
+            processor = (("class", t.processor.cls), ("image_processor", t.processor.image_processor),
+                         ("image_processor_config", dict(t.processor.image_processor_config)),
+                         ("tokens", tuple(t.processor.tokens)))
+        if t.images is not None:
+            if t.processor is None:
+                self.err(("tiny", "images"), "tiny.images: image inputs need tiny.processor (how to build them)")
+            if not t.images.count or not t.images.sizes:
+                self.err(("tiny", "images"), "tiny.images: count and sizes each need at least one choice")
+            images = (("count", tuple(t.images.count)), ("sizes", tuple(tuple(x) for x in t.images.sizes)))
+        return TinyIR(t.model_class, t.config_class, tuple(t.config.items()), tuple(draws), t.batch, t.seq, t.examples,
+                      processor, images)
 
     def notes(self) -> tuple[NoteIR, ...]:
+        flat: list[tuple[int, NoteRaw, str | None]] = []
+        for k, item in enumerate(self.raw.notes):
+            if isinstance(item, SharedNoteRaw):
+                group = self.shared.get(item.shared)
+                if group is None:
+                    self.err(("notes", k, "shared"), f"unknown shared notes '{item.shared}' (specs/{SHARED_NOTES})"
+                             + suggest(item.shared, self.shared))
+                    continue
+                flat += [(k, n, item.shared) for n in group]
+            else:
+                flat.append((k, item, None))
         out = []
-        for k, note in enumerate(self.raw.notes):
+        for k, note, shared in flat:
             examples = []
             for block in _CODE_BLOCK.findall(note.body):
                 try:
                     ast.parse(block)
                 except SyntaxError as e:
-                    self.err(("notes", k, "body"), f"note '{note.title}': example does not parse: {e.msg} (line {e.lineno} of the block)")
+                    where = f" (shared notes '{shared}')" if shared else ""
+                    self.err(("notes", k) if shared else ("notes", k, "body"),
+                             f"note '{note.title}'{where}: example does not parse: {e.msg} (line {e.lineno} of the block)")
                     continue
                 examples.append(block)
-            out.append(NoteIR(note.title, note.body.strip(), tuple(examples)))
+            out.append(NoteIR(note.title, note.body.strip(), tuple(examples), shared))
         return tuple(out)
 
 

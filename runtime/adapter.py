@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-ReadKind = Literal["module", "call", "op", "derived"]
+ReadKind = Literal["module", "call", "op", "method", "derived"]
 Side = Literal["input", "output", "inputs", "args"]
 
 
@@ -51,7 +51,13 @@ class ReadPoint:
     its positional ``args`` or its ``output``.
     kind ``op``: a torch operation (``op`` name and ``occurrence``) inside an interface call
     (``call``) or inside the host's forward (``call`` None): its ``input`` or ``output``.
-    kind ``derived``: computed by ``derive`` from other values of the host (``deps``); read-only.
+    kind ``method``: a call of one of a module's own methods (``method``; the ``occurrence``-th call
+    while the module's forward runs, or the host's block index when ``per_index``): its ``args`` or
+    its ``output``.
+    ``scope``: ops and methods of another module than the host (a path from the host, or from the
+    root when ``scope_root``).
+    kind ``derived``: computed by ``derive`` from other values of the host (``deps``; a dep
+    ``model.x`` is the root's value ``x``, a config entry's name its value); read-only.
     """
 
     kind: ReadKind
@@ -64,17 +70,23 @@ class ReadPoint:
     call: str | None = None
     op: str | None = None
     occurrence: int = 0
+    method: str | None = None
+    per_index: bool = False
+    scope: tuple[str, ...] = ()
+    scope_root: bool = False
     deps: tuple[str, ...] = ()
     derive: Callable[[Mapping[str, Any]], Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
 class Condition:
-    """A load condition that makes a value ⚠︎ conditional (``eager``)."""
+    """A condition that makes a value ⚠︎ conditional: of the load (``eager``) or of the call (``images``)."""
 
     name: str
     says: str  # shown beside the value: "needs attn_implementation='eager'"
-    fix: str  # what load fixes it
+    fix: str  # what load (or what input) fixes it
+    kind: Literal["load", "call"] = "load"
+    never: bool = False  # no load meets it
 
 
 @dataclass(frozen=True)
@@ -86,6 +98,8 @@ class ValueSpec:
     view: tuple[ViewOp, ...] = ()
     needs: Condition | None = None
     readonly: bool = False
+    readonly_why: str | None = None  # read-only although read (an edit there would reach nothing): why
+    reached: Condition | None = None  # a call condition: checked against the call's inputs before the forward
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -83,7 +84,14 @@ class AtlasModel(Host):
 
     @property
     def normalized_config(self) -> dict[str, Any]:
-        return {name: self._config_value(name) for name in self._family.config}
+        """Every config entry this load answers (an entry that raises Unavailable is left out)."""
+        out = {}
+        for name in self._family.config:
+            try:
+                out[name] = self._config_value(name)
+            except Unavailable:
+                continue
+        return out
 
     def _config_value(self, name: str) -> Any:
         fn = self._family.config.get(name)
@@ -136,11 +144,24 @@ class AtlasModel(Host):
         spec = value._spec
         if spec is None or spec.needs is None:
             return None
-        if conditions_met(spec.needs.name, self, value._host._module):
+        if not spec.needs.never and conditions_met(spec.needs.name, self, value._host._module):
             return None
-        impl = getattr(getattr(value._host._module, "config", self.config), "_attn_implementation", None)
-        return Unavailable(f"{value.label} is unavailable under this load (attn_implementation={impl!r}): it "
+        if spec.needs.never:
+            return Unavailable(f"{value.label} {spec.needs.says}. Instead: {spec.needs.fix}")
+        if spec.needs.name == "eager":
+            impl = getattr(getattr(value._host._module, "config", self.config), "_attn_implementation", None)
+            load = f"attn_implementation={impl!r}"
+        else:
+            load = f"{type(self._module).__name__}, processor={type(self._processor).__name__ if self._processor is not None else None}"
+        return Unavailable(f"{value.label} is unavailable under this load ({load}): it "
                            f"{spec.needs.says}. Fix: {spec.needs.fix}")
+
+    def _scope_module(self, host: Host, read: Any, label: str) -> torch.nn.Module:
+        """The module whose forward (ops) or methods a scoped read point names."""
+        if not read.scope:
+            return self._module if read.scope_root else host._module
+        start: Host = self if read.scope_root else host
+        return start._resolve_module(tuple(read.scope), label)
 
     def _target(self, value: Value) -> Target:
         why = self._why_unavailable(value)
@@ -150,19 +171,35 @@ class AtlasModel(Host):
         view = tuple((op, tuple(self._view_arg(a) for a in args)) for op, args in (
             ((v.name, v.args) for v in value._spec.view) if value._spec else ()))
         key: tuple[Any, ...]
+        reached = value._spec.reached if value._spec else None
         if read.kind == "module":
             module = host._resolve_module(read.module, value.label)
             side = read.side
             key = ("pre" if side in ("input", "inputs") else "post", id(module))
-            return Target(value.label, key, module, side, read.param, read.access, view, value._extra)
+            return Target(value.label, key, module, side, read.param, read.access, view, value._extra, reached)
         module = host._module
         if read.kind == "call":
             key = ("call_in" if read.side == "args" else "call_out", id(module))
-            return Target(value.label, key, module, read.side, None, read.access, view, value._extra)
+            return Target(value.label, key, module, read.side, None, read.access, view, value._extra, reached)
         if read.kind == "op":
+            if read.scope or read.scope_root:
+                module = self._scope_module(host, read, value.label)
             key = ("op", id(module), "call" if read.call else None, read.op, read.occurrence, read.side)
             side = "args" if read.side == "input" else "output"
-            return Target(value.label, key, module, side, None, read.access, view, value._extra)
+            return Target(value.label, key, module, side, None, read.access, view, value._extra, reached)
+        if read.kind == "method":
+            module = self._scope_module(host, read, value.label)
+            if not callable(getattr(module, read.method, None)):
+                raise NnatlasError(f"{value.label}: {type(module).__name__} has no method {read.method}")
+            occurrence = read.occurrence
+            if read.per_index:
+                index = host._index
+                if index is None:
+                    raise NnatlasError(f"{value.label}: method:{read.method}#i needs a host with a block index")
+                occurrence = index
+            key = ("method_in" if read.side == "args" else "method_out", id(module), read.method)
+            return Target(value.label, key, module, read.side, None, read.access, view, value._extra, reached,
+                          call=occurrence)
         raise NnatlasError(f"{value.label} is derived; it has no site of its own")
 
     def _view_arg(self, a: Any) -> Any:
@@ -180,7 +217,7 @@ class AtlasModel(Host):
         """
         model_inputs = prepare(self, inputs, kwargs)
         module = self._module
-        return Tracer(self, lambda: module(**model_inputs), order=order, grad=grad)
+        return Tracer(self, lambda: module(**model_inputs), order=order, grad=grad, inputs=model_inputs)
 
     def generate(self, inputs: Any = None, *, max_new_tokens: int = 8, order: str = "strict", **kwargs: Any) -> Tracer:
         """Like ``trace`` over ``generate``: the body reads step 0 unless inside ``tracer.iter[...]``."""
@@ -192,7 +229,8 @@ class AtlasModel(Host):
         pad = getattr(self._tokenizer, "pad_token_id", None) if self._tokenizer is not None else None
         if pad is not None:
             settings.setdefault("pad_token_id", pad)
-        return Tracer(self, lambda: gen(**model_inputs, **settings), order=order, steps=max_new_tokens)
+        return Tracer(self, lambda: gen(**model_inputs, **settings), order=order, steps=max_new_tokens,
+                      inputs=model_inputs)
 
     # ---- introspection ----
     def support(self) -> Any:
@@ -210,10 +248,20 @@ class AtlasModel(Host):
 
 
 def conditions_met(name: str, model: AtlasModel, module: torch.nn.Module) -> bool:
+    """Load conditions (the vocabulary's ``conditions`` of kind load), decided by how the model was loaded."""
     if name == "eager":
         cfg = getattr(module, "config", None) or model.config
         return getattr(cfg, "_attn_implementation", None) == "eager"
+    if name == "processor":
+        return model._processor is not None and getattr(model._processor, "image_processor", None) is not None
     raise NnatlasError(f"unknown load condition '{name}'")
+
+
+def call_condition_met(name: str, inputs: Mapping[str, Any]) -> bool:
+    """Call conditions (kind call), decided by the inputs of one call before its forward runs."""
+    if name == "images":
+        return inputs.get("pixel_values") is not None
+    raise NnatlasError(f"unknown call condition '{name}'")
 
 
 def wrap(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None, family: str | None = None) -> AtlasModel:
@@ -229,14 +277,33 @@ def wrap(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None, f
 def load(name_or_path: str, *, task: str = "text-generation", tokenizer: Any = True, **kwargs: Any) -> AtlasModel:
     """``from_pretrained`` with the family picked from the config, then :func:`wrap`.
 
-    ``task="text-generation"`` loads the causal-LM class (``AutoModelForCausalLM``); keyword
-    arguments (``dtype``, ``attn_implementation``, ``device_map`` …) go to ``from_pretrained``.
+    ``task="text-generation"`` loads the causal-LM class (``AutoModelForCausalLM``); a multimodal
+    checkpoint that transformers has no causal-LM class for (Qwen3-VL) loads its wrapper
+    (``...ForConditionalGeneration``) without a processor, so its vision values are Unavailable.
+    ``task="image-text-to-text"`` loads the wrapper (``AutoModelForImageTextToText``) with its
+    processor (built without torchvision when torchvision is missing: images only, no videos).
+    Keyword arguments (``dtype``, ``attn_implementation``, ``device_map`` …) go to ``from_pretrained``.
     """
     import transformers
 
-    if task != "text-generation":
-        raise NnatlasError(f"task {task!r} is not supported yet; use task='text-generation'")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+    if task not in ("text-generation", "image-text-to-text"):
+        raise NnatlasError(f"task {task!r} is not supported; use 'text-generation' or 'image-text-to-text'")
+    if task == "image-text-to-text":
+        hf = transformers.AutoModelForImageTextToText.from_pretrained(name_or_path, **kwargs)
+        hf.eval()
+        from .processing import load_processor
+
+        return wrap(hf, processor=load_processor(name_or_path))
+    try:
+        hf = transformers.AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+    except ValueError as e:  # no causal-LM class for this config: a multimodal wrapper, text only
+        config = transformers.AutoConfig.from_pretrained(name_or_path)
+        if getattr(config, "vision_config", None) is None:
+            raise
+        try:
+            hf = transformers.AutoModelForImageTextToText.from_pretrained(name_or_path, **kwargs)
+        except ValueError:
+            raise e from None
     hf.eval()
     tok = None
     if tokenizer is True:

@@ -81,6 +81,8 @@ class Target:
     access: tuple[Any, ...]
     view: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     extra: tuple[Any, ...] = ()
+    reached: Any = None  # a call condition (adapter.Condition) checked against the inputs before the forward
+    call: int = 0  # which firing of the site serves it (the K-th call of a method)
 
     def _param_index(self) -> tuple[int, str | None]:
         if self.param is None:
@@ -238,7 +240,7 @@ class Tracer:
     """The context of one ``model.trace(...)`` (or ``model.generate(...)``)."""
 
     def __init__(self, model: AtlasModel, run: Callable[[], Any], order: str = "strict", grad: bool = False,
-                 steps: int | None = None):
+                 steps: int | None = None, inputs: Mapping[str, Any] | None = None):
         if order not in ("strict", "any"):
             raise ValueError("order is 'strict' or 'any'")
         self.model = model
@@ -246,6 +248,7 @@ class Tracer:
         self.strict = order == "strict"
         self.grad = grad
         self.steps = steps
+        self.inputs: Mapping[str, Any] = inputs or {}
         self.requests: list[Request] = []
         self.seq = 0
         self.current_step = 0
@@ -260,6 +263,8 @@ class Tracer:
     # -- recording (the body) --
     def add(self, label: str, action: str, target: Target | None, payload: Any = None, seq: int | None = None,
             **kw: Any) -> Request:
+        if target is not None and "call" not in kw:
+            kw["call"] = target.call
         r = Request(self.seq if seq is None else seq, label, action, target, payload, step=self.current_step, **kw)
         if seq is None:
             self.seq += 1
@@ -356,9 +361,27 @@ class Tracer:
             return torch.full_like(current, val)
         return val
 
+    def _check_reached(self, sited: list[Request]) -> None:
+        """A value whose call condition these inputs do not meet is never computed: say so now,
+        before the forward, rather than let a later request wait on it."""
+        from .model import call_condition_met
+
+        missing = []
+        for r in sited:
+            cond = r.target.reached if r.target is not None else None
+            if cond is not None and not call_condition_met(cond.name, self.inputs):
+                label = r.owner.label if r.owner is not None else r.label
+                if (label, cond) not in missing:
+                    missing.append((label, cond))
+        if missing:
+            parts = [f"{label} {cond.says}" for label, cond in missing]
+            raise NotReached(f"{'; '.join(parts)}; this call has none, so the forward never computes "
+                             f"{'it' if len(missing) == 1 else 'them'}. Fix: {missing[0][1].fix}")
+
     def _execute(self) -> None:
         self._ordered = sorted(self.requests, key=lambda r: r.seq)
         sited = [r for r in self._ordered if r.target is not None]
+        self._check_reached(sited)
         for r in sited:
             assert r.target is not None
             self.by_site.setdefault(r.target.site, []).append(r)
@@ -417,12 +440,37 @@ class Tracer:
                 fwd_ops = {k[3] for k in self.by_site if k[0] == "op" and k[1] == mid and k[2] is None}
                 if fwd_ops:
                     self._install_forward_ops(mod, fwd_ops, installed, modes)
+            methods = {k[2] for k in self.by_site if k[0] in ("method_in", "method_out") and k[1] == mid}
+            for name in sorted(methods):
+                self._install_method(mod, name, restore)
             if kind & {"call_in", "call_out"} or any(k[0] == "op" and k[1] == mid and k[2] == "call"
                                                      for k in self.by_site):
                 routes[mid] = self._call_handler(mid)
         if routes:
             self._route_attention(modules, routes, restore)
         return routes
+
+    def _install_method(self, mod: torch.nn.Module, name: str, restore: list[Callable[[], None]]) -> None:
+        """Route one module's own method through the tracer: an instance attribute shadows the
+        class's method for this trace only (this model only), and is deleted afterwards."""
+        mid = id(mod)
+        had = name in mod.__dict__
+        previous = mod.__dict__.get(name)
+        original = getattr(mod, name)
+
+        def method(*args: Any, **kwargs: Any) -> Any:
+            args, kwargs = self.serve(("method_in", mid, name), (args, kwargs))
+            out = original(*args, **kwargs)
+            return self.serve(("method_out", mid, name), out)
+
+        def undo() -> None:
+            if had:
+                mod.__dict__[name] = previous
+            else:
+                mod.__dict__.pop(name, None)
+
+        restore.append(undo)
+        mod.__dict__[name] = method
 
     def _pre_hook(self, mod: torch.nn.Module, args: Any, kwargs: Any) -> Any:
         payload = (args, kwargs)

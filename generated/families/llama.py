@@ -409,6 +409,8 @@ TINY: dict[str, Any] = {
     "batch": (1, 3),
     "seq": (1, 7),
     "examples": 12,
+    "processor": None,
+    "images": None,
 }
 
 CHECKPOINTS: dict[str, Any] = {

@@ -63,6 +63,8 @@ def test_support_agrees_with_trace(attn: str) -> None:
     T.check_support(FAMILY, attn)
 
 
+
+
 @pytest.mark.parametrize("title,index", [(t, k) for t, k, _ in EXAMPLES])
 def test_note_example(title: str, index: int) -> None:
     source = next(s for t, k, s in EXAMPLES if (t, k) == (title, index))
