@@ -109,6 +109,8 @@ def _read_args(v: ValueIR, derive: str | None) -> str:
         args.append(f"scope={pylit(r.scope)}")
     if r.scope_root:
         args.append("scope_root=True")
+    if r.fn:
+        args.append(f"fn={r.fn!r}")
     return ", ".join(args)
 
 
@@ -124,8 +126,9 @@ def family_context(f: FamilyIR) -> dict[str, Any]:
     for hi, h in enumerate(f.hosts):
         values = []
         for v in h.values:
-            lay = layouts.setdefault(v.layout.name, {
-                "var": f"_L_{_ident(v.layout.name)}", "name": v.layout.name, "dims": v.layout.dims,
+            lay_key = v.layout.name + ("_or_none" if v.layout.optional else "")
+            lay = layouts.setdefault(lay_key, {
+                "var": f"_L_{_ident(lay_key)}", "name": v.layout.name, "dims": v.layout.dims,
                 "dtype": v.layout.dtype, "optional": v.layout.optional})
             needs_var = reached_var = None
             for c in (v.needs, v.reached):
@@ -142,7 +145,7 @@ def family_context(f: FamilyIR) -> dict[str, Any]:
                 functions.append(_Fn(derive, "v: Any", v.derived.source))
             values.append({"name": v.name, "layout_var": lay["var"], "meaning": v.meaning,
                            "read_args": _read_args(v, derive), "view": v.view, "needs_var": needs_var, "reached_var": reached_var,
-                           "readonly": v.readonly, "readonly_why": v.readonly_why})
+                           "readonly": v.readonly, "readonly_why": v.readonly_why, "edit": v.edit, "served_copy": v.copy})
         identities = []
         for k, ident in enumerate(h.identities):
             fn = f"_identity_{_ident(h.ident)}_{k}"
@@ -154,7 +157,7 @@ def family_context(f: FamilyIR) -> dict[str, Any]:
             when_fn = f"_when_{_ident(h.ident)}_{hi}"
             functions.append(_Fn(when_fn, "c: Any, i: int", h.when.source))
         hosts.append({"path": h.path, "cls": h.cls, "values": values, "identities": identities,
-                      "when_fn": when_fn, "when_text": h.when_text})
+                      "when_fn": when_fn, "when_text": h.when_text, "kind": h.kind})
     for d in f.tiny.draw:
         if d.expr is not None:
             functions.append(_Fn(f"_draw_{_ident(d.name)}", "c: Any", d.expr.source))
@@ -167,6 +170,8 @@ def family_context(f: FamilyIR) -> dict[str, Any]:
         "hosts": hosts,
         "trait_names": tuple(t for t, _ in f.traits),
         "rename": {k: v for k, v in f.rename},
+        "function_groups": [{"name": g.name, "names": g.names, "words": g.words,
+                             "route": dict(g.route) if g.route else None} for g in f.functions],
         "tiny_config": dict(f.tiny.config),
         "tiny_processor": dict(f.tiny.processor) if f.tiny.processor else None,
         "tiny_images": dict(f.tiny.images) if f.tiny.images else None,
@@ -216,7 +221,8 @@ def render_tests(f: FamilyIR) -> str:
             item = (h.path, v.name)
             if v.readonly:
                 readonly.append(item)
-            elif v.layout.dtype == "float" and item not in writable and not (v.needs and v.needs.never):
+            elif (v.layout.dtype == "float" and v.edit == "logits" and item not in writable
+                  and not (v.needs and v.needs.never)):
                 writable.append(item)
     examples = [(n.title, k, src) for n in f.notes for k, src in enumerate(n.examples)]
     return env().get_template("test_family.py.j2").render(

@@ -30,9 +30,11 @@ FUNCTIONS: dict[str, Arity] = {
     "transpose": 3,
     "repeat_kv": 2,
     "vnorm": 1,
+    "chunk": 3,
+    "delta_rule": (5, 6),
 }
 CONTEXT_FUNCTIONS = {"masked"}  # these also receive the values mapping (the call's mask, the config)
-CONFIG_FUNCTIONS: dict[str, Arity] = {"len": 1, "min": 2, "max": 2, "count": 2}
+CONFIG_FUNCTIONS: dict[str, Arity] = {"len": 1, "min": 2, "max": 2, "count": 2, "int": 1}
 VIEW_OPS: dict[str, Arity] = {"unflatten": 2, "unsqueeze": 1, "transpose": 2, "flatten": (1, 2)}
 
 _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Pow: "**", ast.Mod: "%"}
@@ -157,12 +159,19 @@ class _Emitter:
             lo, hi = (arity, arity) if isinstance(arity, int) else arity
             if not lo <= len(node.args) <= hi:
                 raise self.fail(node, f"{name}() takes {lo if lo == hi else f'{lo} to {hi}'} arguments, got {len(node.args)}")
-            args = ", ".join([self.emit(a) for a in node.args] + (["v"] if name in CONTEXT_FUNCTIONS else []))
+            args = ", ".join([self.emit_arg(a) for a in node.args] + (["v"] if name in CONTEXT_FUNCTIONS else []))
             return f"{self.fn_prefix}{name}({args})"
         if isinstance(node, ast.List | ast.Tuple):
             inner = ", ".join(self.emit(e) for e in node.elts)
             return f"[{inner}]" if isinstance(node, ast.List) else f"({inner}{',' if len(node.elts) == 1 else ''})"
         raise self.fail(node, f"'{ast.unparse(node)}' is not allowed in a spec expression")
+
+    def emit_arg(self, node: ast.expr) -> str:
+        """A call's argument: an operator expression needs no parentheses of its own there."""
+        text = self.emit(node)
+        if isinstance(node, ast.BinOp | ast.BoolOp | ast.Compare | ast.UnaryOp | ast.IfExp):
+            return text[1:-1]
+        return text
 
     def emit_index(self, node: ast.expr) -> str:
         if isinstance(node, ast.Slice):

@@ -46,11 +46,13 @@ class ValueIR:
     view_text: str | None
     needs: ConditionIR | None
     reached: ConditionIR | None = None
-    readonly_why: str | None = None  # a read value whose edit would reach nothing
+    readonly_why: str | None = None  # a read value whose edit would reach nothing: why
+    edit: str = "logits"  # what an edit reaches: logits | later | none
+    copy: bool = False  # served as a copy put in the native's place
 
     @property
     def readonly(self) -> bool:
-        return self.derived is not None or self.readonly_why is not None
+        return self.derived is not None or self.edit == "none" or self.readonly_why is not None
 
     @property
     def words(self) -> str:
@@ -92,6 +94,7 @@ class HostIR:
     when_text: str | None
     values: tuple[ValueIR, ...]
     identities: tuple[IdentityIR, ...]
+    kind: str | None = None
 
     @property
     def ident(self) -> str:
@@ -100,6 +103,16 @@ class HostIR:
         if self.when_text:
             base += "_" + "".join(ch if ch.isalnum() else "_" for ch in self.when_text).strip("_")
         return base
+
+
+@dataclass(frozen=True)
+class FunctionIR:
+    """A group of module-level functions read as one (``fn:delta_rule``), and how to route it."""
+
+    name: str
+    names: tuple[str, ...]
+    words: str
+    route: tuple[tuple[str, Any], ...] | None
 
 
 @dataclass(frozen=True)
@@ -150,6 +163,7 @@ class FamilyIR:
     classes: tuple[str, ...]
     rename: tuple[tuple[str, tuple[str, ...]], ...]
     config: tuple[tuple[str, Compiled, str], ...]
+    functions: tuple[FunctionIR, ...]
     hosts: tuple[HostIR, ...]
     tiny: TinyIR
     checkpoints: tuple[CheckpointIR, ...]

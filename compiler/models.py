@@ -28,6 +28,7 @@ class LayoutRaw(Strict):
 class VocabValueRaw(Strict):
     layout: StrictStr
     meaning: StrictStr
+    optional: StrictBool = False  # the value may be None ("State | None")
 
 
 class ConditionRaw(Strict):
@@ -57,12 +58,26 @@ class ValueRaw(Strict):
     needs: StrictStr | None = None
     reached: StrictStr | None = None
     readonly: StrictStr | None = Field(default=None, description="why an edit here would reach nothing: the value is then read-only")
+    # what an edit reaches: "logits" (this forward, the default), "later" (only later calls: a
+    # state written to the cache), "none" (a record of what ran: read-only)
+    edit: StrictStr = "logits"
+    # serve a copy, put in the call's place: for a buffer the model overwrites later in the same run
+    # (a cache's state), so the saved value keeps what entered and in-place edits still reach the call
+    served_copy: StrictBool = Field(default=False, alias="copy")
 
 
 class IdentityRaw(Strict):
     check: StrictStr
     atol: StrictFloat | StrictInt = 0.0
     rtol: StrictFloat | StrictInt = 0.0
+
+
+class KindRaw(Strict):
+    """One block kind of a hybrid stack: the blocks ``when`` selects, with their own values and identities."""
+
+    when: StrictStr
+    values: dict[StrictStr, StrictStr | ValueRaw | None] = {}
+    identities: list[StrictStr | IdentityRaw] = []
 
 
 class HostRaw(Strict):
@@ -73,6 +88,26 @@ class HostRaw(Strict):
     reached: StrictStr | None = Field(default=None, description="the call condition of every value here, unless a value says its own")
     values: dict[StrictStr, StrictStr | ValueRaw | None] = {}
     identities: list[StrictStr | IdentityRaw] = []
+    # hybrid stacks: one entry per block kind (``model.<kind>_layers`` lists its blocks)
+    kinds: dict[StrictStr, KindRaw] = {}
+
+
+class RouteRaw(Strict):
+    """How ``route_kernels(family, "torch")`` runs a function group token by token."""
+
+    torch: StrictStr  # the pure-torch function each token's step calls
+    seq_dim: StrictInt = 1  # the sequence dim of the sequence arguments and of the outputs
+    state_arg: StrictStr  # the argument that carries the state into a step
+    state_output: StrictInt  # the output element that is the state after a step
+    final_state_flag: StrictStr | None = None  # the argument asking the function to return its final state
+
+
+class FunctionRaw(Strict):
+    """Module-level functions a host's forward calls, under one name: whichever the call runs."""
+
+    names: list[StrictStr]
+    words: StrictStr
+    route: RouteRaw | None = None
 
 
 class LoadsRaw(Strict):
@@ -140,6 +175,7 @@ class FamilyRaw(Strict):
     loads: LoadsRaw | None = None
     rename: dict[StrictStr, StrictStr | list[StrictStr]] = {}
     config: dict[StrictStr, StrictStr | StrictInt | StrictFloat | UnavailableRaw] = {}
+    functions: dict[StrictStr, FunctionRaw] = {}
     hosts: dict[StrictStr, HostRaw] = {}
     tiny: TinyRaw | None = None
     checkpoints: list[CheckpointRaw] = []

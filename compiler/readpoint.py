@@ -12,6 +12,14 @@
     method:_deepstack_process#i.args[2]     a call of one of the module's own methods (the K-th call
                                             of the forward; ``#i`` is the host's block index), its
                                             positional ``args`` or its ``output``; scoped like ops
+    fn:NAME.args[0]  fn:NAME.args.g         an argument of a module-level function the host's forward calls
+                                            (by position in its signature, or by parameter name; .kwargs.g too)
+    fn:NAME.output[1]                       that call's output
+    fn:NAME.step.output[1]                  under route_kernels: the output of each token's step
+    fn:NAME.steps.output[1]                 under route_kernels: every step's output, stacked on the sequence dim
+
+NAME is a global of the host's modeling module, or a group the family declares under ``functions:``
+(several kernels, whichever the call runs).
 
 Each parses into the fields of ``nnatlas.adapter.ReadPoint`` plus a sentence for the pages.
 """
@@ -48,6 +56,7 @@ class ReadIR:
     scope_root: bool = False  # scope is a path from the root, not from the host
     method: str | None = None
     per_index: bool = False  # the occurrence is the host's block index (#i)
+    fn: str | None = None
 
 
 def _accessors(rest: str, offset: int) -> tuple[int | str, ...]:
@@ -76,10 +85,48 @@ def _ordinal(k: int) -> str:
     return {0: "first", 1: "second", 2: "third"}.get(k, f"call {k + 1}")
 
 
-def parse(text: str) -> ReadIR:
+_FN = re.compile(r"fn:([A-Za-z_][A-Za-z0-9_]*)((?:\.steps?)?)\.(args|kwargs|output)")
+FN_SIDES = {"": ("fn_args", "fn_output"), ".step": (None, "fn_step"), ".steps": (None, "fn_steps")}
+
+
+def _parse_fn(text: str, groups: dict[str, str] | None) -> ReadIR:
+    m = _FN.match(text)
+    if not m:
+        raise ExprError(f"'{text}': write fn:NAME.args[N], fn:NAME.kwargs.NAME, fn:NAME.output[...], "
+                        "fn:NAME.step.output[...] or fn:NAME.steps.output[...]")
+    name, steps, side = m.group(1), m.group(2), m.group(3)
+    access = _accessors(text[m.end():], m.end())
+    what = (groups or {}).get(name) or f"the module-level function {name}"
+    if side in ("args", "kwargs"):
+        if steps:
+            raise ExprError(f"'{text}': a step is read at its output (.step.output[...])")
+        if not access:
+            raise ExprError(f"'{text}': name the argument, e.g. .args[0] or .kwargs.g")
+        if side == "kwargs" and not isinstance(access[0], str):
+            raise ExprError(f"'{text}': .kwargs takes a parameter name (.kwargs.g)")
+        a0 = access[0]
+        arg = f"element {a0}" if isinstance(a0, int) else f"argument {a0}"
+        words = f"inside the forward: the arguments of {what}, {arg}{_access_words(access[1:])}"
+        return ReadIR("fn", text, words, side="fn_args", access=access, fn=name)
+    kind = FN_SIDES[steps][1]
+    assert kind is not None
+    if kind == "fn_output":
+        words = f"inside the forward: the output of {what}{_access_words(access)}"
+    elif kind == "fn_step":
+        words = f"inside the forward: the output of each token's step of {what} routed token by token{_access_words(access)}"
+    else:
+        words = (f"inside the forward: every token's step of {what} routed token by token, stacked along the "
+                 f"sequence{_access_words(access)}")
+    return ReadIR("fn", text, words, side=kind, access=access, fn=name)
+
+
+def parse(text: str, groups: dict[str, str] | None = None) -> ReadIR:
+    """``groups``: the family's declared function groups, name → words (for the pages)."""
     if not isinstance(text, str) or not text.strip():
         raise ExprError("a read point is a non-empty string")
     text = text.strip()
+    if text.startswith("fn:"):
+        return _parse_fn(text, groups)
     call = None
     body = text
     if " > " in text and not text.startswith("call:"):

@@ -9,9 +9,11 @@ lists them all as ``file:line:col: message``.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from .ir import (
     ConditionIR,
     DrawIR,
     FamilyIR,
+    FunctionIR,
     HostIR,
     IdentityIR,
     LayoutIR,
@@ -40,6 +43,7 @@ from .yamlpos import Path as DataPath
 
 VOCABULARY = "_vocabulary.yaml"
 SHARED_NOTES = "_notes.yaml"  # groups of notes written once, referenced by families as {shared: NAME}
+_EDITS = ("logits", "later", "none")
 _HOST_PATH = re.compile(r"model|[a-z_][a-z0-9_]*(\[i\])?(\.[a-z_][a-z0-9_]*(\[i\])?)*")
 _FAMILY_NAME = re.compile(r"[a-z][a-z0-9_]*")
 _CODE_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
@@ -297,6 +301,7 @@ class _Family:
         self.src, self.merged, self.raw, self.vocab, self.layouts, self.found = src, merged, raw, vocab, layouts, found
         self.shared = shared or {}
         self.ok = True
+        self.groups: dict[str, str] = {}
 
     def err(self, path: DataPath, message: str, key: bool = False, col: int = 0) -> None:
         file, (line, c) = self.merged.pos(path, key)
@@ -314,7 +319,9 @@ class _Family:
         config = self.config()
         if "model" not in r.hosts:
             self.err(("hosts",), "the hosts must include 'model' (the root)")
-        hosts = [self.host(path, h, config) for path, h in r.hosts.items()]
+        functions = self.functions()
+        self.groups = {f.name: f.words for f in functions}
+        hosts = [x for path, h in r.hosts.items() for x in self.host(path, h, config)]
         tiny = self.tiny() if r.tiny else None
         notes = self.notes()
         if not self.ok or tiny is None:
@@ -330,7 +337,7 @@ class _Family:
             traits=tuple((t, self.vocab.traits[t]) for t in r.traits),
             model_types=tuple(r.loads.model_types), classes=tuple(r.loads.classes),
             rename=tuple((k, tuple(v) if isinstance(v, list) else (v,)) for k, v in r.rename.items()),
-            config=tuple(config), hosts=hosts_ir, tiny=tiny,
+            config=tuple(config), functions=functions, hosts=hosts_ir, tiny=tiny,
             checkpoints=tuple(CheckpointIR(c.name, tuple(c.config.items())) for c in r.checkpoints),
             notes=notes, docstring=(r.docstring or r.summary).strip(),
         )
@@ -351,27 +358,60 @@ class _Family:
                 self.err(("config", key), f"config.{key}: {e}", col=e.col)
         return out
 
-    def host(self, key: str, h: HostRaw, config: list[tuple[str, expr.Compiled, str]]) -> HostIR | None:
-        at = ("hosts", key)
-        # `layers[i]#deepstack`: a second spec for the same path (another block kind), told apart by its `when`
-        path, _, tag = key.partition("#")
-        if tag and (not re.fullmatch(r"[a-z][a-z0-9_]*", tag) or h.when is None):
-            self.err(at, f"host '{key}': a tagged host (PATH#tag) names a block kind and needs a 'when'", key=True)
-            return None
+    def functions(self) -> tuple[FunctionIR, ...]:
+        out = []
+        for name, fn in self.raw.functions.items():
+            at = ("functions", name)
+            if not fn.names:
+                self.err((*at, "names"), f"functions.{name}: list at least one function name")
+            for n in fn.names:
+                if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n):
+                    self.err((*at, "names"), f"functions.{name}: '{n}' is not a Python name")
+            route = None
+            if fn.route is not None:
+                route = tuple(fn.route.model_dump().items())
+            out.append(FunctionIR(name, tuple(fn.names), fn.words.strip(), route))
+        return tuple(out)
+
+    def host(self, path: str, h: HostRaw, config: list[tuple[str, expr.Compiled, str]]) -> list[HostIR]:
+        at = ("hosts", path)
         if not _HOST_PATH.fullmatch(path):
             self.err(at, f"host path '{path}' is not 'model' or a dotted path like layers[i].self_attn", key=True)
-            return None
+            return []
         if path != "model" and path.split(".")[0].removesuffix("[i]") not in self.raw.rename:
             first = path.split(".")[0].removesuffix("[i]")
             self.err(at, f"host '{path}': '{first}' is not in rename (say which native module it is)" + suggest(first, self.raw.rename), key=True)
         if h.cls is None:
             self.err(at, f"host '{path}': 'class' (the native class) is required", key=True)
-        when = None
+        common_v: list[tuple[DataPath, str, Any]] = [((*at, "values", k), k, v) for k, v in h.values.items()]
+        common_i: list[tuple[DataPath, Any]] = [((*at, "identities", k), x) for k, x in enumerate(h.identities)]
+        if not h.kinds:
+            built = self.host_kind(path, h, config, h.when, (*at, "when"), common_v, common_i, None)
+            return [built] if built is not None else []
         if h.when is not None:
+            self.err((*at, "when"), f"host '{path}': give either 'when' or 'kinds' (each kind has its own when)")
+        out = []
+        for kname, kind in h.kinds.items():
+            kat = (*at, "kinds", kname)
+            if not re.fullmatch(r"[a-z][a-z0-9_]*", kname):
+                self.err(kat, f"kind '{kname}' must be a lowercase name (model.{kname}_layers lists its blocks)", key=True)
+            kv = common_v + [((*kat, "values", k), k, v) for k, v in kind.values.items()]
+            ki = common_i + [((*kat, "identities", k), x) for k, x in enumerate(kind.identities)]
+            built = self.host_kind(path, h, config, kind.when, (*kat, "when"), kv, ki, kname)
+            if built is not None:
+                out.append(built)
+        return out
+
+    def host_kind(self, path: str, h: HostRaw, config: list[tuple[str, expr.Compiled, str]], when_text: str | None,
+                  when_at: DataPath, value_items: Sequence[tuple[DataPath, str, Any]],
+                  identity_items: Sequence[tuple[DataPath, Any]], kind: str | None) -> HostIR | None:
+        at = ("hosts", path)
+        when = None
+        if when_text is not None:
             try:
-                when = expr.compile_when(h.when)
+                when = expr.compile_when(when_text)
             except expr.ExprError as e:
-                self.err((*at, "when"), f"when: {e}", col=e.col)
+                self.err(when_at, f"when: {e}", col=e.col)
         table = self.vocab.values
         if h.stream is not None:
             if h.stream not in self.vocab.streams:
@@ -380,8 +420,7 @@ class _Family:
                 table = {**table, **self.vocab.streams[h.stream]}
         config_names = {k for k, _, _ in config}
         values: list[ValueIR] = []
-        for vname, v in h.values.items():
-            vat = (*at, "values", vname)
+        for vat, vname, v in value_items:
             if v is None:
                 continue
             if vname not in table:
@@ -403,8 +442,7 @@ class _Family:
                 if dep not in names:
                     self.err((*at, "values", x.name, "derived"), f"{x.name}: derived from '{dep}', which this host does not have" + suggest(dep, names))
         identities = []
-        for k, ident in enumerate(h.identities):
-            iat = (*at, "identities", k)
+        for iat, ident in identity_items:
             item = ident if isinstance(ident, IdentityRaw) else IdentityRaw(check=ident)
             try:
                 op, lhs, rhs = expr.compile_identity(item.check)
@@ -412,7 +450,7 @@ class _Family:
                 self.err(iat if isinstance(ident, str) else (*iat, "check"), f"identity: {e}", col=e.col)
                 continue
             identities.append(IdentityIR(item.check, op, lhs, rhs, float(item.atol), float(item.rtol)))
-        return HostIR(path, h.cls or "", when, h.when, tuple(values), tuple(identities))
+        return HostIR(path, h.cls or "", when, when_text, tuple(values), tuple(identities), kind)
 
     def value(self, name: str, v: ValueRaw, vocab_value: Any, at: DataPath, config_names: set[str]) -> ValueIR | None:
         if (v.read is None) == (v.derived is None):
@@ -421,7 +459,7 @@ class _Family:
         read = derived = None
         try:
             if v.read is not None:
-                read = readpoint.parse(v.read)
+                read = readpoint.parse(v.read, self.groups)
             else:
                 derived = expr.compile_derived(v.derived or "")
         except expr.ExprError as e:
@@ -452,13 +490,17 @@ class _Family:
                 needs = ConditionIR(cname, cond.says, cond.fix, cond.kind, cond.never)
             else:
                 reached = ConditionIR(cname, cond.says, cond.fix, cond.kind)
+        if v.edit not in _EDITS:
+            self.err((*at, "edit"), f"{name}: edit is one of {', '.join(_EDITS)} (what an edit of the value reaches)")
         layout = self.layouts.get(vocab_value.layout)
         if layout is None:
             return None
+        if vocab_value.optional and not layout.optional:
+            layout = dataclasses.replace(layout, optional=True)
         if v.readonly is not None and v.derived is not None:
             self.err((*at, "readonly"), f"{name}: a derived value is read-only already")
         return ValueIR(name, layout, vocab_value.meaning, read, derived, v.derived, tuple(view), v.view, needs, reached,
-                       v.readonly)
+                       v.readonly, v.edit, v.served_copy)
 
     def root_value_names(self) -> set[str]:
         root = self.raw.hosts.get("model")

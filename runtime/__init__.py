@@ -8,9 +8,9 @@
 """
 
 from .errors import NnatlasError, NotReached, OutOfOrderError, SpecError, Unavailable, UnknownName
-from .model import AtlasModel, load, wrap
+from .model import AtlasModel, load, route_kernels, wrap
 from .registry import all_families
 from .trace import Box
 
 __all__ = ["AtlasModel", "Box", "NnatlasError", "NotReached", "OutOfOrderError", "SpecError", "Unavailable",
-           "UnknownName", "all_families", "load", "wrap"]
+           "UnknownName", "all_families", "load", "route_kernels", "wrap"]

@@ -11,8 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-ReadKind = Literal["module", "call", "op", "method", "derived"]
-Side = Literal["input", "output", "inputs", "args"]
+ReadKind = Literal["module", "call", "op", "method", "fn", "derived"]
+Side = Literal["input", "output", "inputs", "args", "fn_args", "fn_output", "fn_step", "fn_steps"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,10 @@ class ReadPoint:
     its ``output``.
     ``scope``: ops and methods of another module than the host (a path from the host, or from the
     root when ``scope_root``).
+    kind ``fn``: a module-level function (or a group of them, ``Family.functions``) that the host's
+    forward calls: its arguments (``fn_args``: by position in the signature or by parameter name),
+    its output (``fn_output``), or, under ``route_kernels``, each token's step (``fn_step``) or every
+    step stacked (``fn_steps``).
     kind ``derived``: computed by ``derive`` from other values of the host (``deps``; a dep
     ``model.x`` is the root's value ``x``, a config entry's name its value); read-only.
     """
@@ -74,6 +78,7 @@ class ReadPoint:
     per_index: bool = False
     scope: tuple[str, ...] = ()
     scope_root: bool = False
+    fn: str | None = None
     deps: tuple[str, ...] = ()
     derive: Callable[[Mapping[str, Any]], Any] | None = field(default=None, compare=False)
 
@@ -100,6 +105,8 @@ class ValueSpec:
     readonly: bool = False
     readonly_why: str | None = None  # read-only although read (an edit there would reach nothing): why
     reached: Condition | None = None  # a call condition: checked against the call's inputs before the forward
+    edit: Literal["logits", "later", "none"] = "logits"  # what an edit reaches (this forward, later calls, nothing)
+    copy: bool = False  # served as a copy put in the native's place (a buffer overwritten later in the run)
 
 
 @dataclass(frozen=True)
@@ -124,12 +131,29 @@ class HostSpec:
     identities: tuple[Identity, ...] = ()
     when: Callable[[Any, int], bool] | None = field(default=None, compare=False)
     when_text: str | None = None
+    kind: str | None = None  # the block kind of a hybrid stack (``model.<kind>_layers``)
 
     def value(self, name: str) -> ValueSpec | None:
         for v in self.values:
             if v.name == name:
                 return v
         return None
+
+
+@dataclass(frozen=True)
+class FunctionGroup:
+    """Module-level functions read under one name (``fn:delta_rule``): whichever of ``names`` a call runs.
+
+    ``route`` (optional) says how ``route_kernels(family, "torch")`` runs a call token by token:
+    ``torch`` (the pure-torch function each step calls), ``seq_dim``, ``state_arg`` (the argument
+    carrying the state into a step), ``state_output`` (the output element that is the state after it)
+    and ``final_state_flag`` (the argument asking for the final state).
+    """
+
+    name: str
+    names: tuple[str, ...]
+    words: str
+    route: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +168,7 @@ class Family:
     rename: Mapping[str, tuple[str, ...]]
     config: Mapping[str, Callable[[Any], Any]] = field(compare=False)
     hosts: tuple[HostSpec, ...] = ()
+    functions: Mapping[str, FunctionGroup] = field(default_factory=dict)
     spec_file: str = ""
     spec_sha256: str = ""
 

@@ -328,6 +328,8 @@ class Value(_Lazy):
         why = self._spec.readonly_why if self._spec else None
         if why:
             raise NnatlasError(f"{self.label} is read-only: {why}")
+        if self._spec is not None and self._spec.edit == "none":
+            raise NnatlasError(f"{self.label} is read-only: it records what ran (an edit could reach nothing)")
 
     def _assign(self, value: Any) -> None:
         self._writable()

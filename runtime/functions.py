@@ -39,6 +39,10 @@ def cfg_count(xs: Any, item: Any) -> int:
     return list(xs).count(item)
 
 
+def cfg_int(x: Any) -> int:
+    return int(x)
+
+
 def sigmoid(x: torch.Tensor) -> torch.Tensor:
     return torch.sigmoid(x)
 
@@ -113,3 +117,38 @@ def masked(pattern: torch.Tensor, values: Mapping[str, Any]) -> torch.Tensor:
         queries_real = mask[:, k - q : k, None] != 0  # [batch query 1]
         hidden = (hidden | ~keys_real) & queries_real
     return pattern.masked_select(hidden[:, None].expand_as(pattern))
+
+
+def chunk(x: torch.Tensor, chunks: int, dim: int) -> tuple[torch.Tensor, ...]:
+    return torch.chunk(x, chunks, dim)
+
+
+def delta_rule(q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule, one token at a time, written out here (not transformers' kernel).
+
+    ``q``, ``k`` [batch seq key_heads key_dim], ``v`` [batch seq heads value_dim], ``g`` (log decay)
+    and ``beta`` [batch seq heads], ``state`` [batch heads key_dim value_dim] or None. As the kernel
+    does: query and key heads are repeated up to the value heads, l2-normed (eps 1e-6 under the
+    root) and the queries scaled by 1/sqrt(key_dim). For each token t and head:
+    S = exp(g_t) S;  S += k_t ⊗ beta_t (v_t - Sᵀ k_t);  o_t = Sᵀ q_t.
+    Returns (outputs [batch seq heads value_dim], the final state), in float32.
+    """
+    q, k, v, g, beta, state = (getattr(x, "value", x) if not isinstance(x, torch.Tensor) else x
+                               for x in (q, k, v, g, beta, state))
+    heads = v.shape[2]
+    if q.shape[2] != heads:
+        q = q.repeat_interleave(heads // q.shape[2], dim=2)
+        k = k.repeat_interleave(heads // k.shape[2], dim=2)
+    q, k, v, g, beta = (x.double() for x in (q, k, v, g, beta))
+    q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) / q.shape[-1] ** 0.5
+    k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    b, seq, _, dk = k.shape
+    s = torch.zeros(b, heads, dk, v.shape[-1], dtype=torch.float64) if state is None else state.double().clone()
+    out = torch.zeros_like(v)
+    for t in range(seq):
+        s = s * g[:, t].exp()[..., None, None]
+        kt, vt = k[:, t], v[:, t]  # [b h dk], [b h dv]
+        recalled = torch.einsum("bhkv,bhk->bhv", s, kt)
+        s = s + torch.einsum("bhk,bhv->bhkv", kt, (vt - recalled) * beta[:, t, :, None])
+        out[:, t] = torch.einsum("bhkv,bhk->bhv", s, q[:, t])
+    return out.float(), s.float()

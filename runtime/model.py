@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -102,7 +103,93 @@ class AtlasModel(Host):
     def __getattr__(self, name: str) -> Any:
         if not name.startswith("_") and name in self._family.config:
             return self._config_value(name)
+        if not name.startswith("_") and name.endswith("_layers"):
+            found = self._kind_layers(name.removesuffix("_layers"))
+            if found is not None:
+                return found
         return super().__getattr__(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(getattr(type(self), name, None), property):
+            object.__setattr__(self, name, value)
+            return
+        super().__setattr__(name, value)
+
+    # ---- kernels ----
+    @property
+    def kernels(self) -> str | None:
+        """``"torch"`` routes this model's recurrent kernels token by token in every trace (see
+        :func:`route_kernels`); None (the default) runs whatever transformers picked."""
+        return self.__dict__.get("_kernels")
+
+    @kernels.setter
+    def kernels(self, value: str | None) -> None:
+        if value not in (None, "torch"):
+            raise NnatlasError("model.kernels is 'torch' (route recurrent kernels token by token) or None")
+        if value == "torch" and not any(g.route for g in self._family.functions.values()):
+            raise NnatlasError(f"{self.family} has no kernel to route")
+        self.__dict__["_kernels"] = value
+
+    def _kernel_route(self) -> str | None:
+        from .sites import kernel_route
+
+        return kernel_route(self.family) or self.kernels
+
+    def _routed_modules(self) -> list[tuple[torch.nn.Module, str]]:
+        """Every live module whose host reads a routable function group, with that group."""
+        out: list[tuple[torch.nn.Module, str]] = []
+        groups = {n for n, g in self._family.functions.items() if g.route}
+        for path in dict.fromkeys(h.path for h in self._family.hosts):
+            for _, host in self._live_hosts(path):
+                used = {v.read.fn for s in host._specs() for v in s.values if v.read.kind == "fn" and v.read.fn in groups}
+                out += [(host._module, g) for g in sorted(g for g in used if g is not None)]
+        return out
+
+    def _live_hosts(self, path: str) -> list[tuple[str, Host]]:
+        """Every live host at a spec path (``layers[i].linear_attn`` → one per block that has it)."""
+        if path == "model":
+            return [("model", self)]
+        head, _, rest = path.partition("[i]")
+        node: Any = self
+        for part in head.split("."):
+            node = node._child(part) if isinstance(node, Host) else None
+            if node is None:
+                return []
+        if "[i]" not in path:
+            return [(path, node)] if isinstance(node, Host) else []
+        out = []
+        for i in range(len(node)):
+            host: Any = node[i]
+            for part in [p for p in rest.split(".") if p]:
+                host = host._child(part)
+                if host is None:
+                    break
+            if host is not None:
+                out.append((path.replace("[i]", f"[{i}]"), host))
+        return out
+
+    def _kind_layers(self, kind: str) -> list[int] | None:
+        """The blocks of a hybrid stack's kind, from the ``when`` of the spec's host kinds."""
+        specs = [h for h in self._family.hosts if h.kind == kind and h.when is not None]
+        if not specs:
+            return None
+        path = specs[0].path
+        head = path.partition("[i]")[0]
+        node: Any = self
+        for part in head.split("."):
+            node = getattr(node, part)
+        return [i for i in range(len(node)) if any(h.when is not None and h.when(self._config_view, i) for h in specs)]
+
+    @property
+    def layer_kinds(self) -> list[str | None]:
+        """The block kind of every block (the spec's kinds; None for a family without kinds)."""
+        kinds: list[str | None] = [None] * len(self.layers)
+        for h in self._family.hosts:
+            if h.path == "layers[i]" and h.kind and h.when is not None:
+                for i in range(len(kinds)):
+                    if h.when(self._config_view, i):
+                        kinds[i] = h.kind
+        return kinds
 
     # ---- hosts ----
     def _specs_for(self, pattern: str, index: int | None) -> list[HostSpec]:
@@ -123,16 +210,20 @@ class AtlasModel(Host):
         kinds = [h for h in self._family.hosts if h.path == host._pattern and h not in host._specs()]
         owners = [h for h in kinds if h.value(name) is not None]
         child_key = f"{host._pattern}.{name}"
-        child_owners = [h for h in self._family.hosts if h.path == child_key]
-        if owners or child_owners:
-            lst = self.layers if host._pattern.startswith("layers") and host._index is not None else None
-            where = ""
-            if lst is not None:
-                idx = [i for i in range(len(lst)) if any(
-                    (h.when is None or h.when(self._config_view, i)) for h in (owners or child_owners))]
-                where = f" (it exists on blocks {idx})" if idx else ""
-            kind = next((h.when_text for h in host._specs() if h.when_text), None)
-            raise Unavailable(f"{host._label} has no {name}{where}" + (f": this block is the kind where {kind}" if kind else ""))
+        has_child = any(h.path == child_key or h.path.startswith(child_key + ".") for h in self._family.hosts)
+        if not owners and not has_child:
+            return
+        idx: list[str] = []
+        if has_child:
+            idx = [label.rsplit(".", 1)[0] for label, _ in self._live_hosts(child_key)]
+        else:
+            head = host._pattern.partition("[i]")[0]
+            idx = [f"{head}[{i}]" for i in range(len(getattr(self, head)))
+                   if any(h.when is not None and h.when(self._config_view, i) for h in owners)]
+        mine = next((h for h in host._specs() if h.when_text), None)
+        kind = f": {host._label} is a {mine.kind or 'different'} block ({mine.when_text})" if mine else ""
+        where = f"; {name} exists on {', '.join(idx)}" if idx else ""
+        raise Unavailable(f"{host._label} has no {name}{kind}{where}")
 
     def _active_tracer(self, label: str) -> Tracer:
         tracer = self._tracer
@@ -150,11 +241,13 @@ class AtlasModel(Host):
             return Unavailable(f"{value.label} {spec.needs.says}. Instead: {spec.needs.fix}")
         if spec.needs.name == "eager":
             impl = getattr(getattr(value._host._module, "config", self.config), "_attn_implementation", None)
-            load = f"attn_implementation={impl!r}"
+            under = f"under this load (attn_implementation={impl!r})"
+        elif spec.needs.name == "processor":
+            proc = type(self._processor).__name__ if self._processor is not None else None
+            under = f"under this load ({type(self._module).__name__}, processor={proc})"
         else:
-            load = f"{type(self._module).__name__}, processor={type(self._processor).__name__ if self._processor is not None else None}"
-        return Unavailable(f"{value.label} is unavailable under this load ({load}): it "
-                           f"{spec.needs.says}. Fix: {spec.needs.fix}")
+            under = "here"
+        return Unavailable(f"{value.label} is unavailable {under}: it {spec.needs.says}. Fix: {spec.needs.fix}")
 
     def _scope_module(self, host: Host, read: Any, label: str) -> torch.nn.Module:
         """The module whose forward (ops) or methods a scoped read point names."""
@@ -176,20 +269,20 @@ class AtlasModel(Host):
             module = host._resolve_module(read.module, value.label)
             side = read.side
             key = ("pre" if side in ("input", "inputs") else "post", id(module))
-            return Target(value.label, key, module, side, read.param, read.access, view, value._extra, reached)
+            return Target(value.label, key, module, side, read.param, read.access, view, value._extra, reached=reached)
         module = host._module
         if read.kind == "call":
             key = ("call_in" if read.side == "args" else "call_out", id(module))
-            return Target(value.label, key, module, read.side, None, read.access, view, value._extra, reached)
+            return Target(value.label, key, module, read.side, None, read.access, view, value._extra, reached=reached)
         if read.kind == "op":
             if read.scope or read.scope_root:
                 module = self._scope_module(host, read, value.label)
             key = ("op", id(module), "call" if read.call else None, read.op, read.occurrence, read.side)
             side = "args" if read.side == "input" else "output"
-            return Target(value.label, key, module, side, None, read.access, view, value._extra, reached)
+            return Target(value.label, key, module, side, None, read.access, view, value._extra, reached=reached)
         if read.kind == "method":
             module = self._scope_module(host, read, value.label)
-            if not callable(getattr(module, read.method, None)):
+            if not callable(getattr(module, read.method or "", None)):
                 raise NnatlasError(f"{value.label}: {type(module).__name__} has no method {read.method}")
             occurrence = read.occurrence
             if read.per_index:
@@ -198,8 +291,14 @@ class AtlasModel(Host):
                     raise NnatlasError(f"{value.label}: method:{read.method}#i needs a host with a block index")
                 occurrence = index
             key = ("method_in" if read.side == "args" else "method_out", id(module), read.method)
-            return Target(value.label, key, module, read.side, None, read.access, view, value._extra, reached,
+            return Target(value.label, key, module, read.side, None, read.access, view, value._extra, reached=reached,
                           call=occurrence)
+        if read.kind == "fn":
+            assert read.fn is not None
+            key = (read.side, id(module), read.fn)
+            copy = bool(value._spec and value._spec.copy)
+            return Target(value.label, key, module, read.side, None, read.access, view, value._extra, copy,
+                          reached=reached)
         raise NnatlasError(f"{value.label} is derived; it has no site of its own")
 
     def _view_arg(self, a: Any) -> Any:
@@ -217,7 +316,9 @@ class AtlasModel(Host):
         """
         model_inputs = prepare(self, inputs, kwargs)
         module = self._module
-        return Tracer(self, lambda: module(**model_inputs), order=order, grad=grad, inputs=model_inputs)
+        ids = model_inputs.get("input_ids", model_inputs.get("inputs_embeds"))
+        calls = int(ids.shape[1]) if isinstance(ids, torch.Tensor) and ids.dim() >= 2 else None
+        return Tracer(self, lambda: module(**model_inputs), order=order, grad=grad, calls=calls, inputs=model_inputs)
 
     def generate(self, inputs: Any = None, *, max_new_tokens: int = 8, order: str = "strict", **kwargs: Any) -> Tracer:
         """Like ``trace`` over ``generate``: the body reads step 0 unless inside ``tracer.iter[...]``."""
@@ -254,6 +355,8 @@ def conditions_met(name: str, model: AtlasModel, module: torch.nn.Module) -> boo
         return getattr(cfg, "_attn_implementation", None) == "eager"
     if name == "processor":
         return model._processor is not None and getattr(model._processor, "image_processor", None) is not None
+    if name == "torch_kernels":
+        return model._kernel_route() == "torch"
     raise NnatlasError(f"unknown load condition '{name}'")
 
 
@@ -262,6 +365,35 @@ def call_condition_met(name: str, inputs: Mapping[str, Any]) -> bool:
     if name == "images":
         return inputs.get("pixel_values") is not None
     raise NnatlasError(f"unknown call condition '{name}'")
+
+
+@contextlib.contextmanager
+def route_kernels(family: str | AtlasModel, kernels: str = "torch") -> Iterator[None]:
+    """Route a family's recurrent kernels (Qwen3.5's gated delta rule …) through their pure-torch
+    step, one token at a time, in every trace opened inside the block (this thread or task only).
+
+        with nnatlas.route_kernels(model.family, "torch"):
+            with model.trace(prompt):
+                states = model.layers[0].linear_attn.states.save()
+
+    Nothing global is touched: the routing lives in a ContextVar reset when the block ends.
+    """
+    from . import registry
+    from .sites import _KERNEL_ROUTES
+
+    name = family.family if isinstance(family, AtlasModel) else family
+    if kernels != "torch":
+        raise NnatlasError(f"route_kernels routes to 'torch' only, not {kernels!r}")
+    fam = registry.get(name)
+    if not any(g.route for g in fam.functions.values()):
+        raise NnatlasError(f"{name} has no kernel to route: route_kernels is for families with a recurrent kernel")
+    current = dict(_KERNEL_ROUTES.get() or {})
+    current[name] = kernels
+    token = _KERNEL_ROUTES.set(current)
+    try:
+        yield
+    finally:
+        _KERNEL_ROUTES.reset(token)
 
 
 def wrap(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None, family: str | None = None) -> AtlasModel:

@@ -112,3 +112,88 @@ class OpMode(TorchFunctionMode):
         args, kwargs = self.serve(name, k, "input", (args, kwargs))
         out = func(*args, **kwargs)
         return self.serve(name, k, "output", out)
+
+
+# ---- module-level functions a host's forward calls -----------------------------------------
+#
+# A kernel such as transformers' ``torch_chunk_gated_delta_rule`` is a global of the modeling
+# module, looked up by the forward at call time. While a trace runs, that global is swapped for a
+# dispatcher (refcounted across traces and threads); the dispatcher asks two ContextVars which host
+# module's forward is running (set by that host's forward hooks) and whether this trace routes
+# that host's calls of the function. Anyone else calling the global gets the original untouched;
+# the last trace to finish puts the original back.
+
+_FN_ROUTES: ContextVar[dict[tuple[int, str], Callable[..., Any]] | None] = ContextVar("nnatlas_fn_routes", default=None)
+_FN_HOST: ContextVar[int | None] = ContextVar("nnatlas_fn_host", default=None)
+_fn_lock = threading.Lock()
+_fn_users: dict[tuple[int, str], list[Any]] = {}  # (id(globals dict), name) -> [count, original, globals]
+
+
+def forward_globals(module: torch.nn.Module) -> dict[str, Any]:
+    """The globals the module's forward looks names up in (its class's modeling module)."""
+    import inspect
+
+    fwd = inspect.unwrap(type(module).forward)
+    return fwd.__globals__  # type: ignore[no-any-return]
+
+
+def _fn_dispatcher(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        routes = _FN_ROUTES.get()
+        host = _FN_HOST.get()
+        handler = routes.get((host, name)) if routes and host is not None else None
+        if handler is None:
+            return original(*args, **kwargs)
+        return handler(original, name, args, kwargs)
+
+    dispatch.__name__ = f"{_PREFIX}{name}"
+    dispatch.__wrapped__ = original  # type: ignore[attr-defined]
+    dispatch._nnatlas_original = original  # type: ignore[attr-defined]
+    return dispatch
+
+
+def acquire_function(namespace: dict[str, Any], name: str) -> None:
+    """Swap the global ``name`` of ``namespace`` for the dispatcher (refcounted)."""
+    key = (id(namespace), name)
+    with _fn_lock:
+        entry = _fn_users.get(key)
+        if entry is None:
+            original = namespace.get(name)
+            if original is None or not callable(original):
+                raise RuntimeError(f"the modeling module has no function '{name}' to read at")
+            namespace[name] = _fn_dispatcher(name, original)
+            _fn_users[key] = [1, original, namespace]
+        else:
+            entry[0] += 1
+
+
+def release_function(namespace: dict[str, Any], name: str) -> None:
+    key = (id(namespace), name)
+    with _fn_lock:
+        entry = _fn_users[key]
+        entry[0] -= 1
+        if entry[0] == 0:
+            namespace[name] = entry[1]
+            del _fn_users[key]
+
+
+def original_function(namespace: dict[str, Any], name: str) -> Callable[..., Any]:
+    """The function itself, not the dispatcher a running trace put in its place."""
+    fn = namespace[name]
+    return getattr(fn, "_nnatlas_original", fn)  # type: ignore[no-any-return]
+
+
+def patched_functions() -> list[str]:
+    """The globals nnatlas has swapped right now (empty outside a trace)."""
+    with _fn_lock:
+        return [f"{entry[2].get('__name__', '?')}.{key[1]}" for key, entry in _fn_users.items()]
+
+
+# ---- route_kernels: which families run their kernels token by token ----------------------
+
+_KERNEL_ROUTES: ContextVar[dict[str, str] | None] = ContextVar("nnatlas_kernel_routes", default=None)
+
+
+def kernel_route(family: str) -> str | None:
+    routes = _KERNEL_ROUTES.get()
+    return routes.get(family) if routes else None

@@ -17,6 +17,10 @@ import torch
 
 from .model import AtlasModel, wrap
 
+# Tiny models gain nothing from threads, and a batched LAPACK call (the delta rule's
+# solve_triangular) runs ~400x slower with two threads on a loaded two-core machine.
+torch.set_num_threads(1)
+
 WORDS = ("the eiffel tower is in city of paris france a an and to on at with from by for as it this that "
          "was were be been being have has had do does did not no yes one two three four five six seven "
          "eight nine ten red blue green big small old new first last next good bad hot cold up down").split()
@@ -37,6 +41,11 @@ def tiny_tokenizer(vocab_size: int, extra_specials: tuple[str, ...] = ()) -> Any
         tok.add_special_tokens(list(extra_specials))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", bos_token="[BOS]",
                                    eos_token="[EOS]")
+    # a minimal chat template (the turns' text, then a generation prompt), so the notes' templated
+    # examples run; it stands for a checkpoint's template, whose text the notes describe
+    fast.chat_template = ("{% for m in messages %}{{ m['content'] }} {% endfor %}"
+                          "{% if add_generation_prompt %}{{ 'yes' if enable_thinking is defined and enable_thinking "
+                          "else 'no' }}{% endif %}")
     return fast
 
 
@@ -282,8 +291,23 @@ def _save_all(model: AtlasModel, inputs: Mapping[str, torch.Tensor], names: Call
     return saved
 
 
+def _routable(model: AtlasModel) -> bool:
+    return any(g.route for g in model._family.functions.values())
+
+
 def check_shapes(case: Case) -> None:
+    """Every value this load serves has its layout's shape; families with a routable kernel are
+    checked a second time under ``route_kernels(family, "torch")``, where the per-token values exist."""
+    import nnatlas
+
     model = case.model("eager")
+    _check_shapes(model, case)
+    if _routable(model):
+        with nnatlas.route_kernels(model.family, "torch"):
+            _check_shapes(model, case)
+
+
+def _check_shapes(model: AtlasModel, case: Case) -> None:
     saved = _save_all(model, case.inputs)
     assert saved, "no value was saved"
     dims = dims_of(model, case.inputs)
@@ -320,7 +344,9 @@ def check_identity(case: Case, path: str, index: int) -> None:
         lhs, rhs = identity.check(values)
         assert_identity(identity, lhs, rhs, f"{label} ({case!r})")
         checked += 1
-    assert checked or not list(each_host(model, path)) or True
+    from hypothesis import assume
+
+    assume(checked > 0)  # a block kind this drawn config lacks: draw another (none at all fails the test)
 
 
 def _first_host(model: AtlasModel, path: str, name: str | None = None) -> tuple[str, Any]:
@@ -355,8 +381,20 @@ def _fixed_inputs(model: AtlasModel, text_only: bool = False) -> dict[str, torch
 
 
 def check_edit(family: str, path: str, name: str) -> None:
-    """Writing a value back unchanged leaves logits bit-identical; zeroing it changes them."""
+    """Writing a value back unchanged leaves logits bit-identical; zeroing it changes them (under
+    ``route_kernels`` for a value that needs it)."""
+    import contextlib
+
+    import nnatlas
+
     model = build(family, attn_implementation="eager")
+    spec = next(v for h in model._family.hosts if h.path == path for v in h.values if v.name == name)
+    routed = spec.needs is not None and spec.needs.name == "torch_kernels"
+    with nnatlas.route_kernels(family, "torch") if routed else contextlib.nullcontext():
+        _check_edit(model, path, name)
+
+
+def _check_edit(model: AtlasModel, path: str, name: str) -> None:
     inputs = _fixed_inputs(model)
     label, host = _first_host(model, path, name)
     with model.trace(dict(inputs)):

@@ -12,6 +12,7 @@ still waiting raises :class:`OutOfOrderError` naming both, as an interleaved tra
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import Token
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from .model import AtlasModel
 
 SiteKey = tuple[Any, ...]
+FN_SITES = ("fn_args", "fn_output", "fn_step", "fn_steps")
+PER_CALL_SITES = ("fn_step",)  # sites that fire once per token of a call: tracer.iter picks the token
 
 
 # ---- reading and writing inside a payload --------------------------------------------------
@@ -81,6 +84,7 @@ class Target:
     access: tuple[Any, ...]
     view: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     extra: tuple[Any, ...] = ()
+    copy: bool = False
     reached: Any = None  # a call condition (adapter.Condition) checked against the inputs before the forward
     call: int = 0  # which firing of the site serves it (the K-th call of a method)
 
@@ -91,7 +95,21 @@ class Target:
         names = forward_params(self.module)
         return (names.index(self.param) if self.param in names else 10**6), self.param
 
+    def _fn_param(self, names: tuple[str, ...]) -> str:
+        a0 = self.access[0]
+        if isinstance(a0, int):
+            if a0 >= len(names):
+                raise NnatlasError(f"{self.label}: the function takes {len(names)} named arguments, not {a0 + 1}")
+            return names[a0]
+        return str(a0)
+
     def native(self, payload: Any) -> Any:
+        if self.side == "fn_args":
+            names, kw = payload
+            x = kw.get(self._fn_param(names))
+            for a in self.access[1:]:
+                x = get_item(x, a)
+            return x
         if self.side in ("input", "args"):
             args, kwargs = payload
             if self.side == "input":
@@ -113,6 +131,12 @@ class Target:
                 return new
             return set_item(x, path[0], put(get_item(x, path[0]), path[1:]))
 
+        if self.side == "fn_args":
+            names, kw = payload
+            pname = self._fn_param(names)
+            kw = dict(kw)
+            kw[pname] = put(kw.get(pname), self.access[1:])
+            return (names, kw)
         if self.side == "input":
             args, kwargs = payload
             idx, name = self._param_index()
@@ -190,7 +214,7 @@ class Request:
     target: Target | None
     payload: Any = None
     step: int = 0
-    call: int = 0
+    call: int = 0  # which firing of the site within the step; -1: every firing (a per-token site outside tracer.iter)
     readonly: bool = False
     done: bool = False
     owner: Request | None = None
@@ -240,7 +264,7 @@ class Tracer:
     """The context of one ``model.trace(...)`` (or ``model.generate(...)``)."""
 
     def __init__(self, model: AtlasModel, run: Callable[[], Any], order: str = "strict", grad: bool = False,
-                 steps: int | None = None, inputs: Mapping[str, Any] | None = None):
+                 steps: int | None = None, calls: int | None = None, inputs: Mapping[str, Any] | None = None):
         if order not in ("strict", "any"):
             raise ValueError("order is 'strict' or 'any'")
         self.model = model
@@ -251,6 +275,8 @@ class Tracer:
         self.inputs: Mapping[str, Any] = inputs or {}
         self.requests: list[Request] = []
         self.seq = 0
+        self.calls = calls
+        self.current_call = -1
         self.current_step = 0
         self.step = 0
         self.output: Any = None
@@ -259,11 +285,14 @@ class Tracer:
         self.by_site: dict[SiteKey, list[Request]] = {}
         self.fired: dict[tuple[SiteKey, int], int] = {}
         self._lock_held = False
+        self._fn_host_tokens: list[Token[Any]] = []
 
     # -- recording (the body) --
     def add(self, label: str, action: str, target: Target | None, payload: Any = None, seq: int | None = None,
             **kw: Any) -> Request:
-        if target is not None and "call" not in kw:
+        if target is not None and target.site[0] in PER_CALL_SITES and "call" not in kw:
+            kw["call"] = self.current_call
+        elif target is not None and "call" not in kw:
             kw["call"] = target.call
         r = Request(self.seq if seq is None else seq, label, action, target, payload, step=self.current_step, **kw)
         if seq is None:
@@ -313,7 +342,7 @@ class Tracer:
         n = self.fired.get((key, self.step), 0)
         self.fired[(key, self.step)] = n + 1
         for r in reqs:
-            if r.done or r.step != self.step or r.call != n:
+            if r.step != self.step or (r.done and r.call != -1) or r.call not in (n, -1):
                 continue
             if self.strict and r.ordered:
                 first = self._first_undone()
@@ -325,6 +354,10 @@ class Tracer:
     def _apply(self, r: Request, payload: Any) -> Any:
         t = r.target
         assert t is not None
+        if t.copy:
+            native = t.native(payload)
+            if isinstance(native, torch.Tensor):
+                payload = t.with_native(payload, native.clone())
         if r.action == "replace":
             current = t.served(t.native(payload))
             new = self.resolve(r.payload, current, r.label)
@@ -389,10 +422,15 @@ class Tracer:
         modes: list[sites.OpMode] = []
         restore: list[Callable[[], None]] = []
         route_token: Token[Any] | None = None
+        fn_tokens: list[Token[Any]] = []
         try:
             routes = self._install(installed, modes, restore)
             if routes:
                 route_token = sites._ROUTES.set(routes)
+            fn_routes = self._install_functions(installed, restore)
+            if fn_routes:
+                fn_tokens.append(sites._FN_ROUTES.set(fn_routes))
+                fn_tokens.append(sites._FN_HOST.set(None))
             if self.steps is not None:
                 root = self.model._module
 
@@ -414,6 +452,8 @@ class Tracer:
                 undo()
             if route_token is not None:
                 sites._ROUTES.reset(route_token)
+            for tok in reversed(fn_tokens):
+                tok.var.reset(tok)
         missing = [r for r in self._ordered if not r.done and r.owner is None]
         if missing:
             names = ", ".join(r.label + (f" (step {r.step})" if self.steps is not None else "") for r in missing)
@@ -471,6 +511,97 @@ class Tracer:
 
         restore.append(undo)
         mod.__dict__[name] = method
+    # -- module-level functions (fn: read points) and route_kernels --
+    def _install_functions(self, installed: list[Any], restore: list[Callable[[], None]]
+                           ) -> dict[tuple[int, str], Callable[..., Any]]:
+        family = self.model._family
+        wanted: dict[int, tuple[torch.nn.Module, set[str]]] = {}
+        for key, reqs in self.by_site.items():
+            if key[0] in FN_SITES:
+                assert reqs[0].target is not None
+                mod = reqs[0].target.module
+                wanted.setdefault(id(mod), (mod, set()))[1].add(key[2])
+        routed = self.model._kernel_route()
+        if routed == "torch":
+            for mod, group in self.model._routed_modules():
+                wanted.setdefault(id(mod), (mod, set()))[1].add(group)
+        routes: dict[tuple[int, str], Callable[..., Any]] = {}
+        for mid, (mod, groups) in wanted.items():
+            namespace = sites.forward_globals(mod)
+            for g in sorted(groups):
+                spec = family.functions.get(g)
+                route = spec.route if (spec is not None and routed == "torch") else None
+                for name in (spec.names if spec is not None else (g,)):
+                    if (mid, name) in routes:
+                        raise NnatlasError(f"{name} is read under two names on {type(mod).__name__}")
+                    sites.acquire_function(namespace, name)
+                    restore.append(functools.partial(sites.release_function, namespace, name))
+                    routes[(mid, name)] = self._fn_handler(mid, g, route, namespace)
+            installed.append(mod.register_forward_pre_hook(self._fn_enter, with_kwargs=True))
+            installed.append(mod.register_forward_hook(self._fn_leave))
+        return routes
+
+    def _fn_enter(self, mod: torch.nn.Module, args: Any, kwargs: Any) -> None:
+        self._fn_host_tokens.append(sites._FN_HOST.set(id(mod)))
+
+    def _fn_leave(self, mod: torch.nn.Module, args: Any, out: Any) -> None:
+        if self._fn_host_tokens:
+            sites._FN_HOST.reset(self._fn_host_tokens.pop())
+
+    def _fn_handler(self, mid: int, group: str, route: Any, namespace: dict[str, Any]) -> Callable[..., Any]:
+        def handler(original: Callable[..., Any], name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            names = _param_names(original)
+            if len(args) > len(names):
+                raise NnatlasError(f"{name} was called with {len(args)} positional arguments; nnatlas reads "
+                                   f"functions whose parameters are named ({', '.join(names)})")
+            kw = dict(zip(names, args))
+            kw.update(kwargs)
+            names, kw = self.serve(("fn_args", mid, group), (names, kw))
+            if route is not None:
+                out = self._token_by_token(mid, group, route, namespace, kw)
+            else:
+                # called as the forward called it: what was positional stays positional (a wrapper
+                # may hand it to an implementation whose parameters have other names)
+                rest = dict(kw)
+                positional = [rest.pop(n) for n in names[:len(args)]]
+                out = original(*positional, **rest)
+            return self.serve(("fn_output", mid, group), out)
+
+        return handler
+
+    def _token_by_token(self, mid: int, group: str, route: Any, namespace: dict[str, Any], kw: dict[str, Any]) -> Any:
+        """One call of a recurrent kernel, run one token at a time through the pure-torch step."""
+        fn = inspect.unwrap(sites.original_function(namespace, route["torch"]))
+        dim, state_arg, k = route["seq_dim"], route["state_arg"], route["state_output"]
+        flag = route.get("final_state_flag")
+        seqs = [v.shape[dim] for n, v in kw.items() if isinstance(v, torch.Tensor) and n != state_arg and v.dim() > dim]
+        if not seqs:
+            raise NnatlasError(f"{route['torch']}: no sequence argument to step through")
+        seq = seqs[0]
+        accepted = _param_names(fn)
+        takes_any = _takes_kwargs(fn)
+        state = kw.get(state_arg)
+        outs: list[tuple[Any, ...]] = []
+        for t in range(seq):
+            step = {n: (v.narrow(dim, t, 1) if isinstance(v, torch.Tensor) and n != state_arg and v.dim() > dim
+                        and v.shape[dim] == seq else v) for n, v in kw.items() if takes_any or n in accepted}
+            step[state_arg] = state
+            if flag:
+                step[flag] = True
+            out = tuple(fn(**step))
+            out = tuple(self.serve(("fn_step", mid, group), out))
+            state = out[k]
+            outs.append(out)
+        result = []
+        for i in range(len(outs[0]) if outs else 0):
+            if i == k:
+                result.append(state if (not flag or kw.get(flag)) else None)
+            else:
+                result.append(torch.cat([o[i] for o in outs], dim))
+        if ("fn_steps", mid, group) in self.by_site:
+            stacked = tuple(torch.stack([o[i] for o in outs], dim) if i == k else result[i] for i in range(len(result)))
+            self.serve(("fn_steps", mid, group), stacked)
+        return tuple(result)
 
     def _pre_hook(self, mod: torch.nn.Module, args: Any, kwargs: Any) -> Any:
         payload = (args, kwargs)
@@ -539,22 +670,54 @@ class Tracer:
             cfg._attn_implementation = name
 
 
+_PARAMS: dict[int, tuple[tuple[str, ...], bool]] = {}
+
+
+def _signature(fn: Callable[..., Any]) -> tuple[tuple[str, ...], bool]:
+    key = id(fn)
+    if key not in _PARAMS:
+        params = inspect.signature(fn).parameters.values()
+        names = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+        _PARAMS[key] = (names, any(p.kind == p.VAR_KEYWORD for p in params))
+    return _PARAMS[key]
+
+
+def _param_names(fn: Callable[..., Any]) -> tuple[str, ...]:
+    return _signature(fn)[0]
+
+
+def _takes_kwargs(fn: Callable[..., Any]) -> bool:
+    return _signature(fn)[1]
+
+
 class _Steps:
+    """``tracer.iter[...]``: generation steps under ``model.generate``; in a trace, the tokens of a
+    per-token value (a recurrent kernel's ``state`` under ``route_kernels``)."""
+
     def __init__(self, tracer: Tracer):
         self.tracer = tracer
 
     def __getitem__(self, sl: int | slice) -> Iterator[int]:
         total = self.tracer.steps
-        if total is None:
-            raise NnatlasError("tracer.iter is for model.generate(...): a trace runs one step")
+        per_call = total is None
+        if per_call:
+            total = self.tracer.calls
+            if total is None:
+                raise NnatlasError("tracer.iter walks generation steps (model.generate) or the tokens of a trace "
+                                   "whose inputs have a known length")
+        assert total is not None
         steps = range(total)[sl] if isinstance(sl, slice) else [range(total)[sl]]
-        return self._walk(list(steps))
+        return self._walk(list(steps), per_call)
 
-    def _walk(self, steps: list[int]) -> Iterator[int]:
+    def _walk(self, steps: list[int], per_call: bool) -> Iterator[int]:
         try:
             for s in steps:
-                self.tracer.current_step = s
+                if per_call:
+                    self.tracer.current_call = s
+                else:
+                    self.tracer.current_step = s
                 yield s
         finally:
             self.tracer.current_step = 0
+            self.tracer.current_call = -1
 

@@ -2,4 +2,4 @@
 # Do not edit: edit the specs, then run `make generate`.
 """The generated family adapters: ``nnatlas.families.<family>.FAMILY``."""
 
-FAMILIES: tuple[str, ...] = ('gpt2', 'llama', 'qwen3_vl')
+FAMILIES: tuple[str, ...] = ('gpt2', 'llama', 'qwen3_5_text', 'qwen3_vl')

@@ -106,7 +106,7 @@ def _derive_model_input_size(v: Any) -> Any:
 
 
 def _derive_model_next_token_probs(v: Any) -> Any:
-    return _fn.softmax(v['logits'][:, (-1)], (-1))
+    return _fn.softmax(v['logits'][:, (-1)], -1)
 
 
 def _identity_model_0(v: Any) -> Any:
@@ -134,7 +134,7 @@ def _identity_layers_self_attn_0(v: Any) -> Any:
 
 
 def _identity_layers_self_attn_1(v: Any) -> Any:
-    return (_fn.sum(v['attention_probabilities'], (-1)), 1)
+    return (_fn.sum(v['attention_probabilities'], -1), 1)
 
 
 def _identity_layers_self_attn_2(v: Any) -> Any:
@@ -142,7 +142,7 @@ def _identity_layers_self_attn_2(v: Any) -> Any:
 
 
 def _identity_layers_self_attn_3(v: Any) -> Any:
-    return (_fn.softmax(v['attention_scores'], (-1)), v['attention_probabilities'])
+    return (_fn.softmax(v['attention_scores'], -1), v['attention_probabilities'])
 
 
 def _identity_layers_mlp_0(v: Any) -> Any:
