@@ -79,10 +79,9 @@ def _with_images(model: AtlasModel, text: Any, images: Any) -> Mapping[str, Any]
     if not isinstance(text, str):
         raise NnatlasError("images=[...] goes with one prompt (a string); pass pixel_values, image_grid_thw and "
                            "mm_token_type_ids in a dict for anything else")
-    token = getattr(proc, "image_token", None)
-    if token and token not in text:
-        start, end = getattr(proc, "vision_start_token", ""), getattr(proc, "vision_end_token", "")
-        text = "".join(f"{start}{token}{end}" for _ in images) + " " + text
+    from .processing import image_prompt
+
+    text = image_prompt(proc, text, len(images))
     return proc(text=text, images=images, return_tensors="pt")  # type: ignore[no-any-return]
 
 

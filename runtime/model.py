@@ -76,7 +76,13 @@ class AtlasModel(Host):
 
     @property
     def processor(self) -> Any:
-        return self._processor
+        """The processor (images and text), or None on a text-only load. Called with images and a
+        prompt without image tokens, it puts one placeholder per image in front, as trace does."""
+        if self._processor is None:
+            return None
+        from .processing import PromptProcessor
+
+        return PromptProcessor(self._processor)
 
     @property
     def native(self) -> torch.nn.Module:

@@ -77,3 +77,37 @@ def _image_processor_class(name: str) -> type:
     if cls is None or getattr(cls, "is_dummy", False):
         raise NnatlasError(f"no image processor class {name} usable here (torchvision-free ones end in Pil)")
     return cls  # type: ignore[no-any-return]
+
+
+def image_prompt(processor: Any, text: str, count: int) -> str:
+    """``text`` with one ``<vision_start><image><vision_end>`` per image in front, unless it holds
+    the image token already (as a chat template would place them)."""
+    token = getattr(processor, "image_token", None)
+    if not token or token in text or count == 0:
+        return text
+    start, end = getattr(processor, "vision_start_token", ""), getattr(processor, "vision_end_token", "")
+    return "".join(f"{start}{token}{end}" for _ in range(count)) + " " + text
+
+
+class PromptProcessor:
+    """The model's processor, as ``model.processor``: everything is the wrapped processor's, except
+    that a call with images and a prompt without image tokens gets one placeholder per image in
+    front (the same prompt ``model.trace(prompt, images=[...])`` runs). ``.wrapped`` is the original."""
+
+    def __init__(self, processor: Any):
+        object.__setattr__(self, "wrapped", processor)
+
+    def __call__(self, *args: Any, text: Any = None, images: Any = None, **kwargs: Any) -> Any:
+        if images is not None and isinstance(text, str):
+            count = len(images) if isinstance(images, list | tuple) else 1
+            text = image_prompt(self.wrapped, text, count)
+        return self.wrapped(*args, text=text, images=images, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.wrapped, name, value)
+
+    def __repr__(self) -> str:
+        return repr(self.wrapped)
