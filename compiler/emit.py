@@ -175,7 +175,25 @@ def family_context(f: FamilyIR) -> dict[str, Any]:
         "tiny_config": dict(f.tiny.config),
         "tiny_processor": dict(f.tiny.processor) if f.tiny.processor else None,
         "tiny_images": dict(f.tiny.images) if f.tiny.images else None,
+        "image_text": _image_text(f, functions),
     }
+
+
+def _image_text(f: FamilyIR, functions: list[_Fn]) -> dict[str, Any] | None:
+    if f.tiny.image_text is None:
+        return None
+    it = dict(f.tiny.image_text)
+    draws = []
+    for name, choices, c in it["draw"]:
+        if c is None:
+            draws.append((name, pylit(choices), "None"))
+        else:
+            fn = f"_draw_image_text_{_ident(name)}"
+            functions.append(_Fn(fn, "c: Any", c.source))
+            draws.append((name, "None", fn))
+    return {"model_class": it["model_class"], "config_class": it["config_class"], "config": pylit(it["config"]),
+            "draws": draws, "processor": pylit(dict(it["processor"])), "images": pylit(dict(it["images"])),
+            "examples": it["examples"]}
 
 
 def _classes(f: FamilyIR) -> list[dict[str, Any]]:
@@ -224,10 +242,21 @@ def render_tests(f: FamilyIR) -> str:
             elif (v.layout.dtype == "float" and v.edit == "logits" and item not in writable
                   and not (v.needs and v.needs.never)):
                 writable.append(item)
-    examples = [(n.title, k, src) for n in f.notes for k, src in enumerate(n.examples)]
+    examples = [(n.title, k, src, n.load or ("image-text-to-text" if n.shared else None))
+                for n in f.notes for k, src in enumerate(n.examples)]
+    vision_paths = tuple(p for p in host_paths if p.startswith(("vision", "projector")))
+    vision_identities = tuple(x for x in identity_ids if x[0] in vision_paths)
+    vision_writable = tuple(x for x in writable if x[0] in vision_paths)
+    vision_readonly = tuple(x for x in readonly if x[0] in vision_paths)
+    if f.tiny.image_text is not None:  # the base tiny load has no vision encoder: those run on the second load
+        host_paths = tuple(p for p in host_paths if p not in vision_paths)
+        identity_ids = [x for x in identity_ids if x[0] not in vision_paths]
+        writable = [x for x in writable if x[0] not in vision_paths]
+        readonly = [x for x in readonly if x[0] not in vision_paths]
     return env().get_template("test_family.py.j2").render(
         f=f, host_paths=host_paths, identity_ids=tuple(identity_ids), writable=tuple(writable),
-        readonly=tuple(readonly), examples=tuple(examples))
+        readonly=tuple(readonly), examples=tuple(examples), vision_paths=vision_paths,
+        vision_identities=vision_identities, vision_writable=vision_writable, vision_readonly=vision_readonly)
 
 
 def render_page(f: FamilyIR, atlas: Atlas) -> str:

@@ -133,6 +133,7 @@ class TinyIR:
     examples: int
     processor: tuple[tuple[str, Any], ...] | None = None  # class, image_processor, image_processor_config, tokens
     images: tuple[tuple[str, Any], ...] | None = None  # count, sizes
+    image_text: tuple[tuple[str, Any], ...] | None = None  # a second tiny load: the multimodal wrapper
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,7 @@ class NoteIR:
     body: str
     examples: tuple[str, ...]
     shared: str | None = None  # the group of specs/_notes.yaml it comes from
+    load: str | None = None  # the load its examples run on
 
 
 @dataclass(frozen=True)

@@ -131,6 +131,20 @@ class ProcessorRaw(Strict):
     tokens: list[StrictStr] = Field(default=[], description="special tokens given the ids after [PAD] [UNK] [BOS] [EOS], in order")
 
 
+class TinyLoadRaw(Strict):
+    """A second tiny load of the same family: the multimodal wrapper of a text model (Qwen3.5's
+    Qwen3_5ForConditionalGeneration around Qwen3_5ForCausalLM's text model). The text config is
+    the family's drawn tiny config (under text_config); ``config`` and ``draw`` add the rest."""
+
+    model_class: StrictStr
+    config_class: StrictStr
+    config: dict[StrictStr, Any] = {}
+    draw: dict[StrictStr, list[Scalar | list[Scalar]] | StrictStr] = {}
+    processor: ProcessorRaw
+    images: ImagesRaw
+    examples: StrictInt = 6
+
+
 class TinyRaw(Strict):
     model_class: StrictStr
     config_class: StrictStr
@@ -141,6 +155,7 @@ class TinyRaw(Strict):
     examples: StrictInt = 12
     processor: ProcessorRaw | None = None
     images: ImagesRaw | None = None
+    image_text: TinyLoadRaw | None = None
 
 
 class CheckpointRaw(Strict):
@@ -151,6 +166,8 @@ class CheckpointRaw(Strict):
 class NoteRaw(Strict):
     title: StrictStr
     body: StrictStr
+    # the load its examples run on: a family with a tiny.image_text load runs an image-text note there
+    load: Literal["text-generation", "image-text-to-text"] | None = None
 
 
 class SharedNoteRaw(Strict):

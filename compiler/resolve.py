@@ -559,7 +559,8 @@ class _Family:
         for rng, name in ((t.batch, "batch"), (t.seq, "seq")):
             if not 1 <= rng[0] <= rng[1]:
                 self.err(("tiny", name), f"tiny.{name}: a range [low, high] with 1 <= low <= high")
-        processor = images = None
+        processor: tuple[tuple[str, Any], ...] | None = None
+        images: tuple[tuple[str, Any], ...] | None = None
         if t.processor is not None:
             processor = (("class", t.processor.cls), ("image_processor", t.processor.image_processor),
                          ("image_processor_config", dict(t.processor.image_processor_config)),
@@ -570,8 +571,28 @@ class _Family:
             if not t.images.count or not t.images.sizes:
                 self.err(("tiny", "images"), "tiny.images: count and sizes each need at least one choice")
             images = (("count", tuple(t.images.count)), ("sizes", tuple(tuple(x) for x in t.images.sizes)))
+        image_text = None
+        if t.image_text is not None:
+            it = t.image_text
+            it_draws: list[tuple[str, Any, Any]] = []
+            for key, spec in it.draw.items():
+                iat: DataPath = ("tiny", "image_text", "draw", key)
+                if isinstance(spec, list):
+                    it_draws.append((key, tuple(spec), None))
+                    continue
+                try:
+                    it_draws.append((key, None, expr.compile_config(spec)))
+                except expr.ExprError as e:
+                    self.err(iat, f"tiny.image_text.draw.{key}: {e}", col=e.col)
+            image_text = (("model_class", it.model_class), ("config_class", it.config_class),
+                          ("config", dict(it.config)), ("draw", tuple(it_draws)),
+                          ("processor", (("class", it.processor.cls), ("image_processor", it.processor.image_processor),
+                                         ("image_processor_config", dict(it.processor.image_processor_config)),
+                                         ("tokens", tuple(it.processor.tokens)))),
+                          ("images", (("count", tuple(it.images.count)), ("sizes", tuple(tuple(x) for x in it.images.sizes)))),
+                          ("examples", it.examples))
         return TinyIR(t.model_class, t.config_class, tuple(t.config.items()), tuple(draws), t.batch, t.seq, t.examples,
-                      processor, images)
+                      processor, images, image_text)
 
     def notes(self) -> tuple[NoteIR, ...]:
         flat: list[tuple[int, NoteRaw, str | None]] = []
@@ -597,7 +618,7 @@ class _Family:
                              f"note '{note.title}'{where}: example does not parse: {e.msg} (line {e.lineno} of the block)")
                     continue
                 examples.append(block)
-            out.append(NoteIR(note.title, note.body.strip(), tuple(examples), shared))
+            out.append(NoteIR(note.title, note.body.strip(), tuple(examples), shared, note.load))
         return tuple(out)
 
 

@@ -52,9 +52,22 @@ def load_processor(path: str | Path) -> Any:
         cls = getattr(transformers, name or "", None)
         if cls is None:
             raise NnatlasError(f"cannot load a processor from {path}: unknown processor_class {name!r}") from first
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        tokenizer = _load_tokenizer(path)
         image_processor = transformers.AutoImageProcessor.from_pretrained(path)
         return images_only(cls)(image_processor=image_processor, tokenizer=tokenizer)
+
+
+def _load_tokenizer(path: str | Path) -> Any:
+    """The tokenizer class the directory's tokenizer_config.json names (AutoTokenizer would pick the
+    model type's own tokenizer class from config.json instead, which may read the files differently)."""
+    import transformers
+
+    config = Path(path) / "tokenizer_config.json"
+    name = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
+    cls = getattr(transformers, name or "", None)
+    if cls is not None and not getattr(cls, "is_dummy", False) and hasattr(cls, "from_pretrained"):
+        return cls.from_pretrained(path)
+    return transformers.AutoTokenizer.from_pretrained(path)
 
 
 def tiny_processor(spec: dict[str, Any], vocab_size: int) -> Any:

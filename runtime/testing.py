@@ -90,14 +90,45 @@ def first_params(family: str) -> dict[str, Any]:
     return draw_params(family, choose)
 
 
+def tiny_of(family: str, variant: str | None = None) -> dict[str, Any]:
+    """The family's ``tiny`` section, or its second load (``variant="image_text"``: the wrapper)."""
+    tiny = adapter_module(family).TINY
+    if variant is None:
+        return tiny  # type: ignore[no-any-return]
+    it = tiny.get(variant)
+    if not it:
+        raise ValueError(f"{family} has no tiny.{variant} load")
+    return {**tiny, **it}  # type: ignore[no-any-return]
+
+
+def variant_params(family: str, text_params: dict[str, Any], choose: Callable[[str, list[Any]], Any],
+                   variant: str) -> dict[str, Any]:
+    """The wrapper's config: the drawn text config under text_config, the load's config and draws."""
+    it = adapter_module(family).TINY[variant]
+    params: dict[str, Any] = _nested_copy(dict(it["config"]))
+    params["text_config"] = _nested_copy(text_params)
+    for name, options, compute in it["draw"]:
+        value = choose(name, list(options)) if options is not None else compute(params)
+        _set_dotted(params, name, _nested_copy(value))
+    return params
+
+
+def first_variant_params(family: str, variant: str) -> dict[str, Any]:
+    return variant_params(family, first_params(family), lambda name, options: options[0], variant)
+
+
 def build(family: str, params: Mapping[str, Any] | None = None, attn_implementation: str = "eager",
-          seed: int = 0, dtype: torch.dtype = torch.float32, processor: bool = True) -> AtlasModel:
+          seed: int = 0, dtype: torch.dtype = torch.float32, processor: bool = True,
+          variant: str | None = None) -> AtlasModel:
     """A tiny random model of ``family``, wrapped, with an in-memory tokenizer (and, for a family
-    whose ``tiny.processor`` says how, a local processor; ``processor=False`` is the text-only load)."""
+    whose ``tiny.processor`` says how, a local processor; ``processor=False`` is the text-only load).
+    ``variant="image_text"``: the family's multimodal wrapper load (``tiny.image_text``)."""
     import transformers
 
-    tiny = adapter_module(family).TINY
-    params = _nested_copy(dict(params if params is not None else first_params(family)))
+    tiny = tiny_of(family, variant)
+    if params is None:
+        params = first_variant_params(family, variant) if variant else first_params(family)
+    params = _nested_copy(dict(params))
     config = getattr(transformers, tiny["config_class"])(**params)
     config._attn_implementation = attn_implementation
     for sub in ("text_config", "vision_config"):
@@ -155,8 +186,11 @@ def each_host(model: AtlasModel, path: str) -> Iterator[tuple[str, Any]]:
         return
     head, _, rest = path.partition("[i]")
     node: Any = model
-    for part in head.split("."):
-        node = getattr(node, part)
+    try:
+        for part in head.split("."):
+            node = getattr(node, part)
+    except AttributeError:  # not built by this load (the vision encoder of a text-only load)
+        return
     if "[i]" not in path:
         yield path, node
         return
@@ -238,11 +272,12 @@ PROMPT = "the eiffel tower is in the city of"
 class Case:
     """One drawn tiny config and its inputs."""
 
-    def __init__(self, family: str, params: dict[str, Any], inputs: dict[str, torch.Tensor], seed: int):
-        self.family, self.params, self.inputs, self.seed = family, params, inputs, seed
+    def __init__(self, family: str, params: dict[str, Any], inputs: dict[str, torch.Tensor], seed: int,
+                 variant: str | None = None):
+        self.family, self.params, self.inputs, self.seed, self.variant = family, params, inputs, seed, variant
 
     def model(self, attn_implementation: str = "eager") -> AtlasModel:
-        return build(self.family, self.params, attn_implementation, seed=self.seed)
+        return build(self.family, self.params, attn_implementation, seed=self.seed, variant=self.variant)
 
     def __repr__(self) -> str:
         shape = tuple(self.inputs["input_ids"].shape)
@@ -252,11 +287,13 @@ class Case:
         return f"Case({self.family}, {self.params}, inputs {shape}, left padding {pads}{images}, seed {self.seed})"
 
 
-def draw_case(family: str, choose: Callable[[str, list[Any]], Any], data: Any) -> Case:
+def draw_case(family: str, choose: Callable[[str, list[Any]], Any], data: Any, variant: str | None = None) -> Case:
     from hypothesis import strategies as st
 
-    tiny = adapter_module(family).TINY
+    tiny = tiny_of(family, variant)
     params = draw_params(family, choose)
+    if variant is not None:
+        params = variant_params(family, params, choose, variant)
     batch = data.draw(st.integers(*tiny["batch"]), label="batch")
     seq = data.draw(st.integers(*tiny["seq"]), label="seq")
     pads = [data.draw(st.integers(0, max(seq - 1, 0)), label="pad") for _ in range(batch)]
@@ -269,7 +306,7 @@ def draw_case(family: str, choose: Callable[[str, list[Any]], Any], data: Any) -
         sizes = [tuple(data.draw(st.sampled_from(list(images["sizes"])), label="size")) for _ in range(count)]
         vocab = int(params.get("text_config", {}).get("vocab_size", params.get("vocab_size", 64)))
         proc = tiny_processor(tiny["processor"], vocab)
-        return Case(family, params, image_prompt_inputs(proc, seq, sizes, seed), seed)  # type: ignore[arg-type]
+        return Case(family, params, image_prompt_inputs(proc, seq, sizes, seed), seed, variant)  # type: ignore[arg-type]
     vocab = int(params.get("vocab_size", 64))
     return Case(family, params, draw_inputs(vocab, batch, seq, pads, seed), seed)
 
@@ -356,8 +393,8 @@ def _first_host(model: AtlasModel, path: str, name: str | None = None) -> tuple[
     raise AssertionError(f"no live host at {path}" + (f" with {name}" if name else ""))
 
 
-def check_native_class(family: str, path: str) -> None:
-    model = build(family)
+def check_native_class(family: str, path: str, variant: str | None = None) -> None:
+    model = build(family, variant=variant)
     specs = [h for h in model._family.hosts if h.path == path]
     found = list(each_host(model, path))
     assert found, f"{path}: no native module found (check rename)"
@@ -380,14 +417,14 @@ def _fixed_inputs(model: AtlasModel, text_only: bool = False) -> dict[str, torch
     return draw_inputs(vocab, 2, 6, [0, 2], seed=1)
 
 
-def check_edit(family: str, path: str, name: str) -> None:
+def check_edit(family: str, path: str, name: str, variant: str | None = None) -> None:
     """Writing a value back unchanged leaves logits bit-identical; zeroing it changes them (under
     ``route_kernels`` for a value that needs it)."""
     import contextlib
 
     import nnatlas
 
-    model = build(family, attn_implementation="eager")
+    model = build(family, attn_implementation="eager", variant=variant)
     spec = next(v for h in model._family.hosts if h.path == path for v in h.values if v.name == name)
     routed = spec.needs is not None and spec.needs.name == "torch_kernels"
     with nnatlas.route_kernels(family, "torch") if routed else contextlib.nullcontext():
@@ -413,10 +450,10 @@ def _check_edit(model: AtlasModel, path: str, name: str) -> None:
     torch.testing.assert_close(fn_zeroed, zeroed, atol=0, rtol=0)
 
 
-def check_readonly(family: str, path: str, name: str) -> None:
+def check_readonly(family: str, path: str, name: str, variant: str | None = None) -> None:
     from .errors import NnatlasError
 
-    model = build(family)
+    model = build(family, variant=variant)
     _, host = _first_host(model, path, name)
     try:
         with model.trace(dict(_fixed_inputs(model))):
@@ -427,11 +464,11 @@ def check_readonly(family: str, path: str, name: str) -> None:
         raise AssertionError(f"{path}.{name} is derived, yet assigning it raised nothing")
 
 
-def check_support(family: str, attn: str) -> None:
+def check_support(family: str, attn: str, variant: str | None = None) -> None:
     """support() says available exactly for what a trace can read under this load."""
     from .errors import Unavailable
 
-    model = build(family, attn_implementation=attn)
+    model = build(family, attn_implementation=attn, variant=variant)
     inputs = _fixed_inputs(model)
     rows = model.support().rows
     assert rows
@@ -452,10 +489,13 @@ def check_support(family: str, attn: str) -> None:
                 raise AssertionError(f"support() says {row.host}.{row.value} is unavailable, but the trace read it")
 
 
-def run_example(family: str, source: str, where: str) -> None:
+def run_example(family: str, source: str, where: str, load: str | None = None) -> None:
+    """Run a note's example on the tiny config (on the image-text load when the note says so and the
+    family has a second load for it)."""
     import nnatlas
 
-    model = build(family, attn_implementation="eager")
+    variant = "image_text" if load == "image-text-to-text" and adapter_module(family).TINY.get("image_text") else None
+    model = build(family, attn_implementation="eager", variant=variant)
     namespace = {"model": model, "prompt": PROMPT, "torch": torch, "nnatlas": nnatlas}
     if model.processor is not None:  # the pages' images: a red square and a wide one
         from PIL import Image
@@ -478,11 +518,11 @@ def _vision_specs(model: AtlasModel) -> list[tuple[str, Any, Any]]:
     return out
 
 
-def check_text_only_load(family: str) -> None:
+def check_text_only_load(family: str, variant: str | None = None) -> None:
     """Without a processor every vision value (and DeepStack's) raises Unavailable, naming the load."""
     from .errors import Unavailable
 
-    model = build(family, processor=False)
+    model = build(family, processor=False, variant=variant)
     assert model.processor is None
     found = [x for x in _vision_specs(model) if x[2].needs is not None and x[2].needs.name == "processor"]
     assert found, "no value needs the image-text load"
@@ -500,12 +540,12 @@ def check_text_only_load(family: str) -> None:
     assert out.shape[:2] == inputs["input_ids"].shape
 
 
-def check_text_prompt(family: str) -> None:
+def check_text_prompt(family: str, variant: str | None = None) -> None:
     """On a prompt without images, a value computed only with images raises NotReached before the
     forward (not a hang, not a wrong tensor), also when later values were asked for after it."""
     from .errors import NotReached
 
-    model = build(family)
+    model = build(family, variant=variant)
     inputs = _fixed_inputs(model, text_only=True)
     found = [x for x in _vision_specs(model) if x[2].reached is not None]
     assert found, "no value is computed only with images"
@@ -527,12 +567,12 @@ def check_text_prompt(family: str) -> None:
             raise AssertionError(f"{label}.{v.name} was served on a prompt without images")
 
 
-def check_image_input_errors(family: str) -> None:
+def check_image_input_errors(family: str, variant: str | None = None) -> None:
     """Raw image tensors: a missing mm_token_type_ids or an image-token count that does not match
     the grid is a clear error before the forward."""
     from .errors import NnatlasError
 
-    model = build(family)
+    model = build(family, variant=variant)
     inputs = _fixed_inputs(model)
     calls = []
     handle = model.native.register_forward_pre_hook(lambda *a: calls.append(1))
@@ -559,12 +599,13 @@ def check_image_input_errors(family: str) -> None:
     assert logits.shape[1] == inputs["input_ids"].shape[1]
 
 
-def check_processor_round_trip(family: str, tmp: Any) -> None:
+def check_processor_round_trip(family: str, tmp: Any, variant: str | None = None) -> None:
     """save_pretrained / from_pretrained in a directory: nnatlas.load(path, task="image-text-to-text")
-    brings back the wrapper with its processor (no torchvision needed), and the same logits."""
+    brings back the wrapper with its processor (no torchvision needed), and the same logits; the
+    default load (text-generation) of the same directory takes text only, with the same text values."""
     import nnatlas
 
-    model = build(family)
+    model = build(family, variant=variant)
     native: Any = model.native
     native.save_pretrained(tmp)
     processor: Any = model.processor
@@ -580,4 +621,13 @@ def check_processor_round_trip(family: str, tmp: Any) -> None:
         b = loaded.logits.save()
     torch.testing.assert_close(a, b, atol=0, rtol=0)
     text_only = nnatlas.load(str(tmp), attn_implementation="eager")
-    assert type(text_only.native) is type(model.native) and text_only.processor is None
+    assert text_only.family == family and text_only.processor is None
+    ids = _fixed_inputs(model, text_only=True)
+    with model.trace(dict(ids)):
+        wrapped = model.layers[-1].layer_output.save()
+        wrapped_logits = model.logits.save()
+    with text_only.trace(dict(ids)):
+        alone = text_only.layers[-1].layer_output.save()
+        alone_logits = text_only.logits.save()
+    torch.testing.assert_close(alone, wrapped)
+    torch.testing.assert_close(alone_logits, wrapped_logits)

@@ -430,6 +430,7 @@ TINY: dict[str, Any] = {
     "examples": 12,
     "processor": None,
     "images": None,
+    "image_text": None,
 }
 
 CHECKPOINTS: dict[str, Any] = {

@@ -411,6 +411,7 @@ TINY: dict[str, Any] = {
     "examples": 12,
     "processor": None,
     "images": None,
+    "image_text": None,
 }
 
 CHECKPOINTS: dict[str, Any] = {
