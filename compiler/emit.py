@@ -54,6 +54,7 @@ def _env() -> jinja2.Environment:
     env.filters["pylit"] = pylit
     env.filters["dictlit"] = dictlit
     env.filters["ident"] = _ident
+    env.tests["startingwith"] = lambda value, prefix: isinstance(value, str) and value.startswith(prefix)
     env.filters["md"] = markdown.render
     env.filters["json"] = lambda v: json.dumps(v, sort_keys=True, ensure_ascii=True).replace("</", "<\\/")
     return env
