@@ -54,6 +54,8 @@ def _env() -> jinja2.Environment:
     env.filters["py"] = repr
     env.filters["pylit"] = pylit
     env.filters["dictlit"] = dictlit
+    env.filters["ident"] = _ident
+    env.tests["startingwith"] = lambda value, prefix: isinstance(value, str) and value.startswith(prefix)
     env.filters["md"] = markdown.render
     env.filters["json"] = script_json
     env.filters["cfgtext"] = site.config_text
@@ -114,6 +116,11 @@ def _read_args(v: ValueIR, derive: str | None) -> str:
     if r.op:
         args.append(f"op={r.op!r}")
         args.append(f"occurrence={r.occurrence}")
+    if r.method:
+        args.append(f"method={r.method!r}")
+        args.append(f"occurrence={r.occurrence}" if not r.per_index else "per_index=True")
+    if r.scope_root:
+        args.append("scope_root=True")
     if r.fn:
         args.append(f"fn={r.fn!r}")
     return ", ".join(args)
@@ -135,20 +142,23 @@ def family_context(f: FamilyIR) -> dict[str, Any]:
             lay = layouts.setdefault(lay_key, {
                 "var": f"_L_{_ident(lay_key)}", "name": v.layout.name, "dims": v.layout.dims,
                 "dtype": v.layout.dtype, "optional": v.layout.optional})
-            needs_var = None
+            needs_var = reached_var = None
+            for c in (v.needs, v.reached):
+                if c is not None:
+                    conditions.setdefault(c.name, {"var": f"_C_{_ident(c.name)}", "name": c.name,
+                                                   "says": c.says, "fix": c.fix, "kind": c.kind, "never": c.never,
+                                                   "attribute": c.attribute, "values": c.values})
             if v.needs:
-                cond = conditions.setdefault(v.needs.name, {"var": f"_C_{_ident(v.needs.name)}", "name": v.needs.name,
-                                                            "says": v.needs.says, "fix": v.needs.fix,
-                                                            "attribute": v.needs.attribute,
-                                                            "values": v.needs.values})
-                needs_var = cond["var"]
+                needs_var = conditions[v.needs.name]["var"]
+            if v.reached:
+                reached_var = conditions[v.reached.name]["var"]
             derive = None
             if v.derived is not None:
                 derive = f"_derive_{_ident(h.ident)}_{v.name}"
                 functions.append(_Fn(derive, "v: Any", v.derived.source))
             values.append({"name": v.name, "layout_var": lay["var"], "meaning": v.meaning,
-                           "read_args": _read_args(v, derive), "view": v.view, "needs_var": needs_var,
-                           "readonly": v.readonly, "edit": v.edit, "served_copy": v.copy})
+                           "read_args": _read_args(v, derive), "view": v.view, "needs_var": needs_var, "reached_var": reached_var,
+                           "readonly": v.readonly, "readonly_why": v.readonly_why, "edit": v.edit, "served_copy": v.copy})
         identities = []
         for k, ident in enumerate(h.identities):
             fn = f"_identity_{_ident(h.ident)}_{k}"
@@ -163,7 +173,7 @@ def family_context(f: FamilyIR) -> dict[str, Any]:
                       "when_fn": when_fn, "when_text": h.when_text, "kind": h.kind, "dims": h.dims})
     for d in f.tiny.draw:
         if d.expr is not None:
-            functions.append(_Fn(f"_draw_{d.name.lstrip('_')}", "c: Any", d.expr.source))
+            functions.append(_Fn(f"_draw_{_ident(d.name)}", "c: Any", d.expr.source))
     return {
         "f": f,
         "classes": _classes(f),
@@ -176,7 +186,27 @@ def family_context(f: FamilyIR) -> dict[str, Any]:
         "function_groups": [{"name": g.name, "names": g.names, "words": g.words,
                              "route": dict(g.route) if g.route else None} for g in f.functions],
         "tiny_config": dict(f.tiny.config),
+        "tiny_processor": dict(f.tiny.processor) if f.tiny.processor else None,
+        "tiny_images": dict(f.tiny.images) if f.tiny.images else None,
+        "image_text": _image_text(f, functions),
     }
+
+
+def _image_text(f: FamilyIR, functions: list[_Fn]) -> dict[str, Any] | None:
+    if f.tiny.image_text is None:
+        return None
+    it = dict(f.tiny.image_text)
+    draws = []
+    for name, choices, c in it["draw"]:
+        if c is None:
+            draws.append((name, pylit(choices), "None"))
+        else:
+            fn = f"_draw_image_text_{_ident(name)}"
+            functions.append(_Fn(fn, "c: Any", c.source))
+            draws.append((name, "None", fn))
+    return {"model_class": it["model_class"], "config_class": it["config_class"], "config": pylit(it["config"]),
+            "draws": draws, "processor": pylit(dict(it["processor"])), "images": pylit(dict(it["images"])),
+            "examples": it["examples"]}
 
 
 def _classes(f: FamilyIR) -> list[dict[str, Any]]:
@@ -224,12 +254,24 @@ def render_tests(f: FamilyIR) -> str:
                 missing.append(item)
             elif v.readonly:
                 readonly.append(item)
-            elif v.layout.dtype == "float" and v.edit == "logits" and item not in writable:
+            elif (v.layout.dtype == "float" and v.edit == "logits" and item not in writable
+                  and not (v.needs and v.needs.never)):
                 writable.append(item)
-    examples = [(n.title, k, src) for n in f.notes for k, src in enumerate(n.examples)]
+    examples = [(n.title, k, src, n.load or ("image-text-to-text" if n.shared else None))
+                for n in f.notes for k, src in enumerate(n.examples)]
+    vision_paths = tuple(p for p in host_paths if p.startswith(("vision", "projector")))
+    vision_identities = tuple(x for x in identity_ids if x[0] in vision_paths)
+    vision_writable = tuple(x for x in writable if x[0] in vision_paths)
+    vision_readonly = tuple(x for x in readonly if x[0] in vision_paths)
+    if f.tiny.image_text is not None:  # the base tiny load has no vision encoder: those run on the second load
+        host_paths = tuple(p for p in host_paths if p not in vision_paths)
+        identity_ids = [x for x in identity_ids if x[0] not in vision_paths]
+        writable = [x for x in writable if x[0] not in vision_paths]
+        readonly = [x for x in readonly if x[0] not in vision_paths]
     return env().get_template("test_family.py.j2").render(
         f=f, host_paths=host_paths, identity_ids=tuple(identity_ids), writable=tuple(writable),
-        readonly=tuple(readonly), missing=tuple(missing), examples=tuple(examples))
+        readonly=tuple(readonly), missing=tuple(missing), examples=tuple(examples), vision_paths=vision_paths,
+        vision_identities=vision_identities, vision_writable=vision_writable, vision_readonly=vision_readonly)
 
 
 def page_context(f: FamilyIR, atlas: Atlas, printout: str | None = None) -> dict[str, Any]:

@@ -34,6 +34,7 @@ FUNCTIONS: dict[str, Arity] = {
     "tokens": 1,
     "topk_weights": 3,
     "topk_indices": 2,
+    "vnorm": 1,
     "chunk": 3,
     "delta_rule": (5, 6),
 }
@@ -69,15 +70,29 @@ def _parse(text: str) -> ast.expr:
         raise ExprError(f"not an expression: {e.msg}", (e.offset or 1) - 1) from None
 
 
+def _block_index(node: ast.expr) -> str | None:
+    """An index inside a dotted name: an integer, ``i`` (the host's block index), ``i + 1``, ``i - 1``."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return str(node.value)
+    if isinstance(node, ast.Name) and node.id == "i":
+        return "i"
+    if (isinstance(node, ast.BinOp) and isinstance(node.left, ast.Name) and node.left.id == "i"
+            and isinstance(node.op, ast.Add | ast.Sub) and isinstance(node.right, ast.Constant)
+            and type(node.right.value) is int):
+        return f"i{'+' if isinstance(node.op, ast.Add) else '-'}{node.right.value}"
+    return None
+
+
 def _dotted(node: ast.expr) -> str | None:
-    """``a.b[0].c`` → "a.b[0].c": attribute chains, with integer indexes between attributes."""
+    """``a.b[0].c`` → "a.b[0].c": attribute chains, with integer indexes between attributes
+    (or ``[i]``, ``[i+1]``: relative to the host's block index)."""
     parts: list[str] = []
     while isinstance(node, ast.Attribute):
         parts.append(node.attr)
         node = node.value
-        while (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
-               and type(node.slice.value) is int and isinstance(node.value, ast.Name | ast.Attribute)):
-            parts[-1] = f"[{node.slice.value}].{parts[-1]}"
+        while (isinstance(node, ast.Subscript) and _block_index(node.slice) is not None
+               and isinstance(node.value, ast.Name | ast.Attribute)):
+            parts[-1] = f"[{_block_index(node.slice)}].{parts[-1]}"
             node = node.value
     if isinstance(node, ast.Name):
         parts.append(node.id)
@@ -122,6 +137,8 @@ class _Emitter:
             return f"({self.emit(node.left)} {_BINOPS[type(node.op)]} {self.emit(node.right)})"
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             return f"(-{self.emit(node.operand)})"
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Invert):
+            return f"(~{self.emit(node.operand)})"
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) and self.allow_bool:
             return f"(not {self.emit(node.operand)})"
         if isinstance(node, ast.BoolOp) and self.allow_bool:
@@ -188,7 +205,8 @@ def compile_identity(text: str) -> tuple[str, Compiled, Compiled]:
 
 
 def compile_derived(text: str) -> Compiled:
-    e = _Emitter(lambda n: f"v[{n!r}]", FUNCTIONS, "_fn.", False, False, False)
+    """A derived value: names are the host's values, ``model.x`` (the root's value x) or config entries."""
+    e = _Emitter(lambda n: f"v[{n!r}]", FUNCTIONS, "_fn.", True, False, False)
     return Compiled(e.emit(_parse(text)), tuple(e.names))
 
 

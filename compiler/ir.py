@@ -32,6 +32,8 @@ class ConditionIR:
     fix: str
     attribute: str | None = None
     values: tuple[str, ...] = ()
+    kind: str = "load"
+    never: bool = False
 
 
 @dataclass(frozen=True)
@@ -46,12 +48,14 @@ class ValueIR:
     view_text: str | None
     needs: ConditionIR | None
     missing: str | None = None
+    reached: ConditionIR | None = None
+    readonly_why: str | None = None  # a read value whose edit would reach nothing: why
     edit: str = "logits"  # what an edit reaches: logits | later | none
     copy: bool = False  # served as a copy put in the native's place
 
     @property
     def readonly(self) -> bool:
-        return self.derived is not None or self.edit == "none"
+        return self.derived is not None or self.edit == "none" or self.readonly_why is not None
 
     @property
     def words(self) -> str:
@@ -134,6 +138,9 @@ class TinyIR:
     seq: tuple[int, int]
     examples: int
     experts: tuple[str, ...] = ()
+    processor: tuple[tuple[str, Any], ...] | None = None  # class, image_processor, image_processor_config, tokens
+    images: tuple[tuple[str, Any], ...] | None = None  # count, sizes
+    image_text: tuple[tuple[str, Any], ...] | None = None  # a second tiny load: the multimodal wrapper
 
 
 @dataclass(frozen=True)
@@ -147,6 +154,8 @@ class NoteIR:
     title: str
     body: str
     examples: tuple[str, ...]
+    shared: str | None = None  # the group of specs/_notes.yaml it comes from
+    load: str | None = None  # the load its examples run on
 
 
 @dataclass(frozen=True)

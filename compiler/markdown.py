@@ -57,6 +57,17 @@ def render(text: str) -> Markup:
             blocks.append(f"<pre{runs}><code{cls}>{html.escape(chr(10).join(code))}</code></pre>")
             i = j + 1
             continue
+        if line.startswith("|"):  # a pipe table: header row, a |---| row, body rows
+            flush()
+            rows = []
+            while i < len(lines) and lines[i].startswith("|"):
+                rows.append([c.strip() for c in lines[i].strip().strip("|").split("|")])
+                i += 1
+            body = [r for r in rows[1:] if not all(set(c) <= set("-: ") for c in r)]
+            head = "".join(f"<th>{_inline(c)}</th>" for c in rows[0])
+            trs = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in body)
+            blocks.append(f"<table class=\"note-table\"><thead><tr>{head}</tr></thead><tbody>{trs}</tbody></table>")
+            continue
         if not line.strip():
             flush()
         elif line.startswith("- "):

@@ -6,7 +6,7 @@ resolver checks what a complete family needs after the merge.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
@@ -38,6 +38,10 @@ class ConditionRaw(Strict):
     # serve it: ``attribute: _experts_implementation, values: [grouped_mm, batched_mm]``
     attribute: StrictStr | None = None
     values: list[StrictStr] = []
+    # load: decided by how the model was loaded (attn_implementation, a processor);
+    # call: decided by the inputs of one call (images in the prompt), checked before the forward
+    kind: Literal["load", "call"] = "load"
+    never: StrictBool = Field(default=False, description="no load meets it: the value is Unavailable everywhere, with this reason")
 
 
 class Vocabulary(Strict):
@@ -58,6 +62,8 @@ class ValueRaw(Strict):
     needs: StrictStr | None = None
     # the family has no such value, and why (support() and the page say so; reading it raises Unavailable)
     missing: StrictStr | None = None
+    reached: StrictStr | None = None
+    readonly: StrictStr | None = Field(default=None, description="why an edit here would reach nothing: the value is then read-only")
     # what an edit reaches: "logits" (this forward, the default), "later" (only later calls: a
     # state written to the cache), "none" (a record of what ran: read-only)
     edit: StrictStr = "logits"
@@ -86,6 +92,8 @@ class HostRaw(Strict):
     stream: StrictStr | None = None
     # dims this host's values are sized by another config entry: {intermediate_size: shared_expert_intermediate_size}
     dims: dict[StrictStr, StrictStr] = {}
+    needs: StrictStr | None = Field(default=None, description="the load condition of every value here, unless a value says its own")
+    reached: StrictStr | None = Field(default=None, description="the call condition of every value here, unless a value says its own")
     values: dict[StrictStr, StrictStr | ValueRaw | None] = {}
     identities: list[StrictStr | IdentityRaw] = []
     # hybrid stacks: one entry per block kind (``model.<kind>_layers`` lists its blocks)
@@ -115,16 +123,49 @@ class LoadsRaw(Strict):
     classes: list[StrictStr]
 
 
+class ImagesRaw(Strict):
+    """How the generated tests draw image inputs: how many images per prompt and their pixel sizes."""
+
+    count: list[StrictInt]
+    sizes: list[tuple[StrictInt, StrictInt]]
+
+
+class ProcessorRaw(Strict):
+    """A processor built locally for the tiny models: no hub, no torchvision."""
+
+    cls: StrictStr = Field(alias="class")
+    image_processor: StrictStr
+    image_processor_config: dict[StrictStr, Any] = {}
+    tokens: list[StrictStr] = Field(default=[], description="special tokens given the ids after [PAD] [UNK] [BOS] [EOS], in order")
+
+
+class TinyLoadRaw(Strict):
+    """A second tiny load of the same family: the multimodal wrapper of a text model (Qwen3.5's
+    Qwen3_5ForConditionalGeneration around Qwen3_5ForCausalLM's text model). The text config is
+    the family's drawn tiny config (under text_config); ``config`` and ``draw`` add the rest."""
+
+    model_class: StrictStr
+    config_class: StrictStr
+    config: dict[StrictStr, Any] = {}
+    draw: dict[StrictStr, list[Scalar | list[Scalar]] | StrictStr] = {}
+    processor: ProcessorRaw
+    images: ImagesRaw
+    examples: StrictInt = 6
+
+
 class TinyRaw(Strict):
     model_class: StrictStr
     config_class: StrictStr
     config: dict[StrictStr, Any] = {}
-    draw: dict[StrictStr, list[Scalar] | StrictStr] = {}
+    draw: dict[StrictStr, list[Scalar | list[Scalar]] | StrictStr] = {}
     batch: tuple[StrictInt, StrictInt] = (1, 3)
     seq: tuple[StrictInt, StrictInt] = (1, 8)
     examples: StrictInt = 12
     # the experts implementations (transformers' experts interface) the generated tests run under
     experts: list[StrictStr] = []
+    processor: ProcessorRaw | None = None
+    images: ImagesRaw | None = None
+    image_text: TinyLoadRaw | None = None
 
 
 class CheckpointRaw(Strict):
@@ -135,6 +176,20 @@ class CheckpointRaw(Strict):
 class NoteRaw(Strict):
     title: StrictStr
     body: StrictStr
+    # the load its examples run on: a family with a tiny.image_text load runs an image-text note there
+    load: Literal["text-generation", "image-text-to-text"] | None = None
+
+
+class SharedNoteRaw(Strict):
+    """A reference to a group of notes written once in specs/_notes.yaml."""
+
+    shared: StrictStr
+
+
+class UnavailableRaw(Strict):
+    """A config entry no config value answers: reading it raises Unavailable with this reason."""
+
+    unavailable: StrictStr
 
 
 class DiagramRaw(Strict):
@@ -162,11 +217,11 @@ class FamilyRaw(Strict):
     traits: list[StrictStr] | None = None
     loads: LoadsRaw | None = None
     rename: dict[StrictStr, StrictStr | list[StrictStr]] = {}
-    config: dict[StrictStr, StrictStr | StrictInt | StrictFloat] = {}
+    config: dict[StrictStr, StrictStr | StrictInt | StrictFloat | UnavailableRaw] = {}
     functions: dict[StrictStr, FunctionRaw] = {}
     hosts: dict[StrictStr, HostRaw] = {}
     tiny: TinyRaw | None = None
     checkpoints: list[CheckpointRaw] = []
-    notes: list[NoteRaw] = []
+    notes: list[NoteRaw | SharedNoteRaw] = []
     docstring: StrictStr | None = None
     diagram: DiagramRaw | None = None

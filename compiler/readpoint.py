@@ -10,6 +10,11 @@
                                             its child modules' forwards, which have their own scope)
     router > op:linear.output               an operation inside a child module's own forward
     experts > call:experts > op:view.output an operation inside the experts interface call a child makes
+    model.model > op:masked_scatter.input[1]   ... inside another module's forward: a path from the
+                                            root (``model.``) or from the host, then ``>``
+    method:_deepstack_process#i.args[2]     a call of one of the module's own methods (the K-th call
+                                            of the forward; ``#i`` is the host's block index), its
+                                            positional ``args`` or its ``output``; scoped like ops
     fn:NAME.args[0]  fn:NAME.args.g         an argument of a module-level function the host's forward calls
                                             (by position in its signature, or by parameter name; .kwargs.g too)
     fn:NAME.output[1]                       that call's output
@@ -27,6 +32,7 @@ Each parses into the fields of ``nnatlas.adapter.ReadPoint`` plus a sentence for
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -36,6 +42,7 @@ CALLS = {"attention": "the attention interface call", "experts": "the experts in
 _ACCESS = re.compile(r"\[(-?\d+)\]|\.([A-Za-z_][A-Za-z0-9_]*)|\[['\"]([A-Za-z_][A-Za-z0-9_]*)['\"]\]")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _OP = re.compile(r"op:([A-Za-z_][A-Za-z0-9_]*)(?:#(\d+))?\.(input|output)")
+_METHOD = re.compile(r"method:([A-Za-z_][A-Za-z0-9_]*)(?:#(\d+|i))?\.(args|output)")
 _SIDES = ("input", "inputs", "output", "args")
 
 
@@ -51,6 +58,9 @@ class ReadIR:
     call: str | None = None
     op: str | None = None
     occurrence: int = 0
+    scope_root: bool = False  # for call/op/method reads: ``module`` is a path from the root, not the host
+    method: str | None = None
+    per_index: bool = False  # the occurrence is the host's block index (#i)
     fn: str | None = None
 
 
@@ -124,18 +134,28 @@ def parse(text: str, groups: dict[str, str] | None = None) -> ReadIR:
         return _parse_fn(text, groups)
     head, sep, tail = text.partition(" > ")
     if sep and not head.startswith(("call:", "op:")):
+        # a scope: the module whose forward is read, a path from the host (router, mlp.experts) or
+        # from the root (model, model.model)
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", head):
-            raise ExprError(f"'{head}': a scope before ' > ' is a child module path like router or mlp.experts")
-        if not tail.startswith(("call:", "op:")):
-            raise ExprError(f"'{text}': inside a child module, read an interface call (call:NAME) or an op (op:NAME)")
-        child = tuple(head.split("."))
+            raise ExprError(f"'{head}': a scope before ' > ' is a module path (router, mlp.experts, or model.x from the root)")
+        if not tail.startswith(("call:", "op:", "method:")):
+            raise ExprError(f"'{text}': inside a module's forward, read an interface call (call:NAME), "
+                            "an op (op:NAME) or a method call (method:NAME)")
+        segments = tuple(head.split("."))
+        root = segments[0] == "model"
+        path = segments[1:] if root else segments
         ir = parse(tail, groups)
-        owner = f"inside {head}'s forward: "
+        owner = ("the root's child " + ".".join(path) if path else "the root") if root else head
         words = ir.words.removeprefix("inside the forward: ").replace(" inside the forward", "")
-        return ReadIR(ir.kind, text, owner + words, module=child, side=ir.side, param=ir.param, access=ir.access,
-                      call=ir.call, op=ir.op, occurrence=ir.occurrence)
+        if ir.kind == "method":
+            words = words.replace("the module's method", f"{owner}'s method")
+        else:
+            words = f"inside {owner}'s forward: " + words
+        return dataclasses.replace(ir, text=text, words=words, module=path, scope_root=root)
     call = None
     body = text
+    if text.startswith("method:"):
+        return _method(text, text)
     if text.startswith("call:"):
         scope, _, inner = text.partition(" > ")
         m = re.fullmatch(r"call:([A-Za-z_]+)(.*)", scope)
@@ -194,3 +214,20 @@ def parse(text: str, groups: dict[str, str] | None = None) -> ReadIR:
     noun = {"input": "input", "inputs": "inputs (args, kwargs)", "output": "output"}[side]
     words = f"{owner} {noun}" + (f" {param}" if param else "") + _access_words(access)
     return ReadIR("module", text, words, module=tuple(parts), side=side, param=param, access=access)
+
+
+def _method(text: str, inner: str) -> ReadIR:
+    m = _METHOD.match(inner)
+    if not m:
+        raise ExprError(f"'{inner}': a method call is read at method:NAME#K.args[N] or method:NAME#K.output")
+    name, k, side = m.group(1), m.group(2) or "0", m.group(3)
+    access = _accessors(inner[m.end():], m.end())
+    if side == "args" and (not access or not isinstance(access[0], int)):
+        raise ExprError(f"'{text}': name the argument, e.g. .args[1]")
+    per_index = k == "i"
+    which = "the call numbered by the block index" if per_index else f"the {_ordinal(int(k))} call"
+    owner = "the module"
+    what = "the arguments of" if side == "args" else "the output of"
+    words = f"{what} {owner}'s method {name} ({which}){_access_words(access)}"
+    return ReadIR("method", text, words, side=side, access=access, method=name,
+                  occurrence=0 if per_index else int(k), per_index=per_index)

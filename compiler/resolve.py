@@ -40,13 +40,14 @@ from .ir import (
     TinyIR,
     ValueIR,
 )
-from .models import FamilyRaw, HostRaw, IdentityRaw, ValueRaw, Vocabulary
+from .models import FamilyRaw, HostRaw, IdentityRaw, NoteRaw, SharedNoteRaw, UnavailableRaw, ValueRaw, Vocabulary
 from .yamlpos import Located, load
 from .yamlpos import Path as DataPath
 
 VOCABULARY = "_vocabulary.yaml"
 CALL_DIMS = ("batch", "seq")  # view arguments bound per call from the model's input ids
 EXPERTS_IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm")  # what transformers runs on CPU
+SHARED_NOTES = "_notes.yaml"  # groups of notes written once, referenced by families as {shared: NAME}
 _EDITS = ("logits", "later", "none")
 _HOST_PATH = re.compile(r"model|[a-z_][a-z0-9_]*(\[i\])?(\.[a-z_][a-z0-9_]*(\[i\])?)*")
 _FAMILY_NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -94,7 +95,8 @@ class Merged:
 
 
 def _droppable(path: DataPath) -> bool:
-    return bool(path) and (path[-1] == "values" or path in (("hosts",), ("rename",), ("config",), ("tiny", "draw")))
+    return bool(path) and (path[-1] == "values"
+                           or path in (("hosts",), ("rename",), ("config",), ("tiny",), ("tiny", "draw")))
 
 
 def _layer(loc: Located) -> Merged:
@@ -105,8 +107,8 @@ def _layer(loc: Located) -> Merged:
 
 def _merge(base: Merged, top: Merged) -> Merged:
     """``top`` over ``base``: mappings merge key by key, anything else (lists too) is replaced;
-    ``name: null`` drops an inherited entry of ``values``, ``hosts``, ``rename``, ``config`` or
-    ``tiny.draw`` (elsewhere null is a value: ``tiny.config`` passes it to the config class).
+    ``name: null`` drops an inherited entry of ``values``, ``hosts``, ``rename``, ``config``, ``tiny``
+    or ``tiny.draw`` (elsewhere null is a value: ``tiny.config`` passes it to the config class).
     Positions follow what was set."""
     out = Merged(_deepcopy(base.data), dict(base.where), dict(base.keys))
 
@@ -168,7 +170,8 @@ def _pydantic_problems(e: ValidationError, pos: Any) -> list[Problem]:
 
 
 _UNION_TAGS = {"str", "ValueRaw", "IdentityRaw", "list[nullable[union[str,int,float,bool]]]", "list[str]",
-               "int", "float", "bool", "none", "function-after[check(), ValueRaw]"}
+               "int", "float", "bool", "none", "function-after[check(), ValueRaw]", "NoteRaw", "SharedNoteRaw",
+               "UnavailableRaw"}
 
 
 def read_sources(spec_dir: Path, root: Path) -> tuple[dict[str, Source], list[Problem]]:
@@ -212,6 +215,7 @@ def resolve(spec_dir: Path, root: Path | None = None) -> Atlas:
     if vocab_found.items:  # every family reads the vocabulary: its problems would only echo there
         found.extend(vocab_found.items)
         found.raise_if_any()
+    shared = _shared_notes(sources.pop(SHARED_NOTES, None), found)
 
     families: list[FamilyIR] = []
     by_name: dict[str, Source] = {}
@@ -224,9 +228,9 @@ def resolve(spec_dir: Path, root: Path | None = None) -> Atlas:
             found.add(src.rel, src.located.pos(("family",)), f"family '{name}' must live in specs/{name}.yaml")
             continue
         by_name[name] = src
-    chains: dict[str, Merged | None] = {}
+    orders: dict[str, list[str] | None] = {}
     for name, src in by_name.items():
-        merged = _extends_chain(name, by_name, found, chains)
+        merged = _extends_chain(name, by_name, found, orders)
         if merged is None:
             continue
         try:
@@ -234,13 +238,38 @@ def resolve(spec_dir: Path, root: Path | None = None) -> Atlas:
         except ValidationError as e:
             found.extend(_pydantic_problems(e, merged.pos))
             continue
-        fam = _Family(src, merged, raw, vocab, layouts, found).build()
+        fam = _Family(src, merged, raw, vocab, layouts, found, shared).build()
         if fam is not None:
             families.append(fam)
     found.raise_if_any()
     all_sources = sorted([(vocab_src.rel, vocab_src.sha256), *((s.rel, s.sha256) for s in sources.values())])
     return Atlas(tuple(sorted(families, key=lambda f: f.name)), tuple(layouts.values()),
                  tuple(vocab.dims.items()), vocab_src.rel, vocab_src.sha256, tuple(all_sources))
+
+
+def _shared_notes(src: Source | None, found: Problems) -> dict[str, list[NoteRaw]]:
+    """specs/_notes.yaml: NAME: [ {title, body}, ... ], each group written once for every page that names it."""
+    if src is None:
+        return {}
+    data = src.located.data
+    if not isinstance(data, dict):
+        found.add(src.rel, (1, 1), "the shared notes are a mapping NAME: [ {title, body}, ... ]")
+        return {}
+    out: dict[str, list[NoteRaw]] = {}
+    for name, group in data.items():
+        if not isinstance(group, list) or not group:
+            found.add(src.rel, src.located.pos((name,)), f"shared notes '{name}': a non-empty list of {{title, body}}")
+            continue
+        notes = []
+        for k, item in enumerate(group):
+            try:
+                notes.append(NoteRaw.model_validate(item))
+            except ValidationError as e:
+                loc = src.located
+                found.extend(_pydantic_problems(
+                    e, lambda p, key, k=k, name=name, loc=loc: (loc.file, loc.pos((name, k, *p), key))))
+        out[name] = notes
+    return out
 
 
 def _check_vocabulary(vocab: Vocabulary, src: Source, found: Problems) -> dict[str, LayoutIR]:
@@ -274,15 +303,31 @@ def _bases(src: Source) -> tuple[list[str], list[DataPath]]:
 
 
 def _extends_chain(name: str, by_name: dict[str, Source], found: Problems,
-                   done: dict[str, Merged | None] | None = None, stack: tuple[str, ...] = ()) -> Merged | None:
+                   orders: dict[str, list[str] | None]) -> Merged | None:
     """A family's data merged over its bases.
 
-    ``extends: base`` or ``extends: [a, b, ...]``: the bases are merged left to right, each one
-    fully resolved first (with its own bases), so a later base overrides an earlier one; the
-    family's own file is merged last and overrides them all. A base named twice, an unknown base
+    ``extends: base`` or ``extends: [a, b, ...]``: the spec files are merged one over the other in
+    the order of a left-to-right, depth-first walk of the bases, each file once, every base before
+    the specs that extend it and the family's own file last; so a later base overrides an earlier
+    one, and a ``name: null`` drop in any file stays dropped. A base named twice, an unknown base
     and a cycle are errors at the ``extends`` entry that names them.
     """
-    done = {} if done is None else done
+    order = _linearize(name, by_name, found, orders, ())
+    if order is None:
+        return None
+    merged: Merged | None = None
+    for fam in order:
+        own = _layer(by_name[fam].located)
+        merged = own if merged is None else _merge(merged, own)
+    assert merged is not None
+    merged.data["family"] = name
+    merged.data["extends"] = by_name[name].located.data.get("extends")
+    return merged
+
+
+def _linearize(name: str, by_name: dict[str, Source], found: Problems, done: dict[str, list[str] | None],
+               stack: tuple[str, ...]) -> list[str] | None:
+    """The spec files a family is merged from, in merge order (see ``_extends_chain``)."""
     if name in done:
         return done[name]
     src = by_name[name]
@@ -292,7 +337,7 @@ def _extends_chain(name: str, by_name: dict[str, Source], found: Problems,
         found.add(src.rel, src.located.pos(("extends",)), "extends names no family: give a name or a list of names")
         ok = False
     seen: set[str] = set()
-    merged: Merged | None = None
+    order: list[str] = []
     for base, at in zip(bases, paths):
         pos = src.located.pos(at)
         if base in seen:
@@ -301,7 +346,8 @@ def _extends_chain(name: str, by_name: dict[str, Source], found: Problems,
             continue
         seen.add(base)
         if base not in by_name:
-            found.add(src.rel, pos, f"extends unknown family '{base}'" + suggest(base, by_name))
+            if not any(p.file.endswith(f"/{base}.yaml") for p in found.items):  # not one whose errors are listed
+                found.add(src.rel, pos, f"extends unknown family '{base}'" + suggest(base, by_name))
             ok = False
             continue
         if base == name or base in stack:
@@ -309,28 +355,22 @@ def _extends_chain(name: str, by_name: dict[str, Source], found: Problems,
             found.add(src.rel, pos, f"extends cycle: {' -> '.join(chain)}")
             ok = False
             continue
-        got = _extends_chain(base, by_name, found, done, (*stack, name))
+        got = _linearize(base, by_name, found, done, (*stack, name))
         if got is None:
             ok = False
             continue
-        merged = got if merged is None else _merge(merged, got)
-    if not ok:
-        done[name] = None
-        return None
-    own = _layer(src.located)
-    merged = own if merged is None else _merge(merged, own)
-    merged.data["family"] = name
-    merged.data["extends"] = src.located.data.get("extends")
-    done[name] = merged
-    return merged
+        order += [f for f in got if f not in order]
+    done[name] = [*order, name] if ok else None
+    return done[name]
 
 
 class _Family:
     """Checks one merged family and builds its IR; problems go to ``found``."""
 
     def __init__(self, src: Source, merged: Merged, raw: FamilyRaw, vocab: Vocabulary,
-                 layouts: dict[str, LayoutIR], found: Problems):
+                 layouts: dict[str, LayoutIR], found: Problems, shared: dict[str, list[NoteRaw]] | None = None):
         self.src, self.merged, self.raw, self.vocab, self.layouts, self.found = src, merged, raw, vocab, layouts, found
+        self.shared = shared or {}
         self.ok = True
         self.groups: dict[str, str] = {}
 
@@ -410,6 +450,10 @@ class _Family:
             if key not in self.raw.config:
                 self.err(("config",), f"config: the normalized attribute '{key}' is required", key=True)
         for key, text in self.raw.config.items():
+            if isinstance(text, UnavailableRaw):
+                out.append((key, expr.Compiled(f"_fn.config_unavailable({text.unavailable!r})", ()),
+                            f"Unavailable: {text.unavailable}"))
+                continue
             try:
                 out.append((key, expr.compile_config(text), str(text)))
             except expr.ExprError as e:
@@ -491,12 +535,18 @@ class _Family:
                 self.err(vat, f"unknown value '{vname}'" + suggest(vname, table), key=True)
                 continue
             value = v if isinstance(v, ValueRaw) else ValueRaw(read=v)
+            defaults = {k: getattr(h, k) for k in ("needs", "reached") if getattr(h, k) is not None and getattr(value, k) is None}
+            if defaults:
+                value = value.model_copy(update=defaults)
             built = self.value(vname, value, table[vname], vat, config_names)
             if built is not None:
                 values.append(built)
         names = [x.name for x in values]
+        root_names = self.root_value_names()
         for x in values:
             for dep in x.derived.names if x.derived else ():
+                if dep in config_names or (dep.startswith("model.") and dep[len("model."):] in root_names):
+                    continue
                 if dep not in names:
                     self.err((*at, "values", x.name, "derived"), f"{x.name}: derived from '{dep}', which this host does not have" + suggest(dep, names))
         identities = []
@@ -549,13 +599,20 @@ class _Family:
                     if isinstance(a, str) and a not in config_names and a not in CALL_DIMS:
                         self.err((*at, "view"), f"{name}: view names '{a}', which is not a config entry nor a "
                                  f"call dim ({', '.join(CALL_DIMS)})" + suggest(a, [*config_names, *CALL_DIMS]))
-        needs = None
-        if v.needs is not None:
-            cond = self.vocab.conditions.get(v.needs)
+        needs = reached = None
+        for field_name, kind in (("needs", "load"), ("reached", "call")):
+            cname = getattr(v, field_name)
+            if cname is None:
+                continue
+            cond = self.vocab.conditions.get(cname)
             if cond is None:
-                self.err((*at, "needs"), f"{name}: unknown condition '{v.needs}'" + suggest(v.needs, self.vocab.conditions))
+                self.err((*at, field_name), f"{name}: unknown condition '{cname}'" + suggest(cname, self.vocab.conditions))
+            elif cond.kind != kind:
+                self.err((*at, field_name), f"{name}: '{cname}' is a {cond.kind} condition; '{field_name}' takes a {kind} condition")
+            elif kind == "load":
+                needs = ConditionIR(cname, cond.says, cond.fix, cond.attribute, tuple(cond.values), cond.kind, cond.never)
             else:
-                needs = ConditionIR(v.needs, cond.says, cond.fix, cond.attribute, tuple(cond.values))
+                reached = ConditionIR(cname, cond.says, cond.fix, kind=cond.kind)
         if v.edit not in _EDITS:
             self.err((*at, "edit"), f"{name}: edit is one of {', '.join(_EDITS)} (what an edit of the value reaches)")
         layout = self.layouts.get(vocab_value.layout)
@@ -563,8 +620,14 @@ class _Family:
             return None
         if vocab_value.optional and not layout.optional:
             layout = dataclasses.replace(layout, optional=True)
+        if v.readonly is not None and v.derived is not None:
+            self.err((*at, "readonly"), f"{name}: a derived value is read-only already")
         return ValueIR(name, layout, vocab_value.meaning, read, derived, v.derived, tuple(view), v.view, needs,
-                       edit=v.edit, copy=v.served_copy)
+                       reached=reached, readonly_why=v.readonly, edit=v.edit, copy=v.served_copy)
+
+    def root_value_names(self) -> set[str]:
+        root = self.raw.hosts.get("model")
+        return {k for k, v in root.values.items() if v is not None} if root else set()
 
     def merged_value(self, path: DataPath) -> Any:
         node: Any = self.merged.data
@@ -588,7 +651,9 @@ class _Family:
         parts = term.split(".")
         if parts[-1] in ("input", "output"):
             return True  # a module boundary: checked on the live model by the generated tests
-        prefix = re.sub(r"\[\d+\]", "[i]", ".".join(parts[:-1]))
+        if parts[0] == "model" and len(parts) > 1:  # a path from the root
+            host, parts = "model", parts[1:]
+        prefix = re.sub(r"\[(\d+|i|i[+-]\d+)\]", "[i]", ".".join(parts[:-1]))
         target = host if not prefix else (prefix if host == "model" else f"{host}.{prefix}")
         return parts[-1] in by_path.get(target, set())
 
@@ -610,10 +675,10 @@ class _Family:
                     self.err(at, f"tiny.draw.{key}: {e}", col=e.col)
                     continue
                 for n in c.names:
-                    if n.split(".")[0] not in known:
+                    if n not in known and n.split(".")[0] not in known:
                         self.err(at, f"tiny.draw.{key}: '{n}' is not drawn or fixed before it")
                 draws.append(DrawIR(key, None, c))
-            known.add(key)
+            known.add(key)  # a dotted key (text_config.hidden_size) sets one entry of a nested config
         for rng, name in ((t.batch, "batch"), (t.seq, "seq")):
             if not 1 <= rng[0] <= rng[1]:
                 self.err(("tiny", name), f"tiny.{name}: a range [low, high] with 1 <= low <= high")
@@ -621,21 +686,66 @@ class _Family:
             if impl not in EXPERTS_IMPLEMENTATIONS:
                 self.err(("tiny", "experts", k), f"tiny.experts: unknown experts implementation '{impl}' (CPU: "
                          f"{', '.join(EXPERTS_IMPLEMENTATIONS)})" + suggest(impl, EXPERTS_IMPLEMENTATIONS))
+        processor: tuple[tuple[str, Any], ...] | None = None
+        images: tuple[tuple[str, Any], ...] | None = None
+        if t.processor is not None:
+            processor = (("class", t.processor.cls), ("image_processor", t.processor.image_processor),
+                         ("image_processor_config", dict(t.processor.image_processor_config)),
+                         ("tokens", tuple(t.processor.tokens)))
+        if t.images is not None:
+            if t.processor is None:
+                self.err(("tiny", "images"), "tiny.images: image inputs need tiny.processor (how to build them)")
+            if not t.images.count or not t.images.sizes:
+                self.err(("tiny", "images"), "tiny.images: count and sizes each need at least one choice")
+            images = (("count", tuple(t.images.count)), ("sizes", tuple(tuple(x) for x in t.images.sizes)))
+        image_text = None
+        if t.image_text is not None:
+            it = t.image_text
+            it_draws: list[tuple[str, Any, Any]] = []
+            for key, spec in it.draw.items():
+                iat: DataPath = ("tiny", "image_text", "draw", key)
+                if isinstance(spec, list):
+                    it_draws.append((key, tuple(spec), None))
+                    continue
+                try:
+                    it_draws.append((key, None, expr.compile_config(spec)))
+                except expr.ExprError as e:
+                    self.err(iat, f"tiny.image_text.draw.{key}: {e}", col=e.col)
+            image_text = (("model_class", it.model_class), ("config_class", it.config_class),
+                          ("config", dict(it.config)), ("draw", tuple(it_draws)),
+                          ("processor", (("class", it.processor.cls), ("image_processor", it.processor.image_processor),
+                                         ("image_processor_config", dict(it.processor.image_processor_config)),
+                                         ("tokens", tuple(it.processor.tokens)))),
+                          ("images", (("count", tuple(it.images.count)), ("sizes", tuple(tuple(x) for x in it.images.sizes)))),
+                          ("examples", it.examples))
         return TinyIR(t.model_class, t.config_class, tuple(t.config.items()), tuple(draws), t.batch, t.seq, t.examples,
-                      tuple(t.experts))
+                      experts=tuple(t.experts), processor=processor, images=images, image_text=image_text)
 
     def notes(self) -> tuple[NoteIR, ...]:
+        flat: list[tuple[int, NoteRaw, str | None]] = []
+        for k, item in enumerate(self.raw.notes):
+            if isinstance(item, SharedNoteRaw):
+                group = self.shared.get(item.shared)
+                if group is None:
+                    self.err(("notes", k, "shared"), f"unknown shared notes '{item.shared}' (specs/{SHARED_NOTES})"
+                             + suggest(item.shared, self.shared))
+                    continue
+                flat += [(k, n, item.shared) for n in group]
+            else:
+                flat.append((k, item, None))
         out = []
-        for k, note in enumerate(self.raw.notes):
+        for k, note, shared in flat:
             examples = []
             for block in _CODE_BLOCK.findall(note.body):
                 try:
                     ast.parse(block)
                 except SyntaxError as e:
-                    self.err(("notes", k, "body"), f"note '{note.title}': example does not parse: {e.msg} (line {e.lineno} of the block)")
+                    where = f" (shared notes '{shared}')" if shared else ""
+                    self.err(("notes", k) if shared else ("notes", k, "body"),
+                             f"note '{note.title}'{where}: example does not parse: {e.msg} (line {e.lineno} of the block)")
                     continue
                 examples.append(block)
-            out.append(NoteIR(note.title, note.body.strip(), tuple(examples)))
+            out.append(NoteIR(note.title, note.body.strip(), tuple(examples), shared, note.load))
         return tuple(out)
 
 

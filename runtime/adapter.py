@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-ReadKind = Literal["module", "call", "op", "fn", "derived", "missing"]
+ReadKind = Literal["module", "call", "op", "method", "fn", "derived", "missing"]
 Side = Literal["input", "output", "inputs", "args", "fn_args", "fn_output", "fn_step", "fn_steps"]
 
 
@@ -51,11 +51,17 @@ class ReadPoint:
     its positional ``args`` or its ``output``.
     kind ``op``: a torch operation (``op`` name and ``occurrence``) inside an interface call
     (``call``) or inside the host's forward (``call`` None): its ``input`` or ``output``.
+    kind ``method``: a call of one of a module's own methods (``method``; the ``occurrence``-th call
+    while the module's forward runs, or the host's block index when ``per_index``): its ``args`` or
+    its ``output``.
+    ``module`` of a call, op or method read: the module whose forward (or method) is read, a path
+    from the host, or from the root when ``scope_root``; empty for the host itself.
     kind ``fn``: a module-level function (or a group of them, ``Family.functions``) that the host's
     forward calls: its arguments (``fn_args``: by position in the signature or by parameter name),
     its output (``fn_output``), or, under ``route_kernels``, each token's step (``fn_step``) or every
     step stacked (``fn_steps``).
-    kind ``derived``: computed by ``derive`` from other values of the host (``deps``); read-only.
+    kind ``derived``: computed by ``derive`` from other values of the host (``deps``; a dep
+    ``model.x`` is the root's value ``x``, a config entry's name its value); read-only.
     kind ``missing``: the family has no such value; ``words`` says why (reading it raises Unavailable).
     """
 
@@ -69,6 +75,9 @@ class ReadPoint:
     call: str | None = None
     op: str | None = None
     occurrence: int = 0
+    method: str | None = None
+    per_index: bool = False
+    scope_root: bool = False
     fn: str | None = None
     deps: tuple[str, ...] = ()
     derive: Callable[[Mapping[str, Any]], Any] | None = field(default=None, compare=False)
@@ -76,13 +85,15 @@ class ReadPoint:
 
 @dataclass(frozen=True)
 class Condition:
-    """A load condition that makes a value ⚠︎ conditional (``eager``)."""
+    """A condition that makes a value ⚠︎ conditional: of the load (``eager``) or of the call (``images``)."""
 
     name: str
     says: str  # shown beside the value: "needs attn_implementation='eager'"
-    fix: str  # what load fixes it
+    fix: str  # what load (or what input) fixes it
     attribute: str | None = None  # a config attribute of the module read in (or of the model) ...
     values: tuple[str, ...] = ()  # ... and the values under which the value is served
+    kind: Literal["load", "call"] = "load"
+    never: bool = False  # no load meets it
 
 
 @dataclass(frozen=True)
@@ -94,6 +105,8 @@ class ValueSpec:
     view: tuple[ViewOp, ...] = ()
     needs: Condition | None = None
     readonly: bool = False
+    readonly_why: str | None = None  # read-only although read (an edit there would reach nothing): why
+    reached: Condition | None = None  # a call condition: checked against the call's inputs before the forward
     edit: Literal["logits", "later", "none"] = "logits"  # what an edit reaches (this forward, later calls, nothing)
     copy: bool = False  # served as a copy put in the native's place (a buffer overwritten later in the run)
 

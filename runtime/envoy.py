@@ -100,9 +100,24 @@ class Host:
         return [*self._value_names(), *kids, *self._module._modules, "input", "inputs", "output"]
 
     # -- attribute protocol --
+    def _config_name(self, name: str) -> str | None:
+        """``model.vision.num_heads`` is the family's config entry ``vision_num_heads`` (and
+        ``model.vision.vision_hidden_size`` is ``vision_hidden_size``): entries named after a host."""
+        if self._index is not None or self._pattern == "model" or "[" in self._pattern:
+            return None
+        prefix = self._pattern.replace(".", "_") + "_"
+        config = self._model._family.config
+        for key in (prefix + name, name if name.startswith(prefix) else None):
+            if key is not None and key in config:
+                return key
+        return None
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
+        key = self._config_name(name)
+        if key is not None:
+            return self._model._config_value(key)
         for spec in self._specs():
             v = spec.value(name)
             if v is not None:
@@ -285,9 +300,22 @@ class Value(_Lazy):
     def _derived(self, tracer: Tracer, action: str, holder: Any = None) -> Request:
         spec = self._spec
         assert spec is not None and spec.read.derive is not None
-        owner = tracer.add(self.label, "derived", None, holder, derive=spec.read.derive, ordered=False)
+        model = self._host._model
+        consts = {d: model._config_value(d) for d in spec.read.deps if d in model._family.config}
+        derive = spec.read.derive
+        if consts:
+            base = derive
+
+            def derive(v: Any, base: Any = base, consts: dict[str, Any] = consts) -> Any:
+                return base({**v, **consts})
+        why = model._why_unavailable(self)
+        if why is not None:
+            raise why
+        owner = tracer.add(self.label, "derived", None, holder, derive=derive, ordered=False)
         for dep in spec.read.deps:
-            handle = getattr(self._host, dep)
+            if dep in consts:
+                continue
+            handle = getattr(model, dep[len("model."):]) if dep.startswith("model.") else getattr(self._host, dep)
             owner.deps.append(tracer.add(handle.label, "capture", handle._target(), dep, seq=owner.seq, owner=owner,
                                          ordered=False))
         return owner
@@ -313,6 +341,9 @@ class Value(_Lazy):
     def _writable(self) -> None:
         if self._read.kind == "derived":
             raise NnatlasError(f"{self.label} is derived from other values and read-only; edit what it is derived from")
+        why = self._spec.readonly_why if self._spec else None
+        if why:
+            raise NnatlasError(f"{self.label} is read-only: {why}")
         if self._spec is not None and self._spec.edit == "none":
             raise NnatlasError(f"{self.label} is read-only: it records what ran (an edit could reach nothing)")
 

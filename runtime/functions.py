@@ -83,6 +83,17 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
     return x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6)
 
 
+def vnorm(x: torch.Tensor) -> torch.Tensor:
+    """The L2 norm of each vector along the last dim (what a rotation leaves unchanged)."""
+    return torch.linalg.vector_norm(x.float(), dim=-1)
+
+
+def config_unavailable(reason: str) -> Any:
+    from .errors import Unavailable
+
+    raise Unavailable(reason)
+
+
 def cat(xs: Any, dim: int) -> torch.Tensor:
     return torch.cat(list(xs), dim)
 

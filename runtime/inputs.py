@@ -21,9 +21,15 @@ def _device(model: AtlasModel) -> torch.device:
 
 
 def prepare(model: AtlasModel, inputs: Any, extra: dict[str, Any]) -> dict[str, Any]:
-    """A prompt, a list of prompts (left-padded), token ids (1-D or 2-D), or a dict of inputs."""
-    if inputs is None:
-        out: dict[str, Any] = {}
+    """A prompt, a list of prompts (left-padded), token ids (1-D or 2-D), or a dict of inputs;
+    ``images=[...]`` (PIL images) goes with a prompt through the model's processor."""
+    extra = dict(extra)
+    images = extra.pop("images", None)
+    out: dict[str, Any]
+    if images is not None:
+        out = dict(_with_images(model, inputs, images))
+    elif inputs is None:
+        out = {}
     elif isinstance(inputs, str) or (isinstance(inputs, list | tuple) and inputs and all(isinstance(x, str) for x in inputs)):
         out = dict(_tokenize(model, inputs))
     elif isinstance(inputs, torch.Tensor):
@@ -39,6 +45,7 @@ def prepare(model: AtlasModel, inputs: Any, extra: dict[str, Any]) -> dict[str, 
     else:
         raise NnatlasError(f"trace() takes a prompt, a list of prompts, token ids or a dict of inputs, not {type(inputs).__name__}")
     out.update(extra)
+    check_image_inputs(model, out)
     device = _device(model)
     return {k: (v.to(device) if isinstance(v, torch.Tensor) and v.device != device else v) for k, v in out.items()}
 
@@ -59,3 +66,56 @@ def _tokenize(model: AtlasModel, text: str | list[str] | tuple[str, ...]) -> Map
         tok.padding_side = side
         if pad is None:
             tok.pad_token = pad
+
+
+def _with_images(model: AtlasModel, text: Any, images: Any) -> Mapping[str, Any]:
+    """The processor's inputs for a prompt and its images. A prompt without the image token gets one
+    ``<vision_start><image><vision_end>`` per image in front, as a chat template would place them."""
+    proc = model.processor
+    if proc is None or getattr(proc, "image_processor", None) is None:
+        raise NnatlasError("this load has no processor for images: load with "
+                           "nnatlas.load(path, task='image-text-to-text'), or wrap(model, processor=...)")
+    images = list(images) if isinstance(images, list | tuple) else [images]
+    if not isinstance(text, str):
+        raise NnatlasError("images=[...] goes with one prompt (a string); pass pixel_values, image_grid_thw and "
+                           "mm_token_type_ids in a dict for anything else")
+    from .processing import image_prompt
+
+    text = image_prompt(proc, text, len(images))
+    return proc(text=text, images=images, return_tensors="pt")  # type: ignore[no-any-return]
+
+
+def check_image_inputs(model: AtlasModel, inputs: Mapping[str, Any]) -> None:
+    """Raw image tensors are checked before the forward: the grid, the token types, the token count."""
+    pixels = inputs.get("pixel_values")
+    if pixels is None:
+        return
+    grid = inputs.get("image_grid_thw")
+    if grid is None:
+        raise NnatlasError("pixel_values without image_grid_thw: pass the processor's image_grid_thw "
+                           "([t, h, w] per image, in patches)")
+    import inspect
+
+    params = inspect.signature(model._module.forward).parameters
+    if "mm_token_type_ids" in params and inputs.get("mm_token_type_ids") is None:
+        raise NnatlasError("image inputs without mm_token_type_ids: the model needs them to place the images' "
+                           "rotary positions (M-RoPE); pass the processor's mm_token_type_ids (1 at image tokens, "
+                           "0 elsewhere), or trace(prompt, images=[...])")
+    config = model.config
+    token_id = getattr(config, "image_token_id", None)
+    vision = getattr(config, "vision_config", None)
+    merge = getattr(vision, "spatial_merge_size", None)
+    ids = inputs.get("input_ids")
+    if token_id is None or merge is None or ids is None:
+        return
+    grid_t = torch.as_tensor(grid)
+    want = int((grid_t.prod(-1) // (merge * merge)).sum())
+    have = int((torch.as_tensor(ids) == token_id).sum())
+    if have != want:
+        raise NnatlasError(f"input_ids hold {have} image tokens (id {token_id}) but image_grid_thw "
+                           f"{grid_t.tolist()} makes {want} (t * h * w / {merge * merge} per image): "
+                           "the prompt needs one image token per merged patch")
+    patches = int(grid_t.prod(-1).sum())
+    if hasattr(pixels, "shape") and pixels.shape[0] != patches:
+        raise NnatlasError(f"pixel_values has {pixels.shape[0]} patches but image_grid_thw {grid_t.tolist()} "
+                           f"makes {patches}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -79,7 +79,13 @@ class AtlasModel(Host):
 
     @property
     def processor(self) -> Any:
-        return self._processor
+        """The processor (images and text), or None on a text-only load. Called with images and a
+        prompt without image tokens, it puts one placeholder per image in front, as trace does."""
+        if self._processor is None:
+            return None
+        from .processing import PromptProcessor
+
+        return PromptProcessor(self._processor)
 
     @property
     def native(self) -> torch.nn.Module:
@@ -88,7 +94,14 @@ class AtlasModel(Host):
 
     @property
     def normalized_config(self) -> dict[str, Any]:
-        return {name: self._config_value(name) for name in self._family.config}
+        """Every config entry this load answers (an entry that raises Unavailable is left out)."""
+        out = {}
+        for name in self._family.config:
+            try:
+                out[name] = self._config_value(name)
+            except Unavailable:
+                continue
+        return out
 
     def _config_value(self, name: str) -> Any:
         fn = self._family.config.get(name)
@@ -233,10 +246,14 @@ class AtlasModel(Host):
             return Unavailable(f"{value.label} does not exist in family {self.family}: {spec.read.words}")
         if spec is None or spec.needs is None:
             return None
+        if spec.needs.never:
+            return Unavailable(f"{value.label} {spec.needs.says}. Instead: {spec.needs.fix}")
         module = value._host._module
-        if value._read.kind in ("call", "op") and value._read.module:
-            found = _scope_module(value._host, value._read.module)
-            module = found if found is not None else module
+        if value._read.kind in ("call", "op", "method"):
+            try:
+                module = self._scope_module(value._host, value._read, value.label)
+            except NnatlasError:
+                pass
         if conditions_met(spec.needs.name, self, module, spec.needs):
             return None
         if spec.needs.attribute:
@@ -246,9 +263,20 @@ class AtlasModel(Host):
         elif spec.needs.name == "eager":
             impl = getattr(getattr(value._host._module, "config", self.config), "_attn_implementation", None)
             under = f"under this load (attn_implementation={impl!r})"
+        elif spec.needs.name == "processor":
+            proc = type(self._processor).__name__ if self._processor is not None else None
+            under = f"under this load ({type(self._module).__name__}, processor={proc})"
         else:
             under = "here"
         return Unavailable(f"{value.label} is unavailable {under}: it {spec.needs.says}. Fix: {spec.needs.fix}")
+
+    def _scope_module(self, host: Host, read: Any, label: str) -> torch.nn.Module:
+        """The module whose forward (calls, ops) or methods a read point names: ``read.module``, a
+        path from the host, or from the root when ``scope_root``; the host itself when empty."""
+        start: Host = self if read.scope_root else host
+        if not read.module:
+            return start._module
+        return start._resolve_module(tuple(read.module), label)
 
     def _target(self, value: Value) -> Target:
         why = self._why_unavailable(value)
@@ -275,15 +303,17 @@ class AtlasModel(Host):
         view = tuple((op, tuple(self._view_arg(a) for a in args)) for op, args in (
             ((v.name, v.args) for v in value._spec.view) if value._spec else ()))
         dims_module = self._module if _names_call_dims(view) else None  # the model's call gives [batch, seq]
-        extra: dict[str, Any] = {"dims_module": dims_module, "copy": bool(value._spec and value._spec.copy)}
+        extra: dict[str, Any] = {"dims_module": dims_module, "copy": bool(value._spec and value._spec.copy),
+                                 "reached": value._spec.reached if value._spec else None}
         key: tuple[Any, ...]
         if read.kind == "module":
             module = host._resolve_module(read.module, value.label)
             side = read.side
             key = ("pre" if side in ("input", "inputs") else "post", id(module))
             return Target(value.label, key, module, side, read.param, read.access, view, value._extra, **extra)
-        # an interface call or an operation: in the host's own forward, or in a child's (``router > op:...``)
-        module = host._resolve_module(read.module, value.label) if read.module else host._module
+        # an interface call, an operation or a method: in the host's own forward, or in another module's
+        # (``router > op:...`` from the host, ``model.model > op:...`` from the root)
+        module = self._scope_module(host, read, value.label)
         if read.kind == "call":
             key = ("call_in" if read.side == "args" else "call_out", id(module), read.call)
             return Target(value.label, key, module, read.side, None, read.access, view, value._extra, **extra)
@@ -291,6 +321,18 @@ class AtlasModel(Host):
             key = ("op", id(module), read.call, read.op, read.occurrence, read.side)
             side = "args" if read.side == "input" else "output"
             return Target(value.label, key, module, side, None, read.access, view, value._extra, **extra)
+        if read.kind == "method":
+            if not callable(getattr(module, read.method or "", None)):
+                raise NnatlasError(f"{value.label}: {type(module).__name__} has no method {read.method}")
+            occurrence = read.occurrence
+            if read.per_index:
+                index = host._index
+                if index is None:
+                    raise NnatlasError(f"{value.label}: method:{read.method}#i needs a host with a block index")
+                occurrence = index
+            key = ("method_in" if read.side == "args" else "method_out", id(module), read.method)
+            return Target(value.label, key, module, read.side, None, read.access, view, value._extra, call=occurrence,
+                          **extra)
         if read.kind == "fn":
             assert read.fn is not None
             key = (read.side, id(module), read.fn)
@@ -316,7 +358,7 @@ class AtlasModel(Host):
         module = self._module
         ids = model_inputs.get("input_ids", model_inputs.get("inputs_embeds"))
         calls = int(ids.shape[1]) if isinstance(ids, torch.Tensor) and ids.dim() >= 2 else None
-        return Tracer(self, lambda: module(**model_inputs), order=order, grad=grad, calls=calls)
+        return Tracer(self, lambda: module(**model_inputs), order=order, grad=grad, calls=calls, inputs=model_inputs)
 
     def generate(self, inputs: Any = None, *, max_new_tokens: int = 8, order: str = "strict", **kwargs: Any) -> Tracer:
         """Like ``trace`` over ``generate``: the body reads step 0 unless inside ``tracer.iter[...]``."""
@@ -328,7 +370,8 @@ class AtlasModel(Host):
         pad = getattr(self._tokenizer, "pad_token_id", None) if self._tokenizer is not None else None
         if pad is not None:
             settings.setdefault("pad_token_id", pad)
-        return Tracer(self, lambda: gen(**model_inputs, **settings), order=order, steps=max_new_tokens)
+        return Tracer(self, lambda: gen(**model_inputs, **settings), order=order, steps=max_new_tokens,
+                      inputs=model_inputs)
 
     # ---- introspection ----
     def support(self) -> Any:
@@ -353,24 +396,26 @@ def _names_call_dims(view: Any) -> bool:
     return False
 
 
-def _scope_module(host: Host, path: tuple[str, ...]) -> torch.nn.Module | None:
-    try:
-        return host._resolve_module(path, host._label)
-    except NnatlasError:
-        return None
-
-
 def conditions_met(name: str, model: AtlasModel, module: torch.nn.Module, condition: Any = None) -> bool:
-    """Whether this load serves a value with condition ``name`` read in ``module``."""
+    """Whether this load serves a value with load condition ``name`` read in ``module``."""
     if condition is not None and getattr(condition, "attribute", None):
         cfg = getattr(module, "config", None) or model.config
         return getattr(cfg, condition.attribute, None) in condition.values
     if name == "eager":
         cfg = getattr(module, "config", None) or model.config
         return getattr(cfg, "_attn_implementation", None) == "eager"
+    if name == "processor":
+        return model._processor is not None and getattr(model._processor, "image_processor", None) is not None
     if name == "torch_kernels":
         return model._kernel_route() == "torch"
     raise NnatlasError(f"unknown load condition '{name}'")
+
+
+def call_condition_met(name: str, inputs: Mapping[str, Any]) -> bool:
+    """Call conditions (kind call), decided by the inputs of one call before its forward runs."""
+    if name == "images":
+        return inputs.get("pixel_values") is not None
+    raise NnatlasError(f"unknown call condition '{name}'")
 
 
 @contextlib.contextmanager
@@ -415,14 +460,33 @@ def wrap(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None, f
 def load(name_or_path: str, *, task: str = "text-generation", tokenizer: Any = True, **kwargs: Any) -> AtlasModel:
     """``from_pretrained`` with the family picked from the config, then :func:`wrap`.
 
-    ``task="text-generation"`` loads the causal-LM class (``AutoModelForCausalLM``); keyword
-    arguments (``dtype``, ``attn_implementation``, ``device_map`` …) go to ``from_pretrained``.
+    ``task="text-generation"`` loads the causal-LM class (``AutoModelForCausalLM``); a multimodal
+    checkpoint that transformers has no causal-LM class for (Qwen3-VL) loads its wrapper
+    (``...ForConditionalGeneration``) without a processor, so its vision values are Unavailable.
+    ``task="image-text-to-text"`` loads the wrapper (``AutoModelForImageTextToText``) with its
+    processor (built without torchvision when torchvision is missing: images only, no videos).
+    Keyword arguments (``dtype``, ``attn_implementation``, ``device_map`` …) go to ``from_pretrained``.
     """
     import transformers
 
-    if task != "text-generation":
-        raise NnatlasError(f"task {task!r} is not supported yet; use task='text-generation'")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+    if task not in ("text-generation", "image-text-to-text"):
+        raise NnatlasError(f"task {task!r} is not supported; use 'text-generation' or 'image-text-to-text'")
+    if task == "image-text-to-text":
+        hf = transformers.AutoModelForImageTextToText.from_pretrained(name_or_path, **kwargs)
+        hf.eval()
+        from .processing import load_processor
+
+        return wrap(hf, processor=load_processor(name_or_path))
+    try:
+        hf = transformers.AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+    except ValueError as e:  # no causal-LM class for this config: a multimodal wrapper, text only
+        config = transformers.AutoConfig.from_pretrained(name_or_path)
+        if getattr(config, "vision_config", None) is None:
+            raise
+        try:
+            hf = transformers.AutoModelForImageTextToText.from_pretrained(name_or_path, **kwargs)
+        except ValueError:
+            raise e from None
     hf.eval()
     tok = None
     if tokenizer is True:

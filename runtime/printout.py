@@ -179,8 +179,11 @@ def _example_hosts(model: AtlasModel) -> list[tuple[str, Host, list[HostSpec]]]:
             continue
         head, _, rest = path.partition("[i]")
         lst: Any = model
-        for part in head.split("."):
-            lst = getattr(lst, part)
+        try:
+            for part in head.split("."):
+                lst = getattr(lst, part)
+        except AttributeError:  # a host this load does not build (the vision encoder of a text-only load)
+            continue
         if "[i]" not in path:
             out.append((path, lst, lst._specs()))
             continue

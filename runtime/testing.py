@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import operator
+import re
 from collections.abc import Callable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
@@ -25,16 +26,19 @@ WORDS = ("the eiffel tower is in city of paris france a an and to on at with fro
          "eight nine ten red blue green big small old new first last next good bad hot cold up down").split()
 
 
-def tiny_tokenizer(vocab_size: int) -> Any:
-    """A word-level tokenizer over ``vocab_size`` ids (unknown words map to [UNK]), built in memory."""
+def tiny_tokenizer(vocab_size: int, extra_specials: tuple[str, ...] = ()) -> Any:
+    """A word-level tokenizer over ``vocab_size`` ids (unknown words map to [UNK]), built in memory.
+    ``extra_specials`` (image tokens ...) take the ids after [PAD] [UNK] [BOS] [EOS], in order."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    specials = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"]
+    specials = ["[PAD]", "[UNK]", "[BOS]", "[EOS]", *extra_specials]
     words = (specials + WORDS)[:vocab_size]
     vocab = {w: i for i, w in enumerate(words)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    if extra_specials:
+        tok.add_special_tokens(list(extra_specials))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", bos_token="[BOS]",
                                    eos_token="[EOS]")
     # a minimal chat template (the turns' text, then a generation prompt), so the notes' templated
@@ -49,16 +53,33 @@ def adapter_module(family: str) -> ModuleType:
     return importlib.import_module(f"nnatlas.families.{family}")
 
 
+def _set_dotted(d: dict[str, Any], name: str, value: Any) -> None:
+    *parents, last = name.split(".")
+    for p in parents:
+        d = d.setdefault(p, {})
+    d[last] = value
+
+
+def _nested_copy(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _nested_copy(v) for k, v in x.items()}
+    if isinstance(x, tuple):
+        return [_nested_copy(v) for v in x]
+    return x
+
+
 def draw_params(family: str, choose: Callable[[str, list[Any]], Any]) -> dict[str, Any]:
-    """Config parameters for a tiny model; ``choose(name, options)`` picks each drawn entry."""
+    """Config parameters for a tiny model; ``choose(name, options)`` picks each drawn entry.
+    A dotted name (``vision_config.depth``) sets an entry of a nested config."""
     tiny = adapter_module(family).TINY
-    params: dict[str, Any] = dict(tiny["config"])
-    scope: dict[str, Any] = dict(params)
+    params: dict[str, Any] = _nested_copy(dict(tiny["config"]))
+    scope: dict[str, Any] = _nested_copy(params)
     for name, options, compute in tiny["draw"]:
         value = choose(name, list(options)) if options is not None else compute(scope)
-        scope[name] = value
+        value = _nested_copy(value)
+        _set_dotted(scope, name, value)
         if not name.startswith("_"):
-            params[name] = value
+            _set_dotted(params, name, value)
     return params
 
 
@@ -69,24 +90,85 @@ def first_params(family: str) -> dict[str, Any]:
     return draw_params(family, choose)
 
 
-def build(family: str, params: Mapping[str, Any] | None = None, attn_implementation: str = "eager",
-          seed: int = 0, dtype: torch.dtype = torch.float32, experts: str | None = None) -> AtlasModel:
-    """A tiny random model of ``family``, wrapped, with an in-memory tokenizer.
+def tiny_of(family: str, variant: str | None = None) -> dict[str, Any]:
+    """The family's ``tiny`` section, or its second load (``variant="image_text"``: the wrapper)."""
+    tiny = adapter_module(family).TINY
+    if variant is None:
+        return tiny  # type: ignore[no-any-return]
+    it = tiny.get(variant)
+    if not it:
+        raise ValueError(f"{family} has no tiny.{variant} load")
+    return {**tiny, **it}  # type: ignore[no-any-return]
 
-    ``experts``: the experts implementation (``set_experts_implementation``) of a mixture of experts.
-    """
+
+def variant_params(family: str, text_params: dict[str, Any], choose: Callable[[str, list[Any]], Any],
+                   variant: str) -> dict[str, Any]:
+    """The wrapper's config: the drawn text config under text_config, the load's config and draws."""
+    it = adapter_module(family).TINY[variant]
+    params: dict[str, Any] = _nested_copy(dict(it["config"]))
+    params["text_config"] = _nested_copy(text_params)
+    for name, options, compute in it["draw"]:
+        value = choose(name, list(options)) if options is not None else compute(params)
+        _set_dotted(params, name, _nested_copy(value))
+    return params
+
+
+def first_variant_params(family: str, variant: str) -> dict[str, Any]:
+    return variant_params(family, first_params(family), lambda name, options: options[0], variant)
+
+
+def build(family: str, params: Mapping[str, Any] | None = None, attn_implementation: str = "eager",
+          seed: int = 0, dtype: torch.dtype = torch.float32, experts: str | None = None, processor: bool = True,
+          variant: str | None = None) -> AtlasModel:
+    """A tiny random model of ``family``, wrapped, with an in-memory tokenizer (and, for a family
+    whose ``tiny.processor`` says how, a local processor; ``processor=False`` is the text-only load).
+    ``variant="image_text"``: the family's multimodal wrapper load (``tiny.image_text``).
+    ``experts``: the experts implementation (``set_experts_implementation``) of a mixture of experts."""
     import transformers
 
-    tiny = adapter_module(family).TINY
-    params = dict(params if params is not None else first_params(family))
+    tiny = tiny_of(family, variant)
+    if params is None:
+        params = first_variant_params(family, variant) if variant else first_params(family)
+    params = _nested_copy(dict(params))
     config = getattr(transformers, tiny["config_class"])(**params)
     config._attn_implementation = attn_implementation
+    for sub in ("text_config", "vision_config"):
+        if getattr(config, sub, None) is not None:
+            getattr(config, sub)._attn_implementation = attn_implementation
     torch.manual_seed(seed)
     hf = getattr(transformers, tiny["model_class"])(config).to(dtype).eval()
     if experts is not None:
         hf.set_experts_implementation(experts)
     vocab = int(getattr(config.get_text_config(), "vocab_size", 64))
+    spec = tiny.get("processor")
+    if spec:
+        from .processing import tiny_processor
+
+        proc = tiny_processor(spec, vocab)
+        if processor:
+            return wrap(hf, processor=proc)
+        return wrap(hf, tokenizer=proc.tokenizer)
     return wrap(hf, tokenizer=tiny_tokenizer(vocab))
+
+
+def tiny_images(sizes: list[tuple[int, int]], seed: int = 0) -> list[Any]:
+    """RGB images of the given (width, height), random pixels, made in memory."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8), "RGB") for w, h in sizes]
+
+
+def image_prompt_inputs(processor: Any, words: int, sizes: list[tuple[int, int]], seed: int = 0
+                        ) -> dict[str, torch.Tensor]:
+    """A processor's inputs for ``words`` words after one image placeholder per image."""
+    gen = torch.Generator().manual_seed(seed)
+    picks = torch.randint(0, len(WORDS), (max(words, 1),), generator=gen).tolist()
+    start, end = processor.vision_start_token, processor.vision_end_token
+    text = "".join(f"{start}{processor.image_token}{end}" for _ in sizes) + " " + " ".join(WORDS[i] for i in picks)
+    out = processor(text=text, images=tiny_images(sizes, seed), return_tensors="pt")
+    return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
 
 
 def draw_inputs(vocab_size: int, batch: int, seq: int, pads: list[int], seed: int = 0) -> dict[str, torch.Tensor]:
@@ -107,8 +189,11 @@ def each_host(model: AtlasModel, path: str) -> Iterator[tuple[str, Any]]:
         return
     head, _, rest = path.partition("[i]")
     node: Any = model
-    for part in head.split("."):
-        node = getattr(node, part)
+    try:
+        for part in head.split("."):
+            node = getattr(node, part)
+    except AttributeError:  # not built by this load (the vision encoder of a text-only load)
+        return
     if "[i]" not in path:
         yield path, node
         return
@@ -125,9 +210,16 @@ def each_host(model: AtlasModel, path: str) -> Iterator[tuple[str, Any]]:
             yield path.replace("[i]", f"[{i}]"), host
 
 
-def resolve_term(host: Any, term: str) -> Any:
-    """``self_attn.attention_output`` / ``layers[0].layer_input`` / ``o_proj.input`` from a host."""
+def resolve_term(host: Any, term: str, model: Any = None, index: int | None = None) -> Any:
+    """``self_attn.attention_output`` / ``layers[0].layer_input`` / ``o_proj.input`` from a host;
+    ``model.layers[i+1].layer_input`` from the root, ``i`` being the host's block index."""
+    import re
+
     node = host
+    if term.startswith("model.") and model is not None:
+        node, term = model, term[len("model."):]
+    if index is not None:
+        term = re.sub(r"\[i([+-]\d+)?\]", lambda m: f"[{index + int(m.group(1) or 0)}]", term)
     for part in term.split("."):
         name, _, idx = part.partition("[")
         node = getattr(node, name)
@@ -144,6 +236,11 @@ def dims_of(model: AtlasModel, inputs: Mapping[str, torch.Tensor]) -> dict[str, 
     batch, seq = inputs["input_ids"].shape
     dims = {k: v for k, v in model.normalized_config.items() if isinstance(v, int)}
     dims.update(batch=int(batch), seq=int(seq), query=int(seq), key=int(seq), one=1)
+    grid = inputs.get("image_grid_thw")
+    if grid is not None:
+        patches = int(grid.prod(-1).sum())
+        merge = int(dims.get("vision_spatial_merge_size", 1))
+        dims.update(images=1, patches=patches, image_tokens=patches // (merge * merge))
     return dims
 
 
@@ -178,27 +275,42 @@ PROMPT = "the eiffel tower is in the city of"
 class Case:
     """One drawn tiny config and its inputs."""
 
-    def __init__(self, family: str, params: dict[str, Any], inputs: dict[str, torch.Tensor], seed: int):
-        self.family, self.params, self.inputs, self.seed = family, params, inputs, seed
+    def __init__(self, family: str, params: dict[str, Any], inputs: dict[str, torch.Tensor], seed: int,
+                 variant: str | None = None):
+        self.family, self.params, self.inputs, self.seed, self.variant = family, params, inputs, seed, variant
 
     def model(self, attn_implementation: str = "eager", experts: str | None = None) -> AtlasModel:
-        return build(self.family, self.params, attn_implementation, seed=self.seed, experts=experts)
+        return build(self.family, self.params, attn_implementation, seed=self.seed, experts=experts,
+                     variant=self.variant)
 
     def __repr__(self) -> str:
         shape = tuple(self.inputs["input_ids"].shape)
         pads = (self.inputs["attention_mask"] == 0).sum(-1).tolist()
-        return f"Case({self.family}, {self.params}, inputs {shape}, left padding {pads}, seed {self.seed})"
+        grid = self.inputs.get("image_grid_thw")
+        images = f", image grids {grid.tolist()}" if grid is not None else ""
+        return f"Case({self.family}, {self.params}, inputs {shape}, left padding {pads}{images}, seed {self.seed})"
 
 
-def draw_case(family: str, choose: Callable[[str, list[Any]], Any], data: Any) -> Case:
+def draw_case(family: str, choose: Callable[[str, list[Any]], Any], data: Any, variant: str | None = None) -> Case:
     from hypothesis import strategies as st
 
-    tiny = adapter_module(family).TINY
+    tiny = tiny_of(family, variant)
     params = draw_params(family, choose)
+    if variant is not None:
+        params = variant_params(family, params, choose, variant)
     batch = data.draw(st.integers(*tiny["batch"]), label="batch")
     seq = data.draw(st.integers(*tiny["seq"]), label="seq")
     pads = [data.draw(st.integers(0, max(seq - 1, 0)), label="pad") for _ in range(batch)]
     seed = data.draw(st.integers(0, 2**16), label="seed")
+    images = tiny.get("images")
+    if images:
+        from .processing import tiny_processor
+
+        count = data.draw(st.sampled_from(list(images["count"])), label="images")
+        sizes = [tuple(data.draw(st.sampled_from(list(images["sizes"])), label="size")) for _ in range(count)]
+        vocab = int(params.get("text_config", {}).get("vocab_size", params.get("vocab_size", 64)))
+        proc = tiny_processor(tiny["processor"], vocab)
+        return Case(family, params, image_prompt_inputs(proc, seq, sizes, seed), seed, variant)  # type: ignore[arg-type]
     vocab = int(params.get("vocab_size", 64))
     return Case(family, params, draw_inputs(vocab, batch, seq, pads, seed), seed)
 
@@ -252,14 +364,15 @@ def _check_shapes(model: AtlasModel, case: Case) -> None:
         assert tuple(value.shape) == want, f"{label}.{name}: shape {tuple(value.shape)}, layout {spec.layout.text} = {want}"
 
 
-def _unavailable_term(host: Any, terms: tuple[str, ...], config: Mapping[str, Any]) -> tuple[str, Any] | None:
+def _unavailable_term(host: Any, terms: tuple[str, ...], config: Mapping[str, Any], model: Any,
+                      block: int | None) -> tuple[str, Any] | None:
     """The first term of an identity this load cannot serve, and why (the value says which load it needs)."""
     from .envoy import Value
 
     for term in terms:
         if term in config:
             continue
-        handle = resolve_term(host, term)
+        handle = resolve_term(host, term, model, block)
         why = handle.unavailable() if isinstance(handle, Value) else None
         if why is not None:
             return term, why
@@ -278,13 +391,15 @@ def check_identity(case: Case, path: str, index: int, experts: str | None = None
         if index >= len(spec_ids) or spec_ids[index] not in identities:
             continue
         identity = spec_ids[index]
-        missing = _unavailable_term(host, identity.terms, config)
+        found = re.search(r"\[(\d+)\]", label)
+        block = int(found.group(1)) if found else None
+        missing = _unavailable_term(host, identity.terms, config, model, block)
         if missing is not None:
             # this load cannot serve a term: reading it must say so, naming the load that serves it
             term, why = missing
             try:
                 with model.trace(dict(case.inputs)):
-                    resolve_term(host, term).save()
+                    resolve_term(host, term, model, block).save()
             except Unavailable as e:
                 assert str(e) == str(why)
             else:
@@ -297,7 +412,7 @@ def check_identity(case: Case, path: str, index: int, experts: str | None = None
                 if term in config:
                     values[term] = config[term]
                 else:
-                    values[term] = resolve_term(host, term).save()
+                    values[term] = resolve_term(host, term, model, block).save()
         values.setdefault("attention_mask", case.inputs["attention_mask"])
         lhs, rhs = identity.check(values)
         assert_identity(identity, lhs, rhs, f"{label} ({case!r})")
@@ -314,8 +429,8 @@ def _first_host(model: AtlasModel, path: str, name: str | None = None) -> tuple[
     raise AssertionError(f"no live host at {path}" + (f" with {name}" if name else ""))
 
 
-def check_native_class(family: str, path: str) -> None:
-    model = build(family)
+def check_native_class(family: str, path: str, variant: str | None = None) -> None:
+    model = build(family, variant=variant)
     specs = [h for h in model._family.hosts if h.path == path]
     found = list(each_host(model, path))
     assert found, f"{path}: no native module found (check rename)"
@@ -327,19 +442,25 @@ def check_native_class(family: str, path: str) -> None:
         assert any(s.cls in names for s in specs), f"{label}: native class {names}, spec says {[s.cls for s in specs]}"
 
 
-def _fixed_inputs(model: AtlasModel) -> dict[str, torch.Tensor]:
+FIXED_SIZES = [(16, 16), (24, 16)]
+
+
+def _fixed_inputs(model: AtlasModel, text_only: bool = False) -> dict[str, torch.Tensor]:
+    """Two sequences of token ids, or (a family with images) one prompt with two images of different grids."""
+    if model.processor is not None and not text_only:
+        return image_prompt_inputs(model.processor, 5, FIXED_SIZES, seed=1)
     vocab = int(model.normalized_config["vocab_size"])
     return draw_inputs(vocab, 2, 6, [0, 2], seed=1)
 
 
-def check_edit(family: str, path: str, name: str, experts: str | None = None) -> None:
+def check_edit(family: str, path: str, name: str, experts: str | None = None, variant: str | None = None) -> None:
     """Writing a value back unchanged leaves logits bit-identical; zeroing it changes them (under
     ``route_kernels`` for a value that needs it; under ``experts``, the experts implementation)."""
     import contextlib
 
     import nnatlas
 
-    model = build(family, attn_implementation="eager", experts=experts)
+    model = build(family, attn_implementation="eager", experts=experts, variant=variant)
     spec = next(v for h in model._family.hosts if h.path == path for v in h.values if v.name == name)
     routed = spec.needs is not None and spec.needs.name == "torch_kernels"
     with nnatlas.route_kernels(family, "torch") if routed else contextlib.nullcontext():
@@ -379,10 +500,10 @@ def _check_edit(model: AtlasModel, path: str, name: str) -> None:
     torch.testing.assert_close(fn_zeroed, zeroed, atol=0, rtol=0)
 
 
-def check_readonly(family: str, path: str, name: str) -> None:
+def check_readonly(family: str, path: str, name: str, variant: str | None = None) -> None:
     from .errors import NnatlasError
 
-    model = build(family)
+    model = build(family, variant=variant)
     _, host = _first_host(model, path, name)
     try:
         with model.trace(dict(_fixed_inputs(model))):
@@ -412,11 +533,11 @@ def check_missing(family: str, path: str, name: str) -> None:
         raise AssertionError(f"{label}.{name} is marked missing, yet the trace read it")
 
 
-def check_support(family: str, attn: str, experts: str | None = None) -> None:
+def check_support(family: str, attn: str, experts: str | None = None, variant: str | None = None) -> None:
     """support() says available exactly for what a trace can read under this load."""
     from .errors import Unavailable
 
-    model = build(family, attn_implementation=attn, experts=experts)
+    model = build(family, attn_implementation=attn, experts=experts, variant=variant)
     inputs = _fixed_inputs(model)
     rows = model.support().rows
     assert rows
@@ -437,9 +558,145 @@ def check_support(family: str, attn: str, experts: str | None = None) -> None:
                 raise AssertionError(f"support() says {row.host}.{row.value} is unavailable, but the trace read it")
 
 
-def run_example(family: str, source: str, where: str) -> None:
+def run_example(family: str, source: str, where: str, load: str | None = None) -> None:
+    """Run a note's example on the tiny config (on the image-text load when the note says so and the
+    family has a second load for it)."""
     import nnatlas
 
-    model = build(family, attn_implementation="eager")
+    variant = "image_text" if load == "image-text-to-text" and adapter_module(family).TINY.get("image_text") else None
+    model = build(family, attn_implementation="eager", variant=variant)
     namespace = {"model": model, "prompt": PROMPT, "torch": torch, "nnatlas": nnatlas}
+    if model.processor is not None:  # the pages' images: a red square and a wide one
+        from PIL import Image
+
+        namespace.update(red=Image.new("RGB", (16, 16), (255, 0, 0)), wide=Image.new("RGB", (32, 16), (0, 0, 255)))
     exec(compile(source, where, "exec"), namespace)  # noqa: S102 - the notes' examples are code to run
+
+
+# ---- image-text families -------------------------------------------------------------------
+
+def _vision_specs(model: AtlasModel) -> list[tuple[str, Any, Any]]:
+    """(label, host, value spec) of every value that needs the image-text load or a call with images."""
+    out = []
+    for path in dict.fromkeys(h.path for h in model._family.hosts):
+        for label, host in each_host(model, path):
+            for spec in host_specs(model, host):
+                for v in spec.values:
+                    if (v.needs is not None and v.needs.name == "processor") or v.reached is not None:
+                        out.append((label, host, v))
+    return out
+
+
+def check_text_only_load(family: str, variant: str | None = None) -> None:
+    """Without a processor every vision value (and DeepStack's) raises Unavailable, naming the load."""
+    from .errors import Unavailable
+
+    model = build(family, processor=False, variant=variant)
+    assert model.processor is None
+    found = [x for x in _vision_specs(model) if x[2].needs is not None and x[2].needs.name == "processor"]
+    assert found, "no value needs the image-text load"
+    inputs = _fixed_inputs(model, text_only=True)
+    for label, host, v in found:
+        try:
+            with model.trace(dict(inputs)):
+                getattr(host, v.name).save()
+        except Unavailable as e:
+            assert "image-text-to-text" in str(e), f"{label}.{v.name}: {e}"
+        else:
+            raise AssertionError(f"{label}.{v.name} was served by a text-only load")
+    with model.trace(dict(inputs)):  # the text values are all there
+        out = model.layers[0].layer_output.save()
+    assert out.shape[:2] == inputs["input_ids"].shape
+
+
+def check_text_prompt(family: str, variant: str | None = None) -> None:
+    """On a prompt without images, a value computed only with images raises NotReached before the
+    forward (not a hang, not a wrong tensor), also when later values were asked for after it."""
+    from .errors import NotReached
+
+    model = build(family, variant=variant)
+    inputs = _fixed_inputs(model, text_only=True)
+    found = [x for x in _vision_specs(model) if x[2].reached is not None]
+    assert found, "no value is computed only with images"
+    for label, host, v in found:
+        if v.needs is not None and v.needs.name != "processor":
+            continue
+        if v.read.kind == "derived":  # computed from the inputs: on a text prompt, nothing is an image
+            with model.trace(dict(inputs)):
+                derived = getattr(host, v.name).save()
+            assert not bool(torch.as_tensor(derived).any()), f"{label}.{v.name} marks something on a text prompt"
+            continue
+        try:
+            with model.trace(dict(inputs)):
+                getattr(host, v.name).save()
+                model.layers[-1].layer_output.save()
+        except NotReached as e:
+            assert "images" in str(e) and v.name in str(e), f"{label}.{v.name}: {e}"
+        else:
+            raise AssertionError(f"{label}.{v.name} was served on a prompt without images")
+
+
+def check_image_input_errors(family: str, variant: str | None = None) -> None:
+    """Raw image tensors: a missing mm_token_type_ids or an image-token count that does not match
+    the grid is a clear error before the forward."""
+    from .errors import NnatlasError
+
+    model = build(family, variant=variant)
+    inputs = _fixed_inputs(model)
+    calls = []
+    handle = model.native.register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        bad = dict(inputs)
+        bad.pop("mm_token_type_ids")
+        keep = torch.ones(inputs["input_ids"].shape[1], dtype=torch.bool)
+        keep[int((inputs["mm_token_type_ids"][0] == 1).nonzero()[0])] = False  # one image token fewer
+        fewer = {k: (v[:, keep] if k in ("input_ids", "attention_mask", "mm_token_type_ids") else v)
+                 for k, v in inputs.items()}
+        for broken, words in ((bad, "mm_token_type_ids"), (fewer, "image tokens")):
+            try:
+                with model.trace(broken):
+                    model.logits.save()
+            except NnatlasError as e:
+                assert words in str(e), str(e)
+            else:
+                raise AssertionError(f"inputs without the right {words} ran")
+        assert not calls, "the forward ran before the error"
+    finally:
+        handle.remove()
+    with model.trace(dict(inputs)):
+        logits = model.logits.save()
+    assert logits.shape[1] == inputs["input_ids"].shape[1]
+
+
+def check_processor_round_trip(family: str, tmp: Any, variant: str | None = None) -> None:
+    """save_pretrained / from_pretrained in a directory: nnatlas.load(path, task="image-text-to-text")
+    brings back the wrapper with its processor (no torchvision needed), and the same logits; the
+    default load (text-generation) of the same directory takes text only, with the same text values."""
+    import nnatlas
+
+    model = build(family, variant=variant)
+    native: Any = model.native
+    native.save_pretrained(tmp)
+    processor: Any = model.processor
+    processor.save_pretrained(tmp)
+    loaded = nnatlas.load(str(tmp), task="image-text-to-text", attn_implementation="eager")
+    assert loaded.family == family and loaded.processor is not None
+    inputs = _fixed_inputs(model)
+    again = _fixed_inputs(loaded)
+    assert all(torch.equal(inputs[k], again[k]) for k in inputs), "the loaded processor makes other inputs"
+    with model.trace(dict(inputs)):
+        a = model.logits.save()
+    with loaded.trace(dict(again)):
+        b = loaded.logits.save()
+    torch.testing.assert_close(a, b, atol=0, rtol=0)
+    text_only = nnatlas.load(str(tmp), attn_implementation="eager")
+    assert text_only.family == family and text_only.processor is None
+    ids = _fixed_inputs(model, text_only=True)
+    with model.trace(dict(ids)):
+        wrapped = model.layers[-1].layer_output.save()
+        wrapped_logits = model.logits.save()
+    with text_only.trace(dict(ids)):
+        alone = text_only.layers[-1].layer_output.save()
+        alone_logits = text_only.logits.save()
+    torch.testing.assert_close(alone, wrapped)
+    torch.testing.assert_close(alone_logits, wrapped_logits)

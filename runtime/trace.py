@@ -89,6 +89,8 @@ class Target:
     # the module whose call gives [batch, seq] to views that name them (the model), and where they land
     dims_module: torch.nn.Module | None = None  # whose call gives ``batch`` / ``seq`` to the view
     copy: bool = False  # serve a copy, put in the native's place (a buffer the forward overwrites)
+    reached: Any = None  # a call condition (adapter.Condition) checked against the inputs before the forward
+    call: int = 0  # which firing of the site serves it (the K-th call of a method)
 
     def _param_index(self) -> tuple[int, str | None]:
         if self.param is None:
@@ -286,7 +288,7 @@ class Tracer:
     """The context of one ``model.trace(...)`` (or ``model.generate(...)``)."""
 
     def __init__(self, model: AtlasModel, run: Callable[[], Any], order: str = "strict", grad: bool = False,
-                 steps: int | None = None, calls: int | None = None):
+                 steps: int | None = None, calls: int | None = None, inputs: Mapping[str, Any] | None = None):
         if order not in ("strict", "any"):
             raise ValueError("order is 'strict' or 'any'")
         self.model = model
@@ -294,6 +296,7 @@ class Tracer:
         self.strict = order == "strict"
         self.grad = grad
         self.steps = steps
+        self.inputs: Mapping[str, Any] = inputs or {}
         self.requests: list[Request] = []
         self.seq = 0
         self.calls = calls
@@ -314,6 +317,8 @@ class Tracer:
             **kw: Any) -> Request:
         if target is not None and target.site[0] in PER_CALL_SITES and "call" not in kw:
             kw["call"] = self.current_call
+        elif target is not None and "call" not in kw:
+            kw["call"] = target.call
         r = Request(self.seq if seq is None else seq, label, action, target, payload, step=self.current_step, **kw)
         if seq is None:
             self.seq += 1
@@ -414,9 +419,27 @@ class Tracer:
             return torch.full_like(current, val)
         return val
 
+    def _check_reached(self, sited: list[Request]) -> None:
+        """A value whose call condition these inputs do not meet is never computed: say so now,
+        before the forward, rather than let a later request wait on it."""
+        from .model import call_condition_met
+
+        missing = []
+        for r in sited:
+            cond = r.target.reached if r.target is not None else None
+            if cond is not None and not call_condition_met(cond.name, self.inputs):
+                label = r.owner.label if r.owner is not None else r.label
+                if (label, cond) not in missing:
+                    missing.append((label, cond))
+        if missing:
+            parts = [f"{label} {cond.says}" for label, cond in missing]
+            raise NotReached(f"{'; '.join(parts)}; this call has none, so the forward never computes "
+                             f"{'it' if len(missing) == 1 else 'them'}. Fix: {missing[0][1].fix}")
+
     def _execute(self) -> None:
         self._ordered = sorted(self.requests, key=lambda r: r.seq)
         sited = [r for r in self._ordered if r.target is not None]
+        self._check_reached(sited)
         for r in sited:
             assert r.target is not None
             self.by_site.setdefault(r.target.site, []).append(r)
@@ -472,6 +495,7 @@ class Tracer:
         kinds: dict[int, set[str]] = {}
         fwd_ops: dict[int, set[str]] = {}
         interfaces: dict[int, set[str]] = {}
+        methods: dict[int, set[str]] = {}
         dims_modules: dict[int, torch.nn.Module] = {}
         for key, reqs in self.by_site.items():  # one pass: sites by module
             assert reqs[0].target is not None
@@ -483,6 +507,8 @@ class Tracer:
                 fwd_ops.setdefault(mid, set()).add(key[3])
             elif key[0] in ("call_in", "call_out") or (key[0] == "op" and key[2] is not None):
                 interfaces.setdefault(mid, set()).add(key[2])
+            elif key[0] in ("method_in", "method_out"):
+                methods.setdefault(mid, set()).add(key[2])
             for r in reqs:
                 if r.target is not None and r.target.dims_module is not None:
                     dims_modules[id(r.target.dims_module)] = r.target.dims_module
@@ -497,6 +523,8 @@ class Tracer:
                 installed.append(mod.register_forward_hook(self._post_hook))
             for interface in sorted(interfaces.get(mid, ())):
                 routes[(interface, mid)] = self._call_handler(mid, interface)
+            for name in sorted(methods.get(mid, ())):
+                self._install_method(mod, name, restore)
         # last, so that a child's depth counter wraps every other hook on that child
         for mid, names in fwd_ops.items():
             self._install_forward_ops(modules[mid], names, installed, modes)
@@ -513,6 +541,28 @@ class Tracer:
             x = args[0]
         if isinstance(x, torch.Tensor) and x.dim() >= 2:
             self.call_dims[id(mod)] = (int(x.shape[0]), int(x.shape[1]))
+
+    def _install_method(self, mod: torch.nn.Module, name: str, restore: list[Callable[[], None]]) -> None:
+        """Route one module's own method through the tracer: an instance attribute shadows the
+        class's method for this trace only (this model only), and is deleted afterwards."""
+        mid = id(mod)
+        had = name in mod.__dict__
+        previous = mod.__dict__.get(name)
+        original = getattr(mod, name)
+
+        def method(*args: Any, **kwargs: Any) -> Any:
+            args, kwargs = self.serve(("method_in", mid, name), (args, kwargs))
+            out = original(*args, **kwargs)
+            return self.serve(("method_out", mid, name), out)
+
+        def undo() -> None:
+            if had:
+                mod.__dict__[name] = previous
+            else:
+                mod.__dict__.pop(name, None)
+
+        restore.append(undo)
+        mod.__dict__[name] = method
     # -- module-level functions (fn: read points) and route_kernels --
     def _install_functions(self, installed: list[Any], restore: list[Callable[[], None]]
                            ) -> dict[tuple[int, str], Callable[..., Any]]:

@@ -30,7 +30,7 @@ def test_child_scoped_read_points() -> None:
 def _atlas_with(tmp_path: Path, text: str) -> SpecError:
     specs = tmp_path / "specs"
     specs.mkdir()
-    for name in ("_vocabulary.yaml", "llama.yaml", "qwen3_5_text.yaml", "qwen3_next.yaml"):
+    for name in ("_vocabulary.yaml", "_notes.yaml", "llama.yaml", "qwen3_5_text.yaml", "qwen3_next.yaml"):
         shutil.copy(SPECS / name, specs / name)
     (specs / "broken.yaml").write_text(text)
     with pytest.raises(SpecError) as err:

@@ -77,6 +77,8 @@ def test_structural_mutations(name: str, data: st.DataObject) -> None:
     doc = yaml.safe_load((ROOT / "specs" / name).read_text())
     for _ in range(data.draw(st.integers(1, 3))):
         paths = [p for p in _paths(doc) if p]
+        if not paths:
+            break
         path = data.draw(st.sampled_from(paths))
         parent = doc
         for k in path[:-1]:

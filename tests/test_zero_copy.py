@@ -42,7 +42,8 @@ def _values(model: Any) -> list[Any]:
             for spec in host_specs(model, host):
                 for v in spec.values:
                     handle = getattr(host, v.name)
-                    if handle._read.kind != "derived" and handle.unavailable() is None:
+                    # values of a call with images need image inputs: this test feeds a text prompt
+                    if handle._read.kind != "derived" and handle.unavailable() is None and v.reached is None:
                         out.append(handle)
     return out
 

@@ -410,6 +410,9 @@ TINY: dict[str, Any] = {
     "seq": (1, 7),
     "examples": 12,
     "experts": (),
+    "processor": None,
+    "images": None,
+    "image_text": None,
 }
 
 CHECKPOINTS: dict[str, Any] = {

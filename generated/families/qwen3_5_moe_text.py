@@ -329,7 +329,7 @@ _L_ExpertIndices = Layout('ExpertIndices', ('batch', 'seq', 'top_k'), 'long', Fa
 _L_ExpertOutputs = Layout('ExpertOutputs', ('batch', 'seq', 'top_k', 'hidden_size'), 'float', False)
 _C_torch_kernels = Condition('torch_kernels', "needs route_kernels(family, 'torch')", 'trace inside `with nnatlas.route_kernels(model.family, "torch"):` (or set model.kernels = "torch"), which runs each recurrent kernel call token by token')
 _C_eager = Condition('eager', "needs attn_implementation='eager'", 'load with attn_implementation="eager" (nnatlas.load(..., attn_implementation="eager"))')
-_C_experts_mm = Condition('experts_mm', "needs experts_implementation 'grouped_mm' (the default) or 'batched_mm'", 'model.native.set_experts_implementation("grouped_mm") (or load with experts_implementation="grouped_mm")', '_experts_implementation', ('grouped_mm', 'batched_mm'))
+_C_experts_mm = Condition('experts_mm', "needs experts_implementation 'grouped_mm' (the default) or 'batched_mm'", 'model.native.set_experts_implementation("grouped_mm") (or load with experts_implementation="grouped_mm")', attribute='_experts_implementation', values=('grouped_mm', 'batched_mm'))
 
 HOSTS: tuple[HostSpec, ...] = (
     HostSpec(
@@ -815,6 +815,9 @@ TINY: dict[str, Any] = {
     "seq": (1, 7),
     "examples": 6,
     "experts": ('eager', 'batched_mm', 'grouped_mm'),
+    "processor": None,
+    "images": None,
+    "image_text": None,
 }
 
 CHECKPOINTS: dict[str, Any] = {

@@ -22,7 +22,7 @@ HOST_PATHS = ('model', 'layers[i]', 'layers[i].self_attn', 'layers[i].mlp')
 IDENTITIES = (('model', 0), ('model', 1), ('layers[i]', 0), ('layers[i]', 1), ('layers[i]', 2), ('layers[i].self_attn', 0), ('layers[i].self_attn', 1), ('layers[i].self_attn', 2), ('layers[i].self_attn', 3), ('layers[i].mlp', 0))
 WRITABLE = (('model', 'token_embeddings'), ('model', 'final_norm_output'), ('model', 'lm_head_output'), ('model', 'logits'), ('layers[i]', 'layer_input'), ('layers[i]', 'attention_norm_output'), ('layers[i]', 'layer_mid'), ('layers[i]', 'mlp_norm_output'), ('layers[i]', 'mlp_input'), ('layers[i]', 'layer_output'), ('layers[i].self_attn', 'attention_queries'), ('layers[i].self_attn', 'attention_keys'), ('layers[i].self_attn', 'attention_values'), ('layers[i].self_attn', 'attention_scores'), ('layers[i].self_attn', 'attention_probabilities'), ('layers[i].self_attn', 'attention_head_outputs'), ('layers[i].self_attn', 'attention_premix'), ('layers[i].self_attn', 'attention_output'), ('layers[i].mlp', 'mlp_activation'), ('layers[i].mlp', 'mlp_neurons'), ('layers[i].mlp', 'mlp_output'))
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'))
-EXAMPLES = (('The block, in order', 0, 'with model.trace(prompt):\n    x = model.layers[1].input.save()\n    attn = model.layers[1].self_attn.attention_output.save()\n    mlp = model.layers[1].mlp.mlp_output.save()\n    out = model.layers[1].layer_output.save()\n\ntorch.testing.assert_close(x + attn + mlp, out)\n'), ('The pattern needs the eager attention', 0, 'with model.trace(prompt):\n    q = model.layers[0].self_attn.attention_queries.save()\nassert q.shape[1] == model.num_heads\n'))
+EXAMPLES = (('The block, in order', 0, 'with model.trace(prompt):\n    x = model.layers[1].input.save()\n    attn = model.layers[1].self_attn.attention_output.save()\n    mlp = model.layers[1].mlp.mlp_output.save()\n    out = model.layers[1].layer_output.save()\n\ntorch.testing.assert_close(x + attn + mlp, out)\n', None), ('The pattern needs the eager attention', 0, 'with model.trace(prompt):\n    q = model.layers[0].self_attn.attention_queries.save()\nassert q.shape[1] == model.num_heads\n', None))
 
 
 @st.composite
@@ -63,7 +63,9 @@ def test_support_agrees_with_trace(attn: str) -> None:
     T.check_support(FAMILY, attn)
 
 
-@pytest.mark.parametrize("title,index", [(t, k) for t, k, _ in EXAMPLES])
+
+
+@pytest.mark.parametrize("title,index", [(t, k) for t, k, _, _ in EXAMPLES])
 def test_note_example(title: str, index: int) -> None:
-    source = next(s for t, k, s in EXAMPLES if (t, k) == (title, index))
-    T.run_example(FAMILY, source, f"{adapter.SPEC_FILE}: note {title!r}, example {index}")
+    source, load = next((s, ld) for t, k, s, ld in EXAMPLES if (t, k) == (title, index))
+    T.run_example(FAMILY, source, f"{adapter.SPEC_FILE}: note {title!r}, example {index}", load)

@@ -22,7 +22,7 @@ HOST_PATHS = ('model', 'layers[i]', 'layers[i].linear_attn', 'layers[i].self_att
 IDENTITIES = (('model', 0), ('model', 1), ('layers[i]', 0), ('layers[i]', 1), ('layers[i]', 2), ('layers[i]', 3), ('layers[i]', 4), ('layers[i]', 5), ('layers[i].linear_attn', 0), ('layers[i].linear_attn', 1), ('layers[i].linear_attn', 2), ('layers[i].linear_attn', 3), ('layers[i].linear_attn', 4), ('layers[i].self_attn', 0), ('layers[i].self_attn', 1), ('layers[i].self_attn', 2), ('layers[i].self_attn', 3), ('layers[i].self_attn', 4), ('layers[i].mlp', 0), ('layers[i].mlp', 1), ('layers[i].mlp', 2), ('layers[i].mlp', 3), ('layers[i].mlp', 4), ('layers[i].mlp.shared_experts', 0))
 WRITABLE = (('model', 'token_embeddings'), ('model', 'final_norm_output'), ('model', 'lm_head_output'), ('model', 'logits'), ('layers[i]', 'layer_input'), ('layers[i]', 'attention_norm_output'), ('layers[i]', 'layer_mid'), ('layers[i]', 'mlp_norm_output'), ('layers[i]', 'mlp_input'), ('layers[i]', 'layer_output'), ('layers[i].linear_attn', 'attention_queries'), ('layers[i].linear_attn', 'attention_keys'), ('layers[i].linear_attn', 'attention_values'), ('layers[i].linear_attn', 'decays'), ('layers[i].linear_attn', 'betas'), ('layers[i].linear_attn', 'state'), ('layers[i].linear_attn', 'attention_head_outputs'), ('layers[i].linear_attn', 'attention_output'), ('layers[i].self_attn', 'attention_queries'), ('layers[i].self_attn', 'attention_keys'), ('layers[i].self_attn', 'attention_values'), ('layers[i].self_attn', 'attention_scores'), ('layers[i].self_attn', 'attention_probabilities'), ('layers[i].self_attn', 'attention_head_outputs'), ('layers[i].self_attn', 'attention_premix'), ('layers[i].self_attn', 'attention_output'), ('layers[i].mlp', 'mlp_output'), ('layers[i].mlp', 'router_logits'), ('layers[i].mlp', 'expert_weights'), ('layers[i].mlp', 'expert_outputs'), ('layers[i].mlp', 'routed_output'), ('layers[i].mlp', 'shared_expert_output'), ('layers[i].mlp.shared_experts', 'mlp_activation'), ('layers[i].mlp.shared_experts', 'mlp_neurons'), ('layers[i].mlp.shared_experts', 'mlp_output'))
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'), ('layers[i].linear_attn', 'states'))
-EXAMPLES = (('What differs from Qwen3-Next', 0, 'moe = model.layers[0].mlp\nwith model.trace(prompt):\n    weights = moe.expert_weights.save()\n    routed = moe.routed_output.save()\n    shared = moe.shared_expert_output.save()\n    out = moe.mlp_output.save()\ntorch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:2]))\nassert torch.equal(routed + shared, out)\nassert model.intermediate_size == model.config.moe_intermediate_size\n'),)
+EXAMPLES = (('What differs from Qwen3-Next', 0, 'moe = model.layers[0].mlp\nwith model.trace(prompt):\n    weights = moe.expert_weights.save()\n    routed = moe.routed_output.save()\n    shared = moe.shared_expert_output.save()\n    out = moe.mlp_output.save()\ntorch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:2]))\nassert torch.equal(routed + shared, out)\nassert model.intermediate_size == model.config.moe_intermediate_size\n', None),)
 EXPERTS = ('eager', 'batched_mm', 'grouped_mm')  # every experts implementation the spec's identities must hold under
 
 
@@ -77,7 +77,9 @@ def test_support_agrees_with_trace_experts(experts: str) -> None:
     T.check_support(FAMILY, "eager", experts=experts)
 
 
-@pytest.mark.parametrize("title,index", [(t, k) for t, k, _ in EXAMPLES])
+
+
+@pytest.mark.parametrize("title,index", [(t, k) for t, k, _, _ in EXAMPLES])
 def test_note_example(title: str, index: int) -> None:
-    source = next(s for t, k, s in EXAMPLES if (t, k) == (title, index))
-    T.run_example(FAMILY, source, f"{adapter.SPEC_FILE}: note {title!r}, example {index}")
+    source, load = next((s, ld) for t, k, s, ld in EXAMPLES if (t, k) == (title, index))
+    T.run_example(FAMILY, source, f"{adapter.SPEC_FILE}: note {title!r}, example {index}", load)
