@@ -99,10 +99,13 @@ def test_search_and_trait_filter_narrow_the_index(page: Any, test_site: Path, re
     assert families.count() == 1 and families.first.get_attribute("data-family") == "llama"
     assert page.locator("#results li").count() >= 1
     assert "native class" in page.locator("#results").inner_text()
-    page.fill("#search", "position_embeddings")
-    assert [families.nth(i).get_attribute("data-family") for i in range(families.count())] == ["gpt2"]
+    page.fill("#search", "router_logits")  # "which families have router_logits"
+    assert [families.nth(i).get_attribute("data-family") for i in range(families.count())] == [
+        "qwen3_5_moe_text", "qwen3_next"]
     href = page.locator("#results a").first.get_attribute("href")
-    assert href.startswith("gpt2.html#")
+    assert href.startswith(("qwen3_5_moe_text.html#", "qwen3_next.html#"))
+    page.fill("#search", "Qwen3_5GatedDeltaNet")  # "where is Qwen3_5GatedDeltaNet"
+    assert [families.nth(i).get_attribute("data-family") for i in range(families.count())] == ["qwen3_5_text"]
     page.fill("#search", "")
     assert families.count() == total
     page.click("button.trait-filter[data-trait='Rotary positions']")
