@@ -57,6 +57,10 @@ def _real(family: str, checkpoint: str, layers: int | None, attn: str) -> AtlasM
     mod = importlib.import_module(f"nnatlas.families.{family}")
     cfg = _config_dict(mod.CHECKPOINTS[checkpoint])
     if layers is not None:
+        interval = cfg.get("full_attention_interval")
+        if isinstance(interval, int) and layers < interval:
+            raise SystemExit(f"{checkpoint}: {layers} blocks hold no full-attention block (one in every {interval}); "
+                             f"its cache needs one: use --mid-layers {interval} or more")
         cfg["num_hidden_layers"] = layers
         if isinstance(cfg.get("layer_types"), list):
             cfg["layer_types"] = cfg["layer_types"][:layers]

@@ -91,8 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--runs", type=int, default=41, help="timed runs per forward workload, tiny models")
     parser.add_argument("--gen-runs", type=int, default=11, help="timed runs per generation workload, tiny models")
-    parser.add_argument("--mid-runs", type=int, default=5, help="timed runs per workload, mid-size model")
-    parser.add_argument("--mid-layers", type=int, default=2, help="blocks of the mid-size model (0: skip it)")
+    parser.add_argument("--mid-runs", type=int, default=9, help="timed runs per workload, mid-size model")
+    parser.add_argument("--mid-layers", type=int, default=4,
+                        help="blocks of the mid-size model (0: skip it); 4 is one full period of Qwen3.5's "
+                             "3 linear-attention + 1 full-attention blocks (24 recorded), the fewest a cache accepts")
     parser.add_argument("--families", default="", help="comma-separated families (default: all)")
     parser.add_argument("--cases", default="abcde")
     parser.add_argument("--no-nnsight", action="store_true")

@@ -118,10 +118,9 @@ class Host:
         key = self._config_name(name)
         if key is not None:
             return self._model._config_value(key)
-        for spec in self._specs():
-            v = spec.value(name)
-            if v is not None:
-                return Value(self, name, v, v.read)
+        v = self._model._value_spec(self._pattern, self._block_index(), name)
+        if v is not None:
+            return Value(self, name, v, v.read)
         if name in BOUNDARIES:
             return Value(self, name, None, BOUNDARIES[name])
         child = self._child(name)
@@ -169,7 +168,8 @@ class HostList(Generic[H]):
         if not -n <= i < n:
             raise IndexError(f"{self._label}[{i}]: there are {n} ({self._label}[0] to {self._label}[{n - 1}])")
         i %= n
-        return Host(self._model, self._module[i], f"{self._label}[{i}]", f"{self._pattern}[i]", i)  # type: ignore[return-value]
+        # a ModuleList keys its modules "0", "1", ... (ModuleList.__getitem__ without its index arithmetic)
+        return Host(self._model, self._module._modules[str(i)], f"{self._label}[{i}]", f"{self._pattern}[i]", i)  # type: ignore[return-value]
 
     def __iter__(self) -> Iterator[H]:
         return (self[i] for i in range(len(self)))
@@ -267,22 +267,32 @@ def _lazy_attr(node: Any, name: str) -> Any:
     return LazyExpr(Expr(lambda t: getattr(t, name), (node,)))
 
 
+_HOLDER_DTYPES = {"long": torch.long, "bool": torch.bool}
+
+
 class Value(_Lazy):
     """A handle on one value of one host: save it, assign it, edit it in place."""
 
+    _host: Host
+    _name: str
+    _spec: ValueSpec | None
+    _read: ReadPoint
+    _extra: tuple[Any, ...]
+
     def __init__(self, host: Host, name: str, spec: ValueSpec | None, read: ReadPoint, extra: tuple[Any, ...] = ()):
-        object.__setattr__(self, "_host", host)
-        object.__setattr__(self, "_name", name)
-        object.__setattr__(self, "_spec", spec)
-        object.__setattr__(self, "_read", read)
-        object.__setattr__(self, "_extra", extra)
+        d = self.__dict__  # (__setattr__ refuses: a value is assigned on its host)
+        d["_host"], d["_name"], d["_spec"], d["_read"], d["_extra"] = host, name, spec, read, extra
 
     @property
     def label(self) -> str:
-        base = f"{self._host._label}.{self._name}" if self._host._label else self._name
-        for e in self._extra:
-            base += f"[{e!r}]"
-        return base
+        d = self.__dict__
+        label: str | None = d.get("_label")
+        if label is None:
+            label = f"{self._host._label}.{self._name}" if self._host._label else self._name
+            for e in self._extra:
+                label += f"[{e!r}]"
+            d["_label"] = label
+        return label
 
     def _tracer(self) -> Tracer:
         model = self._host._model
@@ -322,21 +332,26 @@ class Value(_Lazy):
 
     def save(self) -> Any:
         """The value, once the forward computed it: a tensor (a view, no copy) or a :class:`Box`."""
-        tracer = self._tracer()
+        model = self._host._model
+        tracer = model._tracer or model._active_tracer(self.label)
         holder = self._holder()
         if self._read.kind == "derived":
             self._derived(tracer, "save", holder)
         else:
-            tracer.add(self.label, "save", self._target(), holder)
+            tracer.add(self.label, "save", model._target(self), holder)
         return holder
 
     def _holder(self) -> Any:
-        layout = self._spec.layout if self._spec else None
-        if (layout is not None and (layout.dtype == "object" or layout.optional)) or (
+        spec = self._spec
+        if spec is None:
+            if self._read.side == "inputs" and not self._read.access and not self._extra:
+                return Box(self.label)
+            return torch.empty(0)
+        layout = spec.layout
+        if layout.dtype == "object" or layout.optional or (
                 self._read.side == "inputs" and not self._read.access and not self._extra):
             return Box(self.label)
-        dtype = {"long": torch.long, "bool": torch.bool}.get(layout.dtype if layout else "", torch.float32)
-        return torch.empty(0, dtype=dtype)
+        return torch.empty(0, dtype=_HOLDER_DTYPES.get(layout.dtype, torch.float32))
 
     def _writable(self) -> None:
         if self._read.kind == "derived":

@@ -11,10 +11,11 @@ from typing import Any
 import torch
 
 from . import registry as _families
-from .adapter import Family, HostSpec
+from .adapter import Family, HostSpec, ValueSpec
 from .envoy import Host, HostList, Value, resolve_native
 from .errors import NnatlasError, Unavailable
 from .inputs import prepare
+from .sites import kernel_route
 from .trace import CallDim, Target, Tracer
 
 CALL_DIMS = ("batch", "seq")  # view arguments bound per call, from the model's input ids (or embeddings)
@@ -60,6 +61,7 @@ class AtlasModel(Host):
         object.__setattr__(self, "_config_view", ConfigView(getattr(hf_model, "config", None)))
         object.__setattr__(self, "_hosts_cache", {})
         object.__setattr__(self, "_targets_cache", {})
+        object.__setattr__(self, "_value_specs", {})
         with _LOCKS_GUARD:
             lock = _LOCKS.setdefault(hf_model, threading.RLock())
         object.__setattr__(self, "_lock", lock)
@@ -140,9 +142,7 @@ class AtlasModel(Host):
         self.__dict__["_kernels"] = value
 
     def _kernel_route(self) -> str | None:
-        from .sites import kernel_route
-
-        return kernel_route(self.family) or self.kernels
+        return kernel_route(self._family.name) or self.__dict__.get("_kernels")
 
     def _routed_modules(self) -> list[tuple[torch.nn.Module, str]]:
         """Every live module whose host reads a routable function group, with that group."""
@@ -209,6 +209,18 @@ class AtlasModel(Host):
             cache[key] = [h for h in specs if h.when is None or (index is not None and h.when(self._config_view, index))]
         return cache[key]  # type: ignore[no-any-return]
 
+    def _value_spec(self, pattern: str, index: int | None, name: str) -> ValueSpec | None:
+        """The spec of value ``name`` on the host at ``pattern`` (block ``index``): the first that has it."""
+        key = (pattern, index)
+        names = self._value_specs.get(key)
+        if names is None:
+            names = {}
+            for spec in self._specs_for(pattern, index):
+                for v in spec.values:
+                    names.setdefault(v.name, v)
+            self._value_specs[key] = names
+        return names.get(name)  # type: ignore[no-any-return]
+
     def _host(self, module: torch.nn.Module, label: str, pattern: str) -> Host | HostList:
         if isinstance(module, torch.nn.ModuleList):
             return HostList(self, module, label, pattern)
@@ -242,10 +254,11 @@ class AtlasModel(Host):
 
     def _why_unavailable(self, value: Value) -> Unavailable | None:
         spec = value._spec
-        if spec is not None and spec.read.kind == "missing":
-            return Unavailable(f"{value.label} does not exist in family {self.family}: {spec.read.words}")
-        if spec is None or spec.needs is None:
+        if spec is None or (spec.needs is None and spec.read.kind != "missing"):
             return None
+        if spec.read.kind == "missing":
+            return Unavailable(f"{value.label} does not exist in family {self.family}: {spec.read.words}")
+        assert spec.needs is not None
         if spec.needs.never:
             return Unavailable(f"{value.label} {spec.needs.says}. Instead: {spec.needs.fix}")
         module = value._host._module
@@ -254,7 +267,17 @@ class AtlasModel(Host):
                 module = self._scope_module(value._host, value._read, value.label)
             except NnatlasError:
                 pass
-        if conditions_met(spec.needs.name, self, module, spec.needs):
+        tracer = self._tracer
+        met: bool | None
+        if tracer is None:
+            met = conditions_met(spec.needs.name, self, module, spec.needs)
+        else:  # a load condition holds for the whole trace body: asked once per config it reads
+            cfg = getattr(module, "config", None) or self.config
+            key = (id(cfg), id(spec.needs))
+            met = tracer.conditions.get(key)
+            if met is None:
+                met = tracer.conditions[key] = conditions_met(spec.needs.name, self, module, spec.needs)
+        if met:
             return None
         if spec.needs.attribute:
             attr = spec.needs.attribute
@@ -279,9 +302,11 @@ class AtlasModel(Host):
         return start._resolve_module(tuple(read.module), label)
 
     def _target(self, value: Value) -> Target:
-        why = self._why_unavailable(value)
-        if why is not None:
-            raise why
+        spec = value._spec
+        if spec is not None and (spec.needs is not None or spec.read.kind == "missing"):
+            why = self._why_unavailable(value)
+            if why is not None:
+                raise why
         # resolved once per (module, value): a cached target is used while its module is still the
         # one the host's path leads to (a replaced submodule resolves afresh)
         key = (id(value._host._module), id(value._read), value._extra, value.label)

@@ -91,8 +91,14 @@ class Target:
     copy: bool = False  # serve a copy, put in the native's place (a buffer the forward overwrites)
     reached: Any = None  # a call condition (adapter.Condition) checked against the inputs before the forward
     call: int = 0  # which firing of the site serves it (the K-th call of a method)
+    _pidx: tuple[int, str | None] | None = field(default=None, init=False, repr=False, compare=False)
 
     def _param_index(self) -> tuple[int, str | None]:
+        if self._pidx is None:
+            self._pidx = self._find_param()
+        return self._pidx
+
+    def _find_param(self) -> tuple[int, str | None]:
         if self.param is None:
             names = forward_params(self.module)
             return 0, names[0] if names else None
@@ -108,7 +114,13 @@ class Target:
         return str(a0)
 
     def native(self, payload: Any) -> Any:
-        if self.side == "fn_args":
+        side = self.side
+        if side == "output" or side == "fn_output" or side == "inputs":
+            x = payload
+            for a in self.access:
+                x = get_item(x, a)
+            return x
+        if side == "fn_args":
             names, kw = payload
             x = kw.get(self._fn_param(names))
             for a in self.access[1:]:
@@ -167,6 +179,8 @@ class Target:
         return a
 
     def served(self, native: Any) -> Any:
+        if not self.view and not self.extra:
+            return native
         x = native
         for name, args in self.view:
             if self.dims_module is not None:
@@ -191,6 +205,10 @@ class Target:
             got = tuple(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
             raise NnatlasError(f"{self.label}: assigned a value of shape {got} where the model has {shape}")
         return self.with_native(payload, new)
+
+
+def _seq(r: Request) -> int:
+    return r.seq
 
 
 @dataclass(frozen=True)
@@ -230,7 +248,7 @@ class Box:
     __hash__ = None  # type: ignore[assignment]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Request:
     seq: int
     label: str
@@ -256,7 +274,7 @@ def fill(holder: Any, value: Any, label: str) -> None:
         raise NnatlasError(
             f"{label} is a {type(value).__name__}, not a tensor: save an element of it (for example "
             f"{label}[0]), or read a standard value")
-    holder.data = value.detach()
+    holder.data = value  # set_data: shares value's storage, keeps none of its autograd history
 
 
 class Expr:
@@ -311,6 +329,7 @@ class Tracer:
         self.call_dims: dict[int, tuple[int, int]] = {}
         self._lock_held = False
         self._fn_host_tokens: list[Token[Any]] = []
+        self.conditions: dict[tuple[int, int], bool] = {}  # load conditions asked while recording
 
     # -- recording (the body) --
     def add(self, label: str, action: str, target: Target | None, payload: Any = None, seq: int | None = None,
@@ -337,11 +356,11 @@ class Tracer:
         if self.model._tracer is not None:
             self._release()
             raise NnatlasError("a trace of this model is already open; traces do not nest")
-        self.model._tracer = self
+        object.__setattr__(self.model, "_tracer", self)  # (AtlasModel.__setattr__ is for its properties)
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.model._tracer = None
+        object.__setattr__(self.model, "_tracer", None)
         try:
             if exc_type is None:
                 self._execute()
@@ -364,12 +383,18 @@ class Tracer:
         reqs = self.by_site.get(key)
         if reqs is None:
             return payload
-        n = self.fired.get((key, self.step), 0)
-        self.fired[(key, self.step)] = n + 1
+        step = self.step
+        fired = (key, step)
+        n = self.fired.get(fired, 0)
+        self.fired[fired] = n + 1
+        strict = self.strict
         for r in reqs:
-            if r.step != self.step or (r.done and r.call != -1) or r.call not in (n, -1):
+            if r.step != step:
                 continue
-            if self.strict and r.ordered:
+            call = r.call
+            if call != -1 and (r.done or call != n):
+                continue
+            if strict and r.ordered:
                 first = self._first_undone()
                 if first is not None and first.seq < r.seq:
                     raise OutOfOrderError(first.label, r.label)
@@ -383,20 +408,23 @@ class Tracer:
             native = t.native(payload)
             if isinstance(native, torch.Tensor):
                 payload = t.with_native(payload, native.clone())
-        if r.action == "replace":
+        action = r.action
+        if action == "save" or action == "capture":
+            value = t.served(t.native(payload))
+            if action == "capture":
+                r.value = value
+            elif type(r.payload) is torch.Tensor and isinstance(value, torch.Tensor):
+                r.payload.data = value  # fill(), inlined: the common case
+            else:
+                fill(r.payload, value, r.label)
+        elif action == "replace":
             current = t.served(t.native(payload))
             new = self.resolve(r.payload, current, r.label)
             payload = t.replace(payload, new)
-        elif r.action == "setitem":
+        else:  # setitem
             current = t.served(t.native(payload))
             key, val = r.payload
             current[key] = self.resolve(val, current[key], r.label)
-        else:
-            value = t.served(t.native(payload))
-            if r.action == "save":
-                fill(r.payload, value, r.label)
-            else:  # capture
-                r.value = value
         r.done = True
         owner = r.owner
         if owner is not None and owner.action == "derived" and all(d.done for d in owner.deps):
@@ -437,12 +465,16 @@ class Tracer:
                              f"{'it' if len(missing) == 1 else 'them'}. Fix: {missing[0][1].fix}")
 
     def _execute(self) -> None:
-        self._ordered = sorted(self.requests, key=lambda r: r.seq)
-        sited = [r for r in self._ordered if r.target is not None]
-        self._check_reached(sited)
-        for r in sited:
-            assert r.target is not None
-            self.by_site.setdefault(r.target.site, []).append(r)
+        self._ordered = sorted(self.requests, key=_seq)
+        self._check_reached([r for r in self._ordered if r.target is not None])
+        by_site = self.by_site
+        for r in self._ordered:
+            if r.target is not None:
+                reqs = by_site.get(r.target.site)
+                if reqs is None:
+                    by_site[r.target.site] = [r]
+                else:
+                    reqs.append(r)
         installed: list[Any] = []
         modes: list[sites.OpMode] = []
         restore: list[Callable[[], None]] = []
@@ -518,9 +550,9 @@ class Tracer:
         for mid, kind in kinds.items():
             mod = modules[mid]
             if "pre" in kind:
-                installed.append(mod.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
+                installed.append(mod.register_forward_pre_hook(self._pre_hook_at(mid), with_kwargs=True))
             if "post" in kind:
-                installed.append(mod.register_forward_hook(self._post_hook))
+                installed.append(mod.register_forward_hook(self._post_hook_at(mid)))
             for interface in sorted(interfaces.get(mid, ())):
                 routes[(interface, mid)] = self._call_handler(mid, interface)
             for name in sorted(methods.get(mid, ())):
@@ -655,14 +687,24 @@ class Tracer:
             self.serve(("fn_steps", mid, group), stacked)
         return tuple(result)
 
-    def _pre_hook(self, mod: torch.nn.Module, args: Any, kwargs: Any) -> Any:
-        payload = (args, kwargs)
-        new = self.serve(("pre", id(mod)), payload)
-        return None if new is payload else new
+    def _pre_hook_at(self, mid: int) -> Callable[..., Any]:
+        key: SiteKey = ("pre", mid)
+        serve = self.serve
 
-    def _post_hook(self, mod: torch.nn.Module, args: Any, output: Any) -> Any:
-        new = self.serve(("post", id(mod)), output)
-        return None if new is output else new
+        def hook(mod: torch.nn.Module, args: Any, kwargs: Any) -> Any:
+            payload = (args, kwargs)
+            new = serve(key, payload)
+            return None if new is payload else new
+        return hook
+
+    def _post_hook_at(self, mid: int) -> Callable[..., Any]:
+        key: SiteKey = ("post", mid)
+        serve = self.serve
+
+        def hook(mod: torch.nn.Module, args: Any, output: Any) -> Any:
+            new = serve(key, output)
+            return None if new is output else new
+        return hook
 
     def _op_server(self, mid: int, scope: str | None) -> Callable[[str, int, str, Any], Any]:
         def serve(name: str, k: int, side: str, payload: Any) -> Any:
