@@ -10,10 +10,11 @@ from typing import Any
 import torch
 
 import nnatlas
+from nnatlas.testing import standard_values
 
 from . import compile_time, memory, models
 from .timing import medians
-from .workloads import CASES, layer_values, nnsight_available, ours_workloads, standard_values, theirs_workloads
+from .workloads import CASES, layer_values, nnsight_available, ours_workloads, theirs_workloads
 
 # (scope, case) -> the most ours/plain may be; scope "tiny llama", "tiny", "mid"
 TARGETS: dict[tuple[str, str], float] = {
@@ -159,8 +160,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def memory_row(name: str, model: Any, eager: Any, inputs: dict[str, torch.Tensor]) -> str:
-    plain, _ = memory.allocated(lambda: eager.native(**inputs))
-    values = [h for h in standard_values(eager) if h._read.kind != "derived"]
+    values = standard_values(eager, derived=False, needs_images=False)  # a text prompt: no image values
 
     def traced() -> list[Any]:
         with eager.trace(inputs, order="any"):

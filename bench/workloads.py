@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from nnatlas.model import AtlasModel
-from nnatlas.testing import each_host, host_specs
+from nnatlas.testing import standard_values
 
 GEN_TOKENS = 16
 CASES = {
@@ -48,19 +48,6 @@ def layer_values(model: AtlasModel, names: list[str] | None = None) -> list[Any]
     ``names`` from :func:`layer_names`, worked out once outside the timed body."""
     names = names if names is not None else layer_names(model)
     return [getattr(layer, name) for layer, name in zip(model.layers, names)]
-
-
-def standard_values(model: AtlasModel) -> list[Any]:
-    """Every value handle of every live host that this load serves."""
-    handles = []
-    for path in dict.fromkeys(h.path for h in model._family.hosts):
-        for _label, host in each_host(model, path):
-            for spec in host_specs(model, host):
-                for v in spec.values:
-                    handle = getattr(host, v.name)
-                    if handle.unavailable() is None:
-                        handles.append(handle)
-    return handles
 
 
 def generate_settings(model: AtlasModel) -> dict[str, Any]:
@@ -100,7 +87,7 @@ def ours_workloads(model: AtlasModel, eager: AtlasModel, inputs: dict[str, torch
         return saved
 
     # which hosts exist is the bench's enumeration, done once; each trace names every value afresh
-    pairs = [(h._host, h._name) for h in standard_values(eager)]
+    pairs = [(h._host, h._name) for h in standard_values(eager, needs_images=False)]  # text prompts
 
     def save_all() -> list[Any]:
         with eager.trace(inputs, order="any"):
@@ -218,8 +205,8 @@ def theirs_workloads(model: AtlasModel, eager: AtlasModel, inputs: dict[str, tor
     """nnsight's version of each workload, and a note for each one it cannot do."""
     t, te = Theirs(model), Theirs(eager)
     nn, nne = t.nn, te.nn
-    handles = serve_order(eager, inputs, standard_values(eager))
-    derived = [h for h in standard_values(eager) if h._read.kind == "derived"]
+    handles = serve_order(eager, inputs, standard_values(eager, needs_images=False))
+    derived = [h for h in standard_values(eager, needs_images=False) if h._read.kind == "derived"]
     settings = generate_settings(model)
     lv = layer_values(model)
     out: dict[str, Callable[[], Any]] = {}

@@ -209,6 +209,31 @@ class AtlasModel(Host):
             cache[key] = [h for h in specs if h.when is None or (index is not None and h.when(self._config_view, index))]
         return cache[key]  # type: ignore[no-any-return]
 
+    def live_hosts(self, path: str) -> Iterator[tuple[str, Host]]:
+        """Every live host at a spec path (``layers[i].self_attn`` → one per block that has it),
+        with its label (``layers[3].self_attn``); nothing for a host this load does not build."""
+        if path == "model":
+            yield "model", self
+            return
+        head, _, rest = path.partition("[i]")
+        node: Any = self
+        try:
+            for part in head.split("."):
+                node = getattr(node, part)
+        except AttributeError:  # not built by this load (the vision encoder of a text-only load)
+            return
+        if "[i]" not in path:
+            yield path, node
+            return
+        for i in range(len(node)):
+            host = node[i]
+            for part in [p for p in rest.split(".") if p]:
+                host = host._child(part)
+                if host is None:
+                    break
+            if host is not None:
+                yield path.replace("[i]", f"[{i}]"), host
+
     def _value_spec(self, pattern: str, index: int | None, name: str) -> ValueSpec | None:
         """The spec of value ``name`` on the host at ``pattern`` (block ``index``): the first that has it."""
         key = (pattern, index)

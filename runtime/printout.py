@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -168,39 +168,13 @@ def _example_hosts(model: AtlasModel) -> list[tuple[str, Host, list[HostSpec]]]:
     """One live host per (path, block kind): model, layers[first of each kind], their children."""
     out: list[tuple[str, Host, list[HostSpec]]] = []
     seen: set[tuple[str, tuple[int, ...]]] = set()
-    key: tuple[str, tuple[int, ...]]
-    for spec in model._family.hosts:
-        path = spec.path
-        if path == "model":
-            key = (path, ())
-            if key not in seen:
+    for path in dict.fromkeys(h.path for h in model._family.hosts):
+        for label, host in model.live_hosts(path):
+            specs = model._specs_for("model", None) if host is model else host._specs()
+            key = (path, tuple(id(s) for s in specs))
+            if specs and key not in seen:
                 seen.add(key)
-                out.append(("model", model, model._specs_for("model", None)))
-            continue
-        head, _, rest = path.partition("[i]")
-        lst: Any = model
-        try:
-            for part in head.split("."):
-                lst = getattr(lst, part)
-        except AttributeError:  # a host this load does not build (the vision encoder of a text-only load)
-            continue
-        if "[i]" not in path:
-            out.append((path, lst, lst._specs()))
-            continue
-        for i in range(len(lst)):
-            host: Any = lst[i]
-            if spec.when is not None and not spec.when(model._config_view, i):
-                continue
-            try:
-                for part in [p for p in rest.split(".") if p]:
-                    host = getattr(host, part)
-            except Exception:  # noqa: BLE001 - a block kind without this child
-                continue
-            key = (path, tuple(id(s) for s in host._specs()))
-            if key not in seen:
-                seen.add(key)
-                out.append((path.replace("[i]", f"[{i}]"), host, host._specs()))
-            break
+                out.append((label, host, specs))
     return out
 
 

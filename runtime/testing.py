@@ -14,6 +14,8 @@ from types import ModuleType
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from .model import AtlasModel, wrap
 
@@ -184,30 +186,47 @@ def draw_inputs(vocab_size: int, batch: int, seq: int, pads: list[int], seed: in
 
 def each_host(model: AtlasModel, path: str) -> Iterator[tuple[str, Any]]:
     """Every live host at a spec path (``layers[i].self_attn`` → one per block that has it)."""
-    if path == "model":
-        yield "model", model
-        return
-    head, _, rest = path.partition("[i]")
-    node: Any = model
-    try:
-        for part in head.split("."):
-            node = getattr(node, part)
-    except AttributeError:  # not built by this load (the vision encoder of a text-only load)
-        return
-    if "[i]" not in path:
-        yield path, node
-        return
-    for i in range(len(node)):
-        host = node[i]
-        ok = True
-        for part in [p for p in rest.split(".") if p]:
-            child = host._child(part)
-            if child is None:
-                ok = False
-                break
-            host = child
-        if ok:
-            yield path.replace("[i]", f"[{i}]"), host
+    return model.live_hosts(path)
+
+
+def standard_values(model: AtlasModel, derived: bool = True, needs_images: bool = True) -> list[Any]:
+    """Every value handle of every live host that this load serves, in spec order; without the
+    derived ones (``derived=False``) or those computed only on a call with images."""
+    handles = []
+    for path in dict.fromkeys(h.path for h in model._family.hosts):
+        for _label, host in model.live_hosts(path):
+            for spec in host_specs(model, host):
+                for v in spec.values:
+                    if (not derived and v.read.kind == "derived") or (not needs_images and v.reached is not None):
+                        continue
+                    handle = getattr(host, v.name)
+                    if handle.unavailable() is None:
+                        handles.append(handle)
+    return handles
+
+
+class Allocations(TorchDispatchMode):
+    """Bytes of the new storages aten ops produce while active (an output that shares its storage
+    with an input, a view or ``detach``, counts nothing); the allocator reusing freed memory
+    does not hide an allocation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs or {}))[0]
+                  if isinstance(t, torch.Tensor)}
+        out = func(*args, **(kwargs or {}))
+        fresh: set[int] = set()
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                ptr = storage.data_ptr()
+                if ptr not in inputs and ptr not in fresh:
+                    fresh.add(ptr)
+                    self.bytes += storage.nbytes()
+        return out
 
 
 def resolve_term(host: Any, term: str, model: Any = None, index: int | None = None) -> Any:

@@ -16,20 +16,13 @@ import pytest
 import torch
 
 import nnatlas
-from nnatlas.testing import build, draw_inputs, each_host, host_specs
+from nnatlas.testing import build, draw_inputs, standard_values
 
 pytest.importorskip("accelerate")
 
 
 def _saved_values(model: Any, inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
-    handles = []
-    for path in dict.fromkeys(h.path for h in model._family.hosts):
-        for _, host in each_host(model, path):
-            for spec in host_specs(model, host):
-                for v in spec.values:
-                    handle = getattr(host, v.name)
-                    if handle.unavailable() is None:
-                        handles.append(handle)
+    handles = standard_values(model)
     with model.trace(inputs, order="any"):
         saved = {h.label: (h, h.save()) for h in handles}
     return saved

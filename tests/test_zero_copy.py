@@ -7,52 +7,17 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 import nnatlas
-from nnatlas.testing import build, draw_inputs, each_host, host_specs
-
-
-class Allocations(TorchDispatchMode):
-    """Bytes of the new storages aten ops produce (views and detach share their input's storage)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.bytes = 0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs or {}))[0]
-                  if isinstance(t, torch.Tensor)}
-        out = func(*args, **(kwargs or {}))
-        fresh: set[int] = set()
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                ptr = t.untyped_storage().data_ptr()
-                if ptr not in inputs and ptr not in fresh:
-                    fresh.add(ptr)
-                    self.bytes += t.untyped_storage().nbytes()
-        return out
-
-
-def _values(model: Any) -> list[Any]:
-    out = []
-    for path in dict.fromkeys(h.path for h in model._family.hosts):
-        for _, host in each_host(model, path):
-            for spec in host_specs(model, host):
-                for v in spec.values:
-                    handle = getattr(host, v.name)
-                    # values of a call with images need image inputs: this test feeds a text prompt
-                    if handle._read.kind != "derived" and handle.unavailable() is None and v.reached is None:
-                        out.append(handle)
-    return out
+from nnatlas.testing import Allocations, build, draw_inputs, standard_values
 
 
 @pytest.mark.parametrize("family", sorted(nnatlas.all_families()))
 def test_saving_every_value_allocates_nothing(family: str) -> None:
     model = build(family, attn_implementation="eager")
     inputs = draw_inputs(int(model.normalized_config["vocab_size"]), 2, 5, [0, 1], seed=3)
-    values = _values(model)
+    # values of a call with images need image inputs: this test feeds a text prompt
+    values = standard_values(model, derived=False, needs_images=False)
     assert len(values) > 10
     with torch.no_grad(), Allocations() as plain:
         model.native(**inputs)
