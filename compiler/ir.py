@@ -194,10 +194,6 @@ class FamilyIR:
     docstring: str
     diagram: DiagramIR = DiagramIR(DEFAULT_TEXT, DEFAULT_BLOCK, (), DEFAULT_BLOCK)
 
-    @property
-    def module_name(self) -> str:
-        return self.name
-
     def hosts_at(self, path: str) -> tuple[HostIR, ...]:
         return tuple(h for h in self.hosts if h.path == path)
 

@@ -83,11 +83,6 @@ def render(text: str) -> Markup:
     return Markup("\n".join(blocks))
 
 
-def to_text(text: str) -> str:
-    """The notes as plain Markdown (for the .md pages): unchanged but for trailing space."""
-    return "\n".join(line.rstrip() for line in text.splitlines())
-
-
 def inline_text(text: str) -> str:
     """A spec string on one line of a Markdown page: newlines folded, HTML and emphasis inert."""
     text = " ".join(str(text).split())

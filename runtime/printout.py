@@ -116,11 +116,6 @@ def render(model: AtlasModel) -> str:
     return f"{type(root).__name__}(\n  {body}\n)"
 
 
-def _ancestors(path: str) -> list[str]:
-    parts = path.split(".")
-    return [".".join(parts[:i]) for i in range(1, len(parts))]
-
-
 @dataclass(frozen=True)
 class Row:
     host: str

@@ -119,14 +119,6 @@ def release(interface: str, name: str) -> None:
                 reg._global_mapping.pop(name, None)
 
 
-def acquire_attention(impl: str) -> str:
-    return acquire("attention", impl)
-
-
-def release_attention(name: str) -> None:
-    release("attention", name)
-
-
 def registered_names() -> set[str]:
     """The nnatlas entries now in transformers' registries (empty outside a trace)."""
     keys: set[str] = set()
