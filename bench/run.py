@@ -13,7 +13,7 @@ import nnatlas
 from nnatlas.testing import standard_values
 
 from . import compile_time, memory, models
-from .timing import medians
+from .timing import Timings, measure
 from .workloads import CASES, layer_values, nnsight_available, ours_workloads, theirs_workloads
 
 # (scope, case) -> the most ours/plain may be; scope "tiny llama", "tiny", "mid"
@@ -37,11 +37,12 @@ class Table:
         self.misses: list[str] = []
         self.met: list[str] = []
 
-    def add(self, model: str, scope: str, family: str, case: str, t: dict[str, float], note: str = "") -> None:
-        ratio = t["ours"] / t["plain"]
+    def add(self, model: str, scope: str, family: str, case: str, timings: Timings, note: str = "") -> None:
+        t, paired = timings.median, timings.ratio
+        ratio = paired["ours"]
         goal = target(scope, family, case)
         theirs = t.get("theirs")
-        vs = t["ours"] / theirs if theirs else None
+        vs = paired["ours"] / paired["theirs"] if theirs else None
         verdicts = []
         if goal is not None:
             ok = ratio <= goal
@@ -53,7 +54,7 @@ class Table:
             (self.met if ok else self.misses).append(f"{model} ({case}) ours/nnsight {vs:.3f} ≤ {VS_NNSIGHT}")
         self.rows.append([
             model, f"({case}) {CASES[case]}", f"{t['plain'] * 1e3:.2f}", f"{t['ours'] * 1e3:.2f}", f"{ratio:.3f}",
-            f"{theirs * 1e3:.2f}" if theirs else "-", f"{theirs / t['plain']:.3f}" if theirs else "-",
+            f"{theirs * 1e3:.2f}" if theirs else "-", f"{paired['theirs']:.3f}" if theirs else "-",
             f"{vs:.3f}" if vs is not None else "-", ", ".join(verdicts) + (f" {note}" if note else ""),
         ])
 
@@ -84,14 +85,14 @@ def bench_model(table: Table, name: str, scope: str, family: str, model: Any, ea
         fns = {"plain": w.plain, "ours": w.ours}
         if case in theirs:
             fns["theirs"] = theirs[case]
-        t = medians(fns, gen_runs if case == "e" else runs, warmup=1 if scope == "mid" else 3)
+        t = measure(fns, gen_runs if case == "e" else runs, warmup=1 if scope == "mid" else 3)
         table.add(name, scope, family, case, t, notes.get(case, ""))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("--runs", type=int, default=41, help="timed runs per forward workload, tiny models")
-    parser.add_argument("--gen-runs", type=int, default=11, help="timed runs per generation workload, tiny models")
+    parser.add_argument("--runs", type=int, default=201, help="timed runs per forward workload, tiny models")
+    parser.add_argument("--gen-runs", type=int, default=21, help="timed runs per generation workload, tiny models")
     parser.add_argument("--mid-runs", type=int, default=9, help="timed runs per workload, mid-size model")
     parser.add_argument("--mid-layers", type=int, default=4,
                         help="blocks of the mid-size model (0: skip it); 4 is one full period of Qwen3.5's "
@@ -109,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         import nnsight
 
         versions += f", nnsight {nnsight.__version__}"
-    print(f"nnatlas overhead, median of interleaved warm runs ({versions})")
+    print(f"nnatlas overhead, interleaved warm runs ({versions}); ms columns: median times; ratios: median of "
+          "per-round ratios to the plain call of the same round")
     print(f"tiny: {args.runs} runs ({args.gen_runs} for generation), batch 1 seq {models.TINY_SEQ}; "
           f"mid-size: {args.mid_runs} runs, seq {models.MID_SEQ}\n")
 

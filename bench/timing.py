@@ -1,4 +1,4 @@
-"""Interleaved, warm, median timings."""
+"""Interleaved, warm timings: the median time of each function, and the median of per-round ratios."""
 
 from __future__ import annotations
 
@@ -6,10 +6,22 @@ import gc
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 
-def medians(fns: dict[str, Callable[[], object]], runs: int, warmup: int = 3) -> dict[str, float]:
-    """Median seconds per call of each function, run round-robin (order rotated every round)."""
+@dataclass
+class Timings:
+    median: dict[str, float]  # seconds per call
+    ratio: dict[str, float]  # median over rounds of (this function's time / the base's time in the same round)
+
+
+def measure(fns: dict[str, Callable[[], object]], runs: int, warmup: int = 3, base: str = "plain") -> Timings:
+    """Run every function once per round, round-robin (the order rotated every round), ``runs`` rounds.
+
+    Ratios are paired: each round's time over the base's time in that same round, so that a drift
+    of the machine's speed during the run (another process, a frequency change) cancels instead of
+    landing on whichever function it happened to hit; the median of those is the ratio reported.
+    """
     names = list(fns)
     for _ in range(warmup):
         for name in names:
@@ -24,4 +36,5 @@ def medians(fns: dict[str, Callable[[], object]], runs: int, warmup: int = 3) ->
             start = clock()
             fn()
             times[name].append(clock() - start)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    ratio = {name: statistics.median(a / b for a, b in zip(ts, times[base])) for name, ts in times.items()}
+    return Timings({name: statistics.median(ts) for name, ts in times.items()}, ratio)

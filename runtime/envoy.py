@@ -49,11 +49,10 @@ class Host:
 
     def __init__(self, model: AtlasModel | None, module: torch.nn.Module, label: str, pattern: str,
                  index: int | None = None):
-        object.__setattr__(self, "_model", model if model is not None else self)
-        object.__setattr__(self, "_module", module)
-        object.__setattr__(self, "_label", label)
-        object.__setattr__(self, "_pattern", pattern)
-        object.__setattr__(self, "_index", index)
+        d = self.__dict__  # (__setattr__ is for assigning values)
+        d["_model"] = model if model is not None else self
+        d["_module"], d["_label"], d["_pattern"], d["_index"] = module, label, pattern, index
+        d["_kids"] = {}  # name -> (native path, child host): children found once, checked on each use
 
     # -- what applies here --
     def _block_index(self) -> int | None:
@@ -66,18 +65,28 @@ class Host:
         return [v.name for s in self._specs() for v in s.values]
 
     def _child(self, name: str) -> Host | HostList | None:
+        """The child host ``name`` (a standard name the family renames, or a native child), made
+        once and reused while the native path still leads to the same module (a replaced native
+        submodule gets a new host)."""
+        hit = self._kids.get(name)
+        if hit is not None:
+            parts, child = hit
+            node: Any = self._module
+            for part in parts:
+                node = node._modules.get(part)
+                if node is None:
+                    break
+            if node is child._module:
+                return child  # type: ignore[no-any-return]
         model = self._model
         key = name if self._pattern == "model" else f"{self._pattern}.{name}"
         natives = model._family.rename.get(key)
-        if natives:
-            for native in natives:
-                found = resolve_native(self._module, native)
-                if found is not None:
-                    return model._host(found, self._join(name), key)
-            return None
-        child = self._module._modules.get(name)
-        if child is not None:
-            return model._host(child, self._join(name), key)
+        for native in natives or (name,):
+            found = resolve_native(self._module, native)
+            if found is not None:
+                made = model._host(found, self._join(name), key)
+                self._kids[name] = (tuple(native.split(".")), made)
+                return made
         return None
 
     def _join(self, name: str) -> str:
@@ -115,14 +124,19 @@ class Host:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
+        if name in self._kids:  # a child found before (names are static: nothing else can claim it since)
+            child = self._child(name)
+            if child is not None:
+                return child
         key = self._config_name(name)
         if key is not None:
             return self._model._config_value(key)
         v = self._model._value_spec(self._pattern, self._block_index(), name)
-        if v is not None:
-            return Value(self, name, v, v.read)
-        if name in BOUNDARIES:
-            return Value(self, name, None, BOUNDARIES[name])
+        if v is not None or name in BOUNDARIES:
+            # a handle is made once per host and kept in its __dict__: the next lookup is Python's own
+            handle = Value(self, name, v, v.read) if v is not None else Value(self, name, None, BOUNDARIES[name])
+            self.__dict__[name] = handle
+            return handle
         child = self._child(name)
         if child is not None:
             return child
@@ -157,6 +171,7 @@ class HostList(Generic[H]):
 
     def __init__(self, model: AtlasModel, module: torch.nn.ModuleList, label: str, pattern: str):
         self._model, self._module, self._label, self._pattern = model, module, label, pattern
+        self._hosts: dict[int, H] = {}  # index -> host, reused while the list holds the same module
 
     def __len__(self) -> int:
         return len(self._module)
@@ -169,7 +184,12 @@ class HostList(Generic[H]):
             raise IndexError(f"{self._label}[{i}]: there are {n} ({self._label}[0] to {self._label}[{n - 1}])")
         i %= n
         # a ModuleList keys its modules "0", "1", ... (ModuleList.__getitem__ without its index arithmetic)
-        return Host(self._model, self._module._modules[str(i)], f"{self._label}[{i}]", f"{self._pattern}[i]", i)  # type: ignore[return-value]
+        module = self._module._modules[str(i)]
+        host = self._hosts.get(i)
+        if host is None or host._module is not module:
+            host = self._hosts[i] = Host(self._model, module, f"{self._label}[{i}]",  # type: ignore[assignment]
+                                         f"{self._pattern}[i]", i)
+        return host  # type: ignore[return-value]
 
     def __iter__(self) -> Iterator[H]:
         return (self[i] for i in range(len(self)))
@@ -321,11 +341,12 @@ class Value(_Lazy):
         why = model._why_unavailable(self)
         if why is not None:
             raise why
-        owner = tracer.add(self.label, "derived", None, holder, derive=derive, ordered=False)
+        owner = tracer.add(self.label, "derived", None, holder, derive=derive, ordered=False, deps=[])
         for dep in spec.read.deps:
             if dep in consts:
                 continue
             handle = getattr(model, dep[len("model."):]) if dep.startswith("model.") else getattr(self._host, dep)
+            assert owner.deps is not None
             owner.deps.append(tracer.add(handle.label, "capture", handle._target(), dep, seq=owner.seq, owner=owner,
                                          ordered=False))
         return owner
@@ -334,24 +355,28 @@ class Value(_Lazy):
         """The value, once the forward computed it: a tensor (a view, no copy) or a :class:`Box`."""
         model = self._host._model
         tracer = model._tracer or model._active_tracer(self.label)
-        holder = self._holder()
+        kind = self.__dict__.get("_holder_kind")
+        if kind is None:
+            kind = self.__dict__["_holder_kind"] = self._holder_kind()
+        # the placeholder whose .data the forward points at the value (torch.Tensor() is the cheapest tensor)
+        holder = torch.Tensor() if kind is torch.float32 else Box(self.label) if kind is Box else torch.empty(
+            0, dtype=kind)
         if self._read.kind == "derived":
             self._derived(tracer, "save", holder)
         else:
             tracer.add(self.label, "save", model._target(self), holder)
         return holder
 
-    def _holder(self) -> Any:
+    def _holder_kind(self) -> Any:
+        """What a saved value comes back in: :class:`Box` (not a tensor, or maybe None), or a tensor's dtype."""
+        whole_inputs = self._read.side == "inputs" and not self._read.access and not self._extra
         spec = self._spec
         if spec is None:
-            if self._read.side == "inputs" and not self._read.access and not self._extra:
-                return Box(self.label)
-            return torch.empty(0)
+            return Box if whole_inputs else torch.float32
         layout = spec.layout
-        if layout.dtype == "object" or layout.optional or (
-                self._read.side == "inputs" and not self._read.access and not self._extra):
-            return Box(self.label)
-        return torch.empty(0, dtype=_HOLDER_DTYPES.get(layout.dtype, torch.float32))
+        if layout.dtype == "object" or layout.optional or whole_inputs:
+            return Box
+        return _HOLDER_DTYPES.get(layout.dtype, torch.float32)
 
     def _writable(self) -> None:
         if self._read.kind == "derived":

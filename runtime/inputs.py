@@ -13,20 +13,37 @@ if TYPE_CHECKING:
     from .model import AtlasModel
 
 
+_CPU = torch.device("cpu")
+
+
 def _device(model: AtlasModel) -> torch.device:
-    try:
-        return next(model._module.parameters()).device
-    except StopIteration:
-        return torch.device("cpu")
+    """Where the inputs go: the device of the model's first parameter (as transformers' ``model.device``),
+    found once and then read from its module (``.to()`` moves a parameter in place; a replaced one is
+    found afresh)."""
+    where = model.__dict__.get("_first_parameter")
+    if where is not None:
+        param = where[0]._parameters.get(where[1])
+        if param is not None:
+            return param.device  # type: ignore[no-any-return]
+    for module in model._module.modules():
+        for name, param in module._parameters.items():
+            if param is not None:
+                model.__dict__["_first_parameter"] = (module, name)
+                return param.device  # type: ignore[no-any-return]
+    return _CPU
 
 
 def prepare(model: AtlasModel, inputs: Any, extra: dict[str, Any]) -> dict[str, Any]:
     """A prompt, a list of prompts (left-padded), token ids (1-D or 2-D), or a dict of inputs;
     ``images=[...]`` (PIL images) goes with a prompt through the model's processor."""
-    extra = dict(extra)
-    images = extra.pop("images", None)
+    images = None
+    if extra:
+        extra = dict(extra)
+        images = extra.pop("images", None)
     out: dict[str, Any]
-    if images is not None:
+    if images is None and isinstance(inputs, dict):  # the common case first: a dict of tensors
+        out = dict(inputs)
+    elif images is not None:
         out = dict(_with_images(model, inputs, images))
     elif inputs is None:
         out = {}
@@ -44,10 +61,15 @@ def prepare(model: AtlasModel, inputs: Any, extra: dict[str, Any]) -> dict[str, 
         out = dict(inputs)
     else:
         raise NnatlasError(f"trace() takes a prompt, a list of prompts, token ids or a dict of inputs, not {type(inputs).__name__}")
-    out.update(extra)
-    check_image_inputs(model, out)
+    if extra:
+        out.update(extra)
+    if "pixel_values" in out:
+        check_image_inputs(model, out)
     device = _device(model)
-    return {k: (v.to(device) if isinstance(v, torch.Tensor) and v.device != device else v) for k, v in out.items()}
+    for k, v in out.items():
+        if isinstance(v, torch.Tensor) and v.device != device:
+            out[k] = v.to(device)
+    return out
 
 
 def _tokenize(model: AtlasModel, text: str | list[str] | tuple[str, ...]) -> Mapping[str, Any]:

@@ -333,12 +333,18 @@ class AtlasModel(Host):
             if why is not None:
                 raise why
         # resolved once per (module, value): a cached target is used while its module is still the
-        # one the host's path leads to (a replaced submodule resolves afresh)
+        # one the host's path leads to (a replaced submodule resolves afresh); a handle keeps its own
+        cached = value.__dict__.get("_cached_target")
+        if cached is not None:
+            target, path = cached
+            if path is None or resolve_native(value._host._module, path) is target.module:
+                return target  # type: ignore[no-any-return]
         key = (id(value._host._module), id(value._read), value._extra, value.label)
         cached = self._targets_cache.get(key)
         if cached is not None:
             target, path = cached
             if path is None or resolve_native(value._host._module, path) is target.module:
+                value.__dict__["_cached_target"] = cached
                 return target
         target = self._resolve_target(value)
         path = None

@@ -35,8 +35,18 @@ _registry_lock = threading.Lock()
 _registry_users: dict[tuple[str, str], int] = {}
 
 
+_REGISTRIES: dict[str, list[Any]] = {}
+
+
 def _registries(interface: str) -> list[Any]:
     """The registries a routing function of ``interface`` is entered in (the first is the interface's own)."""
+    found = _REGISTRIES.get(interface)
+    if found is None:
+        found = _REGISTRIES[interface] = _find_registries(interface)
+    return found
+
+
+def _find_registries(interface: str) -> list[Any]:
     if interface == "attention":
         from transformers.masking_utils import AttentionMaskInterface
         from transformers.modeling_utils import AttentionInterface

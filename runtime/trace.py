@@ -66,9 +66,11 @@ _FIRST_PARAMS: dict[type, list[str]] = {}
 
 
 def forward_params(module: torch.nn.Module) -> list[str]:
+    """The named parameters of the class's forward, without ``self`` (a trace may have put a
+    wrapper on the instance, and accelerate puts one there for good: neither says the names)."""
     cls = type(module)
     if cls not in _FIRST_PARAMS:
-        params = inspect.signature(module.forward).parameters.values()
+        params = list(inspect.signature(cls.forward).parameters.values())[1:]
         _FIRST_PARAMS[cls] = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD,
                                                                     p.KEYWORD_ONLY)]
     return _FIRST_PARAMS[cls]
@@ -91,7 +93,35 @@ class Target:
     copy: bool = False  # serve a copy, put in the native's place (a buffer the forward overwrites)
     reached: Any = None  # a call condition (adapter.Condition) checked against the inputs before the forward
     call: int = 0  # which firing of the site serves it (the K-th call of a method)
+    per_call: bool = field(default=False, init=False)  # fires once per token of a call (tracer.iter picks which)
     _pidx: tuple[int, str | None] | None = field(default=None, init=False, repr=False, compare=False)
+
+    get: Callable[[Any], Any] = field(init=False, repr=False, compare=False)  # payload -> the served value
+
+    def __post_init__(self) -> None:
+        self.per_call = self.site[0] in PER_CALL_SITES
+        self.get = self._getter()
+
+    def _getter(self) -> Callable[[Any], Any]:
+        """``served(native(payload))``, specialised once for the common shapes of a read (an output,
+        an element of it, a forward argument by position or name), the general path otherwise."""
+        if self.view or self.extra or any(not isinstance(a, int) for a in self.access):
+            return lambda payload: self.served(self.native(payload))
+        access = self.access
+        if self.side in ("output", "fn_output", "inputs"):
+            if not access:
+                return _same
+            if len(access) == 1:
+                a0 = access[0]
+                return lambda payload: payload[a0]
+        elif self.side == "input" and not access:
+            idx, name = self._param_index()
+
+            def argument(payload: Any) -> Any:
+                args, kwargs = payload
+                return args[idx] if idx < len(args) else kwargs.get(name) if name else None
+            return argument
+        return lambda payload: self.served(self.native(payload))
 
     def _param_index(self) -> tuple[int, str | None]:
         if self._pidx is None:
@@ -207,6 +237,10 @@ class Target:
         return self.with_native(payload, new)
 
 
+def _same(x: Any) -> Any:
+    return x
+
+
 def _seq(r: Request) -> int:
     return r.seq
 
@@ -260,7 +294,7 @@ class Request:
     readonly: bool = False
     done: bool = False
     owner: Request | None = None
-    deps: list[Request] = field(default_factory=list)
+    deps: list[Request] | None = None  # a derived value's inputs
     derive: Callable[[Mapping[str, Any]], Any] | None = None
     value: Any = None  # what a capture holds
     ordered: bool = True  # derived values and their inputs are served whenever the forward reaches them
@@ -305,9 +339,18 @@ class Expr:
 class Tracer:
     """The context of one ``model.trace(...)`` (or ``model.generate(...)``)."""
 
+    # what every trace starts from (set on the instance when it changes)
+    seq = 0
+    current_call = -1
+    current_step = 0
+    step = 0
+    output: Any = None
+    _cursor = 0
+    _lock_held = False
+
     def __init__(self, model: AtlasModel, run: Callable[[], Any], order: str = "strict", grad: bool = False,
                  steps: int | None = None, calls: int | None = None, inputs: Mapping[str, Any] | None = None):
-        if order not in ("strict", "any"):
+        if order != "strict" and order != "any":
             raise ValueError("order is 'strict' or 'any'")
         self.model = model
         self._run = run
@@ -315,32 +358,24 @@ class Tracer:
         self.grad = grad
         self.steps = steps
         self.inputs: Mapping[str, Any] = inputs or {}
-        self.requests: list[Request] = []
-        self.seq = 0
         self.calls = calls
-        self.current_call = -1
-        self.current_step = 0
-        self.step = 0
-        self.output: Any = None
-        self._cursor = 0
+        self.requests: list[Request] = []
         self._ordered: list[Request] = []
         self.by_site: dict[SiteKey, list[Request]] = {}
         self.fired: dict[tuple[SiteKey, int], int] = {}
         self.call_dims: dict[int, tuple[int, int]] = {}
-        self._lock_held = False
         self._fn_host_tokens: list[Token[Any]] = []
         self.conditions: dict[tuple[int, int], bool] = {}  # load conditions asked while recording
 
     # -- recording (the body) --
     def add(self, label: str, action: str, target: Target | None, payload: Any = None, seq: int | None = None,
             **kw: Any) -> Request:
-        if target is not None and target.site[0] in PER_CALL_SITES and "call" not in kw:
-            kw["call"] = self.current_call
-        elif target is not None and "call" not in kw:
-            kw["call"] = target.call
-        r = Request(self.seq if seq is None else seq, label, action, target, payload, step=self.current_step, **kw)
+        if target is not None and "call" not in kw:
+            kw["call"] = self.current_call if target.per_call else target.call
         if seq is None:
+            seq = self.seq
             self.seq += 1
+        r = Request(seq, label, action, target, payload, self.current_step, **kw)
         self.requests.append(r)
         return r
 
@@ -410,7 +445,7 @@ class Tracer:
                 payload = t.with_native(payload, native.clone())
         action = r.action
         if action == "save" or action == "capture":
-            value = t.served(t.native(payload))
+            value = t.get(payload)
             if action == "capture":
                 r.value = value
             elif type(r.payload) is torch.Tensor and isinstance(value, torch.Tensor):
@@ -424,11 +459,12 @@ class Tracer:
         else:  # setitem
             current = t.served(t.native(payload))
             key, val = r.payload
-            current[key] = self.resolve(val, current[key], r.label)
+            # a number is written as it is (the same values as a full tensor, without making one)
+            current[key] = val if type(val) in (int, float, bool) else self.resolve(val, current[key], r.label)
         r.done = True
         owner = r.owner
-        if owner is not None and owner.action == "derived" and all(d.done for d in owner.deps):
-            values = {d.payload: d.value for d in owner.deps}
+        if owner is not None and owner.action == "derived" and all(d.done for d in owner.deps or ()):
+            values = {d.payload: d.value for d in owner.deps or ()}
             assert owner.derive is not None
             owner.value = owner.derive(values)
             if owner.payload is not None:
@@ -465,29 +501,35 @@ class Tracer:
                              f"{'it' if len(missing) == 1 else 'them'}. Fix: {missing[0][1].fix}")
 
     def _execute(self) -> None:
-        self._ordered = sorted(self.requests, key=_seq)
-        self._check_reached([r for r in self._ordered if r.target is not None])
+        ordered = self._ordered = sorted(self.requests, key=_seq)
         by_site = self.by_site
-        for r in self._ordered:
-            if r.target is not None:
-                reqs = by_site.get(r.target.site)
+        conditional = False
+        for r in ordered:
+            t = r.target
+            if t is not None:
+                if t.reached is not None:
+                    conditional = True
+                reqs = by_site.get(t.site)
                 if reqs is None:
-                    by_site[r.target.site] = [r]
+                    by_site[t.site] = [r]
                 else:
                     reqs.append(r)
+        if conditional:
+            self._check_reached([r for r in ordered if r.target is not None])
         installed: list[Any] = []
         modes: list[sites.OpMode] = []
         restore: list[Callable[[], None]] = []
         route_token: Token[Any] | None = None
         fn_tokens: list[Token[Any]] = []
         try:
-            routes = self._install(installed, modes, restore)
-            if routes:
-                route_token = sites._ROUTES.set(routes)
-            fn_routes = self._install_functions(installed, restore)
-            if fn_routes:
-                fn_tokens.append(sites._FN_ROUTES.set(fn_routes))
-                fn_tokens.append(sites._FN_HOST.set(None))
+            if ordered or self.model._kernel_route():  # (an empty trace installs nothing)
+                routes = self._install(installed, modes, restore)
+                if routes:
+                    route_token = sites._ROUTES.set(routes)
+                fn_routes = self._install_functions(installed, restore)
+                if fn_routes:
+                    fn_tokens.append(sites._FN_ROUTES.set(fn_routes))
+                    fn_tokens.append(sites._FN_HOST.set(None))
             if self.steps is not None:
                 root = self.model._module
 
@@ -549,10 +591,8 @@ class Tracer:
         routes: dict[tuple[str, int], Callable[..., Any]] = {}
         for mid, kind in kinds.items():
             mod = modules[mid]
-            if "pre" in kind:
-                installed.append(mod.register_forward_pre_hook(self._pre_hook_at(mid), with_kwargs=True))
-            if "post" in kind:
-                installed.append(mod.register_forward_hook(self._post_hook_at(mid)))
+            if "pre" in kind or "post" in kind:
+                self._wrap_forward(mod, "pre" in kind, "post" in kind, restore)
             for interface in sorted(interfaces.get(mid, ())):
                 routes[(interface, mid)] = self._call_handler(mid, interface)
             for name in sorted(methods.get(mid, ())):
@@ -687,24 +727,41 @@ class Tracer:
             self.serve(("fn_steps", mid, group), stacked)
         return tuple(result)
 
-    def _pre_hook_at(self, mid: int) -> Callable[..., Any]:
-        key: SiteKey = ("pre", mid)
+    def _wrap_forward(self, mod: torch.nn.Module, pre: bool, post: bool, restore: list[Callable[[], None]]) -> None:
+        """Serve a module's boundary sites from its own ``forward``: an instance attribute wraps the
+        forward ``Module.__call__`` would run (the class's, or one accelerate put on the instance)
+        for this trace only, and is taken away afterwards. It sees what forward hooks would see
+        (the call's args and kwargs, the output) inside any hooks on the module, and costs a
+        quarter of a forward hook (which sends every call of the module down torch's slow path)."""
+        mid = id(mod)
+        d = mod.__dict__
+        had = "forward" in d
+        previous = d.get("forward")
+        original = mod.forward
         serve = self.serve
+        pre_key: SiteKey = ("pre", mid)
+        post_key: SiteKey = ("post", mid)
+        forward: Callable[..., Any]
+        if pre and post:
+            def forward(*args: Any, **kwargs: Any) -> Any:
+                args, kwargs = serve(pre_key, (args, kwargs))
+                return serve(post_key, original(*args, **kwargs))
+        elif pre:
+            def forward(*args: Any, **kwargs: Any) -> Any:
+                args, kwargs = serve(pre_key, (args, kwargs))
+                return original(*args, **kwargs)
+        else:
+            def forward(*args: Any, **kwargs: Any) -> Any:
+                return serve(post_key, original(*args, **kwargs))
 
-        def hook(mod: torch.nn.Module, args: Any, kwargs: Any) -> Any:
-            payload = (args, kwargs)
-            new = serve(key, payload)
-            return None if new is payload else new
-        return hook
+        def undo() -> None:
+            if had:
+                d["forward"] = previous
+            else:
+                d.pop("forward", None)
 
-    def _post_hook_at(self, mid: int) -> Callable[..., Any]:
-        key: SiteKey = ("post", mid)
-        serve = self.serve
-
-        def hook(mod: torch.nn.Module, args: Any, output: Any) -> Any:
-            new = serve(key, output)
-            return None if new is output else new
-        return hook
+        restore.append(undo)
+        d["forward"] = forward
 
     def _op_server(self, mid: int, scope: str | None) -> Callable[[str, int, str, Any], Any]:
         def serve(name: str, k: int, side: str, payload: Any) -> Any:

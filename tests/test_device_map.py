@@ -38,8 +38,10 @@ def _execution_device(module: torch.nn.Module) -> torch.device:
     return params[0].device if params else torch.device("cpu")
 
 
-def _hook_counts(root: torch.nn.Module) -> list[tuple[str, int, int]]:
-    return [(n, len(m._forward_hooks), len(m._forward_pre_hooks)) for n, m in root.named_modules()]
+def _hook_counts(root: torch.nn.Module) -> list[tuple[str, int, int, Any]]:
+    """Each module's hooks, and the forward on the instance (accelerate's; a trace wraps it and puts it back)."""
+    return [(n, len(m._forward_hooks), len(m._forward_pre_hooks), m.__dict__.get("forward"))
+            for n, m in root.named_modules()]
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,10 @@ def inputs(llama: nnatlas.AtlasModel) -> dict[str, torch.Tensor]:
 
 
 def hook_count(model: nnatlas.AtlasModel) -> int:
-    """nnatlas' hooks on the model (transformers installs output-capturing hooks of its own, for good)."""
-    hooks = [h for m in model.native.modules() for h in (*m._forward_hooks.values(), *m._forward_pre_hooks.values())]
+    """nnatlas' hooks on the model (transformers installs output-capturing hooks of its own, for good),
+    and the forwards a trace wraps on module instances."""
+    hooks = [h for m in model.native.modules() for h in (*m._forward_hooks.values(), *m._forward_pre_hooks.values(),
+                                                          m.__dict__.get("forward"))]
     return sum(1 for h in hooks if getattr(h, "__module__", "").startswith("nnatlas"))
 
 
@@ -265,4 +267,55 @@ def test_generate_records_every_step(llama: nnatlas.AtlasModel) -> None:
     assert tracer.output.shape[1] == prompt_len + 3
     chosen = [int(p.argmax(-1)) for p in steps]
     assert chosen == tracer.output[0, prompt_len:].tolist()
+    assert_clean(llama)
+
+
+def test_handles_are_made_once_and_follow_a_replaced_module(inputs: dict) -> None:
+    """Hosts and value handles are cached (the next lookup is a dict hit), but a native submodule
+    replaced after wrapping gets a new host, and reads land on the module that now runs."""
+    model = testing.build("llama", attn_implementation="eager", seed=4)
+    assert model.layers[1] is model.layers[1]
+    assert model.layers[1].mlp is model.layers[1].mlp
+    assert model.layers[1].mlp.mlp_output is model.layers[1].mlp.mlp_output
+    old_layer, old_mlp = model.layers[1], model.layers[1].mlp
+    native = model.native.model.layers[1]
+    native.mlp = type(native.mlp)(model.config)  # a fresh MLP (other weights) in place of the old one
+    model.native.model.layers[0] = type(native)(model.config, 0)
+    assert model.layers[1] is old_layer and model.layers[1].mlp is not old_mlp
+    assert model.layers[1].mlp._module is native.mlp and model.layers[0]._module is model.native.model.layers[0]
+    seen = {}
+    handle = native.mlp.register_forward_hook(lambda m, a, o: seen.setdefault("out", o))
+    try:
+        with model.trace(inputs):
+            first = model.layers[0].layer_output.save()
+            out = model.layers[1].mlp.mlp_output.save()
+    finally:
+        handle.remove()
+    assert out.data_ptr() == seen["out"].data_ptr()
+    assert first.shape == (*inputs["input_ids"].shape, model.hidden_size)
+    assert hook_count(model) == 0
+
+
+def test_boundary_sites_wrap_the_instance_forward_and_put_it_back(llama: nnatlas.AtlasModel, inputs: dict) -> None:
+    """Module boundaries are served from a wrapper on the instance's ``forward`` (not a forward hook):
+    a forward already on the instance (accelerate puts one there) runs inside it and is restored."""
+    mlp = llama.native.model.layers[0].mlp
+    calls = []
+    original = mlp.forward
+
+    def own(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    mlp.forward = own
+    try:
+        with llama.trace(inputs):
+            x = llama.layers[0].mlp_input.save()
+            out = llama.layers[0].mlp.mlp_output.save()
+        assert mlp.__dict__["forward"] is own and calls == [1]
+        with torch.no_grad():
+            torch.testing.assert_close(mlp(x), out, atol=0, rtol=0)
+    finally:
+        del mlp.forward
+    assert "forward" not in mlp.__dict__ and hook_count(llama) == 0
     assert_clean(llama)
