@@ -355,16 +355,31 @@ class Value(_Lazy):
         """The value, once the forward computed it: a tensor (a view, no copy) or a :class:`Box`."""
         model = self._host._model
         tracer = model._tracer or model._active_tracer(self.label)
-        kind = self.__dict__.get("_holder_kind")
-        if kind is None:
-            kind = self.__dict__["_holder_kind"] = self._holder_kind()
+        d = self.__dict__
+        fast = d.get("_save_as")
+        # saved before, without a load condition, and the path from the host still leads to the same module
+        if fast is not None and (fast[2] is None or resolve_native(self._host._module, fast[2]) is fast[0].module):
+            target, kind, _ = fast
+            holder = torch.Tensor() if kind is torch.float32 else Box(target.label) if kind is Box else torch.empty(
+                0, dtype=kind)
+            tracer.requests.append(Request(tracer.seq, target.label, "save", target, holder, tracer.current_step,
+                                           tracer.current_call if target.per_call else target.call))
+            tracer.seq += 1
+            return holder
+        kind = self._holder_kind()
         # the placeholder whose .data the forward points at the value (torch.Tensor() is the cheapest tensor)
         holder = torch.Tensor() if kind is torch.float32 else Box(self.label) if kind is Box else torch.empty(
             0, dtype=kind)
         if self._read.kind == "derived":
             self._derived(tracer, "save", holder)
-        else:
-            tracer.add(self.label, "save", model._target(self), holder)
+            return holder
+        target = model._target(self)
+        tracer.add(self.label, "save", target, holder)
+        spec = self._spec
+        cached = d.get("_cached_target")
+        if cached is not None and cached[0] is target and (spec is None or (spec.needs is None and
+                                                                            spec.read.kind != "missing")):
+            d["_save_as"] = (target, kind, cached[1])
         return holder
 
     def _holder_kind(self) -> Any:

@@ -1,6 +1,8 @@
 """The mechanisms a read point compiles to, installed for one forward and always removed.
 
-- module boundary: a forward pre-hook (with kwargs) or forward hook on the native module;
+- module boundary: a wrapper of the native module's ``forward``, on the instance for one trace
+  (``Tracer._wrap_forward``: it sees the call's args, kwargs and output as forward hooks would,
+  without sending the module down torch's slow hook path);
 - interface call: transformers' attention and experts interfaces, routed per module through a ContextVar;
 - operation: a ``TorchFunctionMode`` active only while one call (or one module's own forward) runs;
   while a child module of that module runs, the mode passes calls through uncounted (``depth``).

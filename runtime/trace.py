@@ -2,7 +2,7 @@
 
 ``with model.trace(inputs):`` runs its body first. Each ``.save()``, assignment or in-place
 edit there records a :class:`Request` in body order. On leaving the block the requests are
-grouped by site, only those sites are hooked, the forward runs once, and everything that
+grouped by site, only those sites are instrumented, the forward runs once, and everything that
 was installed is removed again, whatever happened. Saved values come back as tensors that
 are views of what the model computed (``Tensor.data`` is pointed at them: no copy).
 
@@ -433,7 +433,17 @@ class Tracer:
                 first = self._first_undone()
                 if first is not None and first.seq < r.seq:
                     raise OutOfOrderError(first.label, r.label)
-            payload = self._apply(r, payload)
+            t: Target = r.target  # type: ignore[assignment]  # (every request in by_site has one)
+            if r.action == "save" and not t.copy:  # the common case, inlined: point the holder at the value
+                value = t.get(payload)
+                holder = r.payload
+                if type(holder) is torch.Tensor and isinstance(value, torch.Tensor):
+                    holder.data = value
+                else:
+                    fill(holder, value, r.label)
+                r.done = True
+            else:
+                payload = self._apply(r, payload)
         return payload
 
     def _apply(self, r: Request, payload: Any) -> Any:
