@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
@@ -604,7 +605,7 @@ class Tracer:
             if "pre" in kind or "post" in kind:
                 self._wrap_forward(mod, "pre" in kind, "post" in kind, restore)
             for interface in sorted(interfaces.get(mid, ())):
-                routes[(interface, mid)] = self._call_handler(mid, interface)
+                routes[(interface, mid)] = self._call_handler(mid, interface, installed)
             for name in sorted(methods.get(mid, ())):
                 self._install_method(mod, name, restore)
         # last, so that a child's depth counter wraps every other hook on that child
@@ -778,30 +779,56 @@ class Tracer:
             return self.serve(("op", mid, scope, name, k, side), payload)
         return serve
 
+    def _op_swaps(self, installed: list[Any]) -> sites.OpSwaps:
+        """This forward's swapped torch callables: one set per trace, undone with its hooks."""
+        for h in installed:
+            if isinstance(h, sites.OpSwaps):
+                return h
+        swaps = sites.OpSwaps()
+        installed.append(swaps)
+        return swaps
+
     def _install_forward_ops(self, mod: torch.nn.Module, names: set[str], installed: list[Any],
                              modes: list[sites.OpMode]) -> None:
-        """A TorchFunctionMode over ``mod``'s own forward; its children's forwards are not counted."""
+        """Count ``names`` in ``mod``'s own forward (its children's forwards are not counted): an op
+        scope of swapped torch callables, an OpMode for any name that has none to swap."""
         mid = id(mod)
+        serve = self._op_server(mid, None)
+        swapped, fallback = self._op_swaps(installed).split(names)
+        scopes: list[sites.OpScope] = []
         active: list[sites.OpMode] = []
 
         def enter(m: Any, args: Any, kwargs: Any) -> None:
-            mode = sites.OpMode(names, self._op_server(mid, None))
-            mode.__enter__()
-            mode._entered = True  # type: ignore[attr-defined]
-            modes.append(mode)
-            active.append(mode)
+            if swapped:
+                # the frame that calls the hooks calls the forward too: the scope's calls descend from it
+                scope = sites.OpScope(swapped, serve, sys._getframe(1))
+                sites.push_scope(scope)
+                scopes.append(scope)
+            if fallback:
+                mode = sites.OpMode(fallback, serve)
+                mode.__enter__()
+                mode._entered = True  # type: ignore[attr-defined]
+                modes.append(mode)
+                active.append(mode)
 
         def leave(m: Any, args: Any, out: Any) -> None:
-            mode = active.pop()
-            modes.remove(mode)
-            mode.__exit__(None, None, None)
-            mode._entered = False  # type: ignore[attr-defined]
+            if scopes:
+                sites.pop_scope(scopes.pop())
+            if active:
+                mode = active.pop()
+                modes.remove(mode)
+                mode.__exit__(None, None, None)
+                mode._entered = False  # type: ignore[attr-defined]
 
         def child_in(m: Any, args: Any, kwargs: Any) -> None:
+            if scopes:
+                scopes[-1].depth += 1
             if active:
                 active[-1].depth += 1
 
         def child_out(m: Any, args: Any, out: Any) -> None:
+            if scopes and scopes[-1].depth:
+                scopes[-1].depth -= 1
             if active and active[-1].depth:
                 active[-1].depth -= 1
 
@@ -811,15 +838,31 @@ class Tracer:
             installed.append(child.register_forward_pre_hook(child_in, with_kwargs=True, prepend=True))
             installed.append(child.register_forward_hook(child_out))
 
-    def _call_handler(self, mid: int, interface: str) -> Callable[..., Any]:
+    def _call_handler(self, mid: int, interface: str, installed: list[Any]) -> Callable[..., Any]:
         ops = {k[3] for k in self.by_site if k[0] == "op" and k[1] == mid and k[2] == interface}
+        serve = self._op_server(mid, interface)
+        swapped: set[str] = set()
+        fallback: set[str] = set()
+        if ops:
+            swapped, fallback = self._op_swaps(installed).split(ops)
 
         def handler(original: Callable[..., Any], module: torch.nn.Module, args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> Any:
             full_args, kwargs = self.serve(("call_in", mid, interface), ((module, *args), kwargs))
             if ops:
-                with sites.OpMode(ops, self._op_server(mid, interface)):
-                    out = original(*full_args, **kwargs)
+                scope = None
+                if swapped:
+                    scope = sites.OpScope(swapped, serve, sys._getframe())
+                    sites.push_scope(scope)
+                try:
+                    if fallback:
+                        with sites.OpMode(fallback, serve):
+                            out = original(*full_args, **kwargs)
+                    else:
+                        out = original(*full_args, **kwargs)
+                finally:
+                    if scope is not None:
+                        sites.pop_scope(scope)
             else:
                 out = original(*full_args, **kwargs)
             return self.serve(("call_out", mid, interface), out)
