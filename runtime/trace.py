@@ -600,6 +600,13 @@ class Tracer:
         for dm in dims_modules.values():
             installed.append(dm.register_forward_pre_hook(self._dims_hook, with_kwargs=True, prepend=True))
         routes: dict[tuple[str, int], Callable[..., Any]] = {}
+        # forward wrappers nest in the order they are put on: a scope of ops innermost (so that a
+        # module's own boundary sites are served outside it), then the boundary sites, then the
+        # depth counters of the scopes' children outermost (a child's boundary sites are no op of
+        # its parent's scope)
+        children: list[Callable[[], None]] = []
+        for mid, names in fwd_ops.items():
+            children.append(self._install_forward_ops(modules[mid], names, installed, modes, restore))
         for mid, kind in kinds.items():
             mod = modules[mid]
             if "pre" in kind or "post" in kind:
@@ -608,9 +615,8 @@ class Tracer:
                 routes[(interface, mid)] = self._call_handler(mid, interface, installed)
             for name in sorted(methods.get(mid, ())):
                 self._install_method(mod, name, restore)
-        # last, so that a child's depth counter wraps every other hook on that child
-        for mid, names in fwd_ops.items():
-            self._install_forward_ops(modules[mid], names, installed, modes)
+        for count_children in children:
+            count_children()
         if routes:
             self._route(modules, routes, restore)
         return routes
@@ -626,11 +632,8 @@ class Tracer:
             self.call_dims[id(mod)] = (int(x.shape[0]), int(x.shape[1]))
 
     def _install_method(self, mod: torch.nn.Module, name: str, restore: list[Callable[[], None]]) -> None:
-        """Route one module's own method through the tracer: an instance attribute shadows the
-        class's method for this trace only (this model only), and is deleted afterwards."""
+        """Route one module's own method through the tracer (an instance attribute, see ``_shadow``)."""
         mid = id(mod)
-        had = name in mod.__dict__
-        previous = mod.__dict__.get(name)
         original = getattr(mod, name)
 
         def method(*args: Any, **kwargs: Any) -> Any:
@@ -638,14 +641,7 @@ class Tracer:
             out = original(*args, **kwargs)
             return self.serve(("method_out", mid, name), out)
 
-        def undo() -> None:
-            if had:
-                mod.__dict__[name] = previous
-            else:
-                mod.__dict__.pop(name, None)
-
-        restore.append(undo)
-        mod.__dict__[name] = method
+        _shadow(mod, name, method, restore)
     # -- module-level functions (fn: read points) and route_kernels --
     def _install_functions(self, installed: list[Any], restore: list[Callable[[], None]]
                            ) -> dict[tuple[int, str], Callable[..., Any]]:
@@ -745,9 +741,6 @@ class Tracer:
         (the call's args and kwargs, the output) inside any hooks on the module, and costs a
         quarter of a forward hook (which sends every call of the module down torch's slow path)."""
         mid = id(mod)
-        d = mod.__dict__
-        had = "forward" in d
-        previous = d.get("forward")
         original = mod.forward
         serve = self.serve
         pre_key: SiteKey = ("pre", mid)
@@ -765,14 +758,7 @@ class Tracer:
             def forward(*args: Any, **kwargs: Any) -> Any:
                 return serve(post_key, original(*args, **kwargs))
 
-        def undo() -> None:
-            if had:
-                d["forward"] = previous
-            else:
-                d.pop("forward", None)
-
-        restore.append(undo)
-        d["forward"] = forward
+        _shadow(mod, "forward", forward, restore)
 
     def _op_server(self, mid: int, scope: str | None) -> Callable[[str, int, str, Any], Any]:
         def serve(name: str, k: int, side: str, payload: Any) -> Any:
@@ -789,54 +775,66 @@ class Tracer:
         return swaps
 
     def _install_forward_ops(self, mod: torch.nn.Module, names: set[str], installed: list[Any],
-                             modes: list[sites.OpMode]) -> None:
+                             modes: list[sites.OpMode], restore: list[Callable[[], None]]) -> Callable[[], None]:
         """Count ``names`` in ``mod``'s own forward (its children's forwards are not counted): an op
-        scope of swapped torch callables, an OpMode for any name that has none to swap."""
+        scope of swapped torch callables, an OpMode for any name that has none to swap, entered by a
+        wrapper of the instance's forward. Returns what puts the depth counters on the children
+        (called after every other wrapper is on, so that they wrap those too)."""
         mid = id(mod)
         serve = self._op_server(mid, None)
         swapped, fallback = self._op_swaps(installed).split(names)
         scopes: list[sites.OpScope] = []
         active: list[sites.OpMode] = []
+        original = mod.forward
 
-        def enter(m: Any, args: Any, kwargs: Any) -> None:
-            if swapped:
-                # the frame that calls the hooks calls the forward too: the scope's calls descend from it
-                scope = sites.OpScope(swapped, serve, sys._getframe(1))
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            scope = mode = None
+            if swapped:  # the scope's calls descend from this frame
+                scope = sites.OpScope(swapped, serve, sys._getframe())
                 sites.push_scope(scope)
                 scopes.append(scope)
-            if fallback:
-                mode = sites.OpMode(fallback, serve)
-                mode.__enter__()
-                mode._entered = True  # type: ignore[attr-defined]
-                modes.append(mode)
-                active.append(mode)
+            try:
+                if fallback:
+                    mode = sites.OpMode(fallback, serve)
+                    mode.__enter__()
+                    mode._entered = True  # type: ignore[attr-defined]
+                    modes.append(mode)
+                    active.append(mode)
+                return original(*args, **kwargs)
+            finally:
+                if mode is not None:
+                    active.pop()
+                    modes.remove(mode)
+                    mode.__exit__(None, None, None)
+                    mode._entered = False  # type: ignore[attr-defined]
+                if scope is not None:
+                    scopes.pop()
+                    sites.pop_scope(scope)
 
-        def leave(m: Any, args: Any, out: Any) -> None:
-            if scopes:
-                sites.pop_scope(scopes.pop())
-            if active:
-                mode = active.pop()
-                modes.remove(mode)
-                mode.__exit__(None, None, None)
-                mode._entered = False  # type: ignore[attr-defined]
+        _shadow(mod, "forward", forward, restore)
 
-        def child_in(m: Any, args: Any, kwargs: Any) -> None:
-            if scopes:
-                scopes[-1].depth += 1
-            if active:
-                active[-1].depth += 1
+        def count_children() -> None:
+            for child in mod.children():
+                inner = child.forward
 
-        def child_out(m: Any, args: Any, out: Any) -> None:
-            if scopes and scopes[-1].depth:
-                scopes[-1].depth -= 1
-            if active and active[-1].depth:
-                active[-1].depth -= 1
+                def counted(*args: Any, inner: Callable[..., Any] = inner, **kwargs: Any) -> Any:
+                    scope = scopes[-1] if scopes else None
+                    mode = active[-1] if active else None
+                    if scope is not None:
+                        scope.depth += 1
+                    if mode is not None:
+                        mode.depth += 1
+                    try:
+                        return inner(*args, **kwargs)
+                    finally:
+                        if scope is not None:
+                            scope.depth -= 1
+                        if mode is not None:
+                            mode.depth -= 1
 
-        installed.append(mod.register_forward_pre_hook(enter, with_kwargs=True))
-        installed.append(mod.register_forward_hook(leave))
-        for child in mod.children():
-            installed.append(child.register_forward_pre_hook(child_in, with_kwargs=True, prepend=True))
-            installed.append(child.register_forward_hook(child_out))
+                _shadow(child, "forward", counted, restore)
+
+        return count_children
 
     def _call_handler(self, mid: int, interface: str, installed: list[Any]) -> Callable[..., Any]:
         ops = {k[3] for k in self.by_site if k[0] == "op" and k[1] == mid and k[2] == interface}
@@ -888,6 +886,23 @@ class Tracer:
 
             restore.append(undo)
             sites.set_implementation(cfg, interface, name)
+
+
+def _shadow(mod: torch.nn.Module, name: str, fn: Callable[..., Any], restore: list[Callable[[], None]]) -> None:
+    """Put ``fn`` on the module instance as ``name`` (shadowing the class's method, or wrapping what
+    was on the instance) for this trace only: ``restore`` gets what puts the old state back."""
+    d = mod.__dict__
+    had = name in d
+    previous = d.get(name)
+
+    def undo() -> None:
+        if had:
+            d[name] = previous
+        else:
+            d.pop(name, None)
+
+    restore.append(undo)
+    d[name] = fn
 
 
 _PARAMS: dict[int, tuple[tuple[str, ...], bool]] = {}

@@ -260,3 +260,24 @@ def test_traces_in_threads_count_only_their_own_calls() -> None:
         assert all(torch.equal(got[k], expected_other[k]) for k in expected_other)
     assert all(torch.equal(p, plain) for p in results["plain"])
     assert_nothing_swapped()
+
+
+@pytest.mark.parametrize("mode", [False, True])
+def test_a_boundary_edit_on_the_scopes_own_module_is_no_op_of_it(mode: bool) -> None:
+    """The MoE block's own forward is the scope of ``op:mul`` (shared_expert_output); an edit of
+    the block's input computed in the trace (``x * 1.0``, a ``mul`` too) runs outside that scope,
+    so it neither shifts the count nor is served as the block's op."""
+    model = T.build("qwen3_next", attn_implementation="eager")
+    inputs = T.draw_inputs(int(model.normalized_config["vocab_size"]), 2, 6, [0, 2], seed=3)
+    layer = model.layers[0]
+    with force_mode(mode):
+        with model.trace(inputs):
+            plain = layer.mlp.shared_expert_output.save()
+        with model.trace(inputs):
+            layer.mlp_input = layer.mlp_input * 1.0
+            routed = layer.mlp.routed_output.save()
+            edited = layer.mlp.shared_expert_output.save()
+            out = layer.mlp.mlp_output.save()
+    assert torch.equal(plain, edited)
+    torch.testing.assert_close(routed + edited, out)
+    assert_nothing_swapped()
