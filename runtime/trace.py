@@ -365,7 +365,6 @@ class Tracer:
         self.by_site: dict[SiteKey, list[Request]] = {}
         self.fired: dict[tuple[SiteKey, int], int] = {}
         self.call_dims: dict[int, tuple[int, int]] = {}
-        self._fn_host_tokens: list[Token[Any]] = []
         self.conditions: dict[tuple[int, int], bool] = {}  # load conditions asked while recording
 
     # -- recording (the body) --
@@ -668,16 +667,23 @@ class Tracer:
                     sites.acquire_function(namespace, name)
                     restore.append(functools.partial(sites.release_function, namespace, name))
                     routes[(mid, name)] = self._fn_handler(mid, g, route, namespace)
-            installed.append(mod.register_forward_pre_hook(self._fn_enter, with_kwargs=True))
-            installed.append(mod.register_forward_hook(self._fn_leave))
+            self._host_functions(mod, restore)
         return routes
 
-    def _fn_enter(self, mod: torch.nn.Module, args: Any, kwargs: Any) -> None:
-        self._fn_host_tokens.append(sites._FN_HOST.set(id(mod)))
+    @staticmethod
+    def _host_functions(mod: torch.nn.Module, restore: list[Callable[[], None]]) -> None:
+        """While ``mod``'s forward runs, the swapped functions it calls are its (``_FN_HOST``)."""
+        mid = id(mod)
+        original = mod.forward
 
-    def _fn_leave(self, mod: torch.nn.Module, args: Any, out: Any) -> None:
-        if self._fn_host_tokens:
-            sites._FN_HOST.reset(self._fn_host_tokens.pop())
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            token = sites._FN_HOST.set(mid)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                sites._FN_HOST.reset(token)
+
+        _shadow(mod, "forward", forward, restore)
 
     def _fn_handler(self, mid: int, group: str, route: Any, namespace: dict[str, Any]) -> Callable[..., Any]:
         def handler(original: Callable[..., Any], name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
