@@ -544,6 +544,8 @@ class Tracer:
                 root = self.model._module
 
                 def count_step(mod: Any, args: Any, kwargs: Any) -> None:
+                    if CALL_DIMS.get() is not self.call_dims:
+                        return  # another thread's forward of the same model
                     self.step = self._calls
                     self._calls += 1
 
@@ -622,6 +624,8 @@ class Tracer:
 
     def _dims_hook(self, mod: torch.nn.Module, args: Any, kwargs: Any) -> None:
         """The call's [batch, seq]: of the model's input ids, or its input embeddings."""
+        if CALL_DIMS.get() is not self.call_dims:
+            return
         x = kwargs.get("input_ids")
         if x is None:
             x = kwargs.get("inputs_embeds")
@@ -635,7 +639,11 @@ class Tracer:
         mid = id(mod)
         original = getattr(mod, name)
 
+        mine, current = self.call_dims, CALL_DIMS.get
+
         def method(*args: Any, **kwargs: Any) -> Any:
+            if current() is not mine:  # another thread's (or context's) call: not this trace's
+                return original(*args, **kwargs)
             args, kwargs = self.serve(("method_in", mid, name), (args, kwargs))
             out = original(*args, **kwargs)
             return self.serve(("method_out", mid, name), out)
@@ -751,17 +759,26 @@ class Tracer:
         serve = self.serve
         pre_key: SiteKey = ("pre", mid)
         post_key: SiteKey = ("post", mid)
+        # the forward of this trace runs in the context where CALL_DIMS is this trace's own dict: a
+        # call of the module from another thread (a plain forward beside the trace) is left alone
+        mine, current = self.call_dims, CALL_DIMS.get
         forward: Callable[..., Any]
         if pre and post:
             def forward(*args: Any, **kwargs: Any) -> Any:
+                if current() is not mine:
+                    return original(*args, **kwargs)
                 args, kwargs = serve(pre_key, (args, kwargs))
                 return serve(post_key, original(*args, **kwargs))
         elif pre:
             def forward(*args: Any, **kwargs: Any) -> Any:
+                if current() is not mine:
+                    return original(*args, **kwargs)
                 args, kwargs = serve(pre_key, (args, kwargs))
                 return original(*args, **kwargs)
         else:
             def forward(*args: Any, **kwargs: Any) -> Any:
+                if current() is not mine:
+                    return original(*args, **kwargs)
                 return serve(post_key, original(*args, **kwargs))
 
         _shadow(mod, "forward", forward, restore)
@@ -792,8 +809,11 @@ class Tracer:
         scopes: list[sites.OpScope] = []
         active: list[sites.OpMode] = []
         original = mod.forward
+        mine, current = self.call_dims, CALL_DIMS.get
 
         def forward(*args: Any, **kwargs: Any) -> Any:
+            if current() is not mine:
+                return original(*args, **kwargs)
             scope = mode = None
             if swapped:  # the scope's calls descend from this frame
                 scope = sites.OpScope(swapped, serve, sys._getframe())
@@ -824,6 +844,8 @@ class Tracer:
                 inner = child.forward
 
                 def counted(*args: Any, inner: Callable[..., Any] = inner, **kwargs: Any) -> Any:
+                    if current() is not mine:
+                        return inner(*args, **kwargs)
                     scope = scopes[-1] if scopes else None
                     mode = active[-1] if active else None
                     if scope is not None:

@@ -319,3 +319,38 @@ def test_boundary_sites_wrap_the_instance_forward_and_put_it_back(llama: nnatlas
         del mlp.forward
     assert "forward" not in mlp.__dict__ and hook_count(llama) == 0
     assert_clean(llama)
+
+
+def test_a_plain_forward_in_another_thread_is_not_the_traces(llama: nnatlas.AtlasModel, inputs: dict) -> None:
+    """A trace instruments the shared modules only for its own forward: plain forwards of the same
+    model in another thread meanwhile neither see its edits nor feed its saves."""
+    with torch.no_grad():
+        baseline = llama.native(**inputs).logits.clone()
+    stop = threading.Event()
+    plain_results: list[torch.Tensor] = []
+    errors: list[BaseException] = []
+
+    def plain_forwards() -> None:
+        try:
+            while not stop.is_set():
+                with torch.no_grad():
+                    plain_results.append(llama.native(**inputs).logits)
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    worker = threading.Thread(target=plain_forwards)
+    worker.start()
+    try:
+        saved = []
+        for _ in range(20):
+            with llama.trace(inputs):
+                llama.layers[1].self_attn.attention_scores[:] = 0
+                llama.layers[1].layer_output[:] = 0
+                saved.append(llama.layers[2].layer_input.save())
+    finally:
+        stop.set()
+        worker.join()
+    assert not errors, errors
+    assert plain_results and all(torch.equal(r, baseline) for r in plain_results)
+    assert all(torch.count_nonzero(s) == 0 for s in saved)
+    assert_clean(llama)
