@@ -189,13 +189,18 @@ def serve_order(model: AtlasModel, inputs: dict[str, torch.Tensor], handles: lis
         for h in handles:
             if h._read.kind != "derived":
                 h.save()
-        apply = tracer._apply
+        serve = tracer.serve
+        seen: set[str] = set()
 
-        def record(r: Any, payload: Any) -> Any:
-            order.append(r.label)
-            return apply(r, payload)
+        def record(key: Any, payload: Any) -> Any:  # (put on before the forward's sites are installed)
+            out = serve(key, payload)
+            for r in tracer.by_site.get(key, ()):
+                if r.done and r.label not in seen:
+                    seen.add(r.label)
+                    order.append(r.label)
+            return out
 
-        tracer._apply = record  # type: ignore[method-assign]
+        tracer.serve = record  # type: ignore[method-assign]
     rank = {label: i for i, label in enumerate(order)}
     return sorted((h for h in handles if h._read.kind != "derived"), key=lambda h: rank[h.label])
 
