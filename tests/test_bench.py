@@ -1,0 +1,34 @@
+"""The benchmark runs (on a tiny model, few runs: a smoke test, never a timing assertion)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import models, run
+from bench.workloads import serve_order
+from nnatlas.testing import standard_values
+
+
+def test_the_bench_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run.main(["--families", "llama", "--runs", "3", "--gen-runs", "2", "--mid-layers", "0",
+                     "--no-nnsight"]) == 0
+    out = capsys.readouterr().out
+    for case in ("(a) empty trace", "(b) save every layer output", "(c) save every standard value",
+                 "(d) edit every layer", "(e) generate 16"):
+        assert f"llama tiny (h16 L3)  {case}" in out
+    assert "traced forward allocated +0 bytes vs plain" in out
+    assert "compiler: nnatlas generate --check" in out and "targets met:" in out
+
+
+def test_serve_order_is_the_forwards_order() -> None:
+    """nnsight serves only in forward order: the bench sorts the handles by when our trace served them."""
+    model, eager, inputs = models.tiny("llama")
+    handles = standard_values(eager, needs_images=False)
+    labels = [h.label for h in serve_order(eager, inputs, handles)]
+    assert len(labels) == len([h for h in handles if h._read.kind != "derived"])
+    position = {label: i for i, label in enumerate(labels)}
+    assert position["input_ids"] < position["token_embeddings"] < position["layers[0].layer_input"]
+    for i in range(len(model.layers)):
+        assert (position[f"layers[{i}].layer_input"] < position[f"layers[{i}].self_attn.attention_scores"]
+                < position[f"layers[{i}].self_attn.attention_output"] < position[f"layers[{i}].layer_output"])
+    assert position["layers[2].layer_output"] < position["logits"]
