@@ -95,12 +95,14 @@ class Target:
     reached: Any = None  # a call condition (adapter.Condition) checked against the inputs before the forward
     call: int = 0  # which firing of the site serves it (the K-th call of a method)
     per_call: bool = field(default=False, init=False)  # fires once per token of a call (tracer.iter picks which)
+    fn_site: bool = field(default=False, init=False)  # at a module-level function (fn: read point)
     _pidx: tuple[int, str | None] | None = field(default=None, init=False, repr=False, compare=False)
 
     get: Callable[[Any], Any] = field(init=False, repr=False, compare=False)  # payload -> the served value
 
     def __post_init__(self) -> None:
         self.per_call = self.site[0] in PER_CALL_SITES
+        self.fn_site = self.site[0] in FN_SITES
         self.get = self._getter()
 
     def _getter(self) -> Callable[[Any], Any]:
@@ -513,12 +515,14 @@ class Tracer:
     def _execute(self) -> None:
         ordered = self._ordered = sorted(self.requests, key=_seq)
         by_site = self.by_site
-        conditional = False
+        conditional = functions = False
         for r in ordered:
             t = r.target
             if t is not None:
                 if t.reached is not None:
                     conditional = True
+                if t.fn_site:
+                    functions = True
                 reqs = by_site.get(t.site)
                 if reqs is None:
                     by_site[t.site] = [r]
@@ -532,10 +536,11 @@ class Tracer:
         route_token: Token[Any] | None = None
         fn_tokens: list[Token[Any]] = []
         try:
-            if ordered or self.model._kernel_route():  # (an empty trace installs nothing)
+            if ordered:  # (an empty trace installs nothing)
                 routes = self._install(installed, modes, restore)
                 if routes:
                     route_token = sites._ROUTES.set(routes)
+            if functions or self.model._kernel_route():
                 fn_routes = self._install_functions(installed, restore)
                 if fn_routes:
                     fn_tokens.append(sites._FN_ROUTES.set(fn_routes))
@@ -552,10 +557,12 @@ class Tracer:
                 self._calls = 0
                 installed.append(root.register_forward_pre_hook(count_step, with_kwargs=True))
             dims_token = CALL_DIMS.set(self.call_dims)
+            grad = torch.is_grad_enabled()
+            torch._C._set_grad_enabled(self.grad and grad)  # (torch.set_grad_enabled, without its object)
             try:
-                with torch.set_grad_enabled(self.grad and torch.is_grad_enabled()):
-                    self.output = self._run()
+                self.output = self._run()
             finally:
+                torch._C._set_grad_enabled(grad)
                 CALL_DIMS.reset(dims_token)
         finally:
             for h in reversed(installed):
