@@ -42,7 +42,7 @@ class Table:
         ratio = paired["ours"]
         goal = target(scope, family, case)
         theirs = t.get("theirs")
-        vs = paired["ours"] / paired["theirs"] if theirs else None
+        vs = paired.get("ours_same", paired["ours"]) / paired["theirs"] if theirs else None
         verdicts = []
         if goal is not None:
             ok = ratio <= goal
@@ -85,6 +85,8 @@ def bench_model(table: Table, name: str, scope: str, family: str, model: Any, ea
         fns = {"plain": w.plain, "ours": w.ours}
         if case in theirs:
             fns["theirs"] = theirs[case]
+            if f"{case}:ours" in theirs:  # nnsight reads a subset: ours on the same subset, for ours/nnsight
+                fns["ours_same"] = theirs[f"{case}:ours"]
         t = measure(fns, gen_runs if case == "e" else runs, warmup=1 if scope == "mid" else 3)
         table.add(name, scope, family, case, t, notes.get(case, ""))
 

@@ -210,8 +210,14 @@ def theirs_workloads(model: AtlasModel, eager: AtlasModel, inputs: dict[str, tor
     """nnsight's version of each workload, and a note for each one it cannot do."""
     t, te = Theirs(model), Theirs(eager)
     nn, nne = t.nn, te.nn
-    handles = serve_order(eager, inputs, standard_values(eager, needs_images=False))
-    derived = [h for h in standard_values(eager, needs_images=False) if h._read.kind == "derived"]
+    every = standard_values(eager, needs_images=False)
+    # nnsight reads modules, their inputs and outputs, and calls in a forward's source; a value read
+    # at a module-level function (fn:, the DeltaNet kernel) has no nnsight equivalent, and neither
+    # has a derived value built on one: (c) then compares both libraries on the values nnsight can read
+    fn_labels = {h.label for h in every if h._read.kind == "fn"}
+    derived = [h for h in every if h._read.kind == "derived"
+               and not any(getattr(h._host, d).label in fn_labels for d in h._spec.read.deps)]
+    handles = serve_order(eager, inputs, [h for h in every if h._read.kind not in ("fn", "derived")])
     settings = generate_settings(model)
     lv = layer_values(model)
     out: dict[str, Callable[[], Any]] = {}
@@ -258,6 +264,17 @@ def theirs_workloads(model: AtlasModel, eager: AtlasModel, inputs: dict[str, tor
             notes[key] = f"nnsight: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
         else:
             out[key] = fn
+    if "c" in out and len(handles) + len(derived) < len(every):
+        subset = [(h._host, h._name) for h in (*handles, *derived)]
+
+        def ours_same() -> list[Any]:  # ours on exactly the values nnsight reads
+            with eager.trace(inputs, order="any"):
+                saved = [getattr(host, name).save() for host, name in subset]
+            return saved
+
+        out["c:ours"] = ours_same
+        notes["c"] = (f"vs nnsight on the {len(subset)} of {len(every)} values it can read "
+                      f"(not the {len(every) - len(subset)} at the DeltaNet kernel)")
     return out, notes
 
 

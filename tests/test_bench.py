@@ -32,3 +32,14 @@ def test_serve_order_is_the_forwards_order() -> None:
         assert (position[f"layers[{i}].layer_input"] < position[f"layers[{i}].self_attn.attention_scores"]
                 < position[f"layers[{i}].self_attn.attention_output"] < position[f"layers[{i}].layer_output"])
     assert position["layers[2].layer_output"] < position["logits"]
+
+
+def test_nnsight_reads_the_same_values_where_it_can(capsys: pytest.CaptureFixture[str]) -> None:
+    """With the optional ``bench`` extra: nnsight's side of (c) on a hybrid family reads every value
+    it can express, and ours/nnsight compares the two on exactly that subset."""
+    pytest.importorskip("nnsight", reason="nnsight is the optional `bench` extra (pip install -e '.[bench]')")
+    assert run.main(["--families", "qwen3_5_text", "--cases", "c", "--runs", "2", "--mid-layers", "0"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if "(c) save every standard value" in line)
+    assert "vs nnsight on the 55 of 79 values it can read (not the 24 at the DeltaNet kernel)" in row
+    assert " - " not in row.split("(eager)")[1][:60]  # an nnsight time and ratio, not a dash
