@@ -17,6 +17,7 @@ import torch
 
 from nnatlas.model import AtlasModel
 from nnatlas.testing import standard_values
+from nnatlas.trace import CallDim
 
 GEN_TOKENS = 16
 CASES = {
@@ -138,6 +139,38 @@ class Theirs:
             self.nn = LanguageModel(self.hf, tokenizer=model.tokenizer)
         self.names = {id(m): n for n, m in model.native.named_modules()}
 
+    dims: tuple[int, int] = (1, 1)  # [batch, seq] of the workloads' inputs, for views that name them
+    passed: dict[int, dict[str, int | str]]  # module -> parameter -> its position in the call, or its name
+
+    def probe(self, inputs: dict[str, torch.Tensor]) -> None:
+        """How each module's forward is called (which parameters come by position), from one plain
+        forward: nnsight indexes a module's ``inputs`` as (args, kwargs) as they were passed."""
+        from nnatlas.trace import forward_params
+
+        self.passed = {}
+        root = self.ours.native
+
+        def record(mod: torch.nn.Module, args: Any, kwargs: Any) -> None:
+            names = forward_params(mod)
+            seen: dict[str, int | str] = {name: i for i, name in enumerate(names[:len(args)])}
+            seen.update({k: k for k in kwargs})
+            self.passed.setdefault(id(mod), seen)
+
+        handles = [m.register_forward_pre_hook(record, with_kwargs=True) for m in root.modules()]
+        try:
+            with torch.no_grad():
+                root(**inputs)
+        finally:
+            for h in handles:
+                h.remove()
+
+    def _bind(self, a: Any) -> Any:
+        if isinstance(a, CallDim):
+            return self.dims[0] if a.name == "batch" else self.dims[1]
+        if isinstance(a, tuple):
+            return tuple(self._bind(x) for x in a)
+        return a
+
     def envoy(self, module: torch.nn.Module) -> Any:
         node = self.nn
         name = self.names[id(module)]
@@ -154,19 +187,23 @@ class Theirs:
                 x = env.output
             elif read.side == "inputs":
                 x = env.inputs
-            elif read.param is not None:
-                x = env.inputs[1][read.param]
+            elif read.param is not None:  # by name where the forward passed it so, else by position
+                module = host._resolve_module(read.module, handle.label)
+                where = self.passed.get(id(module), {}).get(read.param)
+                x = env.inputs[0][where] if isinstance(where, int) else env.inputs[1][read.param]
             else:
                 x = env.input
         elif read.kind in ("call", "op"):
-            env = self.envoy(host._module)
+            # the forward whose source holds the call or op: the host's, or the module its path names
+            env = self.envoy(self.ours._scope_module(host, read, handle.label))
             src = env.source
             if read.kind == "call" or read.call:
                 call = [n for n in src.names if n.startswith(f"{read.call or read.text.split(':')[1].split('.')[0]}_interface")
                         or n.startswith("attention_interface")][-1]
                 src = getattr(src, call)
+                if read.kind == "op":
+                    src = src.source  # into the called function's own source
             if read.kind == "op":
-                src = src.source
                 op = [n for n in src.names if n.endswith(f"{read.op}_{read.occurrence}")][0]
                 src = getattr(src, op)
             x = src.inputs[0] if read.side in ("args", "input") else src.output
@@ -176,7 +213,7 @@ class Theirs:
             x = getattr(x, a) if isinstance(a, str) else x[a]
         spec = handle._spec
         for v in (spec.view if spec else ()):
-            x = getattr(x, v.name)(*(self.ours._view_arg(a) for a in v.args))
+            x = getattr(x, v.name)(*(self._bind(self.ours._view_arg(a)) for a in v.args))
         for e in handle._extra:
             x = x[e]
         return x
@@ -209,15 +246,33 @@ def theirs_workloads(model: AtlasModel, eager: AtlasModel, inputs: dict[str, tor
                      ) -> tuple[dict[str, Callable[[], Any]], dict[str, str]]:
     """nnsight's version of each workload, and a note for each one it cannot do."""
     t, te = Theirs(model), Theirs(eager)
+    ids = inputs["input_ids"]
+    t.dims = te.dims = (int(ids.shape[0]), int(ids.shape[1]))
+    t.probe(inputs)
+    te.probe(inputs)
     nn, nne = t.nn, te.nn
     every = standard_values(eager, needs_images=False)
-    # nnsight reads modules, their inputs and outputs, and calls in a forward's source; a value read
-    # at a module-level function (fn:, the DeltaNet kernel) has no nnsight equivalent, and neither
-    # has a derived value built on one: (c) then compares both libraries on the values nnsight can read
-    fn_labels = {h.label for h in every if h._read.kind == "fn"}
+    # nnsight reads modules' inputs and outputs and the calls in a forward's source; a value read at
+    # a module-level function (fn:, the DeltaNet kernel), an operator (``a * b``) or inside a call
+    # nnsight does not expand has no nnsight equivalent, and neither has a value derived from one:
+    # (c) then compares both libraries on the values nnsight can read, each tried once here
+    readable, missing = [], []
+    for h in every:
+        if h._read.kind == "derived":
+            continue
+        try:
+            if h._read.kind == "fn":
+                raise ValueError("a module-level function")
+            with nne.trace(inputs):
+                te.proxy(h).save()
+        except Exception:  # noqa: BLE001 - counted in the table's note
+            missing.append(h)
+        else:
+            readable.append(h)
+    gone = {h.label for h in missing}
     derived = [h for h in every if h._read.kind == "derived"
-               and not any(getattr(h._host, d).label in fn_labels for d in h._spec.read.deps)]
-    handles = serve_order(eager, inputs, [h for h in every if h._read.kind not in ("fn", "derived")])
+               and not any(getattr(h._host, d).label in gone for d in h._spec.read.deps)]
+    handles = serve_order(eager, inputs, readable)
     settings = generate_settings(model)
     lv = layer_values(model)
     out: dict[str, Callable[[], Any]] = {}
@@ -273,8 +328,9 @@ def theirs_workloads(model: AtlasModel, eager: AtlasModel, inputs: dict[str, tor
             return saved
 
         out["c:ours"] = ours_same
+        kinds = sorted({h._read.kind for h in missing})
         notes["c"] = (f"vs nnsight on the {len(subset)} of {len(every)} values it can read "
-                      f"(not the {len(every) - len(subset)} at the DeltaNet kernel)")
+                      f"(not {len(every) - len(subset)}: {'/'.join(kinds)} reads and what derives from them)")
     return out, notes
 
 

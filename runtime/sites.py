@@ -200,10 +200,11 @@ class OpMode(TorchFunctionMode):
 
 
 FORCE_OP_MODE = False  # tests set it to serve every op: read point through OpMode, the reference
-# Swapping a method of ``torch.Tensor`` modifies the class, twice per trace. From Python 3.12 a class
-# modified about a thousand times gets no new type version, and attribute access on its instances
-# (every tensor) stays unspecialized for the life of the process; there, a name with a Tensor
-# method or operator among its callables is counted by the OpMode instead.
+# Swapping a method of ``torch.Tensor`` modifies the class, twice per trace. CPython 3.13 gives a
+# class modified MAX_VERSIONS_PER_CLASS (1000) times no new version tag, so that attribute lookups
+# on its instances (every tensor) are never cached again for the life of the process (3.11 has no
+# such limit; 3.12 is treated like 3.13, to be safe): there, a name with a Tensor method or operator
+# among its callables is counted by the OpMode instead.
 TENSOR_SWAPS = sys.version_info < (3, 12)
 
 

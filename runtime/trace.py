@@ -465,11 +465,11 @@ class Tracer:
             else:
                 fill(r.payload, value, r.label)
         elif action == "replace":
-            current = t.served(t.native(payload))
+            current = t.get(payload)
             new = self.resolve(r.payload, current, r.label)
             payload = t.replace(payload, new)
         else:  # setitem
-            current = t.served(t.native(payload))
+            current = t.get(payload)
             key, val = r.payload
             # a number is written as it is (the same values as a full tensor, without making one)
             current[key] = val if type(val) in (int, float, bool) else self.resolve(val, current[key], r.label)

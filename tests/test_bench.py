@@ -41,5 +41,5 @@ def test_nnsight_reads_the_same_values_where_it_can(capsys: pytest.CaptureFixtur
     assert run.main(["--families", "qwen3_5_text", "--cases", "c", "--runs", "2", "--mid-layers", "0"]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if "(c) save every standard value" in line)
-    assert "vs nnsight on the 55 of 79 values it can read (not the 24 at the DeltaNet kernel)" in row
+    assert "vs nnsight on the 55 of 79 values it can read (not 24: fn reads and what derives from them)" in row
     assert " - " not in row.split("(eager)")[1][:60]  # an nnsight time and ratio, not a dash
