@@ -12,10 +12,10 @@ all: generate test
 env: $(STAMP)
 
 # torch first, from the CPU wheel on disk (a plain `torch` would pull a multi-GB CUDA build)
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test,bench]'
 	touch $(STAMP)
 
 generate: $(STAMP)
