@@ -108,16 +108,14 @@ class Target:
     def _getter(self) -> Callable[[Any], Any]:
         """``served(native(payload))``, specialised once for the common shapes of a read (an output,
         an element of it, a forward argument by position or name), the general path otherwise."""
-        if self.view or self.extra or any(not isinstance(a, int) for a in self.access):
-            return lambda payload: self.served(self.native(payload))
         access = self.access
-        if self.side in ("output", "fn_output", "inputs"):
+        plain = not self.view and not self.extra and all(isinstance(a, int) for a in access)
+        if plain and self.side in ("output", "fn_output", "inputs") and len(access) <= 1:
             if not access:
                 return _same
-            if len(access) == 1:
-                a0 = access[0]
-                return lambda payload: payload[a0]
-        elif self.side == "input" and not access:
+            a0 = access[0]
+            return lambda payload: payload[a0]
+        if plain and self.side == "input" and not access:
             idx, name = self._param_index()
 
             def argument(payload: Any) -> Any:
