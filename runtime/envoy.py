@@ -290,6 +290,14 @@ def _lazy_attr(node: Any, name: str) -> Any:
 _HOLDER_DTYPES = {"long": torch.long, "bool": torch.bool}
 
 
+def _placeholder(kind: Any, label: str) -> Any:
+    """What ``save()`` returns: a tensor whose ``.data`` the forward points at the value (``torch.Tensor()``
+    is the cheapest tensor to make), or a :class:`Box` for a value that is not one."""
+    if kind is torch.float32:
+        return torch.Tensor()
+    return Box(label) if kind is Box else torch.empty(0, dtype=kind)
+
+
 class Value(_Lazy):
     """A handle on one value of one host: save it, assign it, edit it in place."""
 
@@ -360,16 +368,13 @@ class Value(_Lazy):
         # saved before, without a load condition, and the path from the host still leads to the same module
         if fast is not None and (fast[2] is None or resolve_native(self._host._module, fast[2]) is fast[0].module):
             target, kind, _ = fast
-            holder = torch.Tensor() if kind is torch.float32 else Box(target.label) if kind is Box else torch.empty(
-                0, dtype=kind)
+            holder = _placeholder(kind, target.label)
             tracer.requests.append(Request(tracer.seq, target.label, "save", target, holder, tracer.current_step,
                                            tracer.current_call if target.per_call else target.call))
             tracer.seq += 1
             return holder
         kind = self._holder_kind()
-        # the placeholder whose .data the forward points at the value (torch.Tensor() is the cheapest tensor)
-        holder = torch.Tensor() if kind is torch.float32 else Box(self.label) if kind is Box else torch.empty(
-            0, dtype=kind)
+        holder = _placeholder(kind, self.label)
         if self._read.kind == "derived":
             self._derived(tracer, "save", holder)
             return holder
