@@ -162,7 +162,7 @@ def set_implementation(config: Any, interface: str, value: str | None) -> None:
 #   ``torch._C._nn.NAME``, ``torch.Tensor.NAME`` and the Tensor operators that dispatch as NAME, e.g.
 #   ``a * b`` as ``mul``) is replaced by a dispatcher, refcounted across traces and threads like the
 #   fn: globals below. The dispatcher passes straight through unless an op scope of this context
-#   (``_OP_SCOPES``, set by the trace's call handler or host hooks) wants NAME. Only the scope's calls
+#   (``_OP_SCOPES``, set by the trace's call handler or the host's forward wrapper) wants NAME. Only the scope's calls
 #   pay anything; code outside a scope runs at native speed bar one Python call per swapped name.
 # - ``OpMode``, a TorchFunctionMode (the fallback, for a name with no Python attribute to swap, or
 #   for every name when ``FORCE_OP_MODE`` is set): every torch call in the scope goes through Python.
@@ -435,6 +435,31 @@ class OpSwaps:
             self.token = None
 
 
+def run_scoped(original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], swapped: set[str],
+               fallback: set[str], serve: Callable[[str, int, str, Any], Any],
+               stack: list[tuple[OpScope | None, OpMode | None]] | None = None) -> Any:
+    """``original(*args, **kwargs)`` as one op scope: ``swapped`` names counted by the dispatchers
+    (the scope's calls descend from this frame), ``fallback`` names by an OpMode; ``stack`` (when
+    given) holds the running (scope, mode) meanwhile, for the depth counters of child modules."""
+    scope = None
+    if swapped:
+        scope = OpScope(swapped, serve, sys._getframe())
+        push_scope(scope)
+    mode = OpMode(fallback, serve) if fallback else None
+    if stack is not None:
+        stack.append((scope, mode))
+    try:
+        if mode is None:
+            return original(*args, **kwargs)
+        with mode:
+            return original(*args, **kwargs)
+    finally:
+        if stack is not None:
+            stack.pop()
+        if scope is not None:
+            pop_scope(scope)
+
+
 def push_scope(scope: OpScope) -> None:
     _OP_SCOPES.set((*_OP_SCOPES.get(), scope))
 
@@ -448,7 +473,7 @@ def pop_scope(scope: OpScope) -> None:
 # A kernel such as transformers' ``torch_chunk_gated_delta_rule`` is a global of the modeling
 # module, looked up by the forward at call time. While a trace runs, that global is swapped for a
 # dispatcher (refcounted across traces and threads); the dispatcher asks two ContextVars which host
-# module's forward is running (set by that host's forward hooks) and whether this trace routes
+# module's forward is running (set by that host's forward wrapper) and whether this trace routes
 # that host's calls of the function. Anyone else calling the global gets the original untouched;
 # the last trace to finish puts the original back.
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
@@ -529,13 +528,12 @@ class Tracer:
         if conditional:
             self._check_reached([r for r in ordered if r.target is not None])
         installed: list[Any] = []
-        modes: list[sites.OpMode] = []
         restore: list[Callable[[], None]] = []
         route_token: Token[Any] | None = None
         fn_tokens: list[Token[Any]] = []
         try:
             if ordered:  # (an empty trace installs nothing)
-                routes = self._install(installed, modes, restore)
+                routes = self._install(installed, restore)
                 if routes:
                     route_token = sites._ROUTES.set(routes)
             if functions or self.model._kernel_route():
@@ -565,9 +563,6 @@ class Tracer:
         finally:
             for h in reversed(installed):
                 h.remove()
-            for m in reversed(modes):
-                if getattr(m, "_entered", False):
-                    m.__exit__(None, None, None)
             for undo in reversed(restore):
                 undo()
             if route_token is not None:
@@ -580,7 +575,7 @@ class Tracer:
             raise NotReached(f"the forward finished without computing {names}: "
                              "nothing in this call reaches that point (check the inputs, the block kind, the step)")
 
-    def _install(self, installed: list[Any], modes: list[sites.OpMode], restore: list[Callable[[], None]]
+    def _install(self, installed: list[Any], restore: list[Callable[[], None]]
                  ) -> dict[tuple[str, int], Callable[..., Any]]:
         modules: dict[int, torch.nn.Module] = {}
         kinds: dict[int, set[str]] = {}
@@ -612,7 +607,7 @@ class Tracer:
         # its parent's scope)
         children: list[Callable[[], None]] = []
         for mid, names in fwd_ops.items():
-            children.append(self._install_forward_ops(modules[mid], names, installed, modes, restore))
+            children.append(self._install_forward_ops(modules[mid], names, installed, restore))
         for mid, kind in kinds.items():
             mod = modules[mid]
             if "pre" in kind or "post" in kind:
@@ -803,44 +798,21 @@ class Tracer:
         return swaps
 
     def _install_forward_ops(self, mod: torch.nn.Module, names: set[str], installed: list[Any],
-                             modes: list[sites.OpMode], restore: list[Callable[[], None]]) -> Callable[[], None]:
+                             restore: list[Callable[[], None]]) -> Callable[[], None]:
         """Count ``names`` in ``mod``'s own forward (its children's forwards are not counted): an op
-        scope of swapped torch callables, an OpMode for any name that has none to swap, entered by a
-        wrapper of the instance's forward. Returns what puts the depth counters on the children
-        (called after every other wrapper is on, so that they wrap those too)."""
-        mid = id(mod)
-        serve = self._op_server(mid, None)
+        scope (``sites.run_scoped``) entered by a wrapper of the instance's forward. Returns what puts
+        the depth counters on the children (called after every other wrapper is on, so that they
+        wrap those too)."""
+        serve = self._op_server(id(mod), None)
         swapped, fallback = self._op_swaps(installed).split(names)
-        scopes: list[sites.OpScope] = []
-        active: list[sites.OpMode] = []
+        running: list[tuple[sites.OpScope | None, sites.OpMode | None]] = []
         original = mod.forward
         mine, current = self.call_dims, CALL_DIMS.get
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             if current() is not mine:
                 return original(*args, **kwargs)
-            scope = mode = None
-            if swapped:  # the scope's calls descend from this frame
-                scope = sites.OpScope(swapped, serve, sys._getframe())
-                sites.push_scope(scope)
-                scopes.append(scope)
-            try:
-                if fallback:
-                    mode = sites.OpMode(fallback, serve)
-                    mode.__enter__()
-                    mode._entered = True  # type: ignore[attr-defined]
-                    modes.append(mode)
-                    active.append(mode)
-                return original(*args, **kwargs)
-            finally:
-                if mode is not None:
-                    active.pop()
-                    modes.remove(mode)
-                    mode.__exit__(None, None, None)
-                    mode._entered = False  # type: ignore[attr-defined]
-                if scope is not None:
-                    scopes.pop()
-                    sites.pop_scope(scope)
+            return sites.run_scoped(original, args, kwargs, swapped, fallback, serve, running)
 
         _shadow(mod, "forward", forward, restore)
 
@@ -849,10 +821,9 @@ class Tracer:
                 inner = child.forward
 
                 def counted(*args: Any, inner: Callable[..., Any] = inner, **kwargs: Any) -> Any:
-                    if current() is not mine:
+                    if current() is not mine or not running:
                         return inner(*args, **kwargs)
-                    scope = scopes[-1] if scopes else None
-                    mode = active[-1] if active else None
+                    scope, mode = running[-1]
                     if scope is not None:
                         scope.depth += 1
                     if mode is not None:
@@ -881,19 +852,7 @@ class Tracer:
                     kwargs: dict[str, Any]) -> Any:
             full_args, kwargs = self.serve(("call_in", mid, interface), ((module, *args), kwargs))
             if ops:
-                scope = None
-                if swapped:
-                    scope = sites.OpScope(swapped, serve, sys._getframe())
-                    sites.push_scope(scope)
-                try:
-                    if fallback:
-                        with sites.OpMode(fallback, serve):
-                            out = original(*full_args, **kwargs)
-                    else:
-                        out = original(*full_args, **kwargs)
-                finally:
-                    if scope is not None:
-                        sites.pop_scope(scope)
+                out = sites.run_scoped(original, full_args, kwargs, swapped, fallback, serve)
             else:
                 out = original(*full_args, **kwargs)
             return self.serve(("call_out", mid, interface), out)
