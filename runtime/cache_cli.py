@@ -152,7 +152,9 @@ def run(args: argparse.Namespace, dist: Dist) -> int:
     store_dtype = DTYPES[args.dtype] if args.dtype else None
     shapes = _row_shapes(model, handles, the_plan, args.positions, args.seq_len, store_dtype)
     row_bytes = sum(_numel(s) * torch.empty(0, dtype=d).element_size() for s, d in shapes.values())
-    per_shard = max(1, int(args.shard_size * 1e6) // row_bytes)
+    # a shard's safetensors header (a JSON entry per key, padded) counts against --shard-size too
+    header = 1024 + 256 * len(shapes)
+    per_shard = max(1, (int(args.shard_size * 1e6) - header) // row_bytes)
     settings = _settings(args, model, handles, the_plan, dist.world, per_shard)
     checked(dist, lambda: _prepare_out(args.out, settings, args.resume, dist.rank))
 
