@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .adapter import Layout
-from .envoy import Host, Value
+from .envoy import Host, HostList, Value
 from .errors import NnatlasError, UnknownName
 from .trace import Box
 
@@ -124,10 +124,10 @@ def _walk(host: Any, name: str) -> Value | None:
     node: Any = host
     for part in parts[:-1]:
         m = _INDEXED.match(part)
-        child = node._child(m.group("head") if m else part) if isinstance(node, Host) else None
-        if child is not None and m:
+        child: Any = node._child(m.group("head") if m else part) if isinstance(node, Host) else None
+        if isinstance(child, HostList) and m:
             child = child[int(m.group("i"))] if int(m.group("i")) < len(child) else None
-        if child is None or not isinstance(child, Host):
+        if not isinstance(child, Host):
             return None
         node = child
     try:

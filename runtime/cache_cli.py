@@ -66,6 +66,11 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     dist = Dist.from_env()
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    if args.no_progress:  # transformers' own bars too (loading weights), for this command only
+        hf_logging.disable_progress_bar()
     try:
         return run(args, dist)
     except (NnatlasError, KeyError) as e:  # UnknownName, Unavailable, CacheError ...
@@ -74,6 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     finally:
         dist.close()
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 class Dist:
@@ -212,6 +219,7 @@ def _handles(model: Any, names: list[str], layers: list[int] | None) -> list[Any
 
     handles = select(model, names, layers)
     for h in handles:
+        assert h._spec is not None  # (select gives standard values only)
         layout = h._spec.layout
         if tuple(layout.dims[:2]) != ("batch", "seq") or layout.dtype == "object":
             raise CacheError(f"{h.label} has layout {layout.text}; nnatlas cache stores values per token "

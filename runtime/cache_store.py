@@ -81,8 +81,9 @@ class ShardWriter:
             rest = whole[n:]
             self.pending[k] = [rest] if rest.shape[0] else []
         self.buffered -= n
+        # one metadata key: safetensors writes several in hash order, which differs between runs
         self.write(self.folder / shard_name(self.rank, self.index), out,
-                   {"format": "pt", "rank": str(self.rank), "shard": str(self.index)})
+                   {"nnatlas": f"{FORMAT} rank {self.rank} shard {self.index}"})
         self.written.append(shard_name(self.rank, self.index))
         self.index += 1
 
