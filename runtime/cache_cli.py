@@ -116,6 +116,16 @@ class Dist:
     def barrier(self) -> None:
         self.agree(None)
 
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, in rank order (on every rank)."""
+        if not self.group:
+            return [value]
+        import torch.distributed as td
+
+        values: list[Any] = [None] * self.world
+        td.all_gather_object(values, value)
+        return values
+
     def close(self) -> None:
         if self.group:
             import torch.distributed as td
@@ -163,7 +173,11 @@ def run(args: argparse.Namespace, dist: Dist) -> int:
     header = 1024 + 256 * len(shapes)
     per_shard = max(1, (int(args.shard_size * 1e6) - header) // row_bytes)
     settings = _settings(args, model, handles, the_plan, dist.world, per_shard)
-    checked(dist, lambda: _prepare_out(args.out, settings, args.resume, dist.rank))
+    checked(dist, lambda: _check_out(args.out, settings, args.resume))
+    if dist.rank == 0 and not args.resume:  # after every rank found the folder empty
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_json(args.out / RUN, settings)
+    dist.barrier()
 
     start = time.perf_counter()
     rank = dist.rank
@@ -183,6 +197,8 @@ def run(args: argparse.Namespace, dist: Dist) -> int:
     if bar is not None:
         bar.close()
     dist.barrier()
+    gathered = dist.gather((tokens, _peak_rss_mb()))
+    ran, peak = sum(t for t, _ in gathered), max(p for _, p in gathered)
     if rank == 0:
         manifest = _manifest(settings, the_plan, dist.world, per_shard, shapes, args, handles)
         missing = [s["file"] for s in manifest["shards"] if not (args.out / s["file"]).is_file()]
@@ -190,12 +206,19 @@ def run(args: argparse.Namespace, dist: Dist) -> int:
             raise CacheError(f"shards missing after every rank finished: {', '.join(missing[:4])}")
         write_json(args.out / MANIFEST, manifest)
         took = time.perf_counter() - start
-        ran = the_plan.tokens if not done else tokens
         print(f"nnatlas cache: {the_plan.tokens} tokens of {len(the_plan.docs)} documents -> {manifest['rows']} rows "
               f"x {len(handles)} values in {len(manifest['shards'])} shards ({args.out}); {ran} tokens in "
               f"{took:.2f} s on {dist.world} process{'es' if dist.world > 1 else ''}: {ran / max(took, 1e-9):.0f} "
-              "tokens/s", file=sys.stderr)
+              f"tokens/s; peak memory {peak:.0f} MB per process", file=sys.stderr)
     return 0
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory (Linux reports kB, macOS bytes)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
 
 
 def _load(args: argparse.Namespace, device: torch.device) -> Any:
@@ -327,7 +350,8 @@ def _settings(args: argparse.Namespace, model: Any, handles: list[Any], the_plan
     }
 
 
-def _prepare_out(out: Path, settings: dict[str, Any], resume: bool, rank: int) -> None:
+def _check_out(out: Path, settings: dict[str, Any], resume: bool) -> None:
+    """A new run goes to an empty (or new) folder; a resumed one to a run of the same settings."""
     run_file = out / RUN
     if resume:
         if not run_file.is_file():
@@ -343,9 +367,6 @@ def _prepare_out(out: Path, settings: dict[str, Any], resume: bool, rank: int) -
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CacheError(f"--out {out} is not an empty folder" +
                          (" (a run is there: pass --resume to continue it)" if run_file.is_file() else ""))
-    if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        write_json(run_file, settings)
 
 
 def _manifest(settings: dict[str, Any], the_plan: Plan, world: int, per_shard: int,

@@ -77,7 +77,8 @@ class ShardWriter:
         out: dict[str, torch.Tensor] = {}
         for k, parts in self.pending.items():
             whole = parts[0] if len(parts) == 1 else torch.cat(parts)
-            out[k] = whole[:n].contiguous().clone()
+            # a part of a tensor is copied out (safetensors writes whole storages); all of one is not
+            out[k] = whole.contiguous() if whole.shape[0] == n else whole[:n].clone()
             rest = whole[n:]
             self.pending[k] = [rest] if rest.shape[0] else []
         self.buffered -= n

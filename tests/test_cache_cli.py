@@ -10,6 +10,7 @@ import random
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -188,6 +189,31 @@ def test_a_stopped_run_resumed_equals_one_never_stopped(saved: Path, data: Path,
     # resuming a finished run writes the same again
     assert run(cache(saved, data, whole, *argv, "--resume")) == 0
     assert files(whole) == want
+
+
+def test_a_killed_process_resumed_equals_one_never_killed(saved: Path, tmp_path: Path) -> None:
+    """SIGKILL once the first shard is on disk (no chance to clean up), then --resume."""
+    big = tmp_path / "big.jsonl"
+    big.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts(1500, seed=1)))
+    argv = ["--layers", "1", "--batch-size", "8", "--seq-len", "12", "--shard-size", "0.02"]
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "nnatlas", "cache", *cache(saved, big, out, *argv)], env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "shard-000-00000.safetensors").exists() and proc.poll() is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        proc.kill()
+    finally:
+        proc.wait()
+    assert not (out / "manifest.json").exists(), "the run finished before it was killed"
+    whole = tmp_path / "whole"
+    assert run(cache(saved, big, whole, *argv)) == 0
+    shards = len(json.loads((whole / "manifest.json").read_text())["shards"])
+    assert 0 < sum(p.name.startswith("shard-") for p in out.iterdir()) < shards
+    assert run(cache(saved, big, out, *argv, "--resume")) == 0
+    assert files(out) == files(whole)
 
 
 def test_resume_refuses_other_settings_and_a_missing_run(saved: Path, data: Path, tmp_path: Path,
