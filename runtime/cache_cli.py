@@ -73,8 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         hf_logging.disable_progress_bar()
     try:
         return run(args, dist)
-    except (NnatlasError, KeyError) as e:  # UnknownName, Unavailable, CacheError ...
-        text = " ".join(str(e.args[0] if isinstance(e, KeyError) and e.args else e).split())
+    except NnatlasError as e:  # UnknownName, Unavailable, CacheError ...
+        text = " ".join(str(e).split())
         print(f"nnatlas cache: error: {text}", file=sys.stderr)
         return 2
     finally:
@@ -138,8 +138,8 @@ def checked(dist: Dist, step: Callable[[], Any]) -> Any:
     """Run ``step`` on every rank; a bad input on any rank stops them all, with its message."""
     try:
         result = step()
-    except (NnatlasError, KeyError) as e:
-        dist.agree(str(e.args[0] if isinstance(e, KeyError) and e.args else e))
+    except NnatlasError as e:
+        dist.agree(str(e))
         raise
     dist.agree(None)
     return result
@@ -157,6 +157,8 @@ def _settings_error(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace, dist: Dist) -> int:
     device = torch.device(args.device or (f"cuda:{dist.local_rank}" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CacheError(f"--device {device}: this torch has no CUDA device")
     dist.start(device)
     _settings_error(args)
     names = [n.strip() for v in (args.values or ["layer_output"]) for n in v.split(",") if n.strip()]

@@ -121,6 +121,30 @@ def test_rows_equal_direct_traces(saved: Path, data: Path, model: nnatlas.AtlasM
     assert torch.equal(stored["meta.token"], torch.tensor([t for i in ids for t in i]))
 
 
+@pytest.mark.parametrize("family", ["gpt2", "qwen3_5_text", "qwen3_next"])
+def test_rows_equal_direct_traces_in_other_families(family: str, data: Path, tmp_path: Path) -> None:
+    """Right padding keeps every real token's values: absolute positions (gpt2), DeltaNet blocks and a
+    mixture of experts; a value of the attention blocks only is read on those."""
+    folder = tmp_path / family
+    built = build(family, attn_implementation="sdpa")
+    built.native.save_pretrained(folder)
+    built.tokenizer.save_pretrained(folder)
+    out = tmp_path / "out"
+    last = len(built.layers) - 1
+    assert run(cache(folder, data, out, "--values", "layer_output,self_attn.attention_output", "--layers",
+                     f"0,{last}", "--batch-size", "6", "--seq-len", "10")) == 0
+    stored = nnatlas.Cache.load(out)
+    model = nnatlas.load(str(folder))
+    attention = [i for i in (0, last) if model.layer_kinds[i] in (None, "attention")]
+    assert attention and stored.values == [*(f"layers[{i}].layer_output" for i in (0, last)),
+                                           *(f"layers[{i}].self_attn.attention_output" for i in attention)]
+    doc = stored["meta.doc"]
+    for i, text in enumerate(texts()):
+        alone = direct(model, text, 10, stored.values)
+        for label in stored.values:
+            torch.testing.assert_close(stored[label][doc == i], alone[label], atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("positions", ["last", "all"])
 def test_last_and_all_positions(saved: Path, data: Path, model: nnatlas.AtlasModel, tmp_path: Path,
                                 positions: str) -> None:
