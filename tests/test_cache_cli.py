@@ -112,6 +112,9 @@ def test_rows_equal_direct_traces(saved: Path, data: Path, model: nnatlas.AtlasM
         batches = list(stored.batches(label, 7))
         assert [b.shape[0] for b in batches[:-1]] == [7] * (len(batches) - 1)
         assert torch.equal(torch.cat(batches), whole)
+        assert torch.equal(torch.cat(list(stored.batches(label, 5, start=3, stop=40))), whole[3:40])
+    with pytest.raises(KeyError, match="per-row facts: meta.doc, meta.position, meta.token"):
+        stored.layout("layers[2].layer_output")
     for i, text in enumerate(texts()):
         rows = doc == i
         assert pos[rows].tolist() == list(range(len(ids[i])))
@@ -300,7 +303,12 @@ def test_bad_input_is_one_line_and_exit_2(saved: Path, data: Path, tmp_path: Pat
     assert "layers[0] to layers[2]" in bad(saved, tmp_path, capsys, data, "--layers", "1-5")
     assert "--layers 'x': write block indices" in bad(saved, tmp_path, capsys, data, "--layers", "x")
     assert "--batch-size is at least 1" in bad(saved, tmp_path, capsys, data, "--batch-size", "0")
+    if not torch.cuda.is_available():
+        assert "this torch has no CUDA device" in bad(saved, tmp_path, capsys, data, "--device", "cuda")
     assert not [m for m in forwards if "ForCausalLM" in m]
+    assert run(cache(saved, data, tmp_path / "good", "--layers", "0")) == 0  # (the count sees a forward)
+    assert [m for m in forwards if "ForCausalLM" in m]
+    capsys.readouterr()
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
     par = tmp_path / "corpus.parquet"
