@@ -12,6 +12,7 @@ import torch
 import nnatlas
 from nnatlas.testing import standard_values
 
+from . import cache as bench_cache
 from . import compile_time, memory, models
 from .timing import Timings, measure
 from .workloads import CASES, layer_values, nnsight_available, ours_workloads, theirs_workloads
@@ -102,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--families", default="", help="comma-separated families (default: all)")
     parser.add_argument("--cases", default="abcde")
     parser.add_argument("--no-nnsight", action="store_true")
+    parser.add_argument("--cache-docs", type=int, default=1500,
+                        help="documents of the nnatlas cache throughput row (0: skip it)")
+    parser.add_argument("--cache-procs", default="1,2", help="process counts for the nnatlas cache row (torchrun)")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(1)
@@ -144,6 +148,15 @@ def main(argv: list[str] | None = None) -> int:
     print("\nmemory (saving makes no copies): bytes allocated by the traced forward beyond the plain one")
     for row in mem_rows:
         print("  " + row)
+
+    print(f"\nnnatlas cache: {bench_cache.__doc__.splitlines()[0].split(': ', 1)[1]}")
+    print(bench_cache.model_cache_memory())
+    if args.cache_docs:
+        procs = [int(n) for n in args.cache_procs.split(",") if n]
+        print(f"  a small llama (h256 L4), {args.cache_docs} documents of 20-60 words, seq-len {bench_cache.SEQ_LEN}, "
+              "batch 8, every layer_output at every token, 1 thread per process:")
+        for row in bench_cache.cache_rows(args.cache_docs, procs):
+            print(row)
 
     cold, cold_cpu = compile_time.cold_check()
     warm, n = compile_time.in_process()

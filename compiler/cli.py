@@ -1,4 +1,5 @@
-"""``nnatlas generate [--check]`` and ``nnatlas docs [--serve]``."""
+"""``nnatlas generate [--check]``, ``nnatlas docs [--serve]``; ``nnatlas cache`` is the runtime's
+(``nnatlas.cache_cli``), handed its arguments whole."""
 
 from __future__ import annotations
 
@@ -12,8 +13,15 @@ from .errors import SpecError
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["cache"]:  # the runtime's command (imports torch): its own parser reads the rest
+        from nnatlas.cache_cli import main as cache_main
+
+        return cache_main(argv[1:])
     parser = argparse.ArgumentParser(prog="nnatlas", description="The nnatlas spec compiler.")
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("cache", add_help=False, help="run a model over a dataset and write its values to shards "
+                   "(nnatlas cache --help)")
     gen = sub.add_parser("generate", help="validate specs/ and regenerate generated/")
     gen.add_argument("--check", action="store_true", help="write nothing; exit 1 with a diff when anything is stale")
     gen.add_argument("--root", type=Path, default=None, help="the checkout (default: the one nnatlas is installed from)")

@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING, Any
 from .errors import NnatlasError, NotReached, OutOfOrderError, SpecError, Unavailable, UnknownName
 
 if TYPE_CHECKING:
+    from .cache import Cache
     from .model import AtlasModel, load, route_kernels, wrap
     from .registry import all_families
     from .trace import Box
 
 _LAZY = {"AtlasModel": "model", "load": "model", "wrap": "model", "route_kernels": "model",
-         "all_families": "registry", "Box": "trace"}
+         "all_families": "registry", "Box": "trace", "Cache": "cache"}
 
 
 def __getattr__(name: str) -> Any:
@@ -35,5 +36,5 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = ["AtlasModel", "Box", "NnatlasError", "NotReached", "OutOfOrderError", "SpecError", "Unavailable",
+__all__ = ["AtlasModel", "Box", "Cache", "NnatlasError", "NotReached", "OutOfOrderError", "SpecError", "Unavailable",
            "UnknownName", "all_families", "load", "route_kernels", "wrap"]

@@ -429,6 +429,13 @@ class AtlasModel(Host):
         return Tracer(self, lambda: gen(**model_inputs, **settings), order=order, steps=max_new_tokens,
                       inputs=model_inputs)
 
+    def cache(self, inputs: Any = None, values: Any = None, layers: Any = None, **kwargs: Any) -> Any:
+        """One traced forward; the values ``values`` x ``layers`` name, as an :class:`nnatlas.Cache`
+        keyed by standard path (``layers[3].layer_output``). See :mod:`nnatlas.cache`."""
+        from .cache import cache
+
+        return cache(self, inputs, values, layers, **kwargs)
+
     # ---- introspection ----
     def support(self) -> Any:
         from .printout import support

@@ -11,7 +11,7 @@ from nnatlas.testing import standard_values
 
 def test_the_bench_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert run.main(["--families", "llama", "--runs", "3", "--gen-runs", "2", "--mid-layers", "0",
-                     "--no-nnsight"]) == 0
+                     "--no-nnsight", "--cache-docs", "0"]) == 0
     out = capsys.readouterr().out
     for case in ("(a) empty trace", "(b) save every layer output", "(c) save every standard value",
                  "(d) edit every layer", "(e) generate 16"):
@@ -43,3 +43,12 @@ def test_nnsight_reads_the_same_values_where_it_can(capsys: pytest.CaptureFixtur
     row = next(line for line in out.splitlines() if "(c) save every standard value" in line)
     assert "vs nnsight on the 55 of 79 values it can read (not 24: fn reads and what derives from them)" in row
     assert " - " not in row.split("(eager)")[1][:60]  # an nnsight time and ratio, not a dash
+
+
+def test_the_cache_row_runs_the_command() -> None:
+    """``nnatlas cache`` in its own process: its summary line parsed into tokens/s and memory."""
+    from bench import cache
+
+    rows = cache.cache_rows(30, [1])
+    assert len(rows) == 1 and " tokens/s; peak memory " in rows[0] and "MB of shards" in rows[0]
+    assert "allocated +0 bytes vs the plain forward" in cache.model_cache_memory()

@@ -1,0 +1,410 @@
+"""``nnatlas cache``: run a model over a dataset and write the values it computes to safetensors shards.
+
+    nnatlas cache MODEL_OR_PATH --data corpus.jsonl --values layer_output --layers 0-3 --out acts/
+    torchrun --nproc_per_node 4 -m nnatlas cache MODEL_OR_PATH --data corpus.jsonl ... --out acts/
+
+One process, or one per rank under torchrun (``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` from its
+environment): every rank plans the same batches (``cache_data.plan``), runs its contiguous share on
+its own device, writes its own shards, and rank 0 writes ``manifest.json`` once every rank is done.
+Bad input (a file, a field, a value this load cannot serve) is reported on one line with exit
+status 2, before any forward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .cache_data import POSITIONS, CacheError, Plan, parse_layers, plan, read_texts, tokenize
+from .cache_store import FORMAT, MANIFEST, RUN, ShardWriter, done_shards, shard_name, write_json
+from .errors import NnatlasError
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+META_KEYS = {"all": ("meta.doc", "meta.length", "meta.tokens"), "last": ("meta.doc", "meta.position", "meta.token"),
+             "nonpad": ("meta.doc", "meta.position", "meta.token")}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nnatlas cache", description="Run a model over a dataset and write the "
+                                "values it computes (standard names) to safetensors shards plus manifest.json.")
+    p.add_argument("model", help="a checkpoint folder or hub name (nnatlas.load)")
+    p.add_argument("--data", type=Path, required=True, help="a .jsonl, .txt (a document per line) or .parquet file")
+    p.add_argument("--text-field", default="text", help="the field (.jsonl) or column (.parquet) holding the text")
+    p.add_argument("--values", action="append", default=None,
+                   help="comma-separated values, read on every chosen block that has them (layer_output, "
+                        "self_attn.attention_output), else on the model (logits); repeatable; default layer_output")
+    p.add_argument("--layers", default=None, help="blocks: 0-3, 0,2,5-7 or all (default: all)")
+    p.add_argument("--out", type=Path, required=True, help="the folder to write")
+    p.add_argument("--batch-size", type=int, default=8, help="documents per forward (default 8)")
+    p.add_argument("--seq-len", type=int, default=128, help="tokens per document at most; longer ones are cut "
+                   "(default 128)")
+    p.add_argument("--max-tokens", type=int, default=None, help="stop after this many tokens of the dataset")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                   help="store floating values in this dtype (default: as the model computes them)")
+    p.add_argument("--model-dtype", choices=[*sorted(DTYPES), "auto"], default="auto",
+                   help="load the model in this dtype (default: the checkpoint's)")
+    p.add_argument("--attn-implementation", default=None, help="passed to from_pretrained (eager serves the "
+                   "attention pattern)")
+    p.add_argument("--positions", choices=POSITIONS, default="nonpad",
+                   help="rows: one per real token (nonpad, default), one per document at its last token (last), "
+                        "or one per document of --seq-len positions, padding included (all)")
+    p.add_argument("--shard-size", type=float, default=512.0, help="MB per shard at most (default 512)")
+    p.add_argument("--device", default=None, help="default: cuda:LOCAL_RANK when CUDA is there, else cpu")
+    p.add_argument("--resume", action="store_true", help="continue a stopped run in --out (same settings)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    dist = Dist.from_env()
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    if args.no_progress:  # transformers' own bars too (loading weights), for this command only
+        hf_logging.disable_progress_bar()
+    try:
+        return run(args, dist)
+    except NnatlasError as e:  # UnknownName, Unavailable, CacheError ...
+        text = " ".join(str(e).split())
+        print(f"nnatlas cache: error: {text}", file=sys.stderr)
+        return 2
+    finally:
+        dist.close()
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+class Dist:
+    """This process's rank among ``world`` (torchrun's environment), and the group they talk over."""
+
+    def __init__(self, rank: int, world: int, local_rank: int):
+        self.rank, self.world, self.local_rank = rank, world, local_rank
+        self.group = False
+
+    @classmethod
+    def from_env(cls) -> Dist:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        return cls(int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0")))
+
+    def start(self, device: torch.device) -> None:
+        if self.world > 1 and not self.group:
+            import torch.distributed as td
+
+            td.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+            self.group = True
+
+    def agree(self, error: str | None) -> None:
+        """Every rank raises when any did (the first failing rank's words), so none waits for another."""
+        if self.group:
+            import torch.distributed as td
+
+            errors: list[str | None] = [None] * self.world
+            td.all_gather_object(errors, error)
+            error = next((e for e in errors if e is not None), None)
+        if error is not None:
+            raise CacheError(error)
+
+    def barrier(self) -> None:
+        self.agree(None)
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, in rank order (on every rank)."""
+        if not self.group:
+            return [value]
+        import torch.distributed as td
+
+        values: list[Any] = [None] * self.world
+        td.all_gather_object(values, value)
+        return values
+
+    def close(self) -> None:
+        if self.group:
+            import torch.distributed as td
+
+            td.destroy_process_group()
+            self.group = False
+
+
+def checked(dist: Dist, step: Callable[[], Any]) -> Any:
+    """Run ``step`` on every rank; a bad input on any rank stops them all, with its message."""
+    try:
+        result = step()
+    except NnatlasError as e:
+        dist.agree(str(e))
+        raise
+    dist.agree(None)
+    return result
+
+
+def _settings_error(args: argparse.Namespace) -> None:
+    for name in ("batch_size", "seq_len"):
+        if getattr(args, name) < 1:
+            raise CacheError(f"--{name.replace('_', '-')} is at least 1")
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise CacheError("--max-tokens is at least 1")
+    if not args.shard_size > 0:
+        raise CacheError("--shard-size is a positive number of MB")
+
+
+def run(args: argparse.Namespace, dist: Dist) -> int:
+    device = torch.device(args.device or (f"cuda:{dist.local_rank}" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CacheError(f"--device {device}: this torch has no CUDA device")
+    dist.start(device)
+    _settings_error(args)
+    names = [n.strip() for v in (args.values or ["layer_output"]) for n in v.split(",") if n.strip()]
+    layers = parse_layers(args.layers)
+    texts = checked(dist, lambda: read_texts(args.data, args.text_field))
+    model = checked(dist, lambda: _load(args, device))
+    handles = checked(dist, lambda: _handles(model, names, layers))
+    ids = tokenize(model.tokenizer, texts, args.seq_len)
+    the_plan = checked(dist, lambda: plan(ids, args.batch_size, args.positions, dist.world, args.max_tokens))
+    store_dtype = DTYPES[args.dtype] if args.dtype else None
+    shapes = _row_shapes(model, handles, the_plan, args.positions, args.seq_len, store_dtype)
+    row_bytes = sum(_numel(s) * torch.empty(0, dtype=d).element_size() for s, d in shapes.values())
+    # a shard's safetensors header (a JSON entry per key, padded) counts against --shard-size too
+    header = 1024 + 256 * len(shapes)
+    per_shard = max(1, (int(args.shard_size * 1e6) - header) // row_bytes)
+    settings = _settings(args, model, handles, the_plan, dist.world, per_shard)
+    checked(dist, lambda: _check_out(args.out, settings, args.resume))
+    if dist.rank == 0 and not args.resume:  # after every rank found the folder empty
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_json(args.out / RUN, settings)
+    dist.barrier()
+
+    start = time.perf_counter()
+    rank = dist.rank
+    total_rows = the_plan.rows(rank)
+    expected = -(-total_rows // per_shard)
+    done = done_shards(args.out, rank, expected)
+    first_row = done * per_shard
+    batches = [b for b in the_plan.ranks[rank] if b.first_row + b.rows > first_row]
+    writer = ShardWriter(args.out, rank, per_shard, done, first_row - batches[0].first_row if batches else 0)
+    tokens = sum(len(d.ids) for b in batches for d in b.docs)
+    bar = _progress(args, dist, tokens)
+    for batch in batches:
+        writer.add(_batch_rows(model, handles, batch.docs, args.positions, args.seq_len, store_dtype))
+        if bar is not None:
+            bar.update(sum(len(d.ids) for d in batch.docs))
+    writer.close()
+    if bar is not None:
+        bar.close()
+    dist.barrier()
+    gathered = dist.gather((tokens, _peak_rss_mb()))
+    ran, peak = sum(t for t, _ in gathered), max(p for _, p in gathered)
+    if rank == 0:
+        manifest = _manifest(settings, the_plan, dist.world, per_shard, shapes, args, handles)
+        missing = [s["file"] for s in manifest["shards"] if not (args.out / s["file"]).is_file()]
+        if missing:
+            raise CacheError(f"shards missing after every rank finished: {', '.join(missing[:4])}")
+        write_json(args.out / MANIFEST, manifest)
+        took = time.perf_counter() - start
+        print(f"nnatlas cache: {the_plan.tokens} tokens of {len(the_plan.docs)} documents -> {manifest['rows']} rows "
+              f"x {len(handles)} values in {len(manifest['shards'])} shards ({args.out}); {ran} tokens in "
+              f"{took:.2f} s on {dist.world} process{'es' if dist.world > 1 else ''}: {ran / max(took, 1e-9):.0f} "
+              f"tokens/s; peak memory {peak:.0f} MB per process", file=sys.stderr)
+    return 0
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory (Linux reports kB, macOS bytes)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
+
+
+def _load(args: argparse.Namespace, device: torch.device) -> Any:
+    from .model import load
+
+    kwargs: dict[str, Any] = {"dtype": DTYPES.get(args.model_dtype, "auto")}
+    if args.attn_implementation:
+        kwargs["attn_implementation"] = args.attn_implementation
+    try:
+        model = load(args.model, **kwargs)
+    except (OSError, ValueError) as e:
+        raise CacheError(f"cannot load {args.model}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    if model.tokenizer is None:
+        raise CacheError(f"{args.model} has no tokenizer that AutoTokenizer can load; nnatlas cache tokenizes text")
+    model.native.to(device)
+    return model
+
+
+def _handles(model: Any, names: list[str], layers: list[int] | None) -> list[Any]:
+    from .cache import select
+
+    handles = select(model, names, layers)
+    for h in handles:
+        assert h._spec is not None  # (select gives standard values only)
+        layout = h._spec.layout
+        if tuple(layout.dims[:2]) != ("batch", "seq") or layout.dtype == "object":
+            raise CacheError(f"{h.label} has layout {layout.text}; nnatlas cache stores values per token "
+                             "(layouts that start with [batch seq]); read it with model.cache() instead")
+    return handles
+
+
+def _inputs(docs: Sequence[Any], pad: int, length: int | None) -> dict[str, torch.Tensor]:
+    """Right-padded: a document's tokens keep the positions they have alone (padding comes after them)."""
+    width = length or max(len(d.ids) for d in docs)
+    ids = torch.full((len(docs), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(docs), width), dtype=torch.long)
+    for i, d in enumerate(docs):
+        ids[i, :len(d.ids)] = torch.tensor(d.ids)
+        mask[i, :len(d.ids)] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _pad_id(model: Any) -> int:
+    tok = model.tokenizer
+    for pad in (tok.pad_token_id, tok.eos_token_id, 0):
+        if pad is not None:
+            return int(pad)
+    return 0
+
+
+def _batch_rows(model: Any, handles: list[Any], docs: Sequence[Any], positions: str, seq_len: int,
+                dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """The rows of one batch: each value at the chosen positions, and what says where each row is from."""
+    inputs = _inputs(docs, _pad_id(model), seq_len if positions == "all" else None)
+    with model.trace(inputs, order="any"):
+        saved = [h.save() for h in handles]
+    mask = inputs["attention_mask"].bool()
+    lengths = mask.sum(1)
+    doc = torch.tensor([d.index for d in docs], dtype=torch.long)
+    out: dict[str, torch.Tensor] = {}
+    if positions == "nonpad":
+        where = mask.nonzero()
+        pick: Callable[[torch.Tensor], torch.Tensor] = lambda v: v[mask.to(v.device)]
+        out = {"meta.doc": doc[where[:, 0]], "meta.position": where[:, 1].to(torch.int32),
+               "meta.token": inputs["input_ids"][mask]}
+    elif positions == "last":
+        rows = torch.arange(len(docs))
+        pick = lambda v: v[rows.to(v.device), (lengths - 1).to(v.device)]
+        out = {"meta.doc": doc, "meta.position": (lengths - 1).to(torch.int32),
+               "meta.token": inputs["input_ids"][rows, lengths - 1]}
+    else:
+        pick = lambda v: v
+        out = {"meta.doc": doc, "meta.length": lengths.to(torch.int32), "meta.tokens": inputs["input_ids"]}
+    values = {}
+    for h, v in zip(handles, saved):
+        rows_v = pick(v)
+        if dtype is not None and rows_v.is_floating_point():
+            rows_v = rows_v.to(dtype)
+        values[h.label] = rows_v.detach().cpu()
+    return {**values, **out}
+
+
+def _row_shapes(model: Any, handles: list[Any], the_plan: Plan, positions: str, seq_len: int,
+                dtype: torch.dtype | None) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Each stored key's shape per row and dtype, from a forward of one token (the sizes a shard is cut by)."""
+    first = the_plan.docs[0]
+    probe = type(first)(first.index, first.ids[:1])
+    rows = _batch_rows(model, handles, [probe], "last", seq_len, dtype)
+    shapes = {k: (tuple(v.shape[1:]), v.dtype) for k, v in rows.items() if not k.startswith("meta.")}
+    if positions == "all":
+        shapes = {k: ((seq_len, *s), d) for k, (s, d) in shapes.items()}
+        shapes.update({"meta.doc": ((), torch.long), "meta.length": ((), torch.int32),
+                       "meta.tokens": ((seq_len,), torch.long)})
+    else:
+        shapes.update({"meta.doc": ((), torch.long), "meta.position": ((), torch.int32), "meta.token": ((), torch.long)})
+    return shapes
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _settings(args: argparse.Namespace, model: Any, handles: list[Any], the_plan: Plan, world: int,
+              per_shard: int) -> dict[str, Any]:
+    """What makes the rows what they are: a resumed run must have the same (checked against run.json)."""
+    config = model.config
+    config_json = config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(config)
+    return {
+        "format": FORMAT, "model": str(args.model), "family": model.family,
+        "revision": getattr(config, "_commit_hash", None),
+        "config_sha256": hashlib.sha256(config_json.encode()).hexdigest(),
+        "data": {"file": str(args.data), "sha256": _file_sha256(args.data), "text_field": args.text_field},
+        "values": [h.label for h in handles], "positions": args.positions, "seq_len": args.seq_len,
+        "batch_size": args.batch_size, "max_tokens": args.max_tokens, "dtype": args.dtype,
+        "model_dtype": str(next(model.native.parameters()).dtype).removeprefix("torch."),
+        "attn_implementation": getattr(config, "_attn_implementation", None),
+        "world_size": world, "rows_per_shard": per_shard,
+    }
+
+
+def _check_out(out: Path, settings: dict[str, Any], resume: bool) -> None:
+    """A new run goes to an empty (or new) folder; a resumed one to a run of the same settings."""
+    run_file = out / RUN
+    if resume:
+        if not run_file.is_file():
+            raise CacheError(f"--resume: {out} holds no run to continue (no {RUN}); leave out --resume to start one")
+        import json
+
+        before = json.loads(run_file.read_text(encoding="utf-8"))
+        changed = [k for k in sorted(set(before) | set(settings)) if before.get(k) != settings.get(k)]
+        if changed:
+            diffs = "; ".join(f"{k}: {before.get(k)!r} then, {settings.get(k)!r} now" for k in changed)
+            raise CacheError(f"--resume: the run in {out} had other settings ({diffs}); resume it with the same ones")
+        return
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CacheError(f"--out {out} is not an empty folder" +
+                         (" (a run is there: pass --resume to continue it)" if run_file.is_file() else ""))
+
+
+def _manifest(settings: dict[str, Any], the_plan: Plan, world: int, per_shard: int,
+              shapes: dict[str, tuple[tuple[int, ...], torch.dtype]], args: argparse.Namespace,
+              handles: list[Any]) -> dict[str, Any]:
+    shards = []
+    for r in range(world):
+        offset = the_plan.row_offset(r)
+        rows = the_plan.rows(r)
+        batches = the_plan.ranks[r]
+        for k in range(-(-rows // per_shard)):
+            lo, hi = k * per_shard, min((k + 1) * per_shard, rows)
+            docs = [d.index for b in batches if b.first_row < hi and b.first_row + b.rows > lo for d in b.docs]
+            shards.append({"file": shard_name(r, k), "rank": r, "rows": [offset + lo, offset + hi],
+                           "docs": [docs[0], docs[-1] + 1] if docs else [0, 0]})
+    lead = ["rows", "seq"] if args.positions == "all" else ["rows"]
+    layouts = {}
+    for h in handles:
+        layout = h._spec.layout
+        shape, dtype = shapes[h.label]
+        layouts[h.label] = {"name": layout.name, "layout": layout.text, "kind": layout.dtype,
+                            "row_dims": [*lead, *layout.dims[2:]], "row_shape": list(shape),
+                            "dtype": str(dtype).removeprefix("torch.")}
+    meta = {k: {"row_shape": list(s), "dtype": str(d).removeprefix("torch.")}
+            for k, (s, d) in shapes.items() if k.startswith("meta.")}
+    rows_total = sum(the_plan.rows(r) for r in range(world))
+    padded = sum(len(b.docs) * (args.seq_len if args.positions == "all" else max(len(d.ids) for d in b.docs))
+                 for r in range(world) for b in the_plan.ranks[r])
+    return {**settings, "layouts": layouts, "meta": meta, "tokens": the_plan.tokens, "padded_tokens": padded,
+            "docs": len(the_plan.docs), "rows": rows_total, "shards": shards}
+
+
+def _progress(args: argparse.Namespace, dist: Dist, tokens: int) -> Any:
+    if args.no_progress or dist.rank != 0:
+        return None
+    from tqdm.auto import tqdm
+
+    desc = "nnatlas cache" + (f" (rank 0 of {dist.world})" if dist.world > 1 else "")
+    return tqdm(total=tokens, unit="tok", unit_scale=True, desc=desc, disable=None, file=sys.stderr)
