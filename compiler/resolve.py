@@ -298,8 +298,8 @@ def _check_vocabulary(vocab: Vocabulary, src: Source, found: Problems) -> dict[s
         if lay.dtype not in ("float", "long", "bool", "object"):
             found.add(src.rel, src.located.pos(("layouts", name, "dtype")), f"layout {name}: dtype is float, long, bool or object")
         layouts[name] = LayoutIR(name, dims, lay.dtype, lay.optional)
-    tables = [(("values",), vocab.values)] + [(("streams", s), t) for s, t in vocab.streams.items()]
-    for path, table in tables:
+    value_tables: list[tuple[DataPath, Any]] = [(("values",), vocab.values)] + [(("streams", s), t) for s, t in vocab.streams.items()]
+    for path, table in value_tables:
         for vname, v in table.items():
             if v.layout not in layouts:
                 found.add(src.rel, src.located.pos((*path, vname, "layout")), f"value {vname}: unknown layout '{v.layout}'" + suggest(v.layout, layouts))
