@@ -13,7 +13,7 @@ from pathlib import Path
 from . import emit, files, outdir, printouts
 from .errors import GenerateError, Problem, SpecError
 from .ir import Atlas, FamilyIR
-from .resolve import resolve
+from .resolve import resolve, resolve_texts
 
 OWNED = ("generated/families", "generated/tests", "generated/docs")
 
@@ -25,6 +25,11 @@ def default_root() -> Path:
 
 def compile_atlas(spec_dir: Path, root: Path | None = None) -> Atlas:
     return resolve(spec_dir, root)
+
+
+def compile_texts(texts: dict[str, str]) -> Atlas:
+    """``compile_atlas`` from memory: spec file name (``gpt2.yaml``) → its text."""
+    return resolve_texts(texts)
 
 
 def render(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> dict[str, str]:
@@ -142,5 +147,5 @@ def build_site(out: Path, root: Path | None = None) -> list[str]:
     return [rel for rel in outdir.write(out, site) if rel != ".nojekyll"]
 
 
-__all__ = ["Atlas", "GenerateError", "Problem", "Result", "SpecError", "build_site", "compile_atlas", "default_root", "generate",
+__all__ = ["Atlas", "GenerateError", "Problem", "Result", "SpecError", "build_site", "compile_atlas", "compile_texts", "default_root", "generate",
            "plan_printouts", "render"]

@@ -176,11 +176,18 @@ _UNION_TAGS = {"str", "ValueRaw", "IdentityRaw", "list[nullable[union[str,int,fl
 
 
 def read_sources(spec_dir: Path, root: Path) -> tuple[dict[str, Source], list[Problem]]:
-    sources: dict[str, Source] = {}
-    problems: list[Problem] = []
+    files = []
     for path in sorted(spec_dir.glob("*.yaml")):
         rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.as_posix()
-        raw = path.read_bytes()
+        files.append((path.name, rel, path.read_bytes()))
+    return parse_sources(files)
+
+
+def parse_sources(files: list[tuple[str, str, bytes]]) -> tuple[dict[str, Source], list[Problem]]:
+    """(file name, path shown in messages, bytes) for each spec file → its located data."""
+    sources: dict[str, Source] = {}
+    problems: list[Problem] = []
+    for name, rel, raw in files:
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -189,19 +196,28 @@ def read_sources(spec_dir: Path, root: Path) -> tuple[dict[str, Source], list[Pr
         located, probs = load(text, rel)
         problems.extend(probs)
         if located is not None:
-            sources[path.name] = Source(rel, text, hashlib.sha256(raw).hexdigest(), located)
+            sources[name] = Source(rel, text, hashlib.sha256(raw).hexdigest(), located)
     return sources, problems
 
 
 def resolve(spec_dir: Path, root: Path | None = None) -> Atlas:
     root = root or spec_dir.parent
-    sources, problems = read_sources(spec_dir, root)
+    return _resolve(*read_sources(spec_dir, root), spec_dir.name)
+
+
+def resolve_texts(texts: dict[str, str], folder: str = "specs") -> Atlas:
+    """The same from memory: file name (``gpt2.yaml``) → its text, shown as ``folder/name``."""
+    return _resolve(*parse_sources([(name, f"{folder}/{name}", text.encode("utf-8", "surrogatepass"))
+                                    for name, text in sorted(texts.items())]), folder)
+
+
+def _resolve(sources: dict[str, Source], problems: list[Problem], folder: str) -> Atlas:
     found = Problems()
     found.extend(problems)
     vocab_src = sources.pop(VOCABULARY, None)
     if vocab_src is None:
         if not any(p.file.endswith(VOCABULARY) for p in problems):
-            found.add(f"{spec_dir.name}/{VOCABULARY}", (1, 1), "the shared vocabulary is missing")
+            found.add(f"{folder}/{VOCABULARY}", (1, 1), "the shared vocabulary is missing")
         found.raise_if_any()
         raise AssertionError("unreachable")
     try:
@@ -847,4 +863,4 @@ def _flat(args: Any) -> list[Any]:
     return out
 
 
-__all__ = ["resolve", "SpecError", "suggest"]
+__all__ = ["resolve", "resolve_texts", "SpecError", "suggest"]
