@@ -80,11 +80,11 @@ def _parse(text: str) -> ast.expr:
         raise ExprError(f"not an expression: {msg}", (offset or 1) - 1) from None
     except (RecursionError, MemoryError):
         raise ExprError(f"an expression nested too deeply (at most {MAX_DEPTH} levels)") from None
-    _check_tree(node)
+    _check_tree(node, text.strip())
     return node
 
 
-def _check_tree(root: ast.expr) -> None:
+def _check_tree(root: ast.expr, text: str) -> None:
     """Bounded depth (the walks below recurse) and constants that are plain, finite and small."""
     todo: list[tuple[ast.AST, int]] = [(root, 1)]
     while todo:
@@ -95,7 +95,8 @@ def _check_tree(root: ast.expr) -> None:
             v = node.value
             if isinstance(v, float | complex) and not isinstance(v, bool) and (
                     not math.isfinite(abs(v)) or isinstance(v, complex)):
-                raise ExprError(f"'{ast.unparse(node)}': numbers must be finite and real", node.col_offset)
+                shown = ast.get_source_segment(text, node) or ast.unparse(node)
+                raise ExprError(f"'{shown}': numbers must be finite and real", node.col_offset)
             if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_INT:
                 raise ExprError(f"integer too large (at most {MAX_INT} in magnitude)", node.col_offset)
             if isinstance(v, bytes):

@@ -23,10 +23,10 @@ def problem(name: object, what: str = "name") -> str | None:
     if not isinstance(name, str):
         return f"{what} must be a string, not {type(name).__name__}"
     shown = _shown(name)
-    if len(name) > MAX_NAME:
-        return f"{what} {shown!r} is longer than {MAX_NAME} characters"
     if not _NAME.fullmatch(name):
         return f"{what} {shown!r} is not a name (letters, digits and _, not starting with a digit)"
+    if len(name) > MAX_NAME:
+        return f"{what} {shown!r} is longer than {MAX_NAME} characters"
     if name in _RESERVED or name.lower() in ("none", "true", "false"):
         return f"{what} {name!r} is a Python keyword"
     if name.startswith("__"):

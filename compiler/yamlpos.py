@@ -87,6 +87,8 @@ def load(text: str, file: str) -> tuple[Located | None, list[Problem]]:
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         at_line, at_col = (int(mark.line) + 1, int(mark.column) + 1) if mark else (1, 1)
+        if "nesting depth" in str(e.problem):  # libyaml's own limit, met while it reads ahead
+            return None, [Problem(file, at_line, at_col, f"nested deeper than {MAX_DEPTH} levels of mappings and lists")]
         return None, [Problem(file, at_line, at_col, f"invalid YAML: {e.problem or e.context}")]
     except yaml.YAMLError as e:  # a reader error: a character YAML does not allow
         return None, [Problem(file, 1, 1, f"invalid YAML: {str(e).splitlines()[0]}")]
