@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import emit, files, outdir, printouts
-from .errors import GenerateError, Problem, SpecError
+from .errors import GenerateError, Problem, SpecError, UserError
 from .ir import Atlas, FamilyIR
 from .resolve import resolve, resolve_texts
 
@@ -147,5 +147,5 @@ def build_site(out: Path, root: Path | None = None) -> list[str]:
     return [rel for rel in outdir.write(out, site) if rel != ".nojekyll"]
 
 
-__all__ = ["Atlas", "GenerateError", "Problem", "Result", "SpecError", "build_site", "compile_atlas", "compile_texts", "default_root", "generate",
+__all__ = ["Atlas", "GenerateError", "Problem", "Result", "SpecError", "UserError", "build_site", "compile_atlas", "compile_texts", "default_root", "generate",
            "plan_printouts", "render"]
