@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import emit, files, outdir, printouts
+from . import emit, files, outdir, printouts, pycheck
 from .errors import GenerateError, Problem, SpecError, UserError
 from .ir import Atlas, FamilyIR
 from .resolve import resolve, resolve_texts
@@ -87,7 +87,7 @@ def plan_printouts(root: Path, atlas: Atlas, compute: bool) -> tuple[dict[str, s
             texts[f.name] = existing or ""
         elif compute:
             adapter = emit.render_family(f)
-            files.parse_python(f"generated/families/{f.name}.py", adapter)  # before it runs
+            pycheck.check_adapter(f"generated/families/{f.name}.py", adapter)  # before it runs
             texts[f.name] = printouts.compute(f, adapter, key)
         else:
             stale.append(rel)

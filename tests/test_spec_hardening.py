@@ -200,3 +200,47 @@ def test_generate_parses_every_python_file_before_writing_or_running_it(spec_roo
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "generated/tests/test_gpt2.py would not parse" in err[0] and "nothing was written" in err[0]
     assert digest(spec_root) == before
+
+
+@pytest.mark.parametrize("code,what", [
+    ("x = getattr(__import__('os'), 'system')('true')", "a call of getattr(__import__('os'), 'system')"),
+    ("x = getattr", "the name 'getattr'"),
+    ("import os", "a Import statement"),
+    ("from os import system", "an import from os"),
+    ("x = _fn.__class__", "the attribute .__class__"),
+    ("x = Layout.__init__", "the attribute .__init__"),
+    ("x = [y for y in ()]", "a ListComp expression"),
+    ("x = (lambda: 0)", "a Lambda expression"),
+    ("class K(Host):\n    def f(self) -> None:\n        pass", "a class body that is not annotations"),
+    ("def f(c: Any) -> Any:\n    print(c)\n    return c", "a function that does more than return one expression"),
+    ("x = HOSTS.count(1)", "a call of HOSTS.count"),
+    ("x = HOSTS.count", "the attribute .count"),
+    ("x = _fn.softmax(Family)(1)", "a call of _fn.softmax(Family)"),
+])
+def test_an_adapter_holds_nothing_but_an_adapters_shape(code: str, what: str) -> None:
+    """Defence in depth, before an adapter is written or run: text that parses but is not an adapter's."""
+    from nnatlas.compiler.pycheck import check_adapter
+
+    root = Path(__file__).resolve().parent.parent
+    source = (root / "generated" / "families" / "gpt2.py").read_text()
+    check_adapter("generated/families/gpt2.py", source)
+    with pytest.raises(GenerateError, match=re.escape(what)):
+        check_adapter("generated/families/gpt2.py", source + "\n" + code + "\n")
+
+
+def test_generate_checks_each_adapter_before_a_printout_runs_it(spec_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nnatlas.compiler import printouts
+
+    before = digest(spec_root)
+    real = emit.render_family
+    marker = spec_root / "ran"
+    payload = f"\n_x = getattr(__import__('os'), 'system')('touch {marker}')\n"
+
+    def injected(f):  # type: ignore[no-untyped-def]
+        return real(f) + payload if f.name == "gpt2" else real(f)
+
+    monkeypatch.setattr(emit, "render_family", injected)
+    monkeypatch.setattr(printouts, "compute", lambda *a: (_ for _ in ()).throw(AssertionError("a printout ran")))
+    with pytest.raises(GenerateError, match=r"generated/families/gpt2\.py line \d+: a call of getattr\(.*, which no adapter holds"):
+        generate(spec_root)
+    assert not marker.exists() and digest(spec_root) == before

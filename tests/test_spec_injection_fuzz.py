@@ -29,6 +29,7 @@ import nnatlas.functions  # noqa: F401
 import nnatlas.model  # noqa: F401
 import nnatlas.testing  # noqa: F401
 from nnatlas.compiler import SpecError, compile_texts, emit
+from nnatlas.compiler.pycheck import check_adapter
 
 FAMILY = "fuzzfam"
 SENTINEL = Path(os.environ.get("TMPDIR", "/tmp")) / f"nnatlas-fuzz-sentinel-{os.getpid()}"
@@ -226,7 +227,7 @@ def compile_and_import(texts: dict[str, str]) -> str:
     (f,) = [x for x in atlas.families if x.name == FAMILY]
     LAST["module"] = None
     adapter_src, tests_src = emit.render_family(f), emit.render_tests(f)
-    ast.parse(adapter_src)
+    check_adapter(f"generated/families/{FAMILY}.py", adapter_src)  # what generate checks before it writes or runs
     ast.parse(tests_src)
     name = f"nnatlas.families.{FAMILY}"
     modules = set(sys.modules)
