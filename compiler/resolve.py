@@ -50,6 +50,7 @@ EXPERTS_IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm")  # what transfor
 SHARED_NOTES = "_notes.yaml"  # groups of notes written once, referenced by families as {shared: NAME}
 _EDITS = ("logits", "later", "none")
 MAX_EXAMPLES = 1000  # hypothesis examples per generated test
+MAX_TINY_RANGE = 4096  # the largest batch or sequence a generated test may draw
 _HOST_PATH = re.compile(r"model|[a-z_][a-z0-9_]*(\[i\])?(\.[a-z_][a-z0-9_]*(\[i\])?)*")
 _FAMILY_NAME = re.compile(r"[a-z][a-z0-9_]*")
 _CODE_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
@@ -787,8 +788,8 @@ class _Family:
                 draws.append(DrawIR(key, None, c))
             known.add(key)  # a dotted key (text_config.hidden_size) sets one entry of a nested config
         for rng, name in ((t.batch, "batch"), (t.seq, "seq")):
-            if not 1 <= rng[0] <= rng[1]:
-                self.err(("tiny", name), f"tiny.{name}: a range [low, high] with 1 <= low <= high")
+            if not 1 <= rng[0] <= rng[1] <= MAX_TINY_RANGE:
+                self.err(("tiny", name), f"tiny.{name}: a range [low, high] with 1 <= low <= high <= {MAX_TINY_RANGE}")
         for k, impl in enumerate(t.experts):
             if impl not in EXPERTS_IMPLEMENTATIONS:
                 self.err(("tiny", "experts", k), f"tiny.experts: unknown experts implementation '{impl}' (CPU: "

@@ -96,6 +96,9 @@ def _cfg(config: Any, name: str) -> Any:
     return node
 
 
+MAX_BLOCKS = 1024  # blocks a page draws of one stack (a spec's config could say any number)
+
+
 def evaluate(c: Compiled, config: dict[str, Any], i: int | None = None) -> Any:
     """Compute a config or ``when`` expression on a plain config mapping (no eval: see expr.evaluate)."""
     return expr.evaluate(c, lambda name: _cfg(config, name), i)
@@ -170,7 +173,7 @@ class PageModel:
         if self.first and stack in self.first.get("blocks", {}):
             return [list(x) for x in self.first["blocks"][stack]]
         hosts = [(k, h) for k, h in enumerate(self.f.hosts) if h.path.startswith(f"{stack}[i]")]
-        n = self.count(stack) or 1
+        n = min(self.count(stack) or 1, MAX_BLOCKS)
         rows = []
         for i in range(n):
             row = []

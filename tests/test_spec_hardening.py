@@ -244,3 +244,15 @@ def test_generate_checks_each_adapter_before_a_printout_runs_it(spec_root: Path,
     with pytest.raises(GenerateError, match=r"generated/families/gpt2\.py line \d+: a call of getattr\(.*, which no adapter holds"):
         generate(spec_root)
     assert not marker.exists() and digest(spec_root) == before
+
+
+def test_sizes_a_spec_states_are_bounded_where_they_are_used(spec_root: Path) -> None:
+    edit(spec_root, "llama.yaml", "  seq: [1, 7]", "  seq: [1, 1000000000]")
+    n = line_of(spec_root, "llama.yaml", "seq: [1, 1000000000]")
+    assert errors(spec_root) == [f"specs/llama.yaml:{n}:8: tiny.seq: a range [low, high] with 1 <= low <= high <= 4096"]
+    edit(spec_root, "llama.yaml", "  seq: [1, 1000000000]", "  seq: [1, 7]")
+    edit(spec_root, "llama.yaml", "      num_hidden_layers: 16\n", "      num_hidden_layers: 1000000000\n")
+    atlas = compile_atlas(spec_root / "specs", spec_root)
+    f = next(f for f in atlas.families if f.name == "llama")
+    page = emit.render_page(f, atlas)  # without a printout the page counts the blocks from the config: capped
+    assert "family llama" in page and 'max="1023"' in page and page.count('class="tick ') == 1024
