@@ -28,7 +28,7 @@ import nnatlas.families  # noqa: F401
 import nnatlas.functions  # noqa: F401
 import nnatlas.model  # noqa: F401
 import nnatlas.testing  # noqa: F401
-from nnatlas.compiler import SpecError, compile_texts, emit
+from nnatlas.compiler import SpecError, compile_texts, render
 from nnatlas.compiler.pycheck import check_adapter
 
 FAMILY = "fuzzfam"
@@ -226,7 +226,8 @@ def compile_and_import(texts: dict[str, str]) -> str:
         return "error"
     (f,) = [x for x in atlas.families if x.name == FAMILY]
     LAST["module"] = None
-    adapter_src, tests_src = emit.render_family(f), emit.render_tests(f)
+    rendered = render(atlas)  # every file: pages and index too
+    adapter_src, tests_src = rendered[f"generated/families/{FAMILY}.py"], rendered[f"generated/tests/test_{FAMILY}.py"]
     check_adapter(f"generated/families/{FAMILY}.py", adapter_src)  # what generate checks before it writes or runs
     ast.parse(tests_src)
     name = f"nnatlas.families.{FAMILY}"
