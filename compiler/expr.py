@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -164,6 +165,9 @@ class _Emitter:
             dotted = _dotted(node)
             if dotted is None:
                 raise self.fail(node, "attributes are allowed only on names (a.b.c)")
+            dunder = next((p for p in re.split(r"[.\[\]]", dotted) if p.startswith("__")), None)
+            if dunder is not None:
+                raise self.fail(node, f"'{dunder}' starts with '__' (reserved for Python's own names)")
             if dotted not in self.names:
                 self.names.append(dotted)
             return self.name_code(dotted)

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import emit, expr, names, readpoint
+from . import emit, expr, names, readpoint, site
 from .errors import Problem, Problems, SpecError
 from .ir import (
     DEFAULT_BLOCK,
@@ -439,6 +439,7 @@ class _Family:
             return None
         hosts_ir = tuple(h for h in hosts if h is not None)
         self.check_identities(hosts_ir, {k for k, _, _ in config})
+        self.check_checkpoint_sizes(config)
         diagram = self.diagram(hosts_ir)
         if not self.ok:
             return None
@@ -513,6 +514,25 @@ class _Family:
                 self.err(("hosts", path), f"hosts '{classes[cls]}' and '{path}' would both be class {cls} in the "
                          "adapter: rename one", key=True)
             classes.setdefault(cls, path)
+
+    def check_checkpoint_sizes(self, config: list[tuple[str, expr.Compiled, str]]) -> None:
+        """A checkpoint's stacks are built block by block on the meta device for its printout and
+        drawn on its page: a stack of more than MAX_BLOCKS blocks is a SpecError."""
+        stacks = [(key, c) for key, c, _ in config if key == "num_layers" or key.endswith("_num_layers")]
+        for k, ckpt in enumerate(self.raw.checkpoints):
+            values = dict(ckpt.config)
+
+            def lookup(name: str, values: dict[str, Any] = values) -> Any:
+                return site.config_value(values, name)
+
+            for key, c in stacks:
+                try:
+                    n = expr.evaluate(c, lookup)
+                except Exception:  # noqa: BLE001 - the recorded config does not say: transformers' default
+                    continue
+                if isinstance(n, int) and not isinstance(n, bool) and n > site.MAX_BLOCKS:
+                    self.err(("checkpoints", k, "config"), f"checkpoint {ckpt.name}: {key} is {n}; at most "
+                             f"{site.MAX_BLOCKS} blocks (the printout builds each one)", key=True)
 
     def diagram(self, hosts: tuple[HostIR, ...]) -> DiagramIR:
         """The optional ``diagram:`` section: every part it names must be a part of the family."""
@@ -768,6 +788,18 @@ class _Family:
     def tiny(self) -> TinyIR | None:
         t = self.raw.tiny
         assert t is not None
+        todo: list[tuple[DataPath, Any]] = [(("tiny",), self.merged.data.get("tiny"))]
+        while todo:  # every integer of a tiny model is small (sizes, counts): the generated tests build it
+            at, node = todo.pop()
+            if at in (("tiny", "batch"), ("tiny", "seq")):
+                continue  # ranges, checked below
+            if isinstance(node, dict):
+                todo.extend(((*at, k), v) for k, v in node.items())
+            elif isinstance(node, list):
+                todo.extend(((*at, k), v) for k, v in enumerate(node))
+            elif isinstance(node, int) and not isinstance(node, bool) and abs(node) > MAX_TINY_RANGE:
+                self.err(at, f"{'.'.join(map(str, at))}: {node} is not tiny (at most {MAX_TINY_RANGE}): the "
+                         "generated tests build this model")
         draws = []
         known: set[str] = set(t.config)
         for key, spec in t.draw.items():

@@ -87,6 +87,11 @@ class Stack:
     title: str
 
 
+def config_value(config: Any, name: str) -> Any:
+    """``name`` (``vision_config.depth``) looked up in a recorded config mapping, None when absent."""
+    return _cfg(config, name)
+
+
 def _cfg(config: Any, name: str) -> Any:
     node = config
     for part in name.split("."):

@@ -251,8 +251,25 @@ def test_sizes_a_spec_states_are_bounded_where_they_are_used(spec_root: Path) ->
     n = line_of(spec_root, "llama.yaml", "seq: [1, 1000000000]")
     assert errors(spec_root) == [f"specs/llama.yaml:{n}:8: tiny.seq: a range [low, high] with 1 <= low <= high <= 4096"]
     edit(spec_root, "llama.yaml", "  seq: [1, 1000000000]", "  seq: [1, 7]")
-    edit(spec_root, "llama.yaml", "      num_hidden_layers: 16\n", "      num_hidden_layers: 1000000000\n")
+    edit(spec_root, "llama.yaml", "    num_hidden_layers: [1, 2, 3]", "    num_hidden_layers: [1, 2, 5000]")
+    n = line_of(spec_root, "llama.yaml", "num_hidden_layers: [1, 2, 5000]")
+    assert errors(spec_root) == [f"specs/llama.yaml:{n}:31: tiny.draw.num_hidden_layers.2: 5000 is not tiny (at most 4096): "
+                                 "the generated tests build this model"]
+    edit(spec_root, "llama.yaml", "    num_hidden_layers: [1, 2, 5000]", "    num_hidden_layers: [1, 2, 3]")
     atlas = compile_atlas(spec_root / "specs", spec_root)
     f = next(f for f in atlas.families if f.name == "llama")
+    ckpt = dict(f.checkpoints[0].config)
+    ckpt["num_hidden_layers"] = 10**9  # past the resolver's own check (below): the page still draws at most 1024
+    f = dataclasses.replace(f, checkpoints=(dataclasses.replace(f.checkpoints[0], config=tuple(ckpt.items())),))
     page = emit.render_page(f, atlas)  # without a printout the page counts the blocks from the config: capped
     assert "family llama" in page and 'max="1023"' in page and page.count('class="tick ') == 1024
+
+
+def test_expression_names_and_checkpoint_stacks_are_bounded(spec_root: Path) -> None:
+    edit(spec_root, "gpt2.yaml", "  vocab_size: vocab_size\n", "  vocab_size: vocab_size\n  klass: vocab_size.__class__\n")
+    edit(spec_root, "llama.yaml", "      num_hidden_layers: 16\n", "      num_hidden_layers: 1000000\n")
+    n1 = line_of(spec_root, "gpt2.yaml", "klass:")
+    assert errors(spec_root) == [
+        f"specs/gpt2.yaml:{n1}:10: config.klass: '__class__' starts with '__' (reserved for Python's own names)",
+        f"specs/llama.yaml:{line_of(spec_root, 'llama.yaml', '- name: meta-llama/Llama-3.2-1B') + 1}:5: checkpoint meta-llama/Llama-3.2-1B: num_layers is 1000000; at most 1024 blocks "
+        "(the printout builds each one)"]
