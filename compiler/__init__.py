@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import emit, files, printouts
-from .errors import Problem, SpecError
+from . import emit, files, outdir, printouts, pycheck
+from .errors import GenerateError, Problem, SpecError, UserError
 from .ir import Atlas, FamilyIR
-from .resolve import resolve
+from .resolve import resolve, resolve_texts
 
 OWNED = ("generated/families", "generated/tests", "generated/docs")
 
@@ -25,6 +25,11 @@ def default_root() -> Path:
 
 def compile_atlas(spec_dir: Path, root: Path | None = None) -> Atlas:
     return resolve(spec_dir, root)
+
+
+def compile_texts(texts: dict[str, str]) -> Atlas:
+    """``compile_atlas`` from memory: spec file name (``gpt2.yaml``) → its text."""
+    return resolve_texts(texts)
 
 
 def render(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> dict[str, str]:
@@ -81,7 +86,9 @@ def plan_printouts(root: Path, atlas: Atlas, compute: bool) -> tuple[dict[str, s
         if printouts.is_fresh(existing, f, key):
             texts[f.name] = existing or ""
         elif compute:
-            texts[f.name] = printouts.compute(f, emit.render_family(f), key)
+            adapter = emit.render_family(f)
+            pycheck.check_adapter(f"generated/families/{f.name}.py", adapter)  # before it runs
+            texts[f.name] = printouts.compute(f, adapter, key)
         else:
             stale.append(rel)
             if existing is not None:
@@ -99,14 +106,16 @@ class Result:
 def generate(root: Path | None = None, check: bool = False) -> Result:
     """Validate every spec and regenerate; with ``check`` write nothing and report the diff.
 
-    All files are rendered in memory first: a spec error writes nothing at all. Printouts are
-    recomputed (on the meta device, importing torch) only when their header says they are stale;
-    ``check`` decides that from the headers alone.
+    All files are rendered in memory first: a spec error writes nothing at all, and neither does
+    rendered Python that does not parse (GenerateError). Printouts are recomputed (on the meta
+    device, importing torch, running the rendered adapter) only when their header says they are
+    stale; ``check`` decides that from the headers alone.
     """
     root = root or default_root()
     atlas = compile_atlas(root / "specs", root)
     texts, stale_printouts = plan_printouts(root, atlas, compute=not check)
     outputs = render(atlas, texts)
+    files.check_python(outputs)
     changed, orphans = files.stale(root, outputs, OWNED)
     orphans = [o for o in orphans if o not in stale_printouts]
     diff = files.diff(root, outputs, changed, orphans) if check else ""
@@ -125,26 +134,18 @@ def build_site(out: Path, root: Path | None = None) -> list[str]:
 
     Rendered from the specs in memory (stale printouts recomputed), so it never depends on
     whether ``generated/`` was regenerated; returns the files written, relative to ``out``.
+    ``out`` is a new or empty folder, or one an earlier build made (``compiler/outdir.py``):
+    any other is refused with GenerateError before anything is built.
     """
-    import shutil
-
+    outdir.check(out)
     root = root or default_root()
     atlas = compile_atlas(root / "specs", root)
     texts, _ = plan_printouts(root, atlas, compute=True)
     outputs = render(atlas, texts)
-    if out.exists():
-        shutil.rmtree(out)
-    written = []
-    for rel, text in sorted(outputs.items()):
-        if not rel.startswith("generated/docs/"):
-            continue
-        target = out / rel.removeprefix("generated/docs/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8", newline="\n")
-        written.append(target.relative_to(out).as_posix())
-    (out / ".nojekyll").write_text("", encoding="utf-8")
-    return written
+    site = {rel.removeprefix("generated/docs/"): text for rel, text in outputs.items() if rel.startswith("generated/docs/")}
+    site[".nojekyll"] = ""
+    return [rel for rel in outdir.write(out, site) if rel != ".nojekyll"]
 
 
-__all__ = ["Atlas", "Problem", "Result", "SpecError", "build_site", "compile_atlas", "default_root", "generate",
+__all__ = ["Atlas", "GenerateError", "Problem", "Result", "SpecError", "UserError", "build_site", "compile_atlas", "compile_texts", "default_root", "generate",
            "plan_printouts", "render"]

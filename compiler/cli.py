@@ -1,15 +1,25 @@
-"""``nnatlas generate [--check]``, ``nnatlas docs [--serve]``; ``nnatlas cache`` is the runtime's
-(``nnatlas.cache_cli``), handed its arguments whole."""
+"""``nnatlas generate [--check]`` and ``nnatlas docs [--out DIR] [--serve [--port N]]``; ``nnatlas cache`` is
+the runtime's (``nnatlas.cache_cli``), handed its arguments whole.
+
+Every subcommand runs through ``user_errors``: a mistake of the user's (a broken spec, a bad path
+or port, a folder that is not nnatlas's) is one line on stderr and exit status 2, never a
+traceback. A new subcommand gets the same by raising ``UserError("nnatlas: what is wrong")`` (or
+letting a SpecError / OSError out) from its handler, registered like the ones below.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from . import build_site, default_root, generate
-from .errors import SpecError
+from . import build_site, default_root, generate, outdir
+from .errors import SpecError, UserError
+
+EXIT_USER = 2  # a user error: the message says what to change
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,55 +35,102 @@ def main(argv: list[str] | None = None) -> int:
     gen = sub.add_parser("generate", help="validate specs/ and regenerate generated/")
     gen.add_argument("--check", action="store_true", help="write nothing; exit 1 with a diff when anything is stale")
     gen.add_argument("--root", type=Path, default=None, help="the checkout (default: the one nnatlas is installed from)")
+    gen.set_defaults(handler=lambda a: _generate(a.root, a.check))
     docs = sub.add_parser("docs", help="build the static site into one folder (and serve it on loopback)")
-    docs.add_argument("--out", type=Path, default=Path("site"), help="the folder to write (default: site)")
+    docs.add_argument("--out", type=Path, default=Path("site"),
+                      help=f"the folder to write: new, empty, or one nnatlas wrote before (marked {outdir.MARKER}); default: site")
     docs.add_argument("--serve", action="store_true", help="then serve it on 127.0.0.1 until interrupted")
     docs.add_argument("--port", type=int, default=8000, help="the port for --serve (default 8000; 0 picks a free one)")
     docs.add_argument("--root", type=Path, default=None, help="the checkout (default: the one nnatlas is installed from)")
-    args = parser.parse_args(argv)
-    if args.command == "generate":
-        return _generate(args.root, args.check)
-    if args.command == "docs":
-        return _docs(args.root, args.out, args.serve, args.port)
-    return 2
-
-
-def _docs(root: Path | None, out: Path, serve: bool, port: int) -> int:
+    docs.set_defaults(handler=lambda a: _docs(a.root, a.out, a.serve, a.port))
     try:
-        written = build_site(out.resolve(), root or default_root())
-    except SpecError as e:
-        print(str(e), file=sys.stderr)
-        return 2
-    print(f"nnatlas: wrote {len(written)} files to {out}/ (open {out}/index.html)")
-    if serve:
-        serve_dir(out.resolve(), port)
-    return 0
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse printed usage and the error (or --help): return, do not exit
+        return e.code if isinstance(e.code, int) else EXIT_USER
+    return user_errors(lambda: args.handler(args))
 
 
-def serve_dir(folder: Path, port: int) -> None:
-    """Serve ``folder`` on 127.0.0.1 only (never on every interface) until interrupted."""
-    import functools
-    import http.server
+def user_errors(run: Callable[[], int]) -> int:
+    """Run one subcommand; a user error becomes its message on stderr and exit status 2.
 
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
-    with http.server.ThreadingHTTPServer(("127.0.0.1", port), handler) as httpd:
-        host, real_port = str(httpd.server_address[0]), httpd.server_address[1]
-        print(f"nnatlas: serving {folder} at http://{host}:{real_port}/ (Ctrl-C stops)", flush=True)
-        try:
-            httpd.serve_forever()
-        except KeyboardInterrupt:
-            pass
-
-
-def _generate(root: Path | None, check: bool) -> int:
-    start = time.perf_counter()
+    UserError (and GenerateError): its one line. SpecError: every problem, file:line:col, then a
+    count. OSError (a path that does not exist, a folder not writable): what and where.
+    Ctrl-C: "interrupted", 130. Anything else is a bug in nnatlas and keeps its traceback.
+    """
     try:
-        result = generate(root or default_root(), check=check)
+        return run()
     except SpecError as e:
         print(str(e), file=sys.stderr)
         n = len(e.problems)
         print(f"nnatlas: {n} problem{'s' if n != 1 else ''} in the specs; nothing was written", file=sys.stderr)
-        return 2
+        return EXIT_USER
+    except UserError as e:
+        message = str(e)
+        print(message if message.startswith("nnatlas:") else f"nnatlas: {message}", file=sys.stderr)
+        return EXIT_USER
+    except OSError as e:
+        where = f": {e.filename}" if e.filename else ""
+        print(f"nnatlas: {e.strerror or e}{where}", file=sys.stderr)
+        return EXIT_USER
+    except KeyboardInterrupt:
+        print("nnatlas: interrupted", file=sys.stderr)
+        return 130
+
+
+def checkout(root: Path | None) -> Path:
+    """The checkout to read specs/ from: ``root`` when given (it must hold a specs/ folder)."""
+    if root is None:
+        return default_root()
+    if not (root / "specs").is_dir():
+        what = "does not exist" if not root.exists() else "has no specs/ folder"
+        raise UserError(f"nnatlas: --root {root} {what}; give the checkout that holds specs/")
+    return root
+
+
+def _docs(root: Path | None, out: Path, serve: bool, port: int) -> int:
+    folder = out.resolve()
+    root = checkout(root)
+    outdir.check(folder)
+    httpd = bind(port, folder) if serve else None  # a bad or busy port is said before the build
+    try:
+        written = build_site(folder, root)
+        print(f"nnatlas: wrote {len(written)} files to {out}/ (open {out}/index.html)")
+        if httpd is not None:
+            serve_on(httpd, folder)
+    finally:
+        if httpd is not None:
+            httpd.server_close()
+    return 0
+
+
+def bind(port: int, folder: Path) -> Any:
+    """An HTTP server of ``folder`` bound to 127.0.0.1:``port`` (never every interface), not yet serving."""
+    import functools
+    import http.server
+
+    if not 0 <= port <= 65535:
+        raise UserError(f"nnatlas: --port {port} is out of range (0-65535; 0 picks a free port)")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    try:
+        return http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    except OSError as e:
+        raise UserError(f"nnatlas: cannot serve on 127.0.0.1:{port}: {e.strerror or e} "
+                        "(pick another --port, or --port 0 for a free one)") from None
+
+
+def serve_on(httpd: Any, folder: Path) -> None:
+    """Serve with a server from ``bind`` until interrupted."""
+    host, real_port = str(httpd.server_address[0]), httpd.server_address[1]
+    print(f"nnatlas: serving {folder} at http://{host}:{real_port}/ (Ctrl-C stops)", flush=True)
+    try:
+        httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+
+
+def _generate(root: Path | None, check: bool) -> int:
+    start = time.perf_counter()
+    result = generate(checkout(root), check=check)
     took = (time.perf_counter() - start) * 1000
     if check:
         if result.changed or result.removed:

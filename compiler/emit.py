@@ -1,4 +1,10 @@
-"""Render the resolved atlas into files: adapters, tests, pages. Pure: text in memory, no I/O."""
+"""Render the resolved atlas into files: adapters, tests, pages. Pure: text in memory, no I/O.
+
+What a spec says reaches generated Python only as literals (``repr``, ``pylit``) or as names
+``compiler.names`` accepted (the resolver checks them at their file:line:col); the ``name``
+filter checks each such name again as it is written, so a name that slipped past the resolver
+stops the render instead of becoming code.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +16,28 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from . import markdown, site
+from . import markdown, names, site
 from .ir import Atlas, FamilyIR, ValueIR
 from .readpoint import ReadIR
 
 HEADER_RE = re.compile(r"sha256 ([0-9a-f]{64})")
+
+
+class EmitError(ValueError):
+    """Something the resolver should have refused reached a template (a bug, never written out)."""
+
+
+# the names a family adapter imports or defines at module level: no host class may take one
+RESERVED_CLASSES = frozenset({"Any", "AtlasModel", "Condition", "Family", "FunctionGroup", "Host", "HostList",
+                              "HostSpec", "Identity", "Layout", "ReadPoint", "Value", "ValueSpec", "ViewOp"})
+
+
+def checked_name(text: Any) -> str:
+    """``text`` if it may stand as a name in Python source, else EmitError."""
+    bad = names.problem(text)
+    if bad:
+        raise EmitError(f"refusing to write {bad} into generated Python")
+    return str(text)
 
 
 def pylit(value: Any) -> str:
@@ -24,6 +47,8 @@ def pylit(value: Any) -> str:
     if isinstance(value, bool) or value is None or isinstance(value, int):
         return repr(value)
     if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise EmitError(f"no Python literal for {value!r}")
         return repr(value)
     if isinstance(value, list | tuple):
         inner = ", ".join(pylit(v) for v in value)
@@ -55,6 +80,8 @@ def _env() -> jinja2.Environment:
     env.filters["pylit"] = pylit
     env.filters["dictlit"] = dictlit
     env.filters["ident"] = _ident
+    env.filters["name"] = checked_name
+    env.filters["docline"] = _docline
     env.tests["startingwith"] = lambda value, prefix: isinstance(value, str) and value.startswith(prefix)
     env.filters["md"] = markdown.render
     env.filters["json"] = script_json
@@ -127,11 +154,32 @@ def _read_args(v: ValueIR, derive: str | None) -> str:
 
 
 def _ident(text: str) -> str:
-    return re.sub(r"\W+", "_", text).strip("_")
+    """ASCII letters, digits and _ only (``\\W`` would keep non-ASCII letters and digits)."""
+    return re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")
+
+
+def _docline(text: str) -> str:
+    """Text for inside a triple-quoted docstring: printable ASCII, no quote or backslash."""
+    return re.sub(r"[^ -~]|[\"\\]", "?", text)
+
+
+class _Names:
+    """Module-level function names, each given once (a later clash gets a numeric suffix)."""
+
+    def __init__(self) -> None:
+        self.used: set[str] = set()
+
+    def __call__(self, base: str) -> str:
+        name, k = base, 2
+        while name in self.used:
+            name, k = f"{base}_{k}", k + 1
+        self.used.add(checked_name(name))
+        return name
 
 
 def family_context(f: FamilyIR) -> dict[str, Any]:
     functions: list[_Fn] = []
+    fn_name = _Names()
     layouts: dict[str, dict[str, Any]] = {}
     conditions: dict[str, dict[str, Any]] = {}
     hosts = []
@@ -139,13 +187,13 @@ def family_context(f: FamilyIR) -> dict[str, Any]:
         values = []
         for v in h.values:
             lay_key = v.layout.name + ("_or_none" if v.layout.optional else "")
-            lay = layouts.setdefault(lay_key, {
-                "var": f"_L_{_ident(lay_key)}", "name": v.layout.name, "dims": v.layout.dims,
+            lay = layouts.get(lay_key) or layouts.setdefault(lay_key, {
+                "var": fn_name(f"_L_{_ident(lay_key)}"), "name": v.layout.name, "dims": v.layout.dims,
                 "dtype": v.layout.dtype, "optional": v.layout.optional})
             needs_var = reached_var = None
             for c in (v.needs, v.reached):
-                if c is not None:
-                    conditions.setdefault(c.name, {"var": f"_C_{_ident(c.name)}", "name": c.name,
+                if c is not None and c.name not in conditions:
+                    conditions.setdefault(c.name, {"var": fn_name(f"_C_{_ident(c.name)}"), "name": c.name,
                                                    "says": c.says, "fix": c.fix, "kind": c.kind, "never": c.never,
                                                    "attribute": c.attribute, "values": c.values})
             if v.needs:
@@ -154,26 +202,28 @@ def family_context(f: FamilyIR) -> dict[str, Any]:
                 reached_var = conditions[v.reached.name]["var"]
             derive = None
             if v.derived is not None:
-                derive = f"_derive_{_ident(h.ident)}_{v.name}"
+                derive = fn_name(f"_derive_{_ident(h.ident)}_{_ident(v.name)}")
                 functions.append(_Fn(derive, "v: Any", v.derived.source))
             values.append({"name": v.name, "layout_var": lay["var"], "meaning": v.meaning,
                            "read_args": _read_args(v, derive), "view": v.view, "needs_var": needs_var, "reached_var": reached_var,
                            "readonly": v.readonly, "readonly_why": v.readonly_why, "edit": v.edit, "served_copy": v.copy})
         identities = []
         for k, ident in enumerate(h.identities):
-            fn = f"_identity_{_ident(h.ident)}_{k}"
+            fn = fn_name(f"_identity_{_ident(h.ident)}_{k}")
             functions.append(_Fn(fn, "v: Any", f"({ident.lhs.source}, {ident.rhs.source})"))
             identities.append({"text": ident.text, "terms": ident.terms, "fn": fn, "op": ident.op,
                                "atol": ident.atol, "rtol": ident.rtol})
         when_fn = None
         if h.when is not None:
-            when_fn = f"_when_{_ident(h.ident)}_{hi}"
+            when_fn = fn_name(f"_when_{_ident(h.ident)}_{hi}")
             functions.append(_Fn(when_fn, "c: Any, i: int", h.when.source))
         hosts.append({"path": h.path, "cls": h.cls, "values": values, "identities": identities,
                       "when_fn": when_fn, "when_text": h.when_text, "kind": h.kind, "dims": h.dims})
+    draw_fns: dict[str, str] = {}
     for d in f.tiny.draw:
         if d.expr is not None:
-            functions.append(_Fn(f"_draw_{_ident(d.name)}", "c: Any", d.expr.source))
+            draw_fns[d.name] = fn_name(f"_draw_{_ident(d.name)}")
+            functions.append(_Fn(draw_fns[d.name], "c: Any", d.expr.source))
     return {
         "f": f,
         "classes": _classes(f),
@@ -188,11 +238,12 @@ def family_context(f: FamilyIR) -> dict[str, Any]:
         "tiny_config": dict(f.tiny.config),
         "tiny_processor": dict(f.tiny.processor) if f.tiny.processor else None,
         "tiny_images": dict(f.tiny.images) if f.tiny.images else None,
-        "image_text": _image_text(f, functions),
+        "draw_fns": draw_fns,
+        "image_text": _image_text(f, functions, fn_name),
     }
 
 
-def _image_text(f: FamilyIR, functions: list[_Fn]) -> dict[str, Any] | None:
+def _image_text(f: FamilyIR, functions: list[_Fn], fn_name: _Names) -> dict[str, Any] | None:
     if f.tiny.image_text is None:
         return None
     it = dict(f.tiny.image_text)
@@ -201,7 +252,7 @@ def _image_text(f: FamilyIR, functions: list[_Fn]) -> dict[str, Any] | None:
         if c is None:
             draws.append((name, pylit(choices), "None"))
         else:
-            fn = f"_draw_image_text_{_ident(name)}"
+            fn = fn_name(f"_draw_image_text_{_ident(name)}")
             functions.append(_Fn(fn, "c: Any", c.source))
             draws.append((name, "None", fn))
     return {"model_class": it["model_class"], "config_class": it["config_class"], "config": pylit(it["config"]),
@@ -231,7 +282,7 @@ def _classes(f: FamilyIR) -> list[dict[str, Any]]:
         hosts = f.hosts_at(path)
         doc = f"{path}: {', '.join(dict.fromkeys(h.cls for h in hosts))}" if hosts else path
         out.append({"name": class_name(path), "base": "AtlasModel" if path == "model" else "Host",
-                    "attrs": list(attrs.items()), "doc": doc.replace('"', "'")})
+                    "attrs": list(attrs.items()), "doc": _docline(doc.replace('"', "'"))})
     # a class must be defined before it is named in an annotation string? (annotations are lazy)
     return out
 

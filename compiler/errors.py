@@ -39,3 +39,13 @@ class Problems:
     def raise_if_any(self) -> None:
         if self.items:
             raise SpecError(self.items)
+
+
+class UserError(Exception):
+    """A mistake in what the user asked (a path, a port, a folder): the CLI prints ``str()`` as one
+    line on stderr and exits 2, never a traceback."""
+
+
+class GenerateError(UserError):
+    """A generate that must not write: rendered Python that does not parse, an output folder that
+    is not nnatlas's own. Nothing was written."""

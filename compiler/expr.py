@@ -10,10 +10,14 @@ node by node against a whitelist and turned into source text that the emitted mo
 from __future__ import annotations
 
 import ast
+import math
 import operator
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from . import names
 
 # Functions a spec may call, and the helper each compiles to (``_fn`` is ``nnatlas.functions``).
 Arity = int | tuple[int, int]
@@ -42,6 +46,10 @@ CONTEXT_FUNCTIONS = {"masked"}  # these also receive the values mapping (the cal
 CONFIG_FUNCTIONS: dict[str, Arity] = {"len": 1, "min": 2, "max": 2, "count": 2, "int": 1}
 VIEW_OPS: dict[str, Arity] = {"unflatten": 2, "unsqueeze": 1, "transpose": 2, "flatten": (1, 2)}
 
+MAX_TEXT = 1000  # characters in one expression, read point or view
+MAX_DEPTH = 40  # nodes nested inside each other in one expression
+MAX_INT = 2**53  # |integer constant|; floats must be finite
+
 _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Pow: "**", ast.Mod: "%"}
 _CMPOPS = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
 
@@ -64,10 +72,37 @@ def _parse(text: str) -> ast.expr:
         raise ExprError("expected a non-empty expression")
     if "\n" in text.strip():
         raise ExprError("an expression is one line")
+    if len(text) > MAX_TEXT:
+        raise ExprError(f"an expression of {len(text)} characters (at most {MAX_TEXT})")
     try:
-        return ast.parse(text.strip(), mode="eval").body
-    except SyntaxError as e:
-        raise ExprError(f"not an expression: {e.msg}", (e.offset or 1) - 1) from None
+        node = ast.parse(text.strip(), mode="eval").body
+    except (SyntaxError, ValueError) as e:  # ValueError: a null byte
+        msg, offset = (e.msg, e.offset) if isinstance(e, SyntaxError) else (str(e), 1)
+        raise ExprError(f"not an expression: {msg}", (offset or 1) - 1) from None
+    except (RecursionError, MemoryError):
+        raise ExprError(f"an expression nested too deeply (at most {MAX_DEPTH} levels)") from None
+    _check_tree(node, text.strip())
+    return node
+
+
+def _check_tree(root: ast.expr, text: str) -> None:
+    """Bounded depth (the walks below recurse) and constants that are plain, finite and small."""
+    todo: list[tuple[ast.AST, int]] = [(root, 1)]
+    while todo:
+        node, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            raise ExprError(f"an expression nested too deeply (at most {MAX_DEPTH} levels)", getattr(node, "col_offset", 0))
+        if isinstance(node, ast.Constant):
+            v = node.value
+            if isinstance(v, float | complex) and not isinstance(v, bool) and (
+                    not math.isfinite(abs(v)) or isinstance(v, complex)):
+                shown = ast.get_source_segment(text, node) or ast.unparse(node)
+                raise ExprError(f"'{shown}': numbers must be finite and real", node.col_offset)
+            if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_INT:
+                raise ExprError(f"integer too large (at most {MAX_INT} in magnitude)", node.col_offset)
+            if isinstance(v, bytes):
+                raise ExprError("bytes are not allowed in a spec expression", node.col_offset)
+        todo.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
 
 
 def _block_index(node: ast.expr) -> str | None:
@@ -130,6 +165,9 @@ class _Emitter:
             dotted = _dotted(node)
             if dotted is None:
                 raise self.fail(node, "attributes are allowed only on names (a.b.c)")
+            dunder = next((p for p in re.split(r"[.\[\]]", dotted) if p.startswith("__")), None)
+            if dunder is not None:
+                raise self.fail(node, f"'{dunder}' starts with '__' (reserved for Python's own names)")
             if dotted not in self.names:
                 self.names.append(dotted)
             return self.name_code(dotted)
@@ -257,11 +295,14 @@ def parse_view(text: str) -> list[tuple[str, tuple[object, ...]]]:
 
 
 def _view_arg(node: ast.expr) -> object:
-    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+    if isinstance(node, ast.Constant) and type(node.value) is int:
         return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
-        return -int(node.operand.value)  # type: ignore[arg-type]
+    if (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant)
+            and type(node.operand.value) is int):
+        return -node.operand.value
     if isinstance(node, ast.Name):
+        if bad := names.problem(node.id, "view argument"):
+            raise ExprError(bad, node.col_offset)
         return node.id
     if isinstance(node, ast.List | ast.Tuple):
         return tuple(_view_arg(e) for e in node.elts)
@@ -277,6 +318,20 @@ _PYOPS: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
     ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow, ast.Mod: operator.mod, ast.Eq: operator.eq,
     ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge}
+
+
+def _bounded_binop(op: ast.operator, left: Any, right: Any) -> Any:
+    """``left OP right`` unless it would take long or be huge (2 ** 10 ** 10, 'x' * 10 ** 9)."""
+    if isinstance(op, ast.Pow) and isinstance(right, int | float) and abs(right) > 64:
+        raise ExprError(f"exponent {right} is too large to compute")
+    if isinstance(op, ast.Mult) and any(isinstance(x, str | list | tuple) for x in (left, right)):
+        n = right if isinstance(left, str | list | tuple) else left
+        if isinstance(n, int) and n > 10_000:
+            raise ExprError("a repetition too long to compute")
+    result = _PYOPS[type(op)](left, right)
+    if isinstance(result, int) and not isinstance(result, bool) and abs(result) > 2**64:
+        raise ExprError("a result too large to compute")
+    return result
 
 
 def evaluate(c: Compiled, lookup: Callable[[str], Any], i: int | None = None) -> Any:
@@ -295,7 +350,7 @@ def evaluate(c: Compiled, lookup: Callable[[str], Any], i: int | None = None) ->
             dotted = _dotted(node)
             return i if dotted == "i" else lookup(dotted or "")
         if isinstance(node, ast.BinOp):
-            return _PYOPS[type(node.op)](ev(node.left), ev(node.right))
+            return _bounded_binop(node.op, ev(node.left), ev(node.right))
         if isinstance(node, ast.UnaryOp):
             v = ev(node.operand)
             return -v if isinstance(node.op, ast.USub) else not v

@@ -36,13 +36,13 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-from .expr import ExprError
+from .expr import MAX_TEXT, ExprError
 
 CALLS = {"attention": "the attention interface call", "experts": "the experts interface call"}
-_ACCESS = re.compile(r"\[(-?\d+)\]|\.([A-Za-z_][A-Za-z0-9_]*)|\[['\"]([A-Za-z_][A-Za-z0-9_]*)['\"]\]")
+_ACCESS = re.compile(r"\[(-?[0-9]{1,9})\]|\.([A-Za-z_][A-Za-z0-9_]*)|\[['\"]([A-Za-z_][A-Za-z0-9_]*)['\"]\]")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_OP = re.compile(r"op:([A-Za-z_][A-Za-z0-9_]*)(?:#(\d+))?\.(input|output)")
-_METHOD = re.compile(r"method:([A-Za-z_][A-Za-z0-9_]*)(?:#(\d+|i))?\.(args|output)")
+_OP = re.compile(r"op:([A-Za-z_][A-Za-z0-9_]*)(?:#([0-9]{1,6}))?\.(input|output)")
+_METHOD = re.compile(r"method:([A-Za-z_][A-Za-z0-9_]*)(?:#([0-9]{1,6}|i))?\.(args|output)")
 _SIDES = ("input", "inputs", "output", "args")
 
 
@@ -129,6 +129,8 @@ def parse(text: str, groups: dict[str, str] | None = None) -> ReadIR:
     """``groups``: the family's declared function groups, name → words (for the pages)."""
     if not isinstance(text, str) or not text.strip():
         raise ExprError("a read point is a non-empty string")
+    if len(text) > MAX_TEXT:
+        raise ExprError(f"a read point of {len(text)} characters (at most {MAX_TEXT})")
     text = text.strip()
     if text.startswith("fn:"):
         return _parse_fn(text, groups)

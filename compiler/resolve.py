@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import expr, readpoint
+from . import emit, expr, names, readpoint, site
 from .errors import Problem, Problems, SpecError
 from .ir import (
     DEFAULT_BLOCK,
@@ -49,6 +49,8 @@ CALL_DIMS = ("batch", "seq")  # view arguments bound per call from the model's i
 EXPERTS_IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm")  # what transformers runs on CPU
 SHARED_NOTES = "_notes.yaml"  # groups of notes written once, referenced by families as {shared: NAME}
 _EDITS = ("logits", "later", "none")
+MAX_EXAMPLES = 1000  # hypothesis examples per generated test
+MAX_TINY_RANGE = 4096  # the largest batch or sequence a generated test may draw
 _HOST_PATH = re.compile(r"model|[a-z_][a-z0-9_]*(\[i\])?(\.[a-z_][a-z0-9_]*(\[i\])?)*")
 _FAMILY_NAME = re.compile(r"[a-z][a-z0-9_]*")
 _CODE_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
@@ -175,11 +177,18 @@ _UNION_TAGS = {"str", "ValueRaw", "IdentityRaw", "list[nullable[union[str,int,fl
 
 
 def read_sources(spec_dir: Path, root: Path) -> tuple[dict[str, Source], list[Problem]]:
-    sources: dict[str, Source] = {}
-    problems: list[Problem] = []
+    files = []
     for path in sorted(spec_dir.glob("*.yaml")):
         rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.as_posix()
-        raw = path.read_bytes()
+        files.append((path.name, rel, path.read_bytes()))
+    return parse_sources(files)
+
+
+def parse_sources(files: list[tuple[str, str, bytes]]) -> tuple[dict[str, Source], list[Problem]]:
+    """(file name, path shown in messages, bytes) for each spec file → its located data."""
+    sources: dict[str, Source] = {}
+    problems: list[Problem] = []
+    for name, rel, raw in files:
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -188,19 +197,28 @@ def read_sources(spec_dir: Path, root: Path) -> tuple[dict[str, Source], list[Pr
         located, probs = load(text, rel)
         problems.extend(probs)
         if located is not None:
-            sources[path.name] = Source(rel, text, hashlib.sha256(raw).hexdigest(), located)
+            sources[name] = Source(rel, text, hashlib.sha256(raw).hexdigest(), located)
     return sources, problems
 
 
 def resolve(spec_dir: Path, root: Path | None = None) -> Atlas:
     root = root or spec_dir.parent
-    sources, problems = read_sources(spec_dir, root)
+    return _resolve(*read_sources(spec_dir, root), spec_dir.name)
+
+
+def resolve_texts(texts: dict[str, str], folder: str = "specs") -> Atlas:
+    """The same from memory: file name (``gpt2.yaml``) → its text, shown as ``folder/name``."""
+    return _resolve(*parse_sources([(name, f"{folder}/{name}", text.encode("utf-8", "surrogatepass"))
+                                    for name, text in sorted(texts.items())]), folder)
+
+
+def _resolve(sources: dict[str, Source], problems: list[Problem], folder: str) -> Atlas:
     found = Problems()
     found.extend(problems)
     vocab_src = sources.pop(VOCABULARY, None)
     if vocab_src is None:
         if not any(p.file.endswith(VOCABULARY) for p in problems):
-            found.add(f"{spec_dir.name}/{VOCABULARY}", (1, 1), "the shared vocabulary is missing")
+            found.add(f"{folder}/{VOCABULARY}", (1, 1), "the shared vocabulary is missing")
         found.raise_if_any()
         raise AssertionError("unreachable")
     try:
@@ -221,8 +239,9 @@ def resolve(spec_dir: Path, root: Path | None = None) -> Atlas:
     by_name: dict[str, Source] = {}
     for fname, src in sources.items():
         name = src.located.data.get("family")
-        if not isinstance(name, str) or not _FAMILY_NAME.fullmatch(name):
-            found.add(src.rel, src.located.pos(("family",)), "'family' must be a lowercase name like qwen3_next")
+        if not isinstance(name, str) or not _FAMILY_NAME.fullmatch(name) or not names.is_name(name):
+            found.add(src.rel, src.located.pos(("family",)), "'family' must be a lowercase name like qwen3_next "
+                      "(not a Python keyword)")
             continue
         if name != fname.removesuffix(".yaml"):
             found.add(src.rel, src.located.pos(("family",)), f"family '{name}' must live in specs/{name}.yaml")
@@ -273,19 +292,31 @@ def _shared_notes(src: Source | None, found: Problems) -> dict[str, list[NoteRaw
 
 
 def _check_vocabulary(vocab: Vocabulary, src: Source, found: Problems) -> dict[str, LayoutIR]:
+    tables: list[tuple[DataPath, str, Any]] = [
+        (("dims",), "dim", vocab.dims), (("layouts",), "layout", vocab.layouts), (("values",), "value", vocab.values),
+        (("streams",), "stream", vocab.streams), (("conditions",), "condition", vocab.conditions),
+        *((("streams", s), "value", t) for s, t in vocab.streams.items())]
+    for at, what, table in tables:
+        for name in table:
+            bad = names.problem(name, f"{what} name")
+            if bad:
+                found.add(src.rel, src.located.pos((*at, name), key=True), bad)
+    for cname, cond in vocab.conditions.items():
+        if cond.attribute is not None and (bad := names.problem(cond.attribute, "attribute")):
+            found.add(src.rel, src.located.pos(("conditions", cname, "attribute")), f"condition {cname}: {bad}")
     layouts: dict[str, LayoutIR] = {}
     for name, lay in vocab.layouts.items():
         dims = tuple(lay.dims.split())
         line, col = src.located.pos(("layouts", name, "dims"))
         for d in dims:
-            if d not in vocab.dims:
+            if d not in vocab.dims and names.is_name(d):
                 offset = f" {lay.dims} ".find(f" {d} ")  # the word's column inside a one-line value
                 found.add(src.rel, (line, col + max(offset, 0)), f"layout {name}: unknown dim '{d}'" + suggest(d, vocab.dims))
         if lay.dtype not in ("float", "long", "bool", "object"):
             found.add(src.rel, src.located.pos(("layouts", name, "dtype")), f"layout {name}: dtype is float, long, bool or object")
         layouts[name] = LayoutIR(name, dims, lay.dtype, lay.optional)
-    tables = [(("values",), vocab.values)] + [(("streams", s), t) for s, t in vocab.streams.items()]
-    for path, table in tables:
+    value_tables: list[tuple[DataPath, Any]] = [(("values",), vocab.values)] + [(("streams", s), t) for s, t in vocab.streams.items()]
+    for path, table in value_tables:
         for vname, v in table.items():
             if v.layout not in layouts:
                 found.add(src.rel, src.located.pos((*path, vname, "layout")), f"value {vname}: unknown layout '{v.layout}'" + suggest(v.layout, layouts))
@@ -384,6 +415,15 @@ class _Family:
         for req in ("title", "lines", "summary", "traits", "loads", "tiny"):
             if getattr(r, req) is None:
                 self.err((), f"family {r.family}: '{req}' is required (here or in the spec it extends)")
+        for req in ("title", "summary"):
+            if getattr(r, req) is not None and not getattr(r, req).strip():
+                self.err((req,), f"{req} is empty: say it in words")
+        if r.lines is not None and not r.lines:
+            self.err(("lines",), "lines is empty: name at least one product line")
+        for k, line in enumerate(r.lines or []):
+            if not line.strip():
+                self.err(("lines", k), "lines: an empty product line")
+        self.check_names()
         for trait in r.traits or []:
             if trait not in self.vocab.traits:
                 self.err(("traits", (r.traits or []).index(trait)), f"unknown trait '{trait}'" + suggest(trait, self.vocab.traits))
@@ -399,6 +439,7 @@ class _Family:
             return None
         hosts_ir = tuple(h for h in hosts if h is not None)
         self.check_identities(hosts_ir, {k for k, _, _ in config})
+        self.check_checkpoint_sizes(config)
         diagram = self.diagram(hosts_ir)
         if not self.ok:
             return None
@@ -414,6 +455,84 @@ class _Family:
             checkpoints=tuple(CheckpointIR(c.name, tuple(c.config.items())) for c in r.checkpoints),
             notes=notes, docstring=(r.docstring or r.summary).strip(), diagram=diagram,
         )
+
+    def check_names(self) -> None:
+        """Every spec name that becomes a Python name (or a name the runtime looks up) is a name."""
+        r = self.raw
+
+        def check(at: DataPath, bad: str | None, key: bool = False) -> None:
+            if bad:
+                self.err(at, bad, key=key)
+
+        for key, natives in r.rename.items():
+            check(("rename", key), names.path_problem(key, "rename key"), key=True)
+            items = natives if isinstance(natives, list) else [natives]
+            for k, native in enumerate(items):
+                at = ("rename", key, k) if isinstance(natives, list) else ("rename", key)
+                check(at, names.path_problem(native, "native path", block_index=False, digits=True))
+        for key in r.config:
+            check(("config", key), names.problem(key, "config key"), key=True)
+        for path, h in r.hosts.items():
+            if h.cls is not None:
+                check(("hosts", path, "class"), names.problem(h.cls, "class"))
+        if r.loads is not None:
+            for k, cls in enumerate(r.loads.classes):
+                check(("loads", "classes", k), names.problem(cls, "class"))
+        for name, fn in r.functions.items():
+            check(("functions", name), names.problem(name, "function group"), key=True)
+            if fn.route is not None:
+                for fld in ("torch", "state_arg", "final_state_flag"):
+                    value = getattr(fn.route, fld)
+                    if value is not None:
+                        check(("functions", name, "route", fld), names.problem(value, f"route.{fld}"))
+        t = r.tiny
+        if t is not None:
+            loads: list[tuple[DataPath, Any]] = [(("tiny",), t)]
+            if t.image_text is not None:
+                loads.append((("tiny", "image_text"), t.image_text))
+            for base, load in loads:
+                for fld in ("model_class", "config_class"):
+                    check((*base, fld), names.problem(getattr(load, fld), fld))
+                if load.processor is not None:
+                    check((*base, "processor", "class"), names.problem(load.processor.cls, "class"))
+                    check((*base, "processor", "image_processor"), names.problem(load.processor.image_processor, "image_processor"))
+                for key in load.draw:
+                    check((*base, "draw", key), names.path_problem(key, "draw key", block_index=False), key=True)
+            if not 1 <= t.examples <= MAX_EXAMPLES:
+                self.err(("tiny", "examples"), f"tiny.examples: between 1 and {MAX_EXAMPLES}")
+            if t.image_text is not None and not 1 <= t.image_text.examples <= MAX_EXAMPLES:
+                self.err(("tiny", "image_text", "examples"), f"tiny.image_text.examples: between 1 and {MAX_EXAMPLES}")
+        classes: dict[str, str] = {}
+        for path in r.hosts:
+            if not _HOST_PATH.fullmatch(path) or names.path_problem(path):
+                continue  # host() says so
+            cls = emit.class_name(path)
+            if cls in emit.RESERVED_CLASSES:
+                self.err(("hosts", path), f"host '{path}': its class would be named {cls}, which the adapter "
+                         "uses already", key=True)
+            elif cls in classes:
+                self.err(("hosts", path), f"hosts '{classes[cls]}' and '{path}' would both be class {cls} in the "
+                         "adapter: rename one", key=True)
+            classes.setdefault(cls, path)
+
+    def check_checkpoint_sizes(self, config: list[tuple[str, expr.Compiled, str]]) -> None:
+        """A checkpoint's stacks are built block by block on the meta device for its printout and
+        drawn on its page: a stack of more than MAX_BLOCKS blocks is a SpecError."""
+        stacks = [(key, c) for key, c, _ in config if key == "num_layers" or key.endswith("_num_layers")]
+        for k, ckpt in enumerate(self.raw.checkpoints):
+            values = dict(ckpt.config)
+
+            def lookup(name: str, values: dict[str, Any] = values) -> Any:
+                return site.config_value(values, name)
+
+            for key, c in stacks:
+                try:
+                    n = expr.evaluate(c, lookup)
+                except Exception:  # noqa: BLE001 - the recorded config does not say: transformers' default
+                    continue
+                if isinstance(n, int) and not isinstance(n, bool) and n > site.MAX_BLOCKS:
+                    self.err(("checkpoints", k, "config"), f"checkpoint {ckpt.name}: {key} is {n}; at most "
+                             f"{site.MAX_BLOCKS} blocks (the printout builds each one)", key=True)
 
     def diagram(self, hosts: tuple[HostIR, ...]) -> DiagramIR:
         """The optional ``diagram:`` section: every part it names must be a part of the family."""
@@ -467,8 +586,8 @@ class _Family:
             if not fn.names:
                 self.err((*at, "names"), f"functions.{name}: list at least one function name")
             for n in fn.names:
-                if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n):
-                    self.err((*at, "names"), f"functions.{name}: '{n}' is not a Python name")
+                if bad := names.problem(n, "function"):
+                    self.err((*at, "names"), f"functions.{name}: {bad}")
             route = None
             if fn.route is not None:
                 route = tuple(fn.route.model_dump().items())
@@ -479,6 +598,9 @@ class _Family:
         at = ("hosts", path)
         if not _HOST_PATH.fullmatch(path):
             self.err(at, f"host path '{path}' is not 'model' or a dotted path like layers[i].self_attn", key=True)
+            return []
+        if bad := names.path_problem(path, "host path"):
+            self.err(at, bad, key=True)
             return []
         if path != "model" and path.split(".")[0].removesuffix("[i]") not in self.raw.rename:
             first = path.split(".")[0].removesuffix("[i]")
@@ -495,7 +617,7 @@ class _Family:
         out = []
         for kname, kind in h.kinds.items():
             kat = (*at, "kinds", kname)
-            if not re.fullmatch(r"[a-z][a-z0-9_]*", kname):
+            if not re.fullmatch(r"[a-z][a-z0-9_]*", kname) or not names.is_name(kname):
                 self.err(kat, f"kind '{kname}' must be a lowercase name (model.{kname}_layers lists its blocks)", key=True)
             kv = common_v + [((*kat, "values", k), k, v) for k, v in kind.values.items()]
             ki = common_i + [((*kat, "identities", k), x) for k, x in enumerate(kind.identities)]
@@ -588,6 +710,12 @@ class _Family:
             sub = () if isinstance(self.merged_value(at), str) else ("read" if v.read is not None else "derived",)
             self.err((*at, *sub), f"{name}: {e}", col=e.col)
             return None
+        if read is not None:
+            for part in (*read.module, *(a for a in read.access if isinstance(a, str)), read.param or ""):
+                if part.startswith("__"):
+                    sub = () if isinstance(self.merged_value(at), str) else ("read",)
+                    self.err((*at, *sub), f"{name}: '{part}' starts with '__' (reserved for Python's own names)")
+                    return None
         view: list[tuple[str, tuple[Any, ...]]] = []
         if v.view is not None:
             try:
@@ -660,6 +788,18 @@ class _Family:
     def tiny(self) -> TinyIR | None:
         t = self.raw.tiny
         assert t is not None
+        todo: list[tuple[DataPath, Any]] = [(("tiny",), self.merged.data.get("tiny"))]
+        while todo:  # every integer of a tiny model is small (sizes, counts): the generated tests build it
+            at, node = todo.pop()
+            if at in (("tiny", "batch"), ("tiny", "seq")):
+                continue  # ranges, checked below
+            if isinstance(node, dict):
+                todo.extend(((*at, k), v) for k, v in node.items())
+            elif isinstance(node, list):
+                todo.extend(((*at, k), v) for k, v in enumerate(node))
+            elif isinstance(node, int) and not isinstance(node, bool) and abs(node) > MAX_TINY_RANGE:
+                self.err(at, f"{'.'.join(map(str, at))}: {node} is not tiny (at most {MAX_TINY_RANGE}): the "
+                         "generated tests build this model")
         draws = []
         known: set[str] = set(t.config)
         for key, spec in t.draw.items():
@@ -680,8 +820,8 @@ class _Family:
                 draws.append(DrawIR(key, None, c))
             known.add(key)  # a dotted key (text_config.hidden_size) sets one entry of a nested config
         for rng, name in ((t.batch, "batch"), (t.seq, "seq")):
-            if not 1 <= rng[0] <= rng[1]:
-                self.err(("tiny", name), f"tiny.{name}: a range [low, high] with 1 <= low <= high")
+            if not 1 <= rng[0] <= rng[1] <= MAX_TINY_RANGE:
+                self.err(("tiny", name), f"tiny.{name}: a range [low, high] with 1 <= low <= high <= {MAX_TINY_RANGE}")
         for k, impl in enumerate(t.experts):
             if impl not in EXPERTS_IMPLEMENTATIONS:
                 self.err(("tiny", "experts", k), f"tiny.experts: unknown experts implementation '{impl}' (CPU: "
@@ -756,4 +896,4 @@ def _flat(args: Any) -> list[Any]:
     return out
 
 
-__all__ = ["resolve", "SpecError", "suggest"]
+__all__ = ["resolve", "resolve_texts", "SpecError", "suggest"]

@@ -87,6 +87,11 @@ class Stack:
     title: str
 
 
+def config_value(config: Any, name: str) -> Any:
+    """``name`` (``vision_config.depth``) looked up in a recorded config mapping, None when absent."""
+    return _cfg(config, name)
+
+
 def _cfg(config: Any, name: str) -> Any:
     node = config
     for part in name.split("."):
@@ -94,6 +99,9 @@ def _cfg(config: Any, name: str) -> Any:
         if node is None:
             return None
     return node
+
+
+MAX_BLOCKS = 1024  # blocks a page draws of one stack (a spec's config could say any number)
 
 
 def evaluate(c: Compiled, config: dict[str, Any], i: int | None = None) -> Any:
@@ -170,7 +178,7 @@ class PageModel:
         if self.first and stack in self.first.get("blocks", {}):
             return [list(x) for x in self.first["blocks"][stack]]
         hosts = [(k, h) for k, h in enumerate(self.f.hosts) if h.path.startswith(f"{stack}[i]")]
-        n = self.count(stack) or 1
+        n = min(self.count(stack) or 1, MAX_BLOCKS)
         rows = []
         for i in range(n):
             row = []

@@ -2,11 +2,15 @@
 
 Safe by construction: only the safe loader's scalars, mappings and sequences; anchors and
 aliases are refused (no alias bombs), as are duplicate keys, tabs in indentation, multiple
-documents and a document that is not a mapping.
+documents and a document that is not a mapping. Bounded: nesting deeper than ``MAX_DEPTH`` is
+refused while parsing (before anything recursive sees it), scalars are strings, integers, finite
+floats, booleans or null (no dates, binary or sets), strings hold at most ``MAX_STRING`` characters
+and integers at most ``MAX_INT`` in magnitude.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +20,13 @@ from .errors import Problem
 
 Path = tuple[str | int, ...]
 MAX_BYTES = 1 << 20
+MAX_DEPTH = 32  # mappings and sequences inside each other (the specs use 7)
+MAX_STRING = 20_000  # characters in one string (the longest note body is ~3,400)
+MAX_INT = 2**53  # |integer| (exact in a float and in JSON: the pages carry config values as JSON)
+# libyaml's parser when PyYAML was built with it (30x faster), else the pure-Python one; both
+# resolve scalars with the same safe resolver, and the nesting is bounded before composing
+_LOADER: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_SCALAR_TAGS = {"tag:yaml.org,2002:" + t: t for t in ("str", "int", "float", "bool", "null")}
 
 
 @dataclass
@@ -55,20 +66,32 @@ def load(text: str, file: str) -> tuple[Located | None, list[Problem]]:
     if problems:
         return None, problems
     try:
-        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        depth = 0
+        for event in yaml.parse(text, Loader=_LOADER):
             if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
                 what = "alias" if isinstance(event, yaml.AliasEvent) else "anchor"
                 m = event.start_mark
                 problems.append(Problem(file, m.line + 1, m.column + 1, f"{what} '{event.anchor}': anchors and aliases are not allowed in specs"))
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    m = event.start_mark
+                    problems.append(Problem(file, m.line + 1, m.column + 1,
+                                            f"nested deeper than {MAX_DEPTH} levels of mappings and lists"))
+                    break  # composing it would recurse that deep
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
         if problems:
             return None, problems
-        docs = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
+        docs = list(yaml.compose_all(text, Loader=_LOADER))
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         at_line, at_col = (int(mark.line) + 1, int(mark.column) + 1) if mark else (1, 1)
+        if "nesting depth" in str(e.problem):  # libyaml's own limit, met while it reads ahead
+            return None, [Problem(file, at_line, at_col, f"nested deeper than {MAX_DEPTH} levels of mappings and lists")]
         return None, [Problem(file, at_line, at_col, f"invalid YAML: {e.problem or e.context}")]
-    except yaml.YAMLError as e:  # pragma: no cover - yaml raises marked errors for text input
-        return None, [Problem(file, 1, 1, f"invalid YAML: {e}")]
+    except yaml.YAMLError as e:  # a reader error: a character YAML does not allow
+        return None, [Problem(file, 1, 1, f"invalid YAML: {str(e).splitlines()[0]}")]
     if len(docs) != 1 or docs[0] is None:
         where = _mark(docs[1]) if len(docs) > 1 else (1, 1)
         return None, [Problem(file, *where, "a spec is exactly one YAML document")]
@@ -95,6 +118,9 @@ def load(text: str, file: str) -> tuple[Located | None, list[Problem]]:
                     problems.append(Problem(file, *_mark(knode), "mapping keys must be plain strings"))
                     continue
                 key = str(knode.value)
+                if len(key) > MAX_STRING:
+                    problems.append(Problem(file, *_mark(knode), f"a key of {len(key)} characters (at most {MAX_STRING})"))
+                    continue
                 if key in out:
                     first = located.keys[(*path, key)]
                     problems.append(
@@ -106,11 +132,34 @@ def load(text: str, file: str) -> tuple[Located | None, list[Problem]]:
             return out
         if isinstance(node, yaml.SequenceNode):
             return [build(item, (*path, i)) for i, item in enumerate(node.value)]
+        return scalar(node)
+
+    def scalar(node: yaml.Node) -> Any:
+        kind = _SCALAR_TAGS.get(node.tag)
+        if kind is None:
+            what = node.tag.rsplit(":", 1)[-1]
+            problems.append(Problem(file, *_mark(node), f"a {what!r} value: a spec holds strings, numbers, booleans and "
+                                    "null only (quote it to make it a string)"))
+            return None
+        raw = str(node.value)
+        if kind == "int" and len(raw) > 24:  # int() of thousands of digits is slow, then refused
+            problems.append(Problem(file, *_mark(node), f"integer too large (at most {MAX_INT} in magnitude)"))
+            return None
         try:
-            return scalars.construct_object(node)
-        except yaml.YAMLError as e:
+            value = scalars.construct_object(node)
+        except (yaml.YAMLError, ValueError, OverflowError) as e:
             problems.append(Problem(file, *_mark(node), f"invalid scalar: {str(e).splitlines()[0]}"))
             return None
+        if isinstance(value, str) and len(value) > MAX_STRING:
+            problems.append(Problem(file, *_mark(node), f"a string of {len(value)} characters (at most {MAX_STRING})"))
+            return None
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+            problems.append(Problem(file, *_mark(node), f"integer too large (at most {MAX_INT} in magnitude)"))
+            return None
+        if isinstance(value, float) and not math.isfinite(value):
+            problems.append(Problem(file, *_mark(node), f"{raw!r} is not a finite number"))
+            return None
+        return value
 
     located.data = build(root, ())
     return (located if not problems else None), problems

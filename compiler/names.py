@@ -1,0 +1,59 @@
+"""The names a spec may give: the only spec text that reaches generated Python as code.
+
+Everything else a spec says is emitted as a string literal (``repr``) or a checked number.
+A name is ASCII ``[A-Za-z_][A-Za-z0-9_]*``, not a Python keyword (soft keywords included),
+not a builtin constant, and does not start with two underscores (no dunders, no class-private
+name mangling); a dotted path (``layers[i].self_attn``) is names joined by ``.``, each optionally
+followed by ``[i]``. ``problem`` says what is wrong with a name, or None when it is fine.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+
+MAX_NAME = 100  # characters in one name
+MAX_PATH = 400  # characters in one dotted path
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+_RESERVED = frozenset({*keyword.kwlist, *keyword.softkwlist})
+
+
+def problem(name: object, what: str = "name") -> str | None:
+    """Why ``name`` cannot be a name in generated code, or None."""
+    if not isinstance(name, str):
+        return f"{what} must be a string, not {type(name).__name__}"
+    shown = _shown(name)
+    if not _NAME.fullmatch(name):
+        return f"{what} {shown!r} is not a name (letters, digits and _, not starting with a digit)"
+    if len(name) > MAX_NAME:
+        return f"{what} {shown!r} is longer than {MAX_NAME} characters"
+    if name in _RESERVED or name.lower() in ("none", "true", "false"):
+        return f"{what} {name!r} is a Python keyword"
+    if name.startswith("__"):
+        return f"{what} {name!r} starts with '__' (reserved for Python's own names)"
+    return None
+
+
+def path_problem(path: object, what: str = "path", block_index: bool = True, digits: bool = False) -> str | None:
+    """Why ``path`` is not names joined by '.' or None. ``block_index``: a name may be followed by
+    ``[i]`` (``layers[i].self_attn``); ``digits``: a part may be a number (a native ``layers.0``)."""
+    if not isinstance(path, str) or not path:
+        return f"{what} must be a non-empty string"
+    if len(path) > MAX_PATH:
+        return f"{what} is longer than {MAX_PATH} characters"
+    for part in path.split("."):
+        name = part.removesuffix("[i]") if block_index else part
+        if digits and name.isascii() and name.isdigit():
+            continue
+        bad = problem(name, f"{what} {_shown(path)!r}: part" if "." in path else what)
+        if bad:
+            return bad
+    return None
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def is_name(name: object) -> bool:
+    return problem(name) is None

@@ -1,0 +1,129 @@
+"""The only shape a generated family adapter may have, checked before it is written or run.
+
+The adapter is data and small functions: imports from nnatlas, classes of annotations, functions
+that return one expression, and assignments of literals and of calls to the adapter's own
+constructors (``Layout(...)``, ``HostSpec(...)``, ``Family(...)`` …) or to ``nnatlas.functions``
+(``_fn.softmax(...)``). Every name it reads is one it defines or imports, or a function's
+parameter; no attribute but ``_fn.NAME``; no lambda, comprehension, import of anything else,
+``getattr`` or ``__import__``. ``generate`` runs this on every adapter before any is written or
+executed (printouts execute the adapter), so even a name the resolver and the templates both let
+through could not make a spec's text run as code.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from .errors import GenerateError
+
+IMPORTS = {"__future__", "typing", "nnatlas", "nnatlas.adapter", "nnatlas.envoy", "nnatlas.model"}
+CALLS = {"Condition", "Family", "FunctionGroup", "HostSpec", "Identity", "Layout", "ReadPoint", "ValueSpec", "ViewOp",
+         "_cfg"}
+TYPES = {"tuple", "dict", "str", "int", "Any"}  # read in annotations
+_EXPR = (ast.Constant, ast.Tuple, ast.List, ast.Dict, ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Slice,
+         ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.IfExp, ast.keyword, ast.Load, ast.operator,
+         ast.unaryop, ast.boolop, ast.cmpop, ast.expr_context)
+
+
+def parse(rel: str, source: str) -> ast.Module:
+    """``source`` parsed, else GenerateError naming the file and line."""
+    try:
+        return ast.parse(source, rel)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
+        where = f" (line {e.lineno}: {e.msg})" if isinstance(e, SyntaxError) else f" ({e})"
+        raise GenerateError(f"nnatlas: {rel} would not parse{where}; nothing was written. "
+                            "This is a bug in nnatlas's templates: please report it with the spec") from None
+
+
+def check_adapter(rel: str, source: str) -> None:
+    """GenerateError unless ``source`` parses and has only the shape above."""
+    tree = parse(rel, source)
+    defined = set(TYPES)
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            defined.update(a.asname or a.name for a in node.names)
+        elif isinstance(node, ast.ClassDef | ast.FunctionDef):
+            defined.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(target, ast.Name):
+                    defined.add(target.id)
+    _Checker(rel, defined).module(tree)
+
+
+class _Checker:
+    def __init__(self, rel: str, defined: set[str]):
+        self.rel, self.defined = rel, defined
+
+    def fail(self, node: ast.AST, what: str) -> GenerateError:
+        return GenerateError(f"nnatlas: {self.rel} line {getattr(node, 'lineno', '?')}: {what}, which no adapter "
+                             "holds; nothing was written. This is a bug in nnatlas: please report it with the spec")
+
+    def module(self, tree: ast.Module) -> None:
+        for k, node in enumerate(tree.body):
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and k == 0:
+                continue  # the docstring
+            if isinstance(node, ast.ImportFrom):
+                if node.module not in IMPORTS or node.level:
+                    raise self.fail(node, f"an import from {node.module}")
+            elif isinstance(node, ast.Assign):
+                if len(node.targets) != 1 or not isinstance(node.targets[0], ast.Name):
+                    raise self.fail(node, "an assignment to something but a name")
+                self.expr(node.value, set())
+            elif isinstance(node, ast.AnnAssign):
+                if not isinstance(node.target, ast.Name) or node.value is None:
+                    raise self.fail(node, "an annotation without a value")
+                self.expr(node.annotation, set())
+                self.expr(node.value, set())
+            elif isinstance(node, ast.ClassDef):
+                self.classdef(node)
+            elif isinstance(node, ast.FunctionDef):
+                self.function(node)
+            else:
+                raise self.fail(node, f"a {type(node).__name__} statement")
+
+    def classdef(self, node: ast.ClassDef) -> None:
+        if node.decorator_list or node.keywords or not all(isinstance(b, ast.Name) for b in node.bases):
+            raise self.fail(node, "a class with decorators, keywords or computed bases")
+        for b in node.bases:
+            self.expr(b, set())
+        for k, item in enumerate(node.body):
+            if isinstance(item, ast.Expr) and isinstance(item.value, ast.Constant) and k == 0:
+                continue
+            if isinstance(item, ast.Pass):
+                continue
+            if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.value is None:
+                self.expr(item.annotation, set())
+                continue
+            raise self.fail(item, "a class body that is not annotations")
+
+    def function(self, node: ast.FunctionDef) -> None:
+        a = node.args
+        if node.decorator_list or a.vararg or a.kwarg or a.kwonlyargs or a.posonlyargs or a.defaults:
+            raise self.fail(node, "a function with decorators, defaults or variable arguments")
+        if len(node.body) != 1 or not isinstance(node.body[0], ast.Return) or node.body[0].value is None:
+            raise self.fail(node, "a function that does more than return one expression")
+        params = {arg.arg for arg in a.args}
+        for arg in a.args:
+            if arg.annotation is not None:
+                self.expr(arg.annotation, set())
+        if node.returns is not None:
+            self.expr(node.returns, set())
+        self.expr(node.body[0].value, params)
+
+    def expr(self, root: ast.expr, params: set[str]) -> None:
+        for node in ast.walk(root):
+            if not isinstance(node, _EXPR):
+                raise self.fail(node, f"a {type(node).__name__} expression")
+            if isinstance(node, ast.Name) and node.id not in self.defined and node.id not in params:
+                raise self.fail(node, f"the name {node.id!r}")
+            if isinstance(node, ast.Attribute) and not (isinstance(node.value, ast.Name) and node.value.id == "_fn"):
+                raise self.fail(node, f"the attribute .{node.attr}")
+            if isinstance(node, ast.Call):
+                func = node.func
+                direct = isinstance(func, ast.Name) and func.id in CALLS
+                helper = isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "_fn"
+                if not (direct or helper):
+                    raise self.fail(node, f"a call of {ast.unparse(func)}")
+            if isinstance(node, ast.Attribute) and node.attr.startswith("__"):
+                raise self.fail(node, f"the attribute .{node.attr}")
