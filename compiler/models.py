@@ -218,6 +218,9 @@ class FamilyRaw(Strict):
     loads: LoadsRaw | None = None
     rename: dict[StrictStr, StrictStr | list[StrictStr]] = {}
     config: dict[StrictStr, StrictStr | StrictInt | StrictFloat | UnavailableRaw] = {}
+    presets: list[StrictStr] = Field(
+        default=[], description="named bundles of config entries taken whole (no_attention: an attention-free "
+        "family's head sizes raise Unavailable); an entry the spec's config writes wins")
     functions: dict[StrictStr, FunctionRaw] = {}
     hosts: dict[StrictStr, HostRaw] = {}
     tiny: TinyRaw | None = None
