@@ -1,4 +1,4 @@
-"""``nnatlas generate [--check]`` and ``nnatlas docs [--serve]``."""
+"""``nnatlas generate [--check]``, ``nnatlas docs [--serve]`` and ``nnatlas new FAMILY --from BASE``."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from . import build_site, default_root, generate
+from . import build_site, compile_atlas, default_root, generate
 from .errors import SpecError
 
 
@@ -22,12 +23,39 @@ def main(argv: list[str] | None = None) -> int:
     docs.add_argument("--serve", action="store_true", help="then serve it on 127.0.0.1 until interrupted")
     docs.add_argument("--port", type=int, default=8000, help="the port for --serve (default 8000; 0 picks a free one)")
     docs.add_argument("--root", type=Path, default=None, help="the checkout (default: the one nnatlas is installed from)")
+    _add_new(sub)
     args = parser.parse_args(argv)
+    if args.command == "new":
+        return _new(args.family, args.base, args.out, args.root, args.force)
     if args.command == "generate":
         return _generate(args.root, args.check)
     if args.command == "docs":
         return _docs(args.root, args.out, args.serve, args.port)
     return 2
+
+
+def _add_new(sub: Any) -> None:
+    new = sub.add_parser("new", help="write a starting spec for a family, extending an existing one")
+    new.add_argument("family", help="the new family's name (a transformers model_type names its classes)")
+    new.add_argument("--from", dest="base", required=True, help="the family it extends (llama, qwen3_5_text ...)")
+    new.add_argument("--out", type=Path, default=None, help="the file to write (default: <root>/specs/FAMILY.yaml)")
+    new.add_argument("--force", action="store_true", help="overwrite an existing file")
+    new.add_argument("--root", type=Path, default=None, help="the checkout (default: the one nnatlas is installed from)")
+
+
+def _new(family: str, base: str, out: Path | None, root: Path | None, force: bool) -> int:
+    """``nnatlas new FAMILY --from BASE``: the starting spec, then how to go on."""
+    from .newspec import NewSpecError, write_new
+
+    root = root or default_root()
+    try:
+        path = write_new(family, base, compile_atlas(root / "specs", root), out or root / "specs" / f"{family}.yaml", force)
+    except (SpecError, NewSpecError) as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    print(f"nnatlas: wrote {path}; fill in its TODOs and summary, then `make generate` and `make test` "
+          "(every key: docs/spec.md)")
+    return 0
 
 
 def _docs(root: Path | None, out: Path, serve: bool, port: int) -> int:
