@@ -14,6 +14,7 @@ import re
 import textwrap
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -57,7 +58,7 @@ class Section:
         self.blocks.append(("code", text.rstrip("\n")))
         return self
 
-    def table(self, head: tuple[str, ...], rows: list[tuple[str, ...]]) -> Section:
+    def table(self, head: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> Section:
         self.blocks.append(("table", Table(head, [tuple(rst(" ".join(c.split())) for c in r) for r in rows])))
         return self
 
@@ -179,8 +180,8 @@ def model_sections(root: type[BaseModel], file: str, prefix: str = "") -> list[S
         doc = inspect.getdoc(model)
         if doc and doc != inspect.getdoc(BaseModel) and not doc.startswith("!!! abstract"):
             sec.p(doc)
-        sec.table(("key", "value", "default", "meaning"), [tuple(f"`{r[0]}`" if i == 0 else r[i] for i in range(4))
-                                                           for r in field_rows(model)])  # type: ignore[misc]
+        sec.table(("key", "value", "default", "meaning"),
+                  [(f"`{key}`", form, default, meaning) for key, form, default, meaning in field_rows(model)])
         out.append(sec)
     return out
 
@@ -222,6 +223,22 @@ def expression_sections() -> list[Section]:
     return [intro, funcs, config, views]
 
 
+READ_EXAMPLES = (
+    "output[0]", "output.logits", "input.input_ids", "norm.output", "o_proj.input[0]", "call:attention.args[1]",
+    "call:attention.output[0]", "call:attention > op:softmax.input[0]", "op:mul#2.output", "router > op:linear.output",
+    "experts > call:experts > op:view.output", "model.model > op:masked_scatter.input[2]",
+    "method:_deepstack_process#i.args[2]", "fn:delta_rule.args[0]", "fn:delta_rule.kwargs.g",
+    "fn:delta_rule.output[1]", "fn:delta_rule.step.output[1]", "fn:delta_rule.steps.output[1]",
+)
+KIND_WORDS = {
+    "module": "a module boundary (the host's or a child's input or output)",
+    "call": "an interface call (transformers' attention or experts interface)",
+    "op": "a torch operation inside a forward or a call (op:NAME#K, the K-th)",
+    "method": "a call of one of the module's own methods",
+    "fn": "a module-level function of the modeling module",
+}
+
+
 def readpoint_section() -> Section:
     doc = _docstring(readpoint)
     first, _, rest = doc.partition("\n\n")
@@ -231,6 +248,16 @@ def readpoint_section() -> Section:
     for para in after.split("\n\n"):
         if para.strip() and "nnatlas.adapter" not in para:
             sec.p(para)
+    sec.p("Each read point is of one kind, which decides how the runtime serves it:")
+    sec.table(("kind", "reads"), [(f"`{k}`", v) for k, v in KIND_WORDS.items()])
+    sec.p("Examples, each parsed here by the compiler (`readpoint.parse`), with its kind and the words the pages "
+          "show for it (`fn:delta_rule` is a group declared under `functions:`):")
+    groups = {"delta_rule": "the delta-rule kernel"}
+    rows = []
+    for example in READ_EXAMPLES:
+        ir = readpoint.parse(example, groups)
+        rows.append((f"`{example}`", f"`{ir.kind}`", ir.words))
+    sec.table(("read point", "kind", "the page says"), rows)
     sec.p("Interface calls a read point may name after `call:`:")
     sec.table(("call", "is"), [(f"`call:{k}`", v) for k, v in readpoint.CALLS.items()])
     return sec
