@@ -37,13 +37,7 @@ def test_new_from_llama_compiles_and_its_generated_tests_collect(spec_root: Path
     assert [i.text for h in fam.hosts for i in h.identities] == [i.text for h in llama.hosts for i in h.identities]
 
     # its generated adapter and tests, importable as nnatlas.families.mistral: pytest collects every test
-    out = spec_root / "collect"
-    (out / "families").mkdir(parents=True)
-    (out / "families" / "mistral.py").write_text(emit.render_family(fam))
-    (out / "test_mistral.py").write_text(emit.render_tests(fam))
-    (out / "conftest.py").write_text(
-        "import nnatlas.families\n"
-        f"nnatlas.families.__path__.append({str(out / 'families')!r})\n")
+    out = _collect_dir(spec_root, fam)
     proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                            "--rootdir", str(out), str(out / "test_mistral.py")],
                           capture_output=True, text=True, cwd=out, timeout=300)
@@ -51,6 +45,55 @@ def test_new_from_llama_compiles_and_its_generated_tests_collect(spec_root: Path
     collected = [line for line in proc.stdout.splitlines() if "::" in line]
     assert any("test_identity[" in c for c in collected) and any("test_edit_reaches_logits[" in c for c in collected)
     assert any("test_native_classes[layers[i].self_attn]" in c for c in collected)
+
+
+SLIDING = """
+config:
+  sliding_window: sliding_window
+tiny:
+  model_class: MistralForCausalLM
+  config_class: MistralConfig
+  draw:
+    sliding_window: [2, 3]   # shorter than the drawn sequences (up to 7), so the window hides keys
+"""
+
+
+def _collect_dir(root: Path, fam: object) -> Path:
+    """The family's generated adapter and tests in a folder whose conftest registers the adapter."""
+    out = root / "collect"
+    (out / "families").mkdir(parents=True)
+    (out / "families" / f"{fam.name}.py").write_text(emit.render_family(fam))  # type: ignore[attr-defined]
+    (out / f"test_{fam.name}.py").write_text(emit.render_tests(fam))  # type: ignore[attr-defined]
+    (out / "conftest.py").write_text(
+        "import importlib\n\nimport nnatlas.families\nfrom nnatlas import registry\n\n"
+        f"nnatlas.families.__path__.append({str(out / 'families')!r})\n"
+        f"registry.all_families()[{fam.name!r}] = importlib.import_module('nnatlas.families.{fam.name}').FAMILY\n")  # type: ignore[attr-defined]
+    return out
+
+
+def test_a_new_family_with_a_sliding_window_passes_its_generated_attention_identities(spec_root: Path) -> None:
+    """masked(..., window=sliding_window) in a spec, checked by the generated tests on tiny Mistral models
+    (left padding drawn too): the new spec plus a sliding-window identity, end to end."""
+    assert _new(spec_root, "mistral", "--from", "llama") == 0
+    path = spec_root / "specs" / "mistral.yaml"
+    text = path.read_text()
+    text = text.replace("  layers[i].self_attn: {class: MistralAttention}\n", """  layers[i].self_attn:
+    class: MistralAttention
+    identities:
+      - attention_premix == attention_head_outputs
+      - {check: "sum(attention_probabilities, -1) == 1", atol: 1.0e-5}
+      - masked(attention_probabilities, window=sliding_window) == 0
+""")
+    text = text.replace("tiny:\n  model_class: MistralForCausalLM\n  config_class: MistralConfig\n", SLIDING)
+    path.write_text(text)
+    (fam,) = [f for f in compile_atlas(spec_root / "specs", spec_root).families if f.name == "mistral"]
+    assert any("window=sliding_window" in i.text for h in fam.hosts for i in h.identities)
+    out = _collect_dir(spec_root, fam)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(out),
+                           "-k", "test_identity and self_attn", str(out / "test_mistral.py")],
+                          capture_output=True, text=True, cwd=out, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "3 passed" in proc.stdout
 
 
 def test_a_family_transformers_does_not_know_keeps_the_base_classes_marked_todo(spec_root: Path) -> None:
