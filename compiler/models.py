@@ -66,7 +66,9 @@ class Vocabulary(Strict):
 # ---- a family ----------------------------------------------------------------------------
 
 class ValueRaw(Strict):
-    """Where a standard value is read. A plain string is short for {read: STRING}; null drops an inherited value."""
+    """Where a standard value is read, in one of these forms: a read point (a string, short for {read: STRING});
+    {read: ..., view: ..., needs: ...}; {derived: EXPRESSION}; {missing: WHY} (the family has none); or null,
+    which drops an inherited value."""
 
     read: StrictStr | None = Field(default=None, description="a read point (see Read points)")
     derived: StrictStr | None = Field(
@@ -258,9 +260,8 @@ class FamilyRaw(Strict):
         default={}, description="standard name → native path or paths: layers: [model.layers, "
         "model.language_model.layers]; vision.layers[i].self_attn: attn")
     config: dict[StrictStr, StrictStr | StrictInt | StrictFloat | UnavailableRaw] = Field(
-        default={}, description="normalized config entry → a config attribute, an expression (see Config "
-        "expressions) or {unavailable: why}; num_layers, hidden_size, num_heads, num_kv_heads, head_dim, "
-        "qk_head_dim, vocab_size, intermediate_size are required")
+        default={}, description="normalized config entry → a config attribute, an expression (see Expressions) "
+        "or {unavailable: why}; model.NAME reads it")
     presets: list[StrictStr] = Field(
         default=[], description="named bundles of config entries taken whole (no_attention: an attention-free "
         "family's head sizes raise Unavailable); an entry the spec's config writes wins")

@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from . import expr, markdown, models, presets, readpoint, resolve
+from .ir import REQUIRED_CONFIG
 from .presets import PRESETS
 
 SOURCES = ("compiler/models.py", "compiler/readpoint.py", "compiler/resolve.py", "compiler/presets.py", "compiler/expr.py")
@@ -182,6 +183,9 @@ def model_sections(root: type[BaseModel], file: str, prefix: str = "") -> list[S
             sec.p(doc)
         sec.table(("key", "value", "default", "meaning"),
                   [(f"`{key}`", form, default, meaning) for key, form, default, meaning in field_rows(model)])
+        if model is models.FamilyRaw:
+            sec.p("The config entries every family has (here, in a base, or from a preset): "
+                  + ", ".join(f"`{k}`" for k in REQUIRED_CONFIG) + ".")
         out.append(sec)
     return out
 
@@ -314,7 +318,7 @@ def render_md() -> str:
         lines += [f"{'#' * sec.level} {sec.title}", ""]
         for kind, body in sec.blocks:
             if kind == "p":
-                lines += [body, ""]
+                lines += [_md_text(body), ""]
             elif kind == "code":
                 lines += ["```", body, "```", ""]
             else:
@@ -326,11 +330,16 @@ def render_md() -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def _md_cell(text: str) -> str:
-    """A table cell: pipes escaped (in `code` spans too), HTML inert outside code spans, spaces kept."""
+def _md_text(text: str) -> str:
+    """HTML inert outside `code` spans (GitHub shows a code span's text as it is)."""
     parts = re.split(r"(`[^`]*`)", text)
     return "".join(p if p.startswith("`") else p.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-                   for p in parts).replace("|", "\\|")
+                   for p in parts)
+
+
+def _md_cell(text: str) -> str:
+    """A table cell: like a paragraph, and pipes escaped (in `code` spans too)."""
+    return _md_text(text).replace("|", "\\|")
 
 
 def render_html() -> str:
