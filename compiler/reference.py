@@ -30,12 +30,33 @@ SOURCES = ("compiler/models.py", "compiler/readpoint.py", "compiler/resolve.py",
 PATH = "docs/spec.md"
 PAGE = "generated/docs/spec.html"
 
-# (the file, the root model, where its keys sit) for each kind of spec file
+# (the file, the root model, where its keys sit) for each kind of spec file this module knows;
+# ``files()`` adds every other model of models.py that no model refers to (a new kind of file)
 FILES: tuple[tuple[str, type[BaseModel], str], ...] = (
     ("specs/FAMILY.yaml", models.FamilyRaw, ""),
     ("specs/_vocabulary.yaml", models.Vocabulary, ""),
     ("specs/_notes.yaml", models.NoteRaw, "NAME[n]."),
 )
+
+
+def all_models() -> list[type[BaseModel]]:
+    """Every spec model defined in models.py, in the order it defines them."""
+    return [m for m in vars(models).values() if isinstance(m, type) and issubclass(m, BaseModel)
+            and m.__module__ == models.__name__ and m is not models.Strict]
+
+
+def files() -> list[tuple[str, type[BaseModel], str]]:
+    """FILES, then each model no other model refers to, under the file its docstring names."""
+    out = list(FILES)
+    reached = {m for _, root, prefix in out for m, _ in walk(root, prefix)}
+    referred = {sub for m in all_models() for info in m.model_fields.values() for sub in _models_in(info.annotation)}
+    for model in all_models():
+        if model in reached or model in referred:
+            continue
+        named = re.search(r"specs/[A-Za-z0-9_<>/.-]+\.yaml", inspect.getdoc(model) or "")
+        out.append((named.group(0) if named else model_title(model), model, ""))
+        reached |= {m for m, _ in walk(model)}
+    return out
 
 
 @dataclass
@@ -290,8 +311,8 @@ def sections() -> list[Section]:
         "`specs/FILE.yaml:LINE:COL: message`, and nothing is written. `nnatlas new FAMILY --from BASE` writes a "
         "starting spec that extends BASE; `make generate` compiles the specs; `make test` runs what they generate.")
         .table(("file", "holds"), [(f"`{file}`", model_title(model) + (" (a list per `NAME`)" if prefix else ""))
-                                   for file, model, prefix in FILES])]
-    for file, model, prefix in FILES:
+                                   for file, model, prefix in files()])]
+    for file, model, prefix in files():
         head = Section(f"{file}", anchor(file))
         if prefix:
             head.p("Groups of notes written once: `NAME: [ {title, body, load}, ... ]`; a family names a group with "

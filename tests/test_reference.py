@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from pydantic import Field
 
 from nnatlas.compiler import expr, models, readpoint, reference
@@ -18,7 +19,7 @@ SPEC_MD = ROOT / reference.PATH
 
 
 def _all_models() -> list[type[models.BaseModel]]:
-    return [m for _, root, prefix in reference.FILES for m, _ in reference.walk(root, prefix)]
+    return [m for _, root, prefix in reference.files() for m, _ in reference.walk(root, prefix)]
 
 
 def test_every_key_of_every_model_is_described_in_docs_spec_md() -> None:
@@ -33,6 +34,28 @@ def test_every_key_of_every_model_is_described_in_docs_spec_md() -> None:
             row = f"| `{key}` | {reference._md_cell(reference.type_text(info.annotation))} |"
             assert row in text, f"{model.__name__}.{key} is not in {reference.PATH}"
             assert reference._md_cell(reference.rst(" ".join(info.description.split()))) in text
+
+
+def test_every_model_of_models_py_is_in_the_reference() -> None:
+    assert set(reference.all_models()) == set(_all_models())
+    assert models.FamilyRaw in reference.all_models() and models.Strict not in reference.all_models()
+
+
+def test_a_new_kind_of_spec_file_gets_its_own_section(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A root model no other refers to (the specv2 branch's parts) is listed under the file its docstring names."""
+
+    class PieceRaw(models.Strict):
+        """A shared fragment (``specs/pieces/<piece>.yaml``)."""
+
+        piece: str = Field(description="its name")
+        hosts: dict[str, models.HostRaw] = Field(default={}, description="hosts written once")
+
+    PieceRaw.__module__ = models.__name__
+    monkeypatch.setattr(models, "PieceRaw", PieceRaw, raising=False)
+    (entry,) = [f for f in reference.files() if f[1] is PieceRaw]
+    assert entry == ("specs/pieces/<piece>.yaml", PieceRaw, "")
+    text = "\n".join(s.title for s in reference.sections())
+    assert "Piece · specs/pieces/<piece>.yaml" in text
 
 
 def test_value_forms_name_the_models_and_the_defaults() -> None:
