@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import emit, files, outdir, printouts, pycheck
+from . import emit, files, outdir, printouts, pycheck, reference
 from .errors import GenerateError, Problem, SpecError, UserError
 from .ir import Atlas, FamilyIR
 from .resolve import resolve, resolve_texts
@@ -52,6 +52,8 @@ def render(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> dict[s
     out["generated/docs/llms.txt"] = emit.render_llms(atlas)
     out["generated/docs/atlas.css"] = emit.env().get_template("atlas.css.j2").render()
     out["generated/docs/atlas.js"] = emit.env().get_template("atlas.js.j2").render()
+    out[reference.PATH] = reference.render_md()  # the spec language reference, from the compiler's own models
+    out[reference.PAGE] = reference.render_html()
     return out
 
 

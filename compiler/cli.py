@@ -1,5 +1,5 @@
-"""``nnatlas generate [--check]`` and ``nnatlas docs [--out DIR] [--serve [--port N]]``; ``nnatlas cache`` is
-the runtime's (``nnatlas.cache_cli``), handed its arguments whole.
+"""``nnatlas generate [--check]`` and ``nnatlas docs [--out DIR] [--serve [--port N]]``, ``nnatlas new FAMILY --from
+BASE``; ``nnatlas cache`` is the runtime's (``nnatlas.cache_cli``), handed its arguments whole.
 
 Every subcommand runs through ``user_errors``: a mistake of the user's (a broken spec, a bad path
 or port, a folder that is not nnatlas's) is one line on stderr and exit status 2, never a
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import build_site, default_root, generate, outdir
+from . import build_site, compile_atlas, default_root, generate, outdir
 from .errors import SpecError, UserError
 
 EXIT_USER = 2  # a user error: the message says what to change
@@ -43,11 +43,36 @@ def main(argv: list[str] | None = None) -> int:
     docs.add_argument("--port", type=int, default=8000, help="the port for --serve (default 8000; 0 picks a free one)")
     docs.add_argument("--root", type=Path, default=None, help="the checkout (default: the one nnatlas is installed from)")
     docs.set_defaults(handler=lambda a: _docs(a.root, a.out, a.serve, a.port))
+    _add_new(sub)
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse printed usage and the error (or --help): return, do not exit
         return e.code if isinstance(e.code, int) else EXIT_USER
     return user_errors(lambda: args.handler(args))
+
+
+def _add_new(sub: Any) -> None:
+    new = sub.add_parser("new", help="write a starting spec for a family, extending an existing one")
+    new.add_argument("family", help="the new family's name (a transformers model_type names its classes)")
+    new.add_argument("--from", dest="base", required=True, help="the family it extends (llama, qwen3_5_text ...)")
+    new.add_argument("--out", type=Path, default=None, help="the file to write (default: <root>/specs/FAMILY.yaml)")
+    new.add_argument("--force", action="store_true", help="overwrite an existing file")
+    new.add_argument("--root", type=Path, default=None, help="the checkout (default: the one nnatlas is installed from)")
+    new.set_defaults(handler=lambda a: _new(a.family, a.base, a.out, a.root, a.force))
+
+
+def _new(family: str, base: str, out: Path | None, root: Path | None, force: bool) -> int:
+    """``nnatlas new FAMILY --from BASE``: the starting spec, then how to go on."""
+    from .newspec import NewSpecError, write_new
+
+    root = checkout(root)
+    try:
+        path = write_new(family, base, compile_atlas(root / "specs", root), out or root / "specs" / f"{family}.yaml", force)
+    except NewSpecError as e:
+        raise UserError(str(e)) from None
+    print(f"nnatlas: wrote {path}; fill in its TODOs and summary, then `make generate` and `make test` "
+          "(every key: docs/spec.md)")
+    return 0
 
 
 def user_errors(run: Callable[[], int]) -> int:

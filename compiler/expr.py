@@ -10,6 +10,7 @@ node by node against a whitelist and turned into source text that the emitted mo
 from __future__ import annotations
 
 import ast
+import difflib
 import math
 import operator
 import re
@@ -19,32 +20,121 @@ from typing import Any
 
 from . import names
 
-# Functions a spec may call, and the helper each compiles to (``_fn`` is ``nnatlas.functions``).
 Arity = int | tuple[int, int]
-FUNCTIONS: dict[str, Arity] = {
-    "sigmoid": 1,
-    "softmax": 2,
-    "exp": 1,
-    "abs": 1,
-    "flatten": (1, 2),
-    "unflatten": 3,
-    "sum": 2,
-    "shape": 1,
-    "masked": 1,
-    "l2norm": 1,
-    "cat": 2,
-    "transpose": 3,
-    "repeat_kv": 2,
-    "tokens": 1,
-    "topk_weights": 3,
-    "topk_indices": 2,
-    "vnorm": 1,
-    "chunk": 3,
-    "delta_rule": (5, 6),
+
+
+@dataclass(frozen=True)
+class Function:
+    """One function a spec expression may call: the whitelist, and the spec reference's table."""
+
+    arity: Arity  # positional arguments: n, or (fewest, most)
+    signature: str  # how a spec writes the call
+    doc: str  # what it computes, one sentence (the spec reference shows it)
+    # keyword arguments it takes: name -> the string literals allowed there, or None for any expression
+    keywords: tuple[tuple[str, tuple[str, ...] | None], ...] = ()
+    strings: tuple[int, ...] = ()  # positional arguments that are string literals (checked: ``check``)
+    context: bool = False  # also receives the values mapping (the call's attention mask, the config)
+
+
+def _f(arity: Arity, signature: str, doc: str, **kw: Any) -> Function:
+    return Function(arity, signature, doc, **kw)
+
+
+# Functions identities and derived values may call; each compiles to ``nnatlas.functions.<name>``.
+# This table is the one list: the compiler checks calls against it and the spec reference
+# (docs/spec.md) prints it.
+FUNCTIONS: dict[str, Function] = {
+    "sigmoid": _f(1, "sigmoid(x)", "1 / (1 + exp(-x)), elementwise."),
+    "tanh": _f(1, "tanh(x)", "The hyperbolic tangent, elementwise."),
+    "silu": _f(1, "silu(x)", "x * sigmoid(x) (SiLU / swish), elementwise."),
+    "gelu": _f(1, "gelu(x, approximate='none')",
+               "GELU, elementwise: exact (erf) by default, or the tanh approximation (gelu_new, gelu_pytorch_tanh) "
+               "with approximate='tanh'.", keywords=(("approximate", ("none", "tanh")),)),
+    "softplus": _f(1, "softplus(x)", "log(1 + exp(x)), elementwise (torch's default threshold 20)."),
+    "exp": _f(1, "exp(x)", "e ** x, elementwise."),
+    "log": _f(1, "log(x)", "The natural logarithm, elementwise."),
+    "abs": _f(1, "abs(x)", "The absolute value, elementwise."),
+    "softmax": _f(2, "softmax(x, dim)", "Softmax along dim, computed in float32 and cast back to x's dtype."),
+    "cumsum": _f(2, "cumsum(x, dim)", "The running sum along dim."),
+    "sum": _f(2, "sum(x, dim)", "The sum along dim."),
+    "einsum": _f((2, 6), "einsum('bhqk,bhkd->bhqd', a, b, ...)",
+                 "torch.einsum; the equation is a string literal, checked when the spec compiles (one subscript "
+                 "group per operand, output letters drawn from the inputs, each at most once).", strings=(0,)),
+    "flatten": _f((1, 2), "flatten(x, start=0)", "x flattened from dim start on."),
+    "unflatten": _f(3, "unflatten(x, dim, [a, b])", "Dim dim of x split into the sizes given."),
+    "transpose": _f(3, "transpose(x, a, b)", "x with dims a and b swapped."),
+    "chunk": _f(3, "chunk(x, n, dim)", "x cut into n equal pieces along dim (index the result: chunk(...)[1])."),
+    "cat": _f(2, "cat([a, b], dim)", "The tensors concatenated along dim."),
+    "shape": _f(1, "shape(x)", "x's sizes, as a list."),
+    "l2norm": _f(1, "l2norm(x)", "x divided by its L2 norm along the last dim (clamped at 1e-6)."),
+    "vnorm": _f(1, "vnorm(x)", "The L2 norm of each vector along the last dim, in float32."),
+    "repeat_kv": _f(2, "repeat_kv(x, groups)", "Each key/value head of a [batch heads seq dim] tensor repeated groups "
+                    "times (grouped-query attention)."),
+    "tokens": _f(1, "tokens(x)", "[batch, seq, ...] flattened to [batch * seq, ...], the tokens a mixture of experts sees."),
+    "topk_weights": _f(3, "topk_weights(probs, k, normalize)",
+                       "The k largest probabilities of each row, divided by their sum when normalize is true."),
+    "topk_indices": _f(2, "topk_indices(probs, k)", "The indices of the k largest entries of each row, largest first."),
+    "masked": _f(1, "masked(pattern, window=None, chunk=None, sinks=0)",
+                 "The entries of a [batch heads query key] attention pattern that the model's mask hides, as a flat "
+                 "tensor: causal and padding always; with window=W also the keys W or more positions behind the query "
+                 "(sliding window, as transformers' sliding_window_overlay); with chunk=C the keys outside the query's "
+                 "chunk of C positions, counted from the first real token (attention_chunk_size); with sinks=N the "
+                 "pattern's last N columns are sinks (gpt-oss), never hidden. Rows of padding queries are left out. "
+                 "window or chunk None means none.",
+                 keywords=(("window", None), ("chunk", None), ("sinks", None)), context=True),
+    "delta_rule": _f((5, 6), "delta_rule(q, k, v, g, beta, state=None)",
+                     "The gated delta rule token by token (DeltaNet; transformers' torch_recurrent_gated_delta_rule "
+                     "with the kernel's l2 norm and 1/sqrt(key_dim) scale): q, k [batch seq key_heads key_dim], v "
+                     "[batch seq heads value_dim], g (log decay) and beta [batch seq heads]; returns (outputs [batch "
+                     "seq heads value_dim], final state [batch heads key_dim value_dim])."),
+    "selective_scan": _f((5, 7), "selective_scan(x, dt, A, B, C, D=None, z=None)",
+                         "Mamba's selective scan token by token (transformers' mamba_selective_scan, recurrent path): "
+                         "x, dt (already softplus-ed), z [batch seq channels], A [channels state], B, C [batch seq "
+                         "state], D [channels]: h = exp(dt A) h + dt B x; y = C h + D x, times silu(z) when given. "
+                         "Returns (y [batch seq channels], final state [batch channels state])."),
 }
-CONTEXT_FUNCTIONS = {"masked"}  # these also receive the values mapping (the call's mask, the config)
-CONFIG_FUNCTIONS: dict[str, Arity] = {"len": 1, "min": 2, "max": 2, "count": 2, "int": 1}
-VIEW_OPS: dict[str, Arity] = {"unflatten": 2, "unsqueeze": 1, "transpose": 2, "flatten": (1, 2)}
+CONFIG_FUNCTIONS: dict[str, Function] = {
+    "len": _f(1, "len(xs)", "The length of a list (config.layer_types ...)."),
+    "min": _f(2, "min(a, b)", "The smaller of two numbers."),
+    "max": _f(2, "max(a, b)", "The larger of two numbers."),
+    "count": _f(2, "count(xs, item)", "How many times item occurs in the list xs."),
+    "int": _f(1, "int(x)", "x rounded toward zero to an integer."),
+}
+VIEW_OPS: dict[str, Function] = {
+    "unflatten": _f(2, "unflatten(dim, [a, b])", "Split dim into the sizes given (config names or integers)."),
+    "unsqueeze": _f(1, "unsqueeze(dim)", "Add a dim of size 1."),
+    "transpose": _f(2, "transpose(a, b)", "Swap two dims."),
+    "flatten": _f((1, 2), "flatten(start, end=-1)", "Merge dims start..end into one."),
+}
+CONTEXT_FUNCTIONS = {n for n, f in FUNCTIONS.items() if f.context}  # these also receive the values mapping
+
+def _check_einsum(equation: str, operands: int) -> str | None:
+    """What is wrong with an einsum equation given ``operands`` tensors, or None."""
+    eq = equation.replace(" ", "")
+    m = re.fullmatch(r"((?:[A-Za-z]|\.\.\.)*(?:,(?:[A-Za-z]|\.\.\.)*)*)(?:->((?:[A-Za-z]|\.\.\.)*))?", eq)
+    if not m:
+        return f"equation {equation!r}: subscripts are letters and '...', operands separated by ',', then '->' and the output"
+    inputs = m.group(1).split(",")
+    if len(inputs) != operands:
+        return f"equation {equation!r} has {len(inputs)} operand(s), the call gives {operands}"
+    for sub in inputs:
+        if sub.count("...") > 1:
+            return f"equation {equation!r}: '...' at most once per operand"
+    out = m.group(2)
+    if out is not None:
+        letters = out.replace("...", "")
+        if len(set(letters)) != len(letters):
+            return f"equation {equation!r}: an output letter appears twice"
+        seen = set("".join(inputs).replace("...", ""))
+        extra = sorted(set(letters) - seen)
+        if extra:
+            return f"equation {equation!r}: output letter(s) {', '.join(extra)} appear in no operand"
+        if "..." in out and not any("..." in sub for sub in inputs):
+            return f"equation {equation!r}: '...' in the output but in no operand"
+    return None
+
+
+_STRING_CHECKS: dict[str, Callable[[str, int], str | None]] = {"einsum": _check_einsum}
 
 MAX_TEXT = 1000  # characters in one expression, read point or view
 MAX_DEPTH = 40  # nodes nested inside each other in one expression
@@ -136,7 +226,7 @@ def _dotted(node: ast.expr) -> str | None:
 
 
 class _Emitter:
-    def __init__(self, name_code: Callable[[str], str], functions: dict[str, int | tuple[int, int]], fn_prefix: str,
+    def __init__(self, name_code: Callable[[str], str], functions: dict[str, Function], fn_prefix: str,
                  allow_compare: bool, allow_strings: bool, allow_bool: bool):
         self.name_code = name_code
         self.functions = functions
@@ -191,24 +281,55 @@ class _Emitter:
         if isinstance(node, ast.Subscript):
             return f"{self.emit(node.value)}[{self.emit_index(node.slice)}]"
         if isinstance(node, ast.Call):
-            if not isinstance(node.func, ast.Name):
-                raise self.fail(node, "only named functions may be called (no methods)")
-            name = node.func.id
-            if name not in self.functions:
-                allowed = ", ".join(sorted(self.functions))
-                raise self.fail(node, f"unknown function '{name}' (allowed: {allowed})")
-            if node.keywords:
-                raise self.fail(node, f"{name}() takes positional arguments only")
-            arity = self.functions[name]
-            lo, hi = (arity, arity) if isinstance(arity, int) else arity
-            if not lo <= len(node.args) <= hi:
-                raise self.fail(node, f"{name}() takes {lo if lo == hi else f'{lo} to {hi}'} arguments, got {len(node.args)}")
-            args = ", ".join([self.emit_arg(a) for a in node.args] + (["v"] if name in CONTEXT_FUNCTIONS else []))
-            return f"{self.fn_prefix}{name}({args})"
+            return self.emit_call(node)
         if isinstance(node, ast.List | ast.Tuple):
             inner = ", ".join(self.emit(e) for e in node.elts)
             return f"[{inner}]" if isinstance(node, ast.List) else f"({inner}{',' if len(node.elts) == 1 else ''})"
         raise self.fail(node, f"'{ast.unparse(node)}' is not allowed in a spec expression")
+
+    def emit_call(self, node: ast.Call) -> str:
+        if not isinstance(node.func, ast.Name):
+            raise self.fail(node, "only named functions may be called (no methods)")
+        name = node.func.id
+        if name not in self.functions:
+            allowed = ", ".join(sorted(self.functions))
+            close = difflib.get_close_matches(name, self.functions, n=1, cutoff=0.6)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise self.fail(node, f"unknown function '{name}'{hint} (allowed: {allowed})")
+        fn = self.functions[name]
+        lo, hi = (fn.arity, fn.arity) if isinstance(fn.arity, int) else fn.arity
+        if not lo <= len(node.args) <= hi:
+            raise self.fail(node, f"{name}() takes {lo if lo == hi else f'{lo} to {hi}'} positional arguments, "
+                                  f"got {len(node.args)}: {fn.signature}")
+        allowed_kw = dict(fn.keywords)
+        args = []
+        for k, a in enumerate(node.args):
+            if k in fn.strings:
+                if not (isinstance(a, ast.Constant) and isinstance(a.value, str)):
+                    raise self.fail(a, f"{name}(): argument {k + 1} is a string literal: {fn.signature}")
+                check = _STRING_CHECKS.get(name)
+                if check is not None:
+                    problem = check(a.value, len(node.args) - 1)
+                    if problem:
+                        raise self.fail(a, f"{name}(): {problem}")
+                args.append(repr(a.value))
+            else:
+                args.append(self.emit_arg(a))
+        if name in CONTEXT_FUNCTIONS:
+            args.append("v")
+        for kw in node.keywords:
+            if kw.arg is None or kw.arg not in allowed_kw:
+                what = "**" if kw.arg is None else f"keyword '{kw.arg}'"
+                takes = f"takes the keywords {', '.join(allowed_kw)}" if allowed_kw else "takes positional arguments only"
+                raise self.fail(kw.value if kw.arg is None else node, f"{name}() {takes}, not {what}: {fn.signature}")
+            literals = allowed_kw[kw.arg]
+            if literals is not None:
+                if not (isinstance(kw.value, ast.Constant) and kw.value.value in literals):
+                    raise self.fail(kw.value, f"{name}(): {kw.arg} is one of {', '.join(repr(x) for x in literals)}")
+                args.append(f"{kw.arg}={kw.value.value!r}")
+            else:
+                args.append(f"{kw.arg}={self.emit_arg(kw.value)}")
+        return f"{self.fn_prefix}{name}({', '.join(args)})"
 
     def emit_arg(self, node: ast.expr) -> str:
         """A call's argument: an operator expression needs no parentheses of its own there."""
@@ -286,7 +407,7 @@ def parse_view(text: str) -> list[tuple[str, tuple[object, ...]]]:
         fname = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
         if fname not in VIEW_OPS:
             raise ExprError(f"unknown view '{fname}' (allowed: {', '.join(sorted(VIEW_OPS))})", call.col_offset)
-        arity = VIEW_OPS[fname]
+        arity = VIEW_OPS[fname].arity
         lo, hi = (arity, arity) if isinstance(arity, int) else arity
         if call.keywords or not lo <= len(call.args) <= hi:
             raise ExprError(f"{fname}() takes {lo if lo == hi else f'{lo} to {hi}'} positional arguments", call.col_offset)
@@ -313,7 +434,7 @@ def _view_arg(node: ast.expr) -> object:
 # ---- evaluating config expressions at generate time (no eval: a walk of the same whitelist) ----
 
 _CONFIG_CALLS: dict[str, Callable[..., object]] = {
-    "len": len, "min": min, "max": max, "count": lambda xs, item: list(xs).count(item)}
+    "len": len, "min": min, "max": max, "int": int, "count": lambda xs, item: list(xs).count(item)}
 _PYOPS: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
     ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow, ast.Mod: operator.mod, ast.Eq: operator.eq,

@@ -20,122 +20,150 @@ class Strict(BaseModel):
 # ---- the shared vocabulary ---------------------------------------------------------------
 
 class LayoutRaw(Strict):
+    """A layout: a value's dims in order, and its dtype."""
+
     dims: StrictStr = Field(description="space-separated dims, e.g. 'batch seq hidden_size'; empty for a scalar")
-    dtype: StrictStr = "float"
-    optional: StrictBool = False
+    dtype: StrictStr = Field(default="float", description="float, long, bool or object")
+    optional: StrictBool = Field(default=False, description="the value may be None")
 
 
 class VocabValueRaw(Strict):
-    layout: StrictStr
-    meaning: StrictStr
-    optional: StrictBool = False  # the value may be None ("State | None")
+    """A standard value: its layout and its one-line meaning."""
+
+    layout: StrictStr = Field(description="a layout of layouts:, e.g. Residual")
+    meaning: StrictStr = Field(description="what the value is, in one line: every page shows these words")
+    optional: StrictBool = Field(default=False, description='the value may be None ("State | None")')
 
 
 class ConditionRaw(Strict):
-    says: StrictStr
-    fix: StrictStr
-    # a config attribute of the module the value is read in (or of the model) and the values that
-    # serve it: ``attribute: _experts_implementation, values: [grouped_mm, batched_mm]``
-    attribute: StrictStr | None = None
-    values: list[StrictStr] = []
-    # load: decided by how the model was loaded (attn_implementation, a processor);
-    # call: decided by the inputs of one call (images in the prompt), checked before the forward
-    kind: Literal["load", "call"] = "load"
+    """A condition a value may need (``needs:``, a load condition) or be reached under (``reached:``, a call condition)."""
+
+    says: StrictStr = Field(description="what the condition is, as support() and the pages say it")
+    fix: StrictStr = Field(description="what meets it: the load or the call that serves the value")
+    attribute: StrictStr | None = Field(
+        default=None, description="a config attribute of the module the value is read in (or of the model) that "
+        "decides it: attribute: _experts_implementation")
+    values: list[StrictStr] = Field(default=[], description="the attribute's values that serve it: [grouped_mm, batched_mm]")
+    kind: Literal["load", "call"] = Field(
+        default="load", description="load: decided by how the model was loaded (attn_implementation, a processor); "
+        "call: decided by the inputs of one call (images in the prompt), checked before the forward")
     never: StrictBool = Field(default=False, description="no load meets it: the value is Unavailable everywhere, with this reason")
 
 
 class Vocabulary(Strict):
-    dims: dict[StrictStr, StrictStr]
-    layouts: dict[StrictStr, LayoutRaw]
-    values: dict[StrictStr, VocabValueRaw]
-    streams: dict[StrictStr, dict[StrictStr, VocabValueRaw]] = {}
-    conditions: dict[StrictStr, ConditionRaw] = {}
-    traits: dict[StrictStr, StrictStr] = {}
+    """specs/_vocabulary.yaml: what every standard value is, written once for every family."""
+
+    dims: dict[StrictStr, StrictStr] = Field(description="dim name → what it counts (batch, seq, hidden_size ...)")
+    layouts: dict[StrictStr, LayoutRaw] = Field(description="layout name → its dims and dtype")
+    values: dict[StrictStr, VocabValueRaw] = Field(description="standard value name → its layout and meaning")
+    streams: dict[StrictStr, dict[StrictStr, VocabValueRaw]] = Field(
+        default={}, description="stream name → values that mean something else on the hosts that say stream: NAME "
+        "(a vision encoder's layer_input, a DeltaNet's attention_queries)")
+    conditions: dict[StrictStr, ConditionRaw] = Field(default={}, description="condition name → what it says and what meets it")
+    traits: dict[StrictStr, StrictStr] = Field(default={}, description="trait name → what it means (the chips on the pages)")
 
 
 # ---- a family ----------------------------------------------------------------------------
 
 class ValueRaw(Strict):
-    read: StrictStr | None = None
-    derived: StrictStr | None = None
-    view: StrictStr | None = None
-    needs: StrictStr | None = None
-    # the family has no such value, and why (support() and the page say so; reading it raises Unavailable)
-    missing: StrictStr | None = None
-    reached: StrictStr | None = None
+    """Where a standard value is read, in one of these forms: a read point (a string, short for {read: STRING});
+    {read: ..., view: ..., needs: ...}; {derived: EXPRESSION}; {missing: WHY} (the family has none); or null,
+    which drops an inherited value."""
+
+    read: StrictStr | None = Field(default=None, description="a read point (see Read points)")
+    derived: StrictStr | None = Field(
+        default=None, description="an expression of the host's values, model.<value> and config entries "
+        "(see Expressions): computed, read-only")
+    view: StrictStr | None = Field(
+        default=None, description="a view onto the layout: unflatten(-1, [num_heads, head_dim]).transpose(1, 2); "
+        "views are views, so an edit of the served tensor lands in the model")
+    needs: StrictStr | None = Field(default=None, description="a load condition of the vocabulary (eager, torch_kernels ...): ⚠︎ conditional")
+    missing: StrictStr | None = Field(
+        default=None, description="the family has no such value, and why: support() and the page say so; reading it "
+        "raises Unavailable. Alone: no read, derived, view or needs")
+    reached: StrictStr | None = Field(default=None, description="a call condition of the vocabulary (images): the value exists only on such calls")
     readonly: StrictStr | None = Field(default=None, description="why an edit here would reach nothing: the value is then read-only")
-    # what an edit reaches: "logits" (this forward, the default), "later" (only later calls: a
-    # state written to the cache), "none" (a record of what ran: read-only)
-    edit: StrictStr = "logits"
-    # serve a copy, put in the call's place: for a buffer the model overwrites later in the same run
-    # (a cache's state), so the saved value keeps what entered and in-place edits still reach the call
-    served_copy: StrictBool = Field(default=False, alias="copy")
+    edit: StrictStr = Field(
+        default="logits", description='what an edit reaches: "logits" (this forward), "later" (only later calls: a '
+        'state written to the cache), "none" (a record of what ran: read-only)')
+    served_copy: StrictBool = Field(
+        default=False, alias="copy", description="serve a copy put in the call's place: for a buffer the model "
+        "overwrites later in the same run (a cache's state), so the saved value keeps what entered")
 
 
 class IdentityRaw(Strict):
-    check: StrictStr
-    atol: StrictFloat | StrictInt = 0.0
-    rtol: StrictFloat | StrictInt = 0.0
+    """An equation the generated tests check on every drawn tiny config. A plain string is short for {check: STRING}."""
+
+    check: StrictStr = Field(description="lhs OP rhs, OP one of == != < <= > >= (see Expressions)")
+    atol: StrictFloat | StrictInt = Field(default=0.0, description="absolute tolerance of ==")
+    rtol: StrictFloat | StrictInt = Field(default=0.0, description="relative tolerance of ==")
 
 
 class KindRaw(Strict):
     """One block kind of a hybrid stack: the blocks ``when`` selects, with their own values and identities."""
 
-    when: StrictStr
-    values: dict[StrictStr, StrictStr | ValueRaw | None] = {}
-    identities: list[StrictStr | IdentityRaw] = []
+    when: StrictStr = Field(description="a block condition over the config and the block index i: layer_types[i] == 'full_attention'")
+    values: dict[StrictStr, StrictStr | ValueRaw | None] = Field(default={}, description="the kind's own values, beside the host's")
+    identities: list[StrictStr | IdentityRaw] = Field(default=[], description="the kind's own identities, beside the host's")
 
 
 class HostRaw(Strict):
-    cls: StrictStr | None = Field(default=None, alias="class")
-    when: StrictStr | None = None
-    stream: StrictStr | None = None
-    # dims this host's values are sized by another config entry: {intermediate_size: shared_expert_intermediate_size}
-    dims: dict[StrictStr, StrictStr] = {}
+    """A native module under a standard path (model, layers[i], layers[i].self_attn ...) and the values read there."""
+
+    cls: StrictStr | None = Field(default=None, alias="class", description="the native class (required once, here or in a base)")
+    when: StrictStr | None = Field(default=None, description="a block condition: the host exists only on the blocks it selects")
+    stream: StrictStr | None = Field(default=None, description="a stream of the vocabulary whose value meanings apply here")
+    dims: dict[StrictStr, StrictStr] = Field(
+        default={}, description="dims this host's values are sized by another config entry: "
+        "{intermediate_size: shared_expert_intermediate_size}")
     needs: StrictStr | None = Field(default=None, description="the load condition of every value here, unless a value says its own")
     reached: StrictStr | None = Field(default=None, description="the call condition of every value here, unless a value says its own")
-    values: dict[StrictStr, StrictStr | ValueRaw | None] = {}
-    identities: list[StrictStr | IdentityRaw] = []
-    # hybrid stacks: one entry per block kind (``model.<kind>_layers`` lists its blocks)
-    kinds: dict[StrictStr, KindRaw] = {}
+    values: dict[StrictStr, StrictStr | ValueRaw | None] = Field(
+        default={}, description="standard value name → where it is read (a read point, {read: ...}, {derived: ...}, "
+        "{missing: why}); null drops an inherited one")
+    identities: list[StrictStr | IdentityRaw] = Field(default=[], description="equations between the host's values")
+    kinds: dict[StrictStr, KindRaw] = Field(
+        default={}, description="hybrid stacks: one entry per block kind, each with its when (model.<kind>_layers lists its blocks)")
 
 
 class RouteRaw(Strict):
     """How ``route_kernels(family, "torch")`` runs a function group token by token."""
 
-    torch: StrictStr  # the pure-torch function each token's step calls
-    seq_dim: StrictInt = 1  # the sequence dim of the sequence arguments and of the outputs
-    state_arg: StrictStr  # the argument that carries the state into a step
-    state_output: StrictInt  # the output element that is the state after a step
-    final_state_flag: StrictStr | None = None  # the argument asking the function to return its final state
+    torch: StrictStr = Field(description="the pure-torch function each token's step calls")
+    seq_dim: StrictInt = Field(default=1, description="the sequence dim of the sequence arguments and of the outputs")
+    state_arg: StrictStr = Field(description="the argument that carries the state into a step")
+    state_output: StrictInt = Field(description="the output element that is the state after a step")
+    final_state_flag: StrictStr | None = Field(default=None, description="the argument asking the function to return its final state")
 
 
 class FunctionRaw(Strict):
     """Module-level functions a host's forward calls, under one name: whichever the call runs."""
 
-    names: list[StrictStr]
-    words: StrictStr
-    route: RouteRaw | None = None
+    names: list[StrictStr] = Field(description="globals of the host's modeling module (whichever the call runs)")
+    words: StrictStr = Field(description="what the call is, for the pages")
+    route: RouteRaw | None = Field(default=None, description="how route_kernels(family, 'torch') runs it token by token")
 
 
 class LoadsRaw(Strict):
-    model_types: list[StrictStr]
-    classes: list[StrictStr]
+    """What loads as the family."""
+
+    model_types: list[StrictStr] = Field(description="config model_type values (a multimodal wrapper is picked by its text_config's)")
+    classes: list[StrictStr] = Field(description="model classes")
 
 
 class ImagesRaw(Strict):
     """How the generated tests draw image inputs: how many images per prompt and their pixel sizes."""
 
-    count: list[StrictInt]
-    sizes: list[tuple[StrictInt, StrictInt]]
+    count: list[StrictInt] = Field(description="how many images per prompt (drawn)")
+    sizes: list[tuple[StrictInt, StrictInt]] = Field(description="[height, width] pixel sizes (drawn)")
 
 
 class ProcessorRaw(Strict):
     """A processor built locally for the tiny models: no hub, no torchvision."""
 
-    cls: StrictStr = Field(alias="class")
-    image_processor: StrictStr
-    image_processor_config: dict[StrictStr, Any] = {}
+    cls: StrictStr = Field(alias="class", description="the processor class of transformers")
+    image_processor: StrictStr = Field(description="the image processor class (a Pil one: no torchvision)")
+    image_processor_config: dict[StrictStr, Any] = Field(default={}, description="its keyword arguments")
     tokens: list[StrictStr] = Field(default=[], description="special tokens given the ids after [PAD] [UNK] [BOS] [EOS], in order")
 
 
@@ -144,52 +172,61 @@ class TinyLoadRaw(Strict):
     Qwen3_5ForConditionalGeneration around Qwen3_5ForCausalLM's text model). The text config is
     the family's drawn tiny config (under text_config); ``config`` and ``draw`` add the rest."""
 
-    model_class: StrictStr
-    config_class: StrictStr
-    config: dict[StrictStr, Any] = {}
-    draw: dict[StrictStr, list[Scalar | list[Scalar]] | StrictStr] = {}
-    processor: ProcessorRaw
-    images: ImagesRaw
-    examples: StrictInt = 6
+    model_class: StrictStr = Field(description="the wrapper's model class")
+    config_class: StrictStr = Field(description="the wrapper's config class")
+    config: dict[StrictStr, Any] = Field(default={}, description="fixed config entries")
+    draw: dict[StrictStr, list[Scalar | list[Scalar]] | StrictStr] = Field(
+        default={}, description="drawn config entries: a list of choices, or an expression of earlier entries")
+    processor: ProcessorRaw = Field(description="the processor built for it")
+    images: ImagesRaw = Field(description="the images drawn")
+    examples: StrictInt = Field(default=6, description="hypothesis examples per test")
 
 
 class TinyRaw(Strict):
-    model_class: StrictStr
-    config_class: StrictStr
-    config: dict[StrictStr, Any] = {}
-    draw: dict[StrictStr, list[Scalar | list[Scalar]] | StrictStr] = {}
-    batch: tuple[StrictInt, StrictInt] = (1, 3)
-    seq: tuple[StrictInt, StrictInt] = (1, 8)
-    examples: StrictInt = 12
-    # the experts implementations (transformers' experts interface) the generated tests run under
-    experts: list[StrictStr] = []
-    processor: ProcessorRaw | None = None
-    images: ImagesRaw | None = None
-    image_text: TinyLoadRaw | None = None
+    """The tiny random configs the generated tests draw, and their inputs."""
+
+    model_class: StrictStr = Field(description="the transformers model class built")
+    config_class: StrictStr = Field(description="its config class")
+    config: dict[StrictStr, Any] = Field(default={}, description="fixed config entries (null passes None)")
+    draw: dict[StrictStr, list[Scalar | list[Scalar]] | StrictStr] = Field(
+        default={}, description="drawn config entries, in order: a list of choices, or an expression of entries "
+        "drawn or fixed before it (n_embd: n_head * _head_dim; a name starting with _ is a helper, not passed)")
+    batch: tuple[StrictInt, StrictInt] = Field(default=(1, 3), description="[low, high] of the batch size drawn")
+    seq: tuple[StrictInt, StrictInt] = Field(default=(1, 8), description="[low, high] of the sequence length drawn")
+    examples: StrictInt = Field(default=12, description="hypothesis examples per test")
+    experts: list[StrictStr] = Field(
+        default=[], description="the experts implementations (eager, batched_mm, grouped_mm) the generated tests run under")
+    processor: ProcessorRaw | None = Field(default=None, description="a processor built locally, for image inputs")
+    images: ImagesRaw | None = Field(default=None, description="the images drawn (needs processor)")
+    image_text: TinyLoadRaw | None = Field(default=None, description="a second load: the multimodal wrapper of the text model")
 
 
 class CheckpointRaw(Strict):
-    name: StrictStr
-    config: dict[StrictStr, Any]
+    """A released checkpoint: the page builds it on the meta device (offline) for its printout and config table."""
+
+    name: StrictStr = Field(description="the hub name")
+    config: dict[StrictStr, Any] = Field(description="its config.json entries, as released")
 
 
 class NoteRaw(Strict):
-    title: StrictStr
-    body: StrictStr
-    # the load its examples run on: a family with a tiny.image_text load runs an image-text note there
-    load: Literal["text-generation", "image-text-to-text"] | None = None
+    """A prose section of the page (Markdown); its python code blocks run in the generated tests on the tiny config."""
+
+    title: StrictStr = Field(description="the section title")
+    body: StrictStr = Field(description="Markdown: paragraphs, '- ' lists, pipe tables, `code`, **bold**, fenced python examples")
+    load: Literal["text-generation", "image-text-to-text"] | None = Field(
+        default=None, description="the load its examples run on (image-text-to-text: the tiny.image_text load)")
 
 
 class SharedNoteRaw(Strict):
     """A reference to a group of notes written once in specs/_notes.yaml."""
 
-    shared: StrictStr
+    shared: StrictStr = Field(description="a group name of specs/_notes.yaml")
 
 
 class UnavailableRaw(Strict):
     """A config entry no config value answers: reading it raises Unavailable with this reason."""
 
-    unavailable: StrictStr
+    unavailable: StrictStr = Field(description="why: reading the entry raises Unavailable with these words")
 
 
 class DiagramRaw(Strict):
@@ -201,27 +238,38 @@ class DiagramRaw(Strict):
     ``vision`` and ``vision_block`` the same for the vision encoder, when the family has one.
     """
 
-    text: list[StrictStr] | None = None
-    block: list[StrictStr] | None = None
-    vision: list[StrictStr] | None = None
-    vision_block: list[StrictStr] | None = None
+    text: list[StrictStr] | None = Field(default=None, description="the path of the tokens")
+    block: list[StrictStr] | None = Field(default=None, description="one block of layers")
+    vision: list[StrictStr] | None = Field(default=None, description="the vision encoder's path")
+    vision_block: list[StrictStr] | None = Field(default=None, description="one vision block")
 
 
 class FamilyRaw(Strict):
-    family: StrictStr
-    # one base, or several merged left to right (a later base overrides an earlier one; this file, all)
-    extends: StrictStr | list[StrictStr] | None = None
-    title: StrictStr | None = None
-    lines: list[StrictStr] | None = None
-    summary: StrictStr | None = None
-    traits: list[StrictStr] | None = None
-    loads: LoadsRaw | None = None
-    rename: dict[StrictStr, StrictStr | list[StrictStr]] = {}
-    config: dict[StrictStr, StrictStr | StrictInt | StrictFloat | UnavailableRaw] = {}
-    functions: dict[StrictStr, FunctionRaw] = {}
-    hosts: dict[StrictStr, HostRaw] = {}
-    tiny: TinyRaw | None = None
-    checkpoints: list[CheckpointRaw] = []
-    notes: list[NoteRaw | SharedNoteRaw] = []
-    docstring: StrictStr | None = None
-    diagram: DiagramRaw | None = None
+    """specs/FAMILY.yaml: one model family. With extends, every key but family may come from a base."""
+
+    family: StrictStr = Field(description="the family's name, lowercase; the file is specs/<family>.yaml")
+    extends: StrictStr | list[StrictStr] | None = Field(
+        default=None, description="one base, or several merged left to right (a later base overrides an earlier "
+        "one; this file, all of them)")
+    title: StrictStr | None = Field(default=None, description="the page title (required)")
+    lines: list[StrictStr] | None = Field(default=None, description="the product names (required)")
+    summary: StrictStr | None = Field(default=None, description="one paragraph (required)")
+    traits: list[StrictStr] | None = Field(default=None, description="traits of the vocabulary (required)")
+    loads: LoadsRaw | None = Field(default=None, description="which model types and classes load as the family (required)")
+    rename: dict[StrictStr, StrictStr | list[StrictStr]] = Field(
+        default={}, description="standard name → native path or paths: layers: [model.layers, "
+        "model.language_model.layers]; vision.layers[i].self_attn: attn")
+    config: dict[StrictStr, StrictStr | StrictInt | StrictFloat | UnavailableRaw] = Field(
+        default={}, description="normalized config entry → a config attribute, an expression (see Expressions) "
+        "or {unavailable: why}; model.NAME reads it")
+    presets: list[StrictStr] = Field(
+        default=[], description="named bundles of config entries taken whole (no_attention: an attention-free "
+        "family's head sizes raise Unavailable); an entry the spec's config writes wins")
+    functions: dict[StrictStr, FunctionRaw] = Field(
+        default={}, description="a name for module-level functions the forward calls (fn:NAME read points)")
+    hosts: dict[StrictStr, HostRaw] = Field(default={}, description="host path → its native class and values; 'model' is required")
+    tiny: TinyRaw | None = Field(default=None, description="the tiny configs of the generated tests (required)")
+    checkpoints: list[CheckpointRaw] = Field(default=[], description="released configs the page prints")
+    notes: list[NoteRaw | SharedNoteRaw] = Field(default=[], description="the page's prose sections, in order")
+    docstring: StrictStr | None = Field(default=None, description="the adapter module's docstring (default: the summary)")
+    diagram: DiagramRaw | None = Field(default=None, description="how the page draws the family")

@@ -41,6 +41,7 @@ from .ir import (
     ValueIR,
 )
 from .models import FamilyRaw, HostRaw, IdentityRaw, NoteRaw, SharedNoteRaw, UnavailableRaw, ValueRaw, Vocabulary
+from .presets import PRESETS
 from .yamlpos import Located, load
 from .yamlpos import Path as DataPath
 
@@ -565,10 +566,23 @@ class _Family:
 
     def config(self) -> list[tuple[str, expr.Compiled, str]]:
         out = []
+        entries = dict(self.raw.config)
+        unknown_preset = False
+        for k, name in enumerate(self.raw.presets):
+            preset = PRESETS.get(name)
+            if preset is None:
+                self.err(("presets", k), f"unknown preset '{name}' (presets: {', '.join(sorted(PRESETS))})"
+                         + suggest(name, PRESETS))
+                unknown_preset = True
+                continue
+            for key, entry in preset.config(self.raw.title or self.raw.family).items():
+                entries.setdefault(key, entry)
         for key in REQUIRED_CONFIG:
-            if key not in self.raw.config:
-                self.err(("config",), f"config: the normalized attribute '{key}' is required", key=True)
-        for key, text in self.raw.config.items():
+            if key not in entries and not unknown_preset:  # a misspelt preset: its error says it all
+                hint = (" (an attention-free family takes them all with `presets: [no_attention]`)"
+                        if key in dict(PRESETS["no_attention"].reasons) else "")
+                self.err(("config",), f"config: the normalized attribute '{key}' is required{hint}", key=True)
+        for key, text in entries.items():
             if isinstance(text, UnavailableRaw):
                 out.append((key, expr.Compiled(f"_fn.config_unavailable({text.unavailable!r})", ()),
                             f"Unavailable: {text.unavailable}"))

@@ -55,6 +55,34 @@ def exp(x: torch.Tensor) -> torch.Tensor:
     return torch.exp(x)
 
 
+def tanh(x: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(x)
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.silu(x)
+
+
+def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    return torch.nn.functional.gelu(x, approximate=approximate)
+
+
+def softplus(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.softplus(x)
+
+
+def log(x: torch.Tensor) -> torch.Tensor:
+    return torch.log(x)
+
+
+def cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
+    return torch.cumsum(x, dim)
+
+
+def einsum(equation: str, *operands: torch.Tensor) -> torch.Tensor:
+    return torch.einsum(equation, *operands)
+
+
 def abs(x: torch.Tensor) -> torch.Tensor:  # noqa: A001 - the spec's name
     return torch.abs(x)
 
@@ -118,20 +146,41 @@ def topk_indices(probs: torch.Tensor, k: int) -> torch.Tensor:
     return torch.topk(probs, int(k), dim=-1).indices
 
 
-def masked(pattern: torch.Tensor, values: Mapping[str, Any]) -> torch.Tensor:
-    """The entries of a [batch heads query key] pattern that the causal and padding mask hides.
+def masked(pattern: torch.Tensor, values: Mapping[str, Any], window: Any = None, chunk: Any = None,
+           sinks: Any = 0) -> torch.Tensor:
+    """The entries of a [batch heads query key] pattern that the model's attention mask hides.
 
-    Rows of padding queries are left out: every key is hidden from them, and the model's
-    softmax over a fully masked row is not defined to be zero.
+    Causal and padding always (transformers' ``causal_mask_function`` and ``padding_mask_function``);
+    ``window``: also the keys ``window`` or more positions behind the query (``sliding_window_overlay``:
+    key > query - window is kept); ``chunk``: also the keys outside the query's chunk, chunks counted
+    from each row's first real token (``chunked_overlay`` with the left padding); ``sinks``: the last
+    ``sinks`` columns of the pattern are attention sinks (gpt-oss's softmax input/output before the
+    sink is dropped), never hidden. Queries are the last ``query`` of the ``key`` positions.
+    Rows of padding queries are left out: every key is hidden from them, and the model's softmax
+    over a fully masked row is not defined to be zero.
     """
-    q, k = pattern.shape[-2], pattern.shape[-1]
-    qpos = torch.arange(k - q, k, device=pattern.device)[:, None]
-    hidden = (torch.arange(k, device=pattern.device)[None, :] > qpos)[None]  # [1 query key]
+    sinks = int(sinks or 0)
+    q, k = pattern.shape[-2], pattern.shape[-1] - sinks
+    device = pattern.device
+    qpos = torch.arange(k - q, k, device=device)[:, None]  # [query 1]
+    kpos = torch.arange(k, device=device)[None, :]  # [1 key]
+    hidden = (kpos > qpos)[None]  # [1 query key]
+    if window is not None:
+        hidden = hidden | (kpos <= qpos - int(window))[None]
     mask = values.get("attention_mask")
+    if chunk is not None:
+        if mask is not None:  # left padding per row: the leading zeros of the attention mask
+            left = (mask.cumsum(-1) == 0).sum(-1).to(device)[:, None, None]
+        else:
+            left = torch.zeros(1, 1, 1, dtype=torch.long, device=device)
+        size = int(chunk)
+        hidden = hidden | ((kpos[None] - left) // size != (qpos[None] - left) // size)
     if mask is not None:
         keys_real = mask[:, None, :k] != 0  # [batch 1 key]
         queries_real = mask[:, k - q : k, None] != 0  # [batch query 1]
         hidden = (hidden | ~keys_real) & queries_real
+    if sinks:
+        hidden = torch.cat([hidden, hidden.new_zeros(*hidden.shape[:-1], sinks)], -1)
     return pattern.masked_select(hidden[:, None].expand_as(pattern))
 
 
@@ -168,3 +217,31 @@ def delta_rule(q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any = None) -> 
         s = s + torch.einsum("bhk,bhv->bhkv", kt, (vt - recalled) * beta[:, t, :, None])
         out[:, t] = torch.einsum("bhkv,bhk->bhv", s, q[:, t])
     return out.float(), s.float()
+
+
+def selective_scan(x: Any, dt: Any, A: Any, B: Any, C: Any, D: Any = None, z: Any = None  # noqa: N803 - Mamba's names
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mamba's selective scan, one token at a time, written out here (not transformers' kernel).
+
+    ``x``, ``dt``, ``z`` [batch seq channels] (``dt`` after its bias and softplus), ``A`` [channels
+    state] (negative: ``-exp(A_log)``), ``B``, ``C`` [batch seq state], ``D`` [channels] or None.
+    For each token t: h = exp(dt_t A) h + (dt_t x_t) B_t (h [batch channels state], zero at first);
+    y_t = h C_t + D x_t, then y_t * silu(z_t) when ``z`` is given. As transformers'
+    ``mamba_selective_scan`` computes it, in float64 here; returns (y [batch seq channels], the final
+    state [batch channels state]), in x's dtype and float32.
+    """
+    x, dt, A, B, C, D, z = (getattr(t, "value", t) if t is not None and not isinstance(t, torch.Tensor) else t
+                            for t in (x, dt, A, B, C, D, z))
+    xd, dtd, Ad, Bd, Cd = (t.double() for t in (x, dt, A, B, C))
+    b, seq, channels = xd.shape
+    h = torch.zeros(b, channels, Ad.shape[-1], dtype=torch.float64, device=xd.device)
+    ys = []
+    for t in range(seq):
+        h = torch.exp(dtd[:, t, :, None] * Ad) * h + (dtd[:, t] * xd[:, t])[..., None] * Bd[:, t, None, :]
+        ys.append((h * Cd[:, t, None, :]).sum(-1))
+    y = torch.stack(ys, 1)
+    if D is not None:
+        y = y + xd * D.double()
+    if z is not None:
+        y = y * torch.nn.functional.silu(z.double())
+    return y.to(x.dtype), h.float()

@@ -299,6 +299,10 @@ def _identity_layers_mlp_0(v: Any) -> Any:
     return (v['mlp_neurons'], (v['mlp_activation'] * v['up_proj.output']))
 
 
+def _identity_layers_mlp_1(v: Any) -> Any:
+    return (v['mlp_activation'], _fn.silu(v['gate_proj.output']))
+
+
 def _derive_vision_image_token_mask(v: Any) -> Any:
     return (v['model.input_ids'] == v['image_token_id'])
 
@@ -634,6 +638,7 @@ HOSTS: tuple[HostSpec, ...] = (
         ),
         identities=(
             Identity('mlp_neurons == mlp_activation * up_proj.output', ('mlp_neurons', 'mlp_activation', 'up_proj.output'), _identity_layers_mlp_0, '==', 0.0, 0.0),
+            Identity('mlp_activation == silu(gate_proj.output)', ('mlp_activation', 'gate_proj.output'), _identity_layers_mlp_1, '==', 0.0, 0.0),
         ),
     ),
     HostSpec(
