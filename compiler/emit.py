@@ -123,6 +123,8 @@ def _read_args(v: ValueIR, derive: str | None) -> str:
         args.append("scope_root=True")
     if r.fn:
         args.append(f"fn={r.fn!r}")
+    if r.up:
+        args.append(f"up={r.up}")
     return ", ".join(args)
 
 

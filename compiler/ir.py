@@ -193,6 +193,7 @@ class FamilyIR:
     notes: tuple[NoteIR, ...]
     docstring: str
     diagram: DiagramIR = DiagramIR(DEFAULT_TEXT, DEFAULT_BLOCK, (), DEFAULT_BLOCK)
+    attention: tuple[str, ...] | None = None  # declared attention implementations (None: read from the class)
 
     def hosts_at(self, path: str) -> tuple[HostIR, ...]:
         return tuple(h for h in self.hosts if h.path == path)

@@ -118,9 +118,15 @@ class FunctionRaw(Strict):
     route: RouteRaw | None = None
 
 
+AttentionImpl = Literal["eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3"]
+
+
 class LoadsRaw(Strict):
     model_types: list[StrictStr]
     classes: list[StrictStr]
+    # the attention implementations the model class accepts (attn_implementation=...); when not
+    # given, the generated tests read them from the class (_supports_sdpa, _supports_flex_attn)
+    attention: list[AttentionImpl] | None = None
 
 
 class ImagesRaw(Strict):

@@ -387,6 +387,8 @@ class _Family:
         for trait in r.traits or []:
             if trait not in self.vocab.traits:
                 self.err(("traits", (r.traits or []).index(trait)), f"unknown trait '{trait}'" + suggest(trait, self.vocab.traits))
+        if r.loads is not None and r.loads.attention is not None and "eager" not in r.loads.attention:
+            self.err(("loads", "attention"), "loads.attention: every class accepts 'eager' (the reference the tests run); list it")
         config = self.config()
         if "model" not in r.hosts:
             self.err(("hosts",), "the hosts must include 'model' (the root)")
@@ -413,6 +415,7 @@ class _Family:
             config=tuple(config), functions=functions, hosts=hosts_ir, tiny=tiny,
             checkpoints=tuple(CheckpointIR(c.name, tuple(c.config.items())) for c in r.checkpoints),
             notes=notes, docstring=(r.docstring or r.summary).strip(), diagram=diagram,
+            attention=tuple(r.loads.attention) if r.loads.attention is not None else None,
         )
 
     def diagram(self, hosts: tuple[HostIR, ...]) -> DiagramIR:
@@ -424,8 +427,9 @@ class _Family:
             full = f"{prefix}.{name}" if prefix else name
             if full in rename or any(h.path == full or h.path.startswith(full + "[i]") for h in hosts):
                 return True
-            return any(v.read is not None and v.read.module[:1] == (name,)
-                       for h in hosts if h.path == host for v in h.values)
+            return any(v.read is not None and v.read.module[:1] == (name,) and
+                       (h.path == host and not v.read.up or v.read.up == 1 and h.path.rsplit(".", 1)[0] == host)
+                       for h in hosts for v in h.values)
 
         out = {"text": DEFAULT_TEXT, "block": DEFAULT_BLOCK, "vision": (), "vision_block": DEFAULT_BLOCK}
         checks = {"text": ("", "model", ()), "block": ("layers[i]", "layers[i]", ("add", "mixer")),
@@ -539,6 +543,11 @@ class _Family:
             if defaults:
                 value = value.model_copy(update=defaults)
             built = self.value(vname, value, table[vname], vat, config_names)
+            depth = 0 if path == "model" else len(path.split("."))
+            if built is not None and built.read is not None and built.read.up > depth:
+                self.err(vat, f"{vname}: '{built.read.text}' climbs {built.read.up} host(s) up, but {path} has "
+                         f"{'no parent' if not depth else f'only {depth} above it'}", key=isinstance(v, ValueRaw))
+                continue
             if built is not None:
                 values.append(built)
         names = [x.name for x in values]

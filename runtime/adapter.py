@@ -63,6 +63,8 @@ class ReadPoint:
     kind ``derived``: computed by ``derive`` from other values of the host (``deps``; a dep
     ``model.x`` is the root's value ``x``, a config entry's name its value); read-only.
     kind ``missing``: the family has no such value; ``words`` says why (reading it raises Unavailable).
+    ``up``: the read starts that many hosts above the host (``^.post_attention_layernorm.output``
+    reads a sibling's boundary: what the stream receives from a sandwich-normed mixer).
     """
 
     kind: ReadKind
@@ -79,6 +81,7 @@ class ReadPoint:
     per_index: bool = False
     scope_root: bool = False
     fn: str | None = None
+    up: int = 0  # ``^.`` levels: the read starts at the host's parent (1), its grandparent (2), ...
     deps: tuple[str, ...] = ()
     derive: Callable[[Mapping[str, Any]], Any] | None = field(default=None, compare=False)
 
@@ -174,6 +177,8 @@ class Family:
     functions: Mapping[str, FunctionGroup] = field(default_factory=dict)
     spec_file: str = ""
     spec_sha256: str = ""
+    # the attention implementations the spec declares its classes accept (None: read from the class)
+    attention: tuple[str, ...] | None = None
 
     def host(self, path: str) -> HostSpec | None:
         for h in self.hosts:

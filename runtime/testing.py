@@ -153,6 +153,41 @@ def build(family: str, params: Mapping[str, Any] | None = None, attn_implementat
     return wrap(hf, tokenizer=tiny_tokenizer(vocab))
 
 
+CPU_ATTENTION = ("eager", "sdpa")  # the attention implementations a CPU test can run
+
+
+def _class_attention(cls: Any) -> tuple[str, ...]:
+    """What a transformers model class accepts, from its flags (eager always)."""
+    flags = {"sdpa": "_supports_sdpa", "flex_attention": "_supports_flex_attn",
+             "flash_attention_2": "_supports_flash_attn", "flash_attention_3": "_supports_flash_attn"}
+    return ("eager", *(impl for impl, flag in flags.items() if getattr(cls, flag, False) is True))
+
+
+def attention_loads(family: str, variant: str | None = None) -> tuple[str, ...]:
+    """The attention implementations the generated tests load ``family`` under: those the spec
+    declares (``loads.attention``) or, when it declares none, those the tiny model class accepts;
+    of them, the ones that run on CPU."""
+    import transformers
+
+    declared = adapter_module(family).FAMILY.attention
+    accepted = declared if declared is not None else \
+        _class_attention(getattr(transformers, tiny_of(family, variant)["model_class"]))
+    return tuple(a for a in CPU_ATTENTION if a in accepted)
+
+
+def check_attention_loads(family: str) -> None:
+    """The declared (or read) attention implementations are exactly those the class builds under, on CPU."""
+    runs = attention_loads(family)
+    for impl in CPU_ATTENTION:
+        try:
+            build(family, attn_implementation=impl)
+        except ValueError as e:
+            assert impl not in runs, f"{family}: loads.attention lists {impl!r}, but the class refuses it: {e}"
+        else:
+            assert impl in runs, f"{family}: the class builds under {impl!r}, but the tests would not run it " \
+                "(add it to loads.attention)"
+
+
 def tiny_images(sizes: list[tuple[int, int]], seed: int = 0) -> list[Any]:
     """RGB images of the given (width, height), random pixels, made in memory."""
     import numpy as np
