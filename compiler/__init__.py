@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import emit, files, printouts
+from . import emit, files, printouts, treecheck
 from .errors import Problem, SpecError
 from .ir import Atlas, FamilyIR
 from .resolve import resolve
@@ -67,13 +67,17 @@ def printout_key(f: FamilyIR, atlas: Atlas) -> str:
 def plan_printouts(root: Path, atlas: Atlas, compute: bool) -> tuple[dict[str, str], list[str]]:
     """(family → printout text, the printout files that are stale).
 
+    Each family whose printout is recomputed is first checked against its module trees on the
+    meta device (``compiler/treecheck.py``); their problems, every family's, raise one SpecError.
     A fresh file (its header's key matches) is kept as it is; a stale one is recomputed on the
     meta device when ``compute`` (this imports torch), else reported stale and its old text kept.
     """
     texts: dict[str, str] = {}
     stale: list[str] = []
+    problems: list[Problem] = []
     for f in atlas.families:
-        if not f.checkpoints:
+        if not f.checkpoints:  # no printout to cache the module tree check: it runs every time
+            problems += treecheck.check(f, emit.render_family(f))
             continue
         rel = printouts.path_for(f.name)
         existing = files.read(root / rel)
@@ -81,11 +85,16 @@ def plan_printouts(root: Path, atlas: Atlas, compute: bool) -> tuple[dict[str, s
         if printouts.is_fresh(existing, f, key):
             texts[f.name] = existing or ""
         elif compute:
-            texts[f.name] = printouts.compute(f, emit.render_family(f), key)
+            found = treecheck.check(f, emit.render_family(f))  # a fresh printout means its family passed
+            problems += found
+            if not found:
+                texts[f.name] = printouts.compute(f, emit.render_family(f), key)
         else:
             stale.append(rel)
             if existing is not None:
                 texts[f.name] = existing
+    if problems:
+        raise SpecError(problems)
     return texts, stale
 
 

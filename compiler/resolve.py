@@ -374,6 +374,10 @@ class _Family:
         self.ok = True
         self.groups: dict[str, str] = {}
 
+    def at(self, path: DataPath, key: bool = False) -> tuple[str, int, int]:
+        file, (line, col) = self.merged.pos(path, key)
+        return (file, line, col)
+
     def err(self, path: DataPath, message: str, key: bool = False, col: int = 0) -> None:
         file, (line, c) = self.merged.pos(path, key)
         self.found.add(file, (line, c + col if col and not key else c), message)
@@ -416,6 +420,7 @@ class _Family:
             checkpoints=tuple(CheckpointIR(c.name, tuple(c.config.items())) for c in r.checkpoints),
             notes=notes, docstring=(r.docstring or r.summary).strip(), diagram=diagram,
             attention=tuple(r.loads.attention) if r.loads.attention is not None else None,
+            rename_at=tuple((k, self.at(("rename", k))) for k in r.rename), tiny_at=self.at(("tiny", "model_class")),
         )
 
     def diagram(self, hosts: tuple[HostIR, ...]) -> DiagramIR:
@@ -549,7 +554,7 @@ class _Family:
                          f"{'no parent' if not depth else f'only {depth} above it'}", key=isinstance(v, ValueRaw))
                 continue
             if built is not None:
-                values.append(built)
+                values.append(dataclasses.replace(built, at=self.at((*vat, "read"))))
         names = [x.name for x in values]
         root_names = self.root_value_names()
         for x in values:
@@ -566,8 +571,9 @@ class _Family:
             except expr.ExprError as e:
                 self.err(iat if isinstance(ident, str) else (*iat, "check"), f"identity: {e}", col=e.col)
                 continue
-            identities.append(IdentityIR(item.check, op, lhs, rhs, float(item.atol), float(item.rtol)))
+            identities.append(IdentityIR(item.check, op, lhs, rhs, float(item.atol), float(item.rtol), at=self.at(iat)))
         return HostIR(path, h.cls or "", when, when_text, tuple(values), tuple(identities), dims=tuple(h.dims.items()),
+                      at=self.at((*at, "class")),
                       kind=kind)
 
     def value(self, name: str, v: ValueRaw, vocab_value: Any, at: DataPath, config_names: set[str]) -> ValueIR | None:

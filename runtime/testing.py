@@ -73,7 +73,11 @@ def _nested_copy(x: Any) -> Any:
 def draw_params(family: str, choose: Callable[[str, list[Any]], Any]) -> dict[str, Any]:
     """Config parameters for a tiny model; ``choose(name, options)`` picks each drawn entry.
     A dotted name (``vision_config.depth``) sets an entry of a nested config."""
-    tiny = adapter_module(family).TINY
+    return draw_from(adapter_module(family).TINY, choose)
+
+
+def draw_from(tiny: Mapping[str, Any], choose: Callable[[str, list[Any]], Any]) -> dict[str, Any]:
+    """:func:`draw_params` from an adapter's ``TINY`` mapping."""
     params: dict[str, Any] = _nested_copy(dict(tiny["config"]))
     scope: dict[str, Any] = _nested_copy(params)
     for name, options, compute in tiny["draw"]:
@@ -85,11 +89,21 @@ def draw_params(family: str, choose: Callable[[str, list[Any]], Any]) -> dict[st
     return params
 
 
+def _first(name: str, options: list[Any]) -> Any:
+    return options[-1] if name in ("num_hidden_layers", "n_layer") else options[0]
+
+
 def first_params(family: str) -> dict[str, Any]:
     """The smallest-index choice of every drawn entry, with a few blocks: a fixed tiny config."""
-    def choose(name: str, options: list[Any]) -> Any:
-        return options[-1] if name in ("num_hidden_layers", "n_layer") else options[0]
-    return draw_params(family, choose)
+    return draw_params(family, _first)
+
+
+def first_params_from(tiny: Mapping[str, Any], variant: str | None = None) -> dict[str, Any]:
+    """:func:`first_params` (of the ``variant`` load when given) from an adapter's ``TINY`` mapping."""
+    params = draw_from(tiny, _first)
+    if variant is None:
+        return params
+    return variant_from(tiny[variant], params, lambda name, options: options[0])
 
 
 def tiny_of(family: str, variant: str | None = None) -> dict[str, Any]:
@@ -106,7 +120,11 @@ def tiny_of(family: str, variant: str | None = None) -> dict[str, Any]:
 def variant_params(family: str, text_params: dict[str, Any], choose: Callable[[str, list[Any]], Any],
                    variant: str) -> dict[str, Any]:
     """The wrapper's config: the drawn text config under text_config, the load's config and draws."""
-    it = adapter_module(family).TINY[variant]
+    return variant_from(adapter_module(family).TINY[variant], text_params, choose)
+
+
+def variant_from(it: Mapping[str, Any], text_params: dict[str, Any], choose: Callable[[str, list[Any]], Any]
+                 ) -> dict[str, Any]:
     params: dict[str, Any] = _nested_copy(dict(it["config"]))
     params["text_config"] = _nested_copy(text_params)
     for name, options, compute in it["draw"]:
