@@ -105,30 +105,70 @@ def _layer(loc: Located) -> Merged:
                   {p: (loc.file, v) for p, v in loc.keys.items()})
 
 
-def _merge(base: Merged, top: Merged) -> Merged:
+OWN_ONLY = ("notes", "checkpoints")  # never inherited: a family's own, or the base's and its own with `notes+:`
+EXPLICIT = ("identities",)  # over inherited ones, say how: `identities+:` appends, `identities=:` replaces
+
+
+def _merge(base: Merged, top: Merged, found: Problems | None = None, inheriting: bool = True) -> Merged:
     """``top`` over ``base``: mappings merge key by key, anything else (lists too) is replaced;
     ``name: null`` drops an inherited entry of ``values``, ``hosts``, ``rename``, ``config``, ``tiny``
     or ``tiny.draw`` (elsewhere null is a value: ``tiny.config`` passes it to the config class).
+    ``name+: [...]`` appends to an inherited list, ``name=: [...]`` replaces it; over inherited
+    identities one of the two is required (a plain ``identities:`` there is an error).
     Positions follow what was set."""
     out = Merged(_deepcopy(base.data), dict(base.where), dict(base.keys))
 
+    def err(path: DataPath, message: str) -> None:
+        if found is not None:
+            file, pos = top.pos(path, key=True)
+            found.add(file, pos, message)
+
+    def moved(tp: DataPath, p: DataPath, offset: int) -> None:
+        for table, dst in ((top.where, out.where), (top.keys, out.keys)):
+            for q, pos in table.items():
+                if q[: len(tp)] == tp:
+                    rest = q[len(tp):]
+                    if rest and isinstance(rest[0], int):
+                        rest = (rest[0] + offset, *rest[1:])
+                    dst[(*p, *rest)] = pos
+
     def walk(dst: dict[str, Any], src: dict[str, Any], path: DataPath) -> None:
         for key, value in src.items():
-            p = (*path, key)
-            out.keys[p] = top.pos(p, key=True)
+            name, how = (key[:-1], key[-1]) if len(key) > 1 and key[-1] in "+=" else (key, None)
+            p, tp = (*path, name), (*path, key)
+            out.keys[p] = top.pos(tp, key=True)
+            if how is not None:
+                if name in src:
+                    err(tp, f"'{key}' and '{name}' in one mapping: give one")
+                    continue
+                if not isinstance(value, list):
+                    err(tp, f"'{key}' takes a list ({name}{how} {'appends to' if how == '+' else 'replaces'} "
+                            f"the inherited {name})")
+                    continue
+                if how == "+" and isinstance(dst.get(name), list):
+                    offset = len(dst[name])
+                    dst[name] = dst[name] + _deepcopy(value)
+                else:
+                    offset = 0
+                    dst[name] = _deepcopy(value)
+                moved(tp, p, offset)
+                out.where[p] = top.where.get(tp, top.pos(tp))
+                continue
             if value is None and key in dst and _droppable(path):
                 del dst[key]  # `name: null` drops an inherited entry
                 continue
+            if (key in EXPLICIT and inheriting and isinstance(dst.get(key), list) and dst[key]
+                    and isinstance(value, list)):
+                file = base.where.get(p, ("a base", (0, 0)))[0]
+                where = ".".join(str(x) for x in path[1:]) or "the family"
+                n = len(dst[key])
+                err(tp, f"{where}: {n} {key if n > 1 else key.removesuffix('ies') + 'y'} {'are' if n > 1 else 'is'} inherited here (from {file}); write '{key}+:' to add "
+                        f"to them or '{key}=:' to replace them")
             if isinstance(value, dict) and isinstance(dst.get(key), dict):
                 walk(dst[key], value, p)
             else:
                 dst[key] = _deepcopy(value)
-                for q, pos in top.where.items():
-                    if q[: len(p)] == p:
-                        out.where[q] = pos
-                for q, pos in top.keys.items():
-                    if q[: len(p)] == p:
-                        out.keys[q] = pos
+                moved(tp, p, 0)
             out.where[p] = top.where.get(p, top.pos(p))
 
     walk(out.data, top.data, ())
@@ -309,7 +349,9 @@ def _extends_chain(name: str, by_name: dict[str, Source], found: Problems,
     ``extends: base`` or ``extends: [a, b, ...]``: the spec files are merged one over the other in
     the order of a left-to-right, depth-first walk of the bases, each file once, every base before
     the specs that extend it and the family's own file last; so a later base overrides an earlier
-    one, and a ``name: null`` drop in any file stays dropped. A base named twice, an unknown base
+    one, and a ``name: null`` drop in any file stays dropped. Notes and checkpoints are each
+    file's own: a file that names neither ``notes`` nor ``notes+`` drops the bases' (the same for
+    checkpoints), so no page shows another family's printout or runs its examples by accident. A base named twice, an unknown base
     and a cycle are errors at the ``extends`` entry that names them.
     """
     order = _linearize(name, by_name, found, orders, ())
@@ -318,7 +360,13 @@ def _extends_chain(name: str, by_name: dict[str, Source], found: Problems,
     merged: Merged | None = None
     for fam in order:
         own = _layer(by_name[fam].located)
-        merged = own if merged is None else _merge(merged, own)
+        if merged is None:
+            merged = _merge(Merged({}, {(): own.where.get((), (own.pos(())))}), own, found, inheriting=False)
+            continue
+        for key in OWN_ONLY:  # a base's notes and checkpoints are not this file's, unless it says `key+:`
+            if not any(k in own.data for k in (key, f"{key}+", f"{key}=")):
+                merged.data.pop(key, None)
+        merged = _merge(merged, own, found)
     assert merged is not None
     merged.data["family"] = name
     merged.data["extends"] = by_name[name].located.data.get("extends")
@@ -677,7 +725,7 @@ class _Family:
         assert t is not None
         draws = []
         known: set[str] = set(t.config)
-        for key, spec in t.draw.items():
+        for key, spec in self.draw_order(t.draw):
             at = ("tiny", "draw", key)
             if isinstance(spec, list):
                 if not spec:
@@ -735,6 +783,32 @@ class _Family:
                           ("examples", it.examples))
         return TinyIR(t.model_class, t.config_class, tuple(t.config.items()), tuple(draws), t.batch, t.seq, t.examples,
                       experts=tuple(t.experts), processor=processor, images=images, image_text=image_text)
+
+    def draw_order(self, draw: dict[str, Any]) -> list[tuple[str, Any]]:
+        """The draws in an order that follows their dependencies (each after every draw its
+        expression names), otherwise in the order written: a family overriding one draw of its
+        base, or adding one a base's expression names, needs no care for the merged key order."""
+        keys = list(draw)
+        deps: dict[str, set[str]] = {}
+        for key, spec in draw.items():
+            deps[key] = set()
+            if isinstance(spec, str):
+                try:
+                    names = expr.compile_config(spec).names
+                except expr.ExprError:
+                    continue  # reported where the draw is compiled
+                deps[key] = {d for n in names for d in (n, n.split(".")[0]) if d in draw and d != key}
+        order: list[str] = []
+        while len(order) < len(keys):
+            ready = next((k for k in keys if k not in order and deps[k] <= set(order)), None)
+            if ready is None:
+                stuck = [k for k in keys if k not in order]
+                self.err(("tiny", "draw", stuck[0]), "tiny.draw: these draws depend on each other in a cycle: "
+                         + ", ".join(f"{k} (needs {', '.join(sorted(deps[k] - set(order)))})" for k in stuck))
+                order += stuck
+                break
+            order.append(ready)
+        return [(k, draw[k]) for k in order]
 
     def notes(self) -> tuple[NoteIR, ...]:
         flat: list[tuple[int, NoteRaw, str | None]] = []
