@@ -60,6 +60,7 @@ def printout_key(f: FamilyIR, atlas: Atlas) -> str:
         if node is not None and node.sha256 not in chain:
             chain.append(node.sha256)
             todo.extend(node.extends)
+    chain += [sha for _, sha in f.parts]
     chain.append(atlas.vocabulary_sha256)
     return printouts.input_key(f, emit.render_family(f), chain)
 

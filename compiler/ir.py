@@ -202,6 +202,7 @@ class FamilyIR:
     attention: tuple[str, ...] | None = None  # declared attention implementations (None: read from the class)
     rename_at: tuple[tuple[str, At], ...] = field(default=(), compare=False)  # each rename entry's position
     tiny_at: At = field(default=None, compare=False)  # tiny.model_class's position
+    parts: tuple[tuple[str, str], ...] = ()  # the parts it includes: (file, sha256)
 
     def hosts_at(self, path: str) -> tuple[HostIR, ...]:
         return tuple(h for h in self.hosts if h.path == path)

@@ -213,10 +213,33 @@ class DiagramRaw(Strict):
     vision_block: list[StrictStr] | None = None
 
 
+class IncludeRaw(Strict):
+    """A part a family includes (``specs/parts/<part>.yaml``), with its class map."""
+
+    part: StrictStr
+    classes: dict[StrictStr, StrictStr] = Field(default={}, description="each class name the part uses → this family's class")
+
+
+class PartRaw(Strict):
+    """A shared fragment of specs (``specs/parts/<part>.yaml``): hosts, renames, config and
+    functions written once for the families that include it. Its host classes are names the
+    including family maps to its own (``classes``). A part is no family: nothing is generated for it."""
+
+    part: StrictStr
+    about: StrictStr | None = None
+    classes: list[StrictStr] = []
+    rename: dict[StrictStr, StrictStr | list[StrictStr]] = {}
+    config: dict[StrictStr, StrictStr | StrictInt | StrictFloat | UnavailableRaw] = {}
+    functions: dict[StrictStr, FunctionRaw] = {}
+    hosts: dict[StrictStr, HostRaw] = {}
+
+
 class FamilyRaw(Strict):
     family: StrictStr
     # one base, or several merged left to right (a later base overrides an earlier one; this file, all)
     extends: StrictStr | list[StrictStr] | None = None
+    # the parts this family is made of besides its own file (not inherited by families that extend it)
+    include: list[IncludeRaw] = []
     title: StrictStr | None = None
     lines: list[StrictStr] | None = None
     summary: StrictStr | None = None

@@ -40,7 +40,17 @@ from .ir import (
     TinyIR,
     ValueIR,
 )
-from .models import FamilyRaw, HostRaw, IdentityRaw, NoteRaw, SharedNoteRaw, UnavailableRaw, ValueRaw, Vocabulary
+from .models import (
+    FamilyRaw,
+    HostRaw,
+    IdentityRaw,
+    NoteRaw,
+    PartRaw,
+    SharedNoteRaw,
+    UnavailableRaw,
+    ValueRaw,
+    Vocabulary,
+)
 from .yamlpos import Located, load
 from .yamlpos import Path as DataPath
 
@@ -48,6 +58,7 @@ VOCABULARY = "_vocabulary.yaml"
 CALL_DIMS = ("batch", "seq")  # view arguments bound per call from the model's input ids
 EXPERTS_IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm")  # what transformers runs on CPU
 SHARED_NOTES = "_notes.yaml"  # groups of notes written once, referenced by families as {shared: NAME}
+PARTS = "parts"  # specs/parts/<part>.yaml: fragments families include (no family: nothing generated for one)
 _EDITS = ("logits", "later", "none")
 _HOST_PATH = re.compile(r"model|[a-z_][a-z0-9_]*(\[i\])?(\.[a-z_][a-z0-9_]*(\[i\])?)*")
 _FAMILY_NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -79,6 +90,7 @@ class Merged:
     data: dict[str, Any]
     where: dict[DataPath, tuple[str, tuple[int, int]]] = field(default_factory=dict)
     keys: dict[DataPath, tuple[str, tuple[int, int]]] = field(default_factory=dict)
+    parts: list[Source] = field(default_factory=list)  # the parts the family includes
 
     def pos(self, path: DataPath, key: bool = False) -> tuple[str, tuple[int, int]]:
         p = tuple(path)
@@ -256,6 +268,9 @@ def resolve(spec_dir: Path, root: Path | None = None) -> Atlas:
         found.extend(vocab_found.items)
         found.raise_if_any()
     shared = _shared_notes(sources.pop(SHARED_NOTES, None), found)
+    part_sources, part_problems = read_sources(spec_dir / PARTS, root)
+    found.extend(part_problems)
+    parts = _parts(part_sources, found)
 
     families: list[FamilyIR] = []
     by_name: dict[str, Source] = {}
@@ -270,7 +285,7 @@ def resolve(spec_dir: Path, root: Path | None = None) -> Atlas:
         by_name[name] = src
     orders: dict[str, list[str] | None] = {}
     for name, src in by_name.items():
-        merged = _extends_chain(name, by_name, found, orders)
+        merged = _extends_chain(name, by_name, found, orders, parts)
         if merged is None:
             continue
         try:
@@ -282,9 +297,72 @@ def resolve(spec_dir: Path, root: Path | None = None) -> Atlas:
         if fam is not None:
             families.append(fam)
     found.raise_if_any()
-    all_sources = sorted([(vocab_src.rel, vocab_src.sha256), *((s.rel, s.sha256) for s in sources.values())])
+    all_sources = sorted([(vocab_src.rel, vocab_src.sha256), *((s.rel, s.sha256) for s in sources.values()),
+                          *((s.rel, s.sha256) for s, _ in parts.values())])
     return Atlas(tuple(sorted(families, key=lambda f: f.name)), tuple(layouts.values()),
                  tuple(vocab.dims.items()), vocab_src.rel, vocab_src.sha256, tuple(all_sources))
+
+
+def _parts(sources: dict[str, Source], found: Problems) -> dict[str, tuple[Source, PartRaw]]:
+    """specs/parts/*.yaml, validated on their own: name → (source, model)."""
+    out: dict[str, tuple[Source, PartRaw]] = {}
+    for fname, src in sources.items():
+        loc = src.located
+        name = loc.data.get("part")
+        if name != fname.removesuffix(".yaml"):
+            found.add(src.rel, loc.pos(("part",)), f"a part says its name: 'part: {fname.removesuffix('.yaml')}' "
+                      f"(specs/{PARTS}/{fname})")
+            continue
+        try:
+            raw = PartRaw.model_validate(loc.data)
+        except ValidationError as e:
+            found.extend(_pydantic_problems(e, lambda p, key, loc=loc: (loc.file, loc.pos(p, key))))
+            continue
+        for path, h in raw.hosts.items():
+            if h.cls is not None and h.cls not in raw.classes:
+                found.add(src.rel, loc.pos(("hosts", path, "class")), f"part {name}: host '{path}' has class "
+                          f"'{h.cls}', which is not one of the part's classes ({', '.join(raw.classes) or 'none'}): "
+                          "list it under 'classes' for the families to map")
+        out[name] = (src, raw)
+    return out
+
+
+def _part_layer(fam: Source, k: int, inc: Any, parts: dict[str, tuple[Source, PartRaw]], seen: set[str],
+                found: Problems) -> Merged | None:
+    """The layer of ``include[k]`` of family ``fam``: the part's data with its classes mapped."""
+    loc = fam.located
+    at: DataPath = ("include", k)
+    if not isinstance(inc, dict) or not isinstance(inc.get("part"), str):
+        return None  # pydantic reports the shape
+    name = inc["part"]
+    if name in seen:
+        found.add(fam.rel, loc.pos((*at, "part")), f"include names part '{name}' twice")
+        return None
+    seen.add(name)
+    if name not in parts:
+        found.add(fam.rel, loc.pos((*at, "part")), f"unknown part '{name}' (specs/{PARTS}/{name}.yaml)"
+                  + suggest(name, parts))
+        return None
+    src, raw = parts[name]
+    got = inc.get("classes")
+    mapping: dict[str, Any] = got if isinstance(got, dict) else {}
+    layer = _layer(src.located)
+    for key in ("part", "about", "classes"):
+        layer.data.pop(key, None)
+    for placeholder in mapping:
+        if placeholder not in raw.classes:
+            found.add(fam.rel, loc.pos((*at, "classes", placeholder), key=True), f"include {name}: the part has no "
+                      f"class '{placeholder}' to map (its classes: {', '.join(raw.classes)})" + suggest(placeholder, raw.classes))
+    unmapped = [c for c in raw.classes if c not in mapping]
+    if unmapped:
+        found.add(fam.rel, loc.pos(at), f"include {name}: map every class of the part to this family's: "
+                  f"{', '.join(unmapped)} not mapped (classes: {{{unmapped[0]}: ...}})")
+    for path, host in layer.data.get("hosts", {}).items():
+        cls = host.get("class") if isinstance(host, dict) else None
+        if isinstance(cls, str) and cls in mapping:
+            host["class"] = mapping[cls]
+            layer.where[("hosts", path, "class")] = (fam.rel, loc.pos((*at, "classes", cls)))
+    return layer
 
 
 def _shared_notes(src: Source | None, found: Problems) -> dict[str, list[NoteRaw]]:
@@ -343,7 +421,8 @@ def _bases(src: Source) -> tuple[list[str], list[DataPath]]:
 
 
 def _extends_chain(name: str, by_name: dict[str, Source], found: Problems,
-                   orders: dict[str, list[str] | None]) -> Merged | None:
+                   orders: dict[str, list[str] | None], parts: dict[str, tuple[Source, PartRaw]] | None = None
+                   ) -> Merged | None:
     """A family's data merged over its bases.
 
     ``extends: base`` or ``extends: [a, b, ...]``: the spec files are merged one over the other in
@@ -351,26 +430,56 @@ def _extends_chain(name: str, by_name: dict[str, Source], found: Problems,
     the specs that extend it and the family's own file last; so a later base overrides an earlier
     one, and a ``name: null`` drop in any file stays dropped. Notes and checkpoints are each
     file's own: a file that names neither ``notes`` nor ``notes+`` drops the bases' (the same for
-    checkpoints), so no page shows another family's printout or runs its examples by accident. A base named twice, an unknown base
-    and a cycle are errors at the ``extends`` entry that names them.
+    checkpoints), so no page shows another family's printout or runs its examples by accident.
+    A base named twice, an unknown base and a cycle are errors at the ``extends`` entry that names them.
+
+    ``include: [{part: NAME, classes: {...}}]``: the family's parts (``specs/parts/``) are merged
+    just before its own file, in the order listed (so the file overrides them); a base's parts
+    are not inherited: a family is made of the parts it includes.
     """
     order = _linearize(name, by_name, found, orders, ())
     if order is None:
         return None
     merged: Merged | None = None
+    used: list[Source] = []
+    before: dict[str, list[str]] = {}
     for fam in order:
         own = _layer(by_name[fam].located)
-        if merged is None:
-            merged = _merge(Merged({}, {(): own.where.get((), (own.pos(())))}), own, found, inheriting=False)
-            continue
-        for key in OWN_ONLY:  # a base's notes and checkpoints are not this file's, unless it says `key+:`
-            if not any(k in own.data for k in (key, f"{key}+", f"{key}=")):
-                merged.data.pop(key, None)
-        merged = _merge(merged, own, found)
+        layers = [own]
+        includes = own.data.get("include") if fam == name else None  # parts are not inherited
+        if includes:
+            before = {sec: list((merged.data if merged else {}).get(sec) or {}) for sec in _ORDERED}
+            seen: set[str] = set()
+            got = [(inc, x) for k, inc in enumerate(includes if isinstance(includes, list) else [])
+                   if (x := _part_layer(by_name[name], k, inc, parts or {}, seen, found)) is not None]
+            layers = [x for _, x in got] + [own]
+            used = [(parts or {})[inc["part"]][0] for inc, _ in got]
+        for layer in layers:
+            if merged is None:
+                merged = _merge(Merged({}, {(): layer.where.get((), layer.pos(()))}), layer, found, inheriting=False)
+                continue
+            if layer is own:
+                for key in OWN_ONLY:  # a base's notes and checkpoints are not this file's, unless it says `key+:`
+                    if not any(k in own.data for k in (key, f"{key}+", f"{key}=")):
+                        merged.data.pop(key, None)
+            merged = _merge(merged, layer, found)
     assert merged is not None
+    if used:  # keys in the order of the bases and the file; what only the parts bring after them
+        own_data = by_name[name].located.data
+        for sec in _ORDERED:
+            table = merged.data.get(sec)
+            if isinstance(table, dict):
+                mine = [k for k in (own_data.get(sec) or {}) if k in table]
+                first = [k for k in before.get(sec, []) if k in table] + [k for k in mine if k not in before.get(sec, [])]
+                merged.data[sec] = {k: table[k] for k in [*first, *(k for k in table if k not in first)]}
+    merged.parts = used
     merged.data["family"] = name
     merged.data["extends"] = by_name[name].located.data.get("extends")
+    merged.data["include"] = by_name[name].located.data.get("include") or []
     return merged
+
+
+_ORDERED = ("rename", "config", "functions", "hosts")
 
 
 def _linearize(name: str, by_name: dict[str, Source], found: Problems, done: dict[str, list[str] | None],
@@ -469,6 +578,7 @@ class _Family:
             notes=notes, docstring=(r.docstring or r.summary).strip(), diagram=diagram,
             attention=tuple(r.loads.attention) if r.loads.attention is not None else None,
             rename_at=tuple((k, self.at(("rename", k))) for k in r.rename), tiny_at=self.at(("tiny", "model_class")),
+            parts=tuple((s.rel, s.sha256) for s in self.merged.parts),
         )
 
     def diagram(self, hosts: tuple[HostIR, ...]) -> DiagramIR:
