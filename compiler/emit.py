@@ -160,13 +160,15 @@ def family_context(f: FamilyIR) -> dict[str, Any]:
                 functions.append(_Fn(derive, "v: Any", v.derived.source))
             values.append({"name": v.name, "layout_var": lay["var"], "meaning": v.meaning,
                            "read_args": _read_args(v, derive), "view": v.view, "needs_var": needs_var, "reached_var": reached_var,
-                           "readonly": v.readonly, "readonly_why": v.readonly_why, "edit": v.edit, "served_copy": v.copy})
+                           "readonly": v.readonly, "readonly_why": v.readonly_why, "edit": v.edit, "served_copy": v.copy,
+                           "at": f"{v.at[0]}:{v.at[1]}:{v.at[2]}" if v.at else ""})
         identities = []
         for k, ident in enumerate(h.identities):
             fn = f"_identity_{_ident(h.ident)}_{k}"
             functions.append(_Fn(fn, "v: Any", f"({ident.lhs.source}, {ident.rhs.source})"))
             identities.append({"text": ident.text, "terms": ident.terms, "fn": fn, "op": ident.op,
-                               "atol": ident.atol, "rtol": ident.rtol})
+                               "atol": ident.atol, "rtol": ident.rtol,
+                               "at": f"{ident.at[0]}:{ident.at[1]}:{ident.at[2]}" if ident.at else ""})
         when_fn = None
         if h.when is not None:
             when_fn = f"_when_{_ident(h.ident)}_{hi}"

@@ -199,12 +199,19 @@ def _deepcopy(v: Any) -> Any:
 
 def _pydantic_problems(e: ValidationError, pos: Any) -> list[Problem]:
     out = []
-    for err in e.errors():
-        loc = tuple(x for x in err["loc"] if not (isinstance(x, str) and x in _UNION_TAGS))
+    errors = e.errors()
+    locs = [tuple(x for x in err["loc"] if not (isinstance(x, str) and x in _UNION_TAGS)) for err in errors]
+    for err, loc in zip(errors, locs):
+        if any(len(other) > len(loc) and other[: len(loc)] == loc for other in locs):
+            continue  # a union's branch that did not take the shape: the deeper error says what is wrong
         file, (line, col) = pos(loc, err["type"] == "extra_forbidden")
         where = ".".join(str(x) for x in loc)
         msg = err["msg"]
-        if err["type"] == "extra_forbidden":
+        if err["type"] == "extra_forbidden" and loc[-1] in ("meaning", "layout") and "values" in loc[:-1]:
+            msg = (f"'{loc[-1]}' does not belong in a family: a value's meaning and layout are written once, in "
+                   f"specs/{VOCABULARY} (under values:, or streams.<stream>: for a host with a stream), so every page "
+                   f"says the same; here say only where it is read (read, view, needs ...)")
+        elif err["type"] == "extra_forbidden":
             parent = loc[:-1]
             msg = f"unknown key '{loc[-1]}'" + (f" under '{'.'.join(map(str, parent))}'" if parent else "")
         elif where:
@@ -699,7 +706,11 @@ class _Family:
             if v is None:
                 continue
             if vname not in table:
-                self.err(vat, f"unknown value '{vname}'" + suggest(vname, table), key=True)
+                section = f"streams.{h.stream}: (this host's stream) or values:" if h.stream else "values:"
+                near = suggest(vname, table)
+                self.err(vat, f"unknown value '{vname}'" + (near + " " if near else ". ") + "A new standard value is declared "
+                         f"once in specs/{VOCABULARY}, under {section}, with its layout and its one-line meaning",
+                         key=True)
                 continue
             value = v if isinstance(v, ValueRaw) else ValueRaw(read=v)
             defaults = {k: getattr(h, k) for k in ("needs", "reached") if getattr(h, k) is not None and getattr(value, k) is None}

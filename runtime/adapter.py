@@ -112,6 +112,7 @@ class ValueSpec:
     reached: Condition | None = None  # a call condition: checked against the call's inputs before the forward
     edit: Literal["logits", "later", "none"] = "logits"  # what an edit reaches (this forward, later calls, nothing)
     copy: bool = False  # served as a copy put in the native's place (a buffer overwritten later in the run)
+    at: str = ""  # where the spec says it: "specs/llama.yaml:68:32" (errors name the line)
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,7 @@ class Identity:
     op: str = "=="
     atol: float = 0.0
     rtol: float = 0.0
+    at: str = ""  # where the spec says it: "specs/llama.yaml:52:9"
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,11 @@ class Host:
         for part in path:
             nxt = node._child(part) if isinstance(node, Host) else None
             if nxt is None:
+                parent = self.__dict__["_parent"] if node is self else None
+                if parent is not None and parent._child(part) is not None:
+                    raise UnknownName(f"{what}: '{part}' is not inside {self._label} ({type(self._module).__name__}): "
+                                      f"the read leaves its host; '{part}' is a sibling (a child of "
+                                      f"{parent._label or 'model'}): read it as ^.{'.'.join(path)}...")
                 raise UnknownName(f"{what}: {self._label or 'model'} has no child module '{part}'")
             node = nxt
         if not isinstance(node, Host):

@@ -360,7 +360,8 @@ class AtlasModel(Host):
             ((v.name, v.args) for v in value._spec.view) if value._spec else ()))
         dims_module = self._module if _names_call_dims(view) else None  # the model's call gives [batch, seq]
         extra: dict[str, Any] = {"dims_module": dims_module, "copy": bool(value._spec and value._spec.copy),
-                                 "reached": value._spec.reached if value._spec else None}
+                                 "reached": value._spec.reached if value._spec else None,
+                                 "at": value._spec.at if value._spec else ""}
         key: tuple[Any, ...]
         if read.kind == "module":
             start = host._up(read.up, value.label) if read.up else host

@@ -433,7 +433,8 @@ def _check_shapes(model: AtlasModel, case: Case) -> None:
             continue
         value = getattr(value, "value", value)
         want = expected_shape(spec.layout, dims)
-        assert tuple(value.shape) == want, f"{label}.{name}: shape {tuple(value.shape)}, layout {spec.layout.text} = {want}"
+        at = f"{spec.at}: " if spec.at else ""
+        assert tuple(value.shape) == want, f"{at}{label}.{name}: shape {tuple(value.shape)}, layout {spec.layout.text} = {want}"
 
 
 def _unavailable_term(host: Any, terms: tuple[str, ...], config: Mapping[str, Any], model: Any,
@@ -487,7 +488,7 @@ def check_identity(case: Case, path: str, index: int, experts: str | None = None
                     values[term] = resolve_term(host, term, model, block).save()
         values.setdefault("attention_mask", case.inputs["attention_mask"])
         lhs, rhs = identity.check(values)
-        assert_identity(identity, lhs, rhs, f"{label} ({case!r})")
+        assert_identity(identity, lhs, rhs, f"{identity.at + ': ' if identity.at else ''}{label} ({case!r})")
         checked += 1
     from hypothesis import assume
 
