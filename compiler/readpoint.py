@@ -69,6 +69,11 @@ class ReadIR:
     fn: str | None = None
     up: int = 0  # ``^.`` levels: the read starts at the host's parent (1), grandparent (2), ...
 
+    @property
+    def by_position(self) -> bool:
+        """Read by its position among calls (``op:add#5``, ``method:f#i``): a shift reads another tensor."""
+        return "#" in self.text
+
 
 def _accessors(rest: str, offset: int) -> tuple[int | str, ...]:
     out: list[int | str] = []
@@ -92,8 +97,16 @@ def _access_words(access: tuple[int | str, ...]) -> str:
     return (", " + ", ".join(words)) if words else ""
 
 
+_ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth")
+
+
 def _ordinal(k: int) -> str:
-    return {0: "first", 1: "second", 2: "third"}.get(k, f"call {k + 1}")
+    """0 → "first", 5 → "sixth", 11 → "12th"."""
+    if k < len(_ORDINALS):
+        return _ORDINALS[k]
+    n = k + 1
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 _FN = re.compile(r"fn:([A-Za-z_][A-Za-z0-9_]*)((?:\.steps?)?)\.(args|kwargs|output)")

@@ -569,6 +569,7 @@ class _Family:
             return None
         hosts_ir = tuple(h for h in hosts if h is not None)
         self.check_identities(hosts_ir, {k for k, _, _ in config})
+        self.check_positional_reads(hosts_ir)
         diagram = self.diagram(hosts_ir)
         if not self.ok:
             return None
@@ -830,6 +831,28 @@ class _Family:
                         known = sorted(by_path.get(h.path, set()))
                         self.err(("hosts", h.path, "identities", k), f"identity term '{term}' names nothing on host {h.path}" + suggest(term.split(".")[-1], known))
 
+    def check_positional_reads(self, hosts: tuple[HostIR, ...]) -> None:
+        """Every value read by position (``op:add#5``, ``method:f#i``) must be named by an identity:
+        transformers adding or removing one such call would otherwise shift the read, silently, onto
+        another tensor that may even have the same shape."""
+        pinned: set[tuple[str, str]] = set()
+        for h in hosts:
+            for ident in h.identities:
+                for term in ident.terms:
+                    pinned.add(_term_value(h.path, term))
+        for h in hosts:
+            for v in h.values:
+                if v.read is None or not v.read.by_position or (h.path, v.name) in pinned:
+                    continue
+                file, line, col = v.at or (self.src.rel, 1, 1)
+                self.found.add(file, (line, col), (
+                    f"{h.path}: {v.name}: '{v.read.text}' is read by its position among the calls of the forward, "
+                    f"and no identity names {v.name}: a transformers release that adds or removes one such call would "
+                    f"shift the read onto another tensor unnoticed. Add an identity that pins it (to a child's "
+                    f"boundary, a parameter or another value), or read it by name (a child's .input/.output, "
+                    f"call:attention.args[N], fn:NAME.args.PARAM)"))
+                self.ok = False
+
     @staticmethod
     def term_exists(host: str, term: str, by_path: dict[str, set[str]]) -> bool:
         parts = term.split(".")
@@ -957,6 +980,18 @@ class _Family:
                 examples.append(block)
             out.append(NoteIR(note.title, note.body.strip(), tuple(examples), shared, note.load))
         return tuple(out)
+
+
+def _term_value(host: str, term: str) -> tuple[str, str]:
+    """The (host path, value name) an identity term on ``host`` names: ``self_attn.attention_output`` on
+    ``layers[i]`` → ("layers[i].self_attn", "attention_output"); ``model.layers[i+1].layer_input`` →
+    ("layers[i]", "layer_input"); ``layers[0].input`` on model → ("layers[i]", "input")."""
+    parts = term.split(".")
+    if parts[0] == "model" and len(parts) > 1:
+        host, parts = "model", parts[1:]
+    prefix = re.sub(r"\[(\d+|i|i[+-]\d+)\]", "[i]", ".".join(parts[:-1]))
+    target = host if not prefix else (prefix if host == "model" else f"{host}.{prefix}")
+    return target, parts[-1]
 
 
 def _flat(args: Any) -> list[Any]:

@@ -323,6 +323,18 @@ def _identity_vision_layers_self_attn_0(v: Any) -> Any:
     return (v['attention_premix'], v['attention_head_outputs'])
 
 
+def _identity_vision_layers_self_attn_1(v: Any) -> Any:
+    return (v['attention_values'][0], _fn.transpose(_fn.unflatten(v['qkv.output'], -1, [3, v['vision_num_heads'], v['vision_head_dim']])[:, 2], 0, 1))
+
+
+def _identity_vision_layers_self_attn_2(v: Any) -> Any:
+    return (_fn.vnorm(v['attention_queries'][0]), _fn.vnorm(_fn.transpose(_fn.unflatten(v['qkv.output'], -1, [3, v['vision_num_heads'], v['vision_head_dim']])[:, 0], 0, 1)))
+
+
+def _identity_vision_layers_self_attn_3(v: Any) -> Any:
+    return (_fn.vnorm(v['attention_keys'][0]), _fn.vnorm(_fn.transpose(_fn.unflatten(v['qkv.output'], -1, [3, v['vision_num_heads'], v['vision_head_dim']])[:, 1], 0, 1)))
+
+
 def _identity_vision_layers_mlp_0(v: Any) -> Any:
     return (v['mlp_neurons'], v['mlp_activation'])
 
@@ -695,7 +707,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'position_embeddings',
                 _L_Patches,
                 "The learned position table resampled to each image's grid, added to patch_embeddings before block 0",
-                ReadPoint('op', 'op:add#5.input[1]', 'the input of add (call 6 call) inside the forward, element 1', side='input', access=(1,), op='add', occurrence=5),
+                ReadPoint('op', 'op:add#5.input[1]', 'the input of add (sixth call) inside the forward, element 1', side='input', access=(1,), op='add', occurrence=5),
                 view=(ViewOp('unsqueeze', (0,)), ),
                 needs=_C_processor,
                 reached=_C_images,
@@ -817,7 +829,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_keys',
                 _L_PatchQKV,
                 'The keys of every patch after the 2D rotary, whole (before the split per image)',
-                ReadPoint('op', 'op:unsqueeze#3.output', 'the output of unsqueeze (call 4 call) inside the forward', side='output', op='unsqueeze', occurrence=3),
+                ReadPoint('op', 'op:unsqueeze#3.output', 'the output of unsqueeze (fourth call) inside the forward', side='output', op='unsqueeze', occurrence=3),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:79:23',
@@ -826,7 +838,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_values',
                 _L_PatchQKV,
                 'The values of every patch, whole (before the split per image)',
-                ReadPoint('op', 'op:unsqueeze#4.output', 'the output of unsqueeze (call 5 call) inside the forward', side='output', op='unsqueeze', occurrence=4),
+                ReadPoint('op', 'op:unsqueeze#4.output', 'the output of unsqueeze (fifth call) inside the forward', side='output', op='unsqueeze', occurrence=4),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:80:25',
@@ -881,6 +893,9 @@ HOSTS: tuple[HostSpec, ...] = (
         ),
         identities=(
             Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_vision_layers_self_attn_0, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:87:9'),
+            Identity('attention_values[0] == transpose(unflatten(qkv.output, -1, [3, vision_num_heads, vision_head_dim])[:, 2], 0, 1)', ('attention_values', 'qkv.output', 'vision_num_heads', 'vision_head_dim'), _identity_vision_layers_self_attn_1, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:90:9'),
+            Identity('vnorm(attention_queries[0]) == vnorm(transpose(unflatten(qkv.output, -1, [3, vision_num_heads, vision_head_dim])[:, 0], 0, 1))', ('attention_queries', 'qkv.output', 'vision_num_heads', 'vision_head_dim'), _identity_vision_layers_self_attn_2, '==', 1e-05, 0.0, at='specs/parts/qwen_vit.yaml:91:9'),
+            Identity('vnorm(attention_keys[0]) == vnorm(transpose(unflatten(qkv.output, -1, [3, vision_num_heads, vision_head_dim])[:, 1], 0, 1))', ('attention_keys', 'qkv.output', 'vision_num_heads', 'vision_head_dim'), _identity_vision_layers_self_attn_3, '==', 1e-05, 0.0, at='specs/parts/qwen_vit.yaml:92:9'),
         ),
     ),
     HostSpec(
@@ -895,7 +910,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:95:30',
+                at='specs/parts/qwen_vit.yaml:100:30',
             ),
             ValueSpec(
                 'mlp_neurons',
@@ -905,7 +920,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:96:27',
+                at='specs/parts/qwen_vit.yaml:101:27',
             ),
             ValueSpec(
                 'mlp_output',
@@ -915,11 +930,11 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:97:26',
+                at='specs/parts/qwen_vit.yaml:102:26',
             ),
         ),
         identities=(
-            Identity('mlp_neurons == mlp_activation', ('mlp_neurons', 'mlp_activation'), _identity_vision_layers_mlp_0, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:99:9'),
+            Identity('mlp_neurons == mlp_activation', ('mlp_neurons', 'mlp_activation'), _identity_vision_layers_mlp_0, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:104:9'),
         ),
     ),
 )

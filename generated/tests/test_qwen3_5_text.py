@@ -79,7 +79,7 @@ def test_note_example(title: str, index: int) -> None:
 # ---- the image-text load (the multimodal wrapper around the text model) ----
 
 VISION_PATHS = ('vision', 'vision.layers[i]', 'vision.layers[i].self_attn', 'vision.layers[i].mlp')
-VISION_IDENTITIES = (('vision', 0), ('vision', 1), ('vision', 2), ('vision.layers[i]', 0), ('vision.layers[i]', 1), ('vision.layers[i]', 2), ('vision.layers[i].self_attn', 0), ('vision.layers[i].mlp', 0))
+VISION_IDENTITIES = (('vision', 0), ('vision', 1), ('vision', 2), ('vision.layers[i]', 0), ('vision.layers[i]', 1), ('vision.layers[i]', 2), ('vision.layers[i].self_attn', 0), ('vision.layers[i].self_attn', 1), ('vision.layers[i].self_attn', 2), ('vision.layers[i].self_attn', 3), ('vision.layers[i].mlp', 0))
 VISION_WRITABLE = (('vision', 'patch_embeddings'), ('vision', 'position_embeddings'), ('vision', 'image_features'), ('vision.layers[i]', 'layer_input'), ('vision.layers[i]', 'attention_norm_output'), ('vision.layers[i]', 'layer_mid'), ('vision.layers[i]', 'mlp_norm_output'), ('vision.layers[i]', 'mlp_input'), ('vision.layers[i]', 'layer_output'), ('vision.layers[i].self_attn', 'attention_queries'), ('vision.layers[i].self_attn', 'attention_keys'), ('vision.layers[i].self_attn', 'attention_values'), ('vision.layers[i].self_attn', 'attention_head_outputs'), ('vision.layers[i].self_attn', 'attention_premix'), ('vision.layers[i].self_attn', 'attention_output'), ('vision.layers[i].mlp', 'mlp_activation'), ('vision.layers[i].mlp', 'mlp_neurons'), ('vision.layers[i].mlp', 'mlp_output'))
 VISION_READONLY = (('vision', 'image_token_mask'), ('vision', 'tower_output'))
 IMAGE_TEXT = "image_text"
