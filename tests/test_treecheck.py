@@ -79,11 +79,11 @@ def test_a_host_with_no_module_and_a_missing_method(tmp_path: Path) -> None:
     root = _root(tmp_path, {"llama.yaml": [
         ("  layers[i].mlp:\n    class: LlamaMLP", "  layers[i].mlpp:\n    class: LlamaMLP"),
         ("      - layer_input + self_attn.attention_output + mlp.mlp_output == layer_output\n", ""),
-        ("      attention_keys: call:attention.args[2]", "      attention_keys: method:rotate#0.output"),
+        ("      attention_keys: call:attention.args[2]", "      attention_keys: method:rotate.output"),
     ]})
     problems = _problems(root)
     assert problems == [
-        "specs/llama.yaml:62:23: layers[i].self_attn: attention_keys: 'method:rotate#0.output': LlamaAttention has "
+        "specs/llama.yaml:62:23: layers[i].self_attn: attention_keys: 'method:rotate.output': LlamaAttention has "
         "no method 'rotate' (layers[0].self_attn of the tiny model)",
         "specs/llama.yaml:76:12: layers[i].mlpp: no module here in the tiny model or checkpoint "
         "meta-llama/Llama-3.2-1B: layers[0] (LlamaDecoderLayer) has no child 'mlpp' (its children: self_attn, mlp, "
