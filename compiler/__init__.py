@@ -94,8 +94,11 @@ def plan_printouts(root: Path, atlas: Atlas, compute: bool) -> tuple[dict[str, s
             stale.append(rel)
             if existing is not None:
                 texts[f.name] = existing
-    if problems:
-        raise SpecError(problems)
+    if problems:  # a base's line that fails in each family extending it is reported once, for the first
+        first: dict[tuple[str, int, int], Problem] = {}
+        for p in problems:
+            first.setdefault((p.file, p.line, p.col), p)
+        raise SpecError(list(first.values()))
     return texts, stale
 
 

@@ -103,3 +103,12 @@ def test_the_check_runs_with_the_printouts_and_is_cached_with_them(tmp_path: Pat
     assert calls == ["llama"]
     atlas = compiler.compile_atlas(root / "specs", root)
     assert compiler.plan_printouts(root, atlas, compute=False)[1] == []
+
+
+def test_a_base_line_that_fails_in_every_family_extending_it_is_reported_once(tmp_path: Path) -> None:
+    root = _root(tmp_path, {"llama.yaml": [("      mlp_neurons: down_proj.input", "      mlp_neurons: down_projection.input")],
+                            "gemma2.yaml": []})
+    assert _problems(root) == [  # gemma2 inherits the line too (its Gemma2MLP has the same children): said once
+        "specs/llama.yaml:80:20: layers[i].mlp: mlp_neurons: 'down_projection.input': layers[0].mlp (Gemma2MLP) has "
+        "no child module 'down_projection' (its children: gate_proj, up_proj, down_proj, act_fn); did you mean "
+        "'down_proj'? (layers[0].mlp of the tiny model)"]
