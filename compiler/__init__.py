@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import emit, files, outdir, printouts, pycheck, reference
+from . import emit, files, outdir, printouts, pycheck, reference, treecheck
 from .errors import GenerateError, Problem, SpecError, UserError
 from .ir import Atlas, FamilyIR
 from .resolve import resolve, resolve_texts
@@ -67,6 +67,7 @@ def printout_key(f: FamilyIR, atlas: Atlas) -> str:
         if node is not None and node.sha256 not in chain:
             chain.append(node.sha256)
             todo.extend(node.extends)
+    chain += [sha for _, sha in f.parts]
     chain.append(atlas.vocabulary_sha256)
     return printouts.input_key(f, emit.render_family(f), chain)
 
@@ -74,13 +75,17 @@ def printout_key(f: FamilyIR, atlas: Atlas) -> str:
 def plan_printouts(root: Path, atlas: Atlas, compute: bool) -> tuple[dict[str, str], list[str]]:
     """(family → printout text, the printout files that are stale).
 
+    Each family whose printout is recomputed is first checked against its module trees on the
+    meta device (``compiler/treecheck.py``); their problems, every family's, raise one SpecError.
     A fresh file (its header's key matches) is kept as it is; a stale one is recomputed on the
     meta device when ``compute`` (this imports torch), else reported stale and its old text kept.
     """
     texts: dict[str, str] = {}
     stale: list[str] = []
+    problems: list[Problem] = []
     for f in atlas.families:
-        if not f.checkpoints:
+        if not f.checkpoints:  # no printout to cache the module tree check: it runs every time
+            problems += treecheck.check(f, emit.render_family(f))
             continue
         rel = printouts.path_for(f.name)
         existing = files.read(root / rel)
@@ -90,11 +95,19 @@ def plan_printouts(root: Path, atlas: Atlas, compute: bool) -> tuple[dict[str, s
         elif compute:
             adapter = emit.render_family(f)
             pycheck.check_adapter(f"generated/families/{f.name}.py", adapter)  # before it runs
-            texts[f.name] = printouts.compute(f, adapter, key)
+            found = treecheck.check(f, adapter)  # a fresh printout means its family passed
+            problems += found
+            if not found:
+                texts[f.name] = printouts.compute(f, adapter, key)
         else:
             stale.append(rel)
             if existing is not None:
                 texts[f.name] = existing
+    if problems:  # a base's line that fails in each family extending it is reported once, for the first
+        first: dict[tuple[str, int, int], Problem] = {}
+        for p in problems:
+            first.setdefault((p.file, p.line, p.col), p)
+        raise SpecError(list(first.values()))
     return texts, stale
 
 

@@ -150,6 +150,8 @@ def _read_args(v: ValueIR, derive: str | None) -> str:
         args.append("scope_root=True")
     if r.fn:
         args.append(f"fn={r.fn!r}")
+    if r.up:
+        args.append(f"up={r.up}")
     return ", ".join(args)
 
 
@@ -206,13 +208,15 @@ def family_context(f: FamilyIR) -> dict[str, Any]:
                 functions.append(_Fn(derive, "v: Any", v.derived.source))
             values.append({"name": v.name, "layout_var": lay["var"], "meaning": v.meaning,
                            "read_args": _read_args(v, derive), "view": v.view, "needs_var": needs_var, "reached_var": reached_var,
-                           "readonly": v.readonly, "readonly_why": v.readonly_why, "edit": v.edit, "served_copy": v.copy})
+                           "readonly": v.readonly, "readonly_why": v.readonly_why, "edit": v.edit, "served_copy": v.copy,
+                           "at": f"{v.at[0]}:{v.at[1]}:{v.at[2]}" if v.at else ""})
         identities = []
         for k, ident in enumerate(h.identities):
             fn = fn_name(f"_identity_{_ident(h.ident)}_{k}")
             functions.append(_Fn(fn, "v: Any", f"({ident.lhs.source}, {ident.rhs.source})"))
             identities.append({"text": ident.text, "terms": ident.terms, "fn": fn, "op": ident.op,
-                               "atol": ident.atol, "rtol": ident.rtol})
+                               "atol": ident.atol, "rtol": ident.rtol,
+                               "at": f"{ident.at[0]}:{ident.at[1]}:{ident.at[2]}" if ident.at else ""})
         when_fn = None
         if h.when is not None:
             when_fn = fn_name(f"_when_{_ident(h.ident)}_{hi}")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .expr import Compiled
 from .readpoint import ReadIR
+
+# where a spec item stands, for problems found after resolving (the module tree check): file, line, col
+At = tuple[str, int, int] | None
 
 REQUIRED_CONFIG = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "qk_head_dim",
                    "vocab_size", "intermediate_size")
@@ -52,6 +55,7 @@ class ValueIR:
     readonly_why: str | None = None  # a read value whose edit would reach nothing: why
     edit: str = "logits"  # what an edit reaches: logits | later | none
     copy: bool = False  # served as a copy put in the native's place
+    at: At = field(default=None, compare=False)
 
     @property
     def readonly(self) -> bool:
@@ -81,6 +85,7 @@ class IdentityIR:
     rhs: Compiled
     atol: float
     rtol: float
+    at: At = field(default=None, compare=False)
 
     @property
     def terms(self) -> tuple[str, ...]:
@@ -101,6 +106,7 @@ class HostIR:
     identities: tuple[IdentityIR, ...]
     dims: tuple[tuple[str, str], ...] = ()
     kind: str | None = None
+    at: At = field(default=None, compare=False)  # the class's position
 
     @property
     def ident(self) -> str:
@@ -193,6 +199,10 @@ class FamilyIR:
     notes: tuple[NoteIR, ...]
     docstring: str
     diagram: DiagramIR = DiagramIR(DEFAULT_TEXT, DEFAULT_BLOCK, (), DEFAULT_BLOCK)
+    attention: tuple[str, ...] | None = None  # declared attention implementations (None: read from the class)
+    rename_at: tuple[tuple[str, At], ...] = field(default=(), compare=False)  # each rename entry's position
+    tiny_at: At = field(default=None, compare=False)  # tiny.model_class's position
+    parts: tuple[tuple[str, str], ...] = ()  # the parts it includes: (file, sha256)
 
     def hosts_at(self, path: str) -> tuple[HostIR, ...]:
         return tuple(h for h in self.hosts if h.path == path)

@@ -144,11 +144,17 @@ class FunctionRaw(Strict):
     route: RouteRaw | None = Field(default=None, description="how route_kernels(family, 'torch') runs it token by token")
 
 
+AttentionImpl = Literal["eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3"]
+
+
 class LoadsRaw(Strict):
     """What loads as the family."""
 
     model_types: list[StrictStr] = Field(description="config model_type values (a multimodal wrapper is picked by its text_config's)")
     classes: list[StrictStr] = Field(description="model classes")
+    attention: list[AttentionImpl] | None = Field(
+        default=None, description="the attention implementations the model class accepts (attn_implementation=...); "
+        "when not given, the generated tests read them from the class (_supports_sdpa, _supports_flex_attn)")
 
 
 class ImagesRaw(Strict):
@@ -244,6 +250,29 @@ class DiagramRaw(Strict):
     vision_block: list[StrictStr] | None = Field(default=None, description="one vision block")
 
 
+class IncludeRaw(Strict):
+    """A part a family includes (``specs/parts/<part>.yaml``), with its class map."""
+
+    part: StrictStr = Field(description="the part's name: the file specs/parts/<part>.yaml")
+    classes: dict[StrictStr, StrictStr] = Field(default={}, description="each class name the part uses → this family's class")
+
+
+class PartRaw(Strict):
+    """A shared fragment of specs (``specs/parts/<part>.yaml``): hosts, renames, config and
+    functions written once for the families that include it. Its host classes are names the
+    including family maps to its own (``classes``). A part is no family: nothing is generated for it."""
+
+    part: StrictStr = Field(description="the part's name, the same as its file's")
+    about: StrictStr | None = Field(default=None, description="what the part is, one line")
+    classes: list[StrictStr] = Field(default=[], description="the class names the part's hosts use, each mapped by "
+                                     "the including family's include: classes")
+    rename: dict[StrictStr, StrictStr | list[StrictStr]] = Field(default={}, description="as a family's rename:")
+    config: dict[StrictStr, StrictStr | StrictInt | StrictFloat | UnavailableRaw] = Field(
+        default={}, description="as a family's config:")
+    functions: dict[StrictStr, FunctionRaw] = Field(default={}, description="as a family's functions:")
+    hosts: dict[StrictStr, HostRaw] = Field(default={}, description="as a family's hosts: (classes from the class map)")
+
+
 class FamilyRaw(Strict):
     """specs/FAMILY.yaml: one model family. With extends, every key but family may come from a base."""
 
@@ -251,6 +280,9 @@ class FamilyRaw(Strict):
     extends: StrictStr | list[StrictStr] | None = Field(
         default=None, description="one base, or several merged left to right (a later base overrides an earlier "
         "one; this file, all of them)")
+    include: list[IncludeRaw] = Field(
+        default=[], description="the parts this family is made of besides its own file (specs/parts/<part>.yaml, "
+        "each with its class map); not inherited by families that extend it")
     title: StrictStr | None = Field(default=None, description="the page title (required)")
     lines: list[StrictStr] | None = Field(default=None, description="the product names (required)")
     summary: StrictStr | None = Field(default=None, description="one paragraph (required)")

@@ -27,7 +27,7 @@ from .ir import FamilyIR
 
 DIR = "generated/docs/printouts"
 _HERE = Path(__file__).resolve().parent
-_CODE = (_HERE / "printouts.py", _HERE.parent / "runtime" / "printout.py")
+_CODE = (_HERE / "printouts.py", _HERE / "treecheck.py", _HERE.parent / "runtime" / "printout.py")
 
 
 def path_for(family: str) -> str:

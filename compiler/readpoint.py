@@ -21,6 +21,11 @@
     fn:NAME.step.output[1]                  under route_kernels: the output of each token's step
     fn:NAME.steps.output[1]                 under route_kernels: every step's output, stacked on the sequence dim
 
+    ^.post_attention_layernorm.output       a sibling's boundary: ``^.`` starts the read at the host's
+                                            parent (``^.^.`` at its grandparent); ``^.output`` is the
+                                            parent's own output. What a sandwich-normed block adds to the
+                                            stream is the post-norm's output, a sibling of the mixer.
+
 NAME is a global of the host's modeling module, or a group the family declares under ``functions:``
 (several kernels, whichever the call runs).
 
@@ -62,6 +67,12 @@ class ReadIR:
     method: str | None = None
     per_index: bool = False  # the occurrence is the host's block index (#i)
     fn: str | None = None
+    up: int = 0  # ``^.`` levels: the read starts at the host's parent (1), grandparent (2), ...
+
+    @property
+    def by_position(self) -> bool:
+        """Read by its position among calls (``op:add#5``, ``method:f#i``): a shift reads another tensor."""
+        return "#" in self.text
 
 
 def _accessors(rest: str, offset: int) -> tuple[int | str, ...]:
@@ -86,8 +97,16 @@ def _access_words(access: tuple[int | str, ...]) -> str:
     return (", " + ", ".join(words)) if words else ""
 
 
+_ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth")
+
+
 def _ordinal(k: int) -> str:
-    return {0: "first", 1: "second", 2: "third"}.get(k, f"call {k + 1}")
+    """0 → "first", 5 → "sixth", 11 → "12th"."""
+    if k < len(_ORDINALS):
+        return _ORDINALS[k]
+    n = k + 1
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 _FN = re.compile(r"fn:([A-Za-z_][A-Za-z0-9_]*)((?:\.steps?)?)\.(args|kwargs|output)")
@@ -132,6 +151,8 @@ def parse(text: str, groups: dict[str, str] | None = None) -> ReadIR:
     if len(text) > MAX_TEXT:
         raise ExprError(f"a read point of {len(text)} characters (at most {MAX_TEXT})")
     text = text.strip()
+    if text.startswith("^"):
+        return _parse_up(text, groups)
     if text.startswith("fn:"):
         return _parse_fn(text, groups)
     head, sep, tail = text.partition(" > ")
@@ -233,3 +254,29 @@ def _method(text: str, inner: str) -> ReadIR:
     words = f"{what} {owner}'s method {name} ({which}){_access_words(access)}"
     return ReadIR("method", text, words, side=side, access=access, method=name,
                   occurrence=0 if per_index else int(k), per_index=per_index)
+
+
+def _parse_up(text: str, groups: dict[str, str] | None) -> ReadIR:
+    """``^.`` (repeated): the read starts above the host, at a sibling's or the parent's boundary."""
+    up, rest = 0, text
+    while rest.startswith("^"):
+        if not rest.startswith("^."):
+            raise ExprError(f"'{text}': write ^. before the sibling's name (^.post_attention_layernorm.output)", text.find("^"))
+        up, rest = up + 1, rest[2:]
+    if rest.startswith(("fn:", "call:", "op:", "method:")):
+        raise ExprError(f"'{text}': ^. names a module of the parent (^.NAME.output, or ^.NAME > op:...); "
+                        "functions, calls and ops are read in the host's own forward without ^.")
+    ir = parse(rest, groups)
+    parent = "the parent" if up == 1 else f"the host {up} levels up"
+    name = ".".join(ir.module)
+    if ir.kind == "module" and ir.module:
+        owner = f"the sibling module {name}'s" if up == 1 else f"the module {name}'s"
+        words = ir.words.replace(f"the child module {name}'s", owner, 1) + ("" if up == 1 else f" ({name} is a child of {parent})")
+    elif ir.kind == "module":
+        words = ir.words.replace("the module's own", f"{parent} module's own", 1)
+    elif ir.module:
+        words = ir.words.replace(f"inside {name}'s", f"inside the sibling {name}'s" if up == 1 else
+                                 f"inside {name}'s (a child of {parent})", 1)
+    else:
+        raise ExprError(f"'{text}': after ^. name a module (^.NAME > op:...)")
+    return dataclasses.replace(ir, text=text, words=words, up=up)

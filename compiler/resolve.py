@@ -40,7 +40,17 @@ from .ir import (
     TinyIR,
     ValueIR,
 )
-from .models import FamilyRaw, HostRaw, IdentityRaw, NoteRaw, SharedNoteRaw, UnavailableRaw, ValueRaw, Vocabulary
+from .models import (
+    FamilyRaw,
+    HostRaw,
+    IdentityRaw,
+    NoteRaw,
+    PartRaw,
+    SharedNoteRaw,
+    UnavailableRaw,
+    ValueRaw,
+    Vocabulary,
+)
 from .presets import PRESETS
 from .yamlpos import Located, load
 from .yamlpos import Path as DataPath
@@ -49,6 +59,7 @@ VOCABULARY = "_vocabulary.yaml"
 CALL_DIMS = ("batch", "seq")  # view arguments bound per call from the model's input ids
 EXPERTS_IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm")  # what transformers runs on CPU
 SHARED_NOTES = "_notes.yaml"  # groups of notes written once, referenced by families as {shared: NAME}
+PARTS = "parts"  # specs/parts/<part>.yaml: fragments families include (no family: nothing generated for one)
 _EDITS = ("logits", "later", "none")
 MAX_EXAMPLES = 1000  # hypothesis examples per generated test
 MAX_TINY_RANGE = 4096  # the largest batch or sequence a generated test may draw
@@ -82,6 +93,7 @@ class Merged:
     data: dict[str, Any]
     where: dict[DataPath, tuple[str, tuple[int, int]]] = field(default_factory=dict)
     keys: dict[DataPath, tuple[str, tuple[int, int]]] = field(default_factory=dict)
+    parts: list[Source] = field(default_factory=list)  # the parts the family includes
 
     def pos(self, path: DataPath, key: bool = False) -> tuple[str, tuple[int, int]]:
         p = tuple(path)
@@ -108,30 +120,70 @@ def _layer(loc: Located) -> Merged:
                   {p: (loc.file, v) for p, v in loc.keys.items()})
 
 
-def _merge(base: Merged, top: Merged) -> Merged:
+OWN_ONLY = ("notes", "checkpoints")  # never inherited: a family's own, or the base's and its own with `notes+:`
+EXPLICIT = ("identities",)  # over inherited ones, say how: `identities+:` appends, `identities=:` replaces
+
+
+def _merge(base: Merged, top: Merged, found: Problems | None = None, inheriting: bool = True) -> Merged:
     """``top`` over ``base``: mappings merge key by key, anything else (lists too) is replaced;
     ``name: null`` drops an inherited entry of ``values``, ``hosts``, ``rename``, ``config``, ``tiny``
     or ``tiny.draw`` (elsewhere null is a value: ``tiny.config`` passes it to the config class).
+    ``name+: [...]`` appends to an inherited list, ``name=: [...]`` replaces it; over inherited
+    identities one of the two is required (a plain ``identities:`` there is an error).
     Positions follow what was set."""
     out = Merged(_deepcopy(base.data), dict(base.where), dict(base.keys))
 
+    def err(path: DataPath, message: str) -> None:
+        if found is not None:
+            file, pos = top.pos(path, key=True)
+            found.add(file, pos, message)
+
+    def moved(tp: DataPath, p: DataPath, offset: int) -> None:
+        for table, dst in ((top.where, out.where), (top.keys, out.keys)):
+            for q, pos in table.items():
+                if q[: len(tp)] == tp:
+                    rest = q[len(tp):]
+                    if rest and isinstance(rest[0], int):
+                        rest = (rest[0] + offset, *rest[1:])
+                    dst[(*p, *rest)] = pos
+
     def walk(dst: dict[str, Any], src: dict[str, Any], path: DataPath) -> None:
         for key, value in src.items():
-            p = (*path, key)
-            out.keys[p] = top.pos(p, key=True)
+            name, how = (key[:-1], key[-1]) if len(key) > 1 and key[-1] in "+=" else (key, None)
+            p, tp = (*path, name), (*path, key)
+            out.keys[p] = top.pos(tp, key=True)
+            if how is not None:
+                if name in src:
+                    err(tp, f"'{key}' and '{name}' in one mapping: give one")
+                    continue
+                if not isinstance(value, list):
+                    err(tp, f"'{key}' takes a list ({name}{how} {'appends to' if how == '+' else 'replaces'} "
+                            f"the inherited {name})")
+                    continue
+                if how == "+" and isinstance(dst.get(name), list):
+                    offset = len(dst[name])
+                    dst[name] = dst[name] + _deepcopy(value)
+                else:
+                    offset = 0
+                    dst[name] = _deepcopy(value)
+                moved(tp, p, offset)
+                out.where[p] = top.where.get(tp, top.pos(tp))
+                continue
             if value is None and key in dst and _droppable(path):
                 del dst[key]  # `name: null` drops an inherited entry
                 continue
+            if (key in EXPLICIT and inheriting and isinstance(dst.get(key), list) and dst[key]
+                    and isinstance(value, list)):
+                file = base.where.get(p, ("a base", (0, 0)))[0]
+                where = ".".join(str(x) for x in path[1:]) or "the family"
+                n = len(dst[key])
+                err(tp, f"{where}: {n} {key if n > 1 else key.removesuffix('ies') + 'y'} {'are' if n > 1 else 'is'} inherited here (from {file}); write '{key}+:' to add "
+                        f"to them or '{key}=:' to replace them")
             if isinstance(value, dict) and isinstance(dst.get(key), dict):
                 walk(dst[key], value, p)
             else:
                 dst[key] = _deepcopy(value)
-                for q, pos in top.where.items():
-                    if q[: len(p)] == p:
-                        out.where[q] = pos
-                for q, pos in top.keys.items():
-                    if q[: len(p)] == p:
-                        out.keys[q] = pos
+                moved(tp, p, 0)
             out.where[p] = top.where.get(p, top.pos(p))
 
     walk(out.data, top.data, ())
@@ -150,12 +202,19 @@ def _deepcopy(v: Any) -> Any:
 
 def _pydantic_problems(e: ValidationError, pos: Any) -> list[Problem]:
     out = []
-    for err in e.errors():
-        loc = tuple(x for x in err["loc"] if not (isinstance(x, str) and x in _UNION_TAGS))
+    errors = e.errors()
+    locs = [tuple(x for x in err["loc"] if not (isinstance(x, str) and x in _UNION_TAGS)) for err in errors]
+    for err, loc in zip(errors, locs):
+        if any(len(other) > len(loc) and other[: len(loc)] == loc for other in locs):
+            continue  # a union's branch that did not take the shape: the deeper error says what is wrong
         file, (line, col) = pos(loc, err["type"] == "extra_forbidden")
         where = ".".join(str(x) for x in loc)
         msg = err["msg"]
-        if err["type"] == "extra_forbidden":
+        if err["type"] == "extra_forbidden" and loc[-1] in ("meaning", "layout") and "values" in loc[:-1]:
+            msg = (f"'{loc[-1]}' does not belong in a family: a value's meaning and layout are written once, in "
+                   f"specs/{VOCABULARY} (under values:, or streams.<stream>: for a host with a stream), so every page "
+                   f"says the same; here say only where it is read (read, view, needs ...)")
+        elif err["type"] == "extra_forbidden":
             parent = loc[:-1]
             msg = f"unknown key '{loc[-1]}'" + (f" under '{'.'.join(map(str, parent))}'" if parent else "")
         elif where:
@@ -204,16 +263,22 @@ def parse_sources(files: list[tuple[str, str, bytes]]) -> tuple[dict[str, Source
 
 def resolve(spec_dir: Path, root: Path | None = None) -> Atlas:
     root = root or spec_dir.parent
-    return _resolve(*read_sources(spec_dir, root), spec_dir.name)
+    return _resolve(*read_sources(spec_dir, root), spec_dir.name, read_sources(spec_dir / PARTS, root))
 
 
 def resolve_texts(texts: dict[str, str], folder: str = "specs") -> Atlas:
-    """The same from memory: file name (``gpt2.yaml``) → its text, shown as ``folder/name``."""
-    return _resolve(*parse_sources([(name, f"{folder}/{name}", text.encode("utf-8", "surrogatepass"))
-                                    for name, text in sorted(texts.items())]), folder)
+    """The same from memory: file name (``gpt2.yaml``, ``parts/qwen_vit.yaml``) → its text, shown as
+    ``folder/name``."""
+
+    def parse(part: bool) -> tuple[dict[str, Source], list[Problem]]:
+        return parse_sources([(name.removeprefix(f"{PARTS}/"), f"{folder}/{name}", text.encode("utf-8", "surrogatepass"))
+                              for name, text in sorted(texts.items()) if name.startswith(f"{PARTS}/") == part])
+
+    return _resolve(*parse(False), folder, parse(True))
 
 
-def _resolve(sources: dict[str, Source], problems: list[Problem], folder: str) -> Atlas:
+def _resolve(sources: dict[str, Source], problems: list[Problem], folder: str,
+             part_files: tuple[dict[str, Source], list[Problem]]) -> Atlas:
     found = Problems()
     found.extend(problems)
     vocab_src = sources.pop(VOCABULARY, None)
@@ -235,6 +300,9 @@ def _resolve(sources: dict[str, Source], problems: list[Problem], folder: str) -
         found.extend(vocab_found.items)
         found.raise_if_any()
     shared = _shared_notes(sources.pop(SHARED_NOTES, None), found)
+    part_sources, part_problems = part_files
+    found.extend(part_problems)
+    parts = _parts(part_sources, found)
 
     families: list[FamilyIR] = []
     by_name: dict[str, Source] = {}
@@ -250,7 +318,7 @@ def _resolve(sources: dict[str, Source], problems: list[Problem], folder: str) -
         by_name[name] = src
     orders: dict[str, list[str] | None] = {}
     for name, src in by_name.items():
-        merged = _extends_chain(name, by_name, found, orders)
+        merged = _extends_chain(name, by_name, found, orders, parts)
         if merged is None:
             continue
         try:
@@ -262,9 +330,72 @@ def _resolve(sources: dict[str, Source], problems: list[Problem], folder: str) -
         if fam is not None:
             families.append(fam)
     found.raise_if_any()
-    all_sources = sorted([(vocab_src.rel, vocab_src.sha256), *((s.rel, s.sha256) for s in sources.values())])
+    all_sources = sorted([(vocab_src.rel, vocab_src.sha256), *((s.rel, s.sha256) for s in sources.values()),
+                          *((s.rel, s.sha256) for s, _ in parts.values())])
     return Atlas(tuple(sorted(families, key=lambda f: f.name)), tuple(layouts.values()),
                  tuple(vocab.dims.items()), vocab_src.rel, vocab_src.sha256, tuple(all_sources))
+
+
+def _parts(sources: dict[str, Source], found: Problems) -> dict[str, tuple[Source, PartRaw]]:
+    """specs/parts/*.yaml, validated on their own: name → (source, model)."""
+    out: dict[str, tuple[Source, PartRaw]] = {}
+    for fname, src in sources.items():
+        loc = src.located
+        name = loc.data.get("part")
+        if name != fname.removesuffix(".yaml"):
+            found.add(src.rel, loc.pos(("part",)), f"a part says its name: 'part: {fname.removesuffix('.yaml')}' "
+                      f"(specs/{PARTS}/{fname})")
+            continue
+        try:
+            raw = PartRaw.model_validate(loc.data)
+        except ValidationError as e:
+            found.extend(_pydantic_problems(e, lambda p, key, loc=loc: (loc.file, loc.pos(p, key))))
+            continue
+        for path, h in raw.hosts.items():
+            if h.cls is not None and h.cls not in raw.classes:
+                found.add(src.rel, loc.pos(("hosts", path, "class")), f"part {name}: host '{path}' has class "
+                          f"'{h.cls}', which is not one of the part's classes ({', '.join(raw.classes) or 'none'}): "
+                          "list it under 'classes' for the families to map")
+        out[name] = (src, raw)
+    return out
+
+
+def _part_layer(fam: Source, k: int, inc: Any, parts: dict[str, tuple[Source, PartRaw]], seen: set[str],
+                found: Problems) -> Merged | None:
+    """The layer of ``include[k]`` of family ``fam``: the part's data with its classes mapped."""
+    loc = fam.located
+    at: DataPath = ("include", k)
+    if not isinstance(inc, dict) or not isinstance(inc.get("part"), str):
+        return None  # pydantic reports the shape
+    name = inc["part"]
+    if name in seen:
+        found.add(fam.rel, loc.pos((*at, "part")), f"include names part '{name}' twice")
+        return None
+    seen.add(name)
+    if name not in parts:
+        found.add(fam.rel, loc.pos((*at, "part")), f"unknown part '{name}' (specs/{PARTS}/{name}.yaml)"
+                  + suggest(name, parts))
+        return None
+    src, raw = parts[name]
+    got = inc.get("classes")
+    mapping: dict[str, Any] = got if isinstance(got, dict) else {}
+    layer = _layer(src.located)
+    for key in ("part", "about", "classes"):
+        layer.data.pop(key, None)
+    for placeholder in mapping:
+        if placeholder not in raw.classes:
+            found.add(fam.rel, loc.pos((*at, "classes", placeholder), key=True), f"include {name}: the part has no "
+                      f"class '{placeholder}' to map (its classes: {', '.join(raw.classes)})" + suggest(placeholder, raw.classes))
+    unmapped = [c for c in raw.classes if c not in mapping]
+    if unmapped:
+        found.add(fam.rel, loc.pos(at), f"include {name}: map every class of the part to this family's: "
+                  f"{', '.join(unmapped)} not mapped (classes: {{{unmapped[0]}: ...}})")
+    for path, host in layer.data.get("hosts", {}).items():
+        cls = host.get("class") if isinstance(host, dict) else None
+        if isinstance(cls, str) and cls in mapping:
+            host["class"] = mapping[cls]
+            layer.where[("hosts", path, "class")] = (fam.rel, loc.pos((*at, "classes", cls)))
+    return layer
 
 
 def _shared_notes(src: Source | None, found: Problems) -> dict[str, list[NoteRaw]]:
@@ -335,26 +466,65 @@ def _bases(src: Source) -> tuple[list[str], list[DataPath]]:
 
 
 def _extends_chain(name: str, by_name: dict[str, Source], found: Problems,
-                   orders: dict[str, list[str] | None]) -> Merged | None:
+                   orders: dict[str, list[str] | None], parts: dict[str, tuple[Source, PartRaw]] | None = None
+                   ) -> Merged | None:
     """A family's data merged over its bases.
 
     ``extends: base`` or ``extends: [a, b, ...]``: the spec files are merged one over the other in
     the order of a left-to-right, depth-first walk of the bases, each file once, every base before
     the specs that extend it and the family's own file last; so a later base overrides an earlier
-    one, and a ``name: null`` drop in any file stays dropped. A base named twice, an unknown base
-    and a cycle are errors at the ``extends`` entry that names them.
+    one, and a ``name: null`` drop in any file stays dropped. Notes and checkpoints are each
+    file's own: a file that names neither ``notes`` nor ``notes+`` drops the bases' (the same for
+    checkpoints), so no page shows another family's printout or runs its examples by accident.
+    A base named twice, an unknown base and a cycle are errors at the ``extends`` entry that names them.
+
+    ``include: [{part: NAME, classes: {...}}]``: the family's parts (``specs/parts/``) are merged
+    just before its own file, in the order listed (so the file overrides them); a base's parts
+    are not inherited: a family is made of the parts it includes.
     """
     order = _linearize(name, by_name, found, orders, ())
     if order is None:
         return None
     merged: Merged | None = None
+    used: list[Source] = []
+    before: dict[str, list[str]] = {}
     for fam in order:
         own = _layer(by_name[fam].located)
-        merged = own if merged is None else _merge(merged, own)
+        layers = [own]
+        includes = own.data.get("include") if fam == name else None  # parts are not inherited
+        if includes:
+            before = {sec: list((merged.data if merged else {}).get(sec) or {}) for sec in _ORDERED}
+            seen: set[str] = set()
+            got = [(inc, x) for k, inc in enumerate(includes if isinstance(includes, list) else [])
+                   if (x := _part_layer(by_name[name], k, inc, parts or {}, seen, found)) is not None]
+            layers = [x for _, x in got] + [own]
+            used = [(parts or {})[inc["part"]][0] for inc, _ in got]
+        for layer in layers:
+            if merged is None:
+                merged = _merge(Merged({}, {(): layer.where.get((), layer.pos(()))}), layer, found, inheriting=False)
+                continue
+            if layer is own:
+                for key in OWN_ONLY:  # a base's notes and checkpoints are not this file's, unless it says `key+:`
+                    if not any(k in own.data for k in (key, f"{key}+", f"{key}=")):
+                        merged.data.pop(key, None)
+            merged = _merge(merged, layer, found)
     assert merged is not None
+    if used:  # keys in the order of the bases and the file; what only the parts bring after them
+        own_data = by_name[name].located.data
+        for sec in _ORDERED:
+            table = merged.data.get(sec)
+            if isinstance(table, dict):
+                mine = [k for k in (own_data.get(sec) or {}) if k in table]
+                first = [k for k in before.get(sec, []) if k in table] + [k for k in mine if k not in before.get(sec, [])]
+                merged.data[sec] = {k: table[k] for k in [*first, *(k for k in table if k not in first)]}
+    merged.parts = used
     merged.data["family"] = name
     merged.data["extends"] = by_name[name].located.data.get("extends")
+    merged.data["include"] = by_name[name].located.data.get("include") or []
     return merged
+
+
+_ORDERED = ("rename", "config", "functions", "hosts")
 
 
 def _linearize(name: str, by_name: dict[str, Source], found: Problems, done: dict[str, list[str] | None],
@@ -406,6 +576,10 @@ class _Family:
         self.ok = True
         self.groups: dict[str, str] = {}
 
+    def at(self, path: DataPath, key: bool = False) -> tuple[str, int, int]:
+        file, (line, col) = self.merged.pos(path, key)
+        return (file, line, col)
+
     def err(self, path: DataPath, message: str, key: bool = False, col: int = 0) -> None:
         file, (line, c) = self.merged.pos(path, key)
         self.found.add(file, (line, c + col if col and not key else c), message)
@@ -428,6 +602,8 @@ class _Family:
         for trait in r.traits or []:
             if trait not in self.vocab.traits:
                 self.err(("traits", (r.traits or []).index(trait)), f"unknown trait '{trait}'" + suggest(trait, self.vocab.traits))
+        if r.loads is not None and r.loads.attention is not None and "eager" not in r.loads.attention:
+            self.err(("loads", "attention"), "loads.attention: every class accepts 'eager' (the reference the tests run); list it")
         config = self.config()
         if "model" not in r.hosts:
             self.err(("hosts",), "the hosts must include 'model' (the root)")
@@ -441,6 +617,7 @@ class _Family:
         hosts_ir = tuple(h for h in hosts if h is not None)
         self.check_identities(hosts_ir, {k for k, _, _ in config})
         self.check_checkpoint_sizes(config)
+        self.check_positional_reads(hosts_ir)
         diagram = self.diagram(hosts_ir)
         if not self.ok:
             return None
@@ -455,6 +632,9 @@ class _Family:
             config=tuple(config), functions=functions, hosts=hosts_ir, tiny=tiny,
             checkpoints=tuple(CheckpointIR(c.name, tuple(c.config.items())) for c in r.checkpoints),
             notes=notes, docstring=(r.docstring or r.summary).strip(), diagram=diagram,
+            attention=tuple(r.loads.attention) if r.loads.attention is not None else None,
+            rename_at=tuple((k, self.at(("rename", k))) for k in r.rename), tiny_at=self.at(("tiny", "model_class")),
+            parts=tuple((s.rel, s.sha256) for s in self.merged.parts),
         )
 
     def check_names(self) -> None:
@@ -544,8 +724,9 @@ class _Family:
             full = f"{prefix}.{name}" if prefix else name
             if full in rename or any(h.path == full or h.path.startswith(full + "[i]") for h in hosts):
                 return True
-            return any(v.read is not None and v.read.module[:1] == (name,)
-                       for h in hosts if h.path == host for v in h.values)
+            return any(v.read is not None and v.read.module[:1] == (name,) and
+                       (h.path == host and not v.read.up or v.read.up == 1 and h.path.rsplit(".", 1)[0] == host)
+                       for h in hosts for v in h.values)
 
         out = {"text": DEFAULT_TEXT, "block": DEFAULT_BLOCK, "vision": (), "vision_block": DEFAULT_BLOCK}
         checks = {"text": ("", "model", ()), "block": ("layers[i]", "layers[i]", ("add", "mixer")),
@@ -668,15 +849,24 @@ class _Family:
             if v is None:
                 continue
             if vname not in table:
-                self.err(vat, f"unknown value '{vname}'" + suggest(vname, table), key=True)
+                section = f"streams.{h.stream}: (this host's stream) or values:" if h.stream else "values:"
+                near = suggest(vname, table)
+                self.err(vat, f"unknown value '{vname}'" + (near + " " if near else ". ") + "A new standard value is declared "
+                         f"once in specs/{VOCABULARY}, under {section}, with its layout and its one-line meaning",
+                         key=True)
                 continue
             value = v if isinstance(v, ValueRaw) else ValueRaw(read=v)
             defaults = {k: getattr(h, k) for k in ("needs", "reached") if getattr(h, k) is not None and getattr(value, k) is None}
             if defaults:
                 value = value.model_copy(update=defaults)
             built = self.value(vname, value, table[vname], vat, config_names)
+            depth = 0 if path == "model" else len(path.split("."))
+            if built is not None and built.read is not None and built.read.up > depth:
+                self.err(vat, f"{vname}: '{built.read.text}' climbs {built.read.up} host(s) up, but {path} has "
+                         f"{'no parent' if not depth else f'only {depth} above it'}", key=isinstance(v, ValueRaw))
+                continue
             if built is not None:
-                values.append(built)
+                values.append(dataclasses.replace(built, at=self.at((*vat, "read"))))
         names = [x.name for x in values]
         root_names = self.root_value_names()
         for x in values:
@@ -693,8 +883,9 @@ class _Family:
             except expr.ExprError as e:
                 self.err(iat if isinstance(ident, str) else (*iat, "check"), f"identity: {e}", col=e.col)
                 continue
-            identities.append(IdentityIR(item.check, op, lhs, rhs, float(item.atol), float(item.rtol)))
+            identities.append(IdentityIR(item.check, op, lhs, rhs, float(item.atol), float(item.rtol), at=self.at(iat)))
         return HostIR(path, h.cls or "", when, when_text, tuple(values), tuple(identities), dims=tuple(h.dims.items()),
+                      at=self.at((*at, "class")),
                       kind=kind)
 
     def value(self, name: str, v: ValueRaw, vocab_value: Any, at: DataPath, config_names: set[str]) -> ValueIR | None:
@@ -788,6 +979,28 @@ class _Family:
                         known = sorted(by_path.get(h.path, set()))
                         self.err(("hosts", h.path, "identities", k), f"identity term '{term}' names nothing on host {h.path}" + suggest(term.split(".")[-1], known))
 
+    def check_positional_reads(self, hosts: tuple[HostIR, ...]) -> None:
+        """Every value read by position (``op:add#5``, ``method:f#i``) must be named by an identity:
+        transformers adding or removing one such call would otherwise shift the read, silently, onto
+        another tensor that may even have the same shape."""
+        pinned: set[tuple[str, str]] = set()
+        for h in hosts:
+            for ident in h.identities:
+                for term in ident.terms:
+                    pinned.add(_term_value(h.path, term))
+        for h in hosts:
+            for v in h.values:
+                if v.read is None or not v.read.by_position or (h.path, v.name) in pinned:
+                    continue
+                file, line, col = v.at or (self.src.rel, 1, 1)
+                self.found.add(file, (line, col), (
+                    f"{h.path}: {v.name}: '{v.read.text}' is read by its position among the calls of the forward, "
+                    f"and no identity names {v.name}: a transformers release that adds or removes one such call would "
+                    f"shift the read onto another tensor unnoticed. Add an identity that pins it (to a child's "
+                    f"boundary, a parameter or another value), or read it by name (a child's .input/.output, "
+                    f"call:attention.args[N], fn:NAME.args.PARAM)"))
+                self.ok = False
+
     @staticmethod
     def term_exists(host: str, term: str, by_path: dict[str, set[str]]) -> bool:
         parts = term.split(".")
@@ -816,7 +1029,7 @@ class _Family:
                          "generated tests build this model")
         draws = []
         known: set[str] = set(t.config)
-        for key, spec in t.draw.items():
+        for key, spec in self.draw_order(t.draw):
             at = ("tiny", "draw", key)
             if isinstance(spec, list):
                 if not spec:
@@ -875,6 +1088,32 @@ class _Family:
         return TinyIR(t.model_class, t.config_class, tuple(t.config.items()), tuple(draws), t.batch, t.seq, t.examples,
                       experts=tuple(t.experts), processor=processor, images=images, image_text=image_text)
 
+    def draw_order(self, draw: dict[str, Any]) -> list[tuple[str, Any]]:
+        """The draws in an order that follows their dependencies (each after every draw its
+        expression names), otherwise in the order written: a family overriding one draw of its
+        base, or adding one a base's expression names, needs no care for the merged key order."""
+        keys = list(draw)
+        deps: dict[str, set[str]] = {}
+        for key, spec in draw.items():
+            deps[key] = set()
+            if isinstance(spec, str):
+                try:
+                    names = expr.compile_config(spec).names
+                except expr.ExprError:
+                    continue  # reported where the draw is compiled
+                deps[key] = {d for n in names for d in (n, n.split(".")[0]) if d in draw and d != key}
+        order: list[str] = []
+        while len(order) < len(keys):
+            ready = next((k for k in keys if k not in order and deps[k] <= set(order)), None)
+            if ready is None:
+                stuck = [k for k in keys if k not in order]
+                self.err(("tiny", "draw", stuck[0]), "tiny.draw: these draws depend on each other in a cycle: "
+                         + ", ".join(f"{k} (needs {', '.join(sorted(deps[k] - set(order)))})" for k in stuck))
+                order += stuck
+                break
+            order.append(ready)
+        return [(k, draw[k]) for k in order]
+
     def notes(self) -> tuple[NoteIR, ...]:
         flat: list[tuple[int, NoteRaw, str | None]] = []
         for k, item in enumerate(self.raw.notes):
@@ -901,6 +1140,18 @@ class _Family:
                 examples.append(block)
             out.append(NoteIR(note.title, note.body.strip(), tuple(examples), shared, note.load))
         return tuple(out)
+
+
+def _term_value(host: str, term: str) -> tuple[str, str]:
+    """The (host path, value name) an identity term on ``host`` names: ``self_attn.attention_output`` on
+    ``layers[i]`` → ("layers[i].self_attn", "attention_output"); ``model.layers[i+1].layer_input`` →
+    ("layers[i]", "layer_input"); ``layers[0].input`` on model → ("layers[i]", "input")."""
+    parts = term.split(".")
+    if parts[0] == "model" and len(parts) > 1:
+        host, parts = "model", parts[1:]
+    prefix = re.sub(r"\[(\d+|i|i[+-]\d+)\]", "[i]", ".".join(parts[:-1]))
+    target = host if not prefix else (prefix if host == "model" else f"{host}.{prefix}")
+    return target, parts[-1]
 
 
 def _flat(args: Any) -> list[Any]:

@@ -149,6 +149,16 @@ def _module_value(hosts: list[HostIR], module: str, side: str, f: FamilyIR) -> C
     return None
 
 
+def _sibling_value(hosts: list[HostIR], module: str, f: FamilyIR) -> Card | None:
+    """A value a child host reads at a sibling's output (``^.module.output``): what the stream receives."""
+    for h in hosts:
+        for v in h.values:
+            r = v.read
+            if r is not None and r.kind == "module" and r.up == 1 and r.module == (module,) and r.side == "output":
+                return _card(h, v, f)
+    return None
+
+
 def _own_output(h: HostIR, f: FamilyIR) -> Card | None:
     for v in h.values:
         r = v.read
@@ -332,6 +342,8 @@ class PageModel:
                                   host.path, host.cls, main, [c for c in others if main is None or c.name != main.name]))
                 continue
             card = _module_value([lay], name, "output", f) if lay is not None else None
+            if card is None:  # a sibling's boundary a child host reads (^.post_attention_layernorm.output)
+                card = _sibling_value([c for c in children.values()], name, f)
             if card is None and default and f"{stack}[i].{name}" not in dict(f.rename):
                 continue  # a default part this family does not have
             role = "norm" if "norm" in name else "module"

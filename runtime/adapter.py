@@ -63,6 +63,8 @@ class ReadPoint:
     kind ``derived``: computed by ``derive`` from other values of the host (``deps``; a dep
     ``model.x`` is the root's value ``x``, a config entry's name its value); read-only.
     kind ``missing``: the family has no such value; ``words`` says why (reading it raises Unavailable).
+    ``up``: the read starts that many hosts above the host (``^.post_attention_layernorm.output``
+    reads a sibling's boundary: what the stream receives from a sandwich-normed mixer).
     """
 
     kind: ReadKind
@@ -79,6 +81,7 @@ class ReadPoint:
     per_index: bool = False
     scope_root: bool = False
     fn: str | None = None
+    up: int = 0  # ``^.`` levels: the read starts at the host's parent (1), its grandparent (2), ...
     deps: tuple[str, ...] = ()
     derive: Callable[[Mapping[str, Any]], Any] | None = field(default=None, compare=False)
 
@@ -109,6 +112,7 @@ class ValueSpec:
     reached: Condition | None = None  # a call condition: checked against the call's inputs before the forward
     edit: Literal["logits", "later", "none"] = "logits"  # what an edit reaches (this forward, later calls, nothing)
     copy: bool = False  # served as a copy put in the native's place (a buffer overwritten later in the run)
+    at: str = ""  # where the spec says it: "specs/llama.yaml:68:32" (errors name the line)
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,7 @@ class Identity:
     op: str = "=="
     atol: float = 0.0
     rtol: float = 0.0
+    at: str = ""  # where the spec says it: "specs/llama.yaml:52:9"
 
 
 @dataclass(frozen=True)
@@ -174,6 +179,8 @@ class Family:
     functions: Mapping[str, FunctionGroup] = field(default_factory=dict)
     spec_file: str = ""
     spec_sha256: str = ""
+    # the attention implementations the spec declares its classes accept (None: read from the class)
+    attention: tuple[str, ...] | None = None
 
     def host(self, path: str) -> HostSpec | None:
         for h in self.hosts:

@@ -52,6 +52,7 @@ class Host:
         d = self.__dict__  # (__setattr__ is for assigning values)
         d["_model"] = model if model is not None else self
         d["_module"], d["_label"], d["_pattern"], d["_index"] = module, label, pattern, index
+        d["_parent"] = None  # the host this one was reached from (``^.`` reads climb to it)
         d["_kids"] = {}  # name -> (native path, child host): children found once, checked on each use
 
     # -- what applies here --
@@ -85,6 +86,7 @@ class Host:
             found = resolve_native(self._module, native)
             if found is not None:
                 made = model._host(found, self._join(name), key)
+                made._parent = self
                 self._kids[name] = (tuple(native.split(".")), made)
                 return made
         return None
@@ -92,11 +94,26 @@ class Host:
     def _join(self, name: str) -> str:
         return name if self._pattern == "model" else f"{self._label}.{name}"
 
+    def _up(self, levels: int, what: str) -> Host:
+        """The host ``levels`` above this one (``^.`` in a read point: 1 is the parent)."""
+        node: Host = self
+        for _ in range(levels):
+            parent = node.__dict__["_parent"]
+            if parent is None:
+                raise NnatlasError(f"{what}: {node._label or 'model'} has no parent host to read '^.' from")
+            node = parent
+        return node
+
     def _resolve_module(self, path: tuple[str, ...], what: str) -> torch.nn.Module:
         node: Host | HostList = self
         for part in path:
             nxt = node._child(part) if isinstance(node, Host) else None
             if nxt is None:
+                parent = self.__dict__["_parent"] if node is self else None
+                if parent is not None and parent._child(part) is not None:
+                    raise UnknownName(f"{what}: '{part}' is not inside {self._label} ({type(self._module).__name__}): "
+                                      f"the read leaves its host; '{part}' is a sibling (a child of "
+                                      f"{parent._label or 'model'}): read it as ^.{'.'.join(path)}...")
                 raise UnknownName(f"{what}: {self._label or 'model'} has no child module '{part}'")
             node = nxt
         if not isinstance(node, Host):
@@ -171,6 +188,7 @@ class HostList(Generic[H]):
 
     def __init__(self, model: AtlasModel, module: torch.nn.ModuleList, label: str, pattern: str):
         self._model, self._module, self._label, self._pattern = model, module, label, pattern
+        self._parent: Host | None = None  # the host holding the list: each block's parent
         self._hosts: dict[int, H] = {}  # index -> host, reused while the list holds the same module
 
     def __len__(self) -> int:
@@ -189,6 +207,7 @@ class HostList(Generic[H]):
         if host is None or host._module is not module:
             host = self._hosts[i] = Host(self._model, module, f"{self._label}[{i}]",  # type: ignore[assignment]
                                          f"{self._pattern}[i]", i)
+            host.__dict__["_parent"] = self._parent
         return host  # type: ignore[return-value]
 
     def __iter__(self) -> Iterator[H]:

@@ -321,7 +321,7 @@ class AtlasModel(Host):
     def _scope_module(self, host: Host, read: Any, label: str) -> torch.nn.Module:
         """The module whose forward (calls, ops) or methods a read point names: ``read.module``, a
         path from the host, or from the root when ``scope_root``; the host itself when empty."""
-        start: Host = self if read.scope_root else host
+        start: Host = self if read.scope_root else host._up(read.up, label) if read.up else host
         if not read.module:
             return start._module
         return start._resolve_module(tuple(read.module), label)
@@ -360,10 +360,12 @@ class AtlasModel(Host):
             ((v.name, v.args) for v in value._spec.view) if value._spec else ()))
         dims_module = self._module if _names_call_dims(view) else None  # the model's call gives [batch, seq]
         extra: dict[str, Any] = {"dims_module": dims_module, "copy": bool(value._spec and value._spec.copy),
-                                 "reached": value._spec.reached if value._spec else None}
+                                 "reached": value._spec.reached if value._spec else None,
+                                 "at": value._spec.at if value._spec else ""}
         key: tuple[Any, ...]
         if read.kind == "module":
-            module = host._resolve_module(read.module, value.label)
+            start = host._up(read.up, value.label) if read.up else host
+            module = start._resolve_module(read.module, value.label)
             side = read.side
             key = ("pre" if side in ("input", "inputs") else "post", id(module))
             return Target(value.label, key, module, side, read.param, read.access, view, value._extra, **extra)

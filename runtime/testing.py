@@ -73,7 +73,11 @@ def _nested_copy(x: Any) -> Any:
 def draw_params(family: str, choose: Callable[[str, list[Any]], Any]) -> dict[str, Any]:
     """Config parameters for a tiny model; ``choose(name, options)`` picks each drawn entry.
     A dotted name (``vision_config.depth``) sets an entry of a nested config."""
-    tiny = adapter_module(family).TINY
+    return draw_from(adapter_module(family).TINY, choose)
+
+
+def draw_from(tiny: Mapping[str, Any], choose: Callable[[str, list[Any]], Any]) -> dict[str, Any]:
+    """:func:`draw_params` from an adapter's ``TINY`` mapping."""
     params: dict[str, Any] = _nested_copy(dict(tiny["config"]))
     scope: dict[str, Any] = _nested_copy(params)
     for name, options, compute in tiny["draw"]:
@@ -85,11 +89,21 @@ def draw_params(family: str, choose: Callable[[str, list[Any]], Any]) -> dict[st
     return params
 
 
+def _first(name: str, options: list[Any]) -> Any:
+    return options[-1] if name in ("num_hidden_layers", "n_layer") else options[0]
+
+
 def first_params(family: str) -> dict[str, Any]:
     """The smallest-index choice of every drawn entry, with a few blocks: a fixed tiny config."""
-    def choose(name: str, options: list[Any]) -> Any:
-        return options[-1] if name in ("num_hidden_layers", "n_layer") else options[0]
-    return draw_params(family, choose)
+    return draw_params(family, _first)
+
+
+def first_params_from(tiny: Mapping[str, Any], variant: str | None = None) -> dict[str, Any]:
+    """:func:`first_params` (of the ``variant`` load when given) from an adapter's ``TINY`` mapping."""
+    params = draw_from(tiny, _first)
+    if variant is None:
+        return params
+    return variant_from(tiny[variant], params, lambda name, options: options[0])
 
 
 def tiny_of(family: str, variant: str | None = None) -> dict[str, Any]:
@@ -106,7 +120,11 @@ def tiny_of(family: str, variant: str | None = None) -> dict[str, Any]:
 def variant_params(family: str, text_params: dict[str, Any], choose: Callable[[str, list[Any]], Any],
                    variant: str) -> dict[str, Any]:
     """The wrapper's config: the drawn text config under text_config, the load's config and draws."""
-    it = adapter_module(family).TINY[variant]
+    return variant_from(adapter_module(family).TINY[variant], text_params, choose)
+
+
+def variant_from(it: Mapping[str, Any], text_params: dict[str, Any], choose: Callable[[str, list[Any]], Any]
+                 ) -> dict[str, Any]:
     params: dict[str, Any] = _nested_copy(dict(it["config"]))
     params["text_config"] = _nested_copy(text_params)
     for name, options, compute in it["draw"]:
@@ -151,6 +169,41 @@ def build(family: str, params: Mapping[str, Any] | None = None, attn_implementat
             return wrap(hf, processor=proc)
         return wrap(hf, tokenizer=proc.tokenizer)
     return wrap(hf, tokenizer=tiny_tokenizer(vocab))
+
+
+CPU_ATTENTION = ("eager", "sdpa")  # the attention implementations a CPU test can run
+
+
+def _class_attention(cls: Any) -> tuple[str, ...]:
+    """What a transformers model class accepts, from its flags (eager always)."""
+    flags = {"sdpa": "_supports_sdpa", "flex_attention": "_supports_flex_attn",
+             "flash_attention_2": "_supports_flash_attn", "flash_attention_3": "_supports_flash_attn"}
+    return ("eager", *(impl for impl, flag in flags.items() if getattr(cls, flag, False) is True))
+
+
+def attention_loads(family: str, variant: str | None = None) -> tuple[str, ...]:
+    """The attention implementations the generated tests load ``family`` under: those the spec
+    declares (``loads.attention``) or, when it declares none, those the tiny model class accepts;
+    of them, the ones that run on CPU."""
+    import transformers
+
+    declared = adapter_module(family).FAMILY.attention
+    accepted = declared if declared is not None else \
+        _class_attention(getattr(transformers, tiny_of(family, variant)["model_class"]))
+    return tuple(a for a in CPU_ATTENTION if a in accepted)
+
+
+def check_attention_loads(family: str) -> None:
+    """The declared (or read) attention implementations are exactly those the class builds under, on CPU."""
+    runs = attention_loads(family)
+    for impl in CPU_ATTENTION:
+        try:
+            build(family, attn_implementation=impl)
+        except ValueError as e:
+            assert impl not in runs, f"{family}: loads.attention lists {impl!r}, but the class refuses it: {e}"
+        else:
+            assert impl in runs, f"{family}: the class builds under {impl!r}, but the tests would not run it " \
+                "(add it to loads.attention)"
 
 
 def tiny_images(sizes: list[tuple[int, int]], seed: int = 0) -> list[Any]:
@@ -380,7 +433,8 @@ def _check_shapes(model: AtlasModel, case: Case) -> None:
             continue
         value = getattr(value, "value", value)
         want = expected_shape(spec.layout, dims)
-        assert tuple(value.shape) == want, f"{label}.{name}: shape {tuple(value.shape)}, layout {spec.layout.text} = {want}"
+        at = f"{spec.at}: " if spec.at else ""
+        assert tuple(value.shape) == want, f"{at}{label}.{name}: shape {tuple(value.shape)}, layout {spec.layout.text} = {want}"
 
 
 def _unavailable_term(host: Any, terms: tuple[str, ...], config: Mapping[str, Any], model: Any,
@@ -434,7 +488,7 @@ def check_identity(case: Case, path: str, index: int, experts: str | None = None
                     values[term] = resolve_term(host, term, model, block).save()
         values.setdefault("attention_mask", case.inputs["attention_mask"])
         lhs, rhs = identity.check(values)
-        assert_identity(identity, lhs, rhs, f"{label} ({case!r})")
+        assert_identity(identity, lhs, rhs, f"{identity.at + ': ' if identity.at else ''}{label} ({case!r})")
         checked += 1
     from hypothesis import assume
 

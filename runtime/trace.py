@@ -93,6 +93,7 @@ class Target:
     copy: bool = False  # serve a copy, put in the native's place (a buffer the forward overwrites)
     reached: Any = None  # a call condition (adapter.Condition) checked against the inputs before the forward
     call: int = 0  # which firing of the site serves it (the K-th call of a method)
+    at: str = ""  # the spec line of the value (a view that does not fit names it)
     per_call: bool = field(default=False, init=False)  # fires once per token of a call (tracer.iter picks which)
     fn_site: bool = field(default=False, init=False)  # at a module-level function (fn: read point)
     _pidx: tuple[int, str | None] | None = field(default=None, init=False, repr=False, compare=False)
@@ -215,7 +216,14 @@ class Target:
         for name, args in self.view:
             if self.dims_module is not None:
                 args = self._bind(args)
-            x = getattr(x, name)(*args)
+            try:
+                x = getattr(x, name)(*args)
+            except (RuntimeError, IndexError) as e:
+                shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                view = f"{name}({', '.join(repr(list(a)) if isinstance(a, tuple) else repr(a) for a in args)})"
+                where = f" (the view of {self.at})" if self.at else ""
+                raise NnatlasError(f"{self.label}: the view {view}{where} does not fit the tensor it reads, of shape "
+                                   f"{list(shape) if isinstance(shape, tuple) else shape}: {str(e).splitlines()[0]}") from e
         for a in self.extra:
             x = get_item(x, a)
         return x

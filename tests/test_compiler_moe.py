@@ -32,6 +32,7 @@ def _atlas_with(tmp_path: Path, text: str) -> SpecError:
     specs.mkdir()
     for name in ("_vocabulary.yaml", "_notes.yaml", "llama.yaml", "qwen3_5_text.yaml", "qwen3_next.yaml"):
         shutil.copy(SPECS / name, specs / name)
+    shutil.copytree(SPECS / "parts", specs / "parts")  # qwen3_5_text includes the Qwen ViT part
     (specs / "broken.yaml").write_text(text)
     with pytest.raises(SpecError) as err:
         compile_atlas(specs, tmp_path)

@@ -35,7 +35,9 @@ def line_of(root: Path, name: str, needle: str) -> int:
 def test_value_name_typo(spec_root: Path) -> None:
     edit(spec_root, "llama.yaml", "      layer_mid: post_attention_layernorm.input", "      layr_mid: post_attention_layernorm.input")
     n = line_of(spec_root, "llama.yaml", "layr_mid")
-    assert errors(spec_root) == [f"specs/llama.yaml:{n}:7: unknown value 'layr_mid'; did you mean 'layer_mid'?"]
+    assert errors(spec_root) == [f"specs/llama.yaml:{n}:7: unknown value 'layr_mid'; did you mean 'layer_mid'? A new "
+                                 "standard value is declared once in specs/_vocabulary.yaml, under values:, with its "
+                                 "layout and its one-line meaning"]
 
 
 def test_unknown_layout_and_dim(spec_root: Path) -> None:

@@ -23,6 +23,7 @@ IDENTITIES = (('model', 0), ('model', 1), ('layers[i]', 0), ('layers[i]', 1), ('
 WRITABLE = (('model', 'token_embeddings'), ('model', 'position_embeddings'), ('model', 'final_norm_output'), ('model', 'lm_head_output'), ('model', 'logits'), ('layers[i]', 'layer_input'), ('layers[i]', 'attention_norm_output'), ('layers[i]', 'layer_mid'), ('layers[i]', 'mlp_norm_output'), ('layers[i]', 'mlp_input'), ('layers[i]', 'layer_output'), ('layers[i].self_attn', 'attention_queries'), ('layers[i].self_attn', 'attention_keys'), ('layers[i].self_attn', 'attention_values'), ('layers[i].self_attn', 'attention_scores'), ('layers[i].self_attn', 'attention_probabilities'), ('layers[i].self_attn', 'attention_head_outputs'), ('layers[i].self_attn', 'attention_premix'), ('layers[i].self_attn', 'attention_output'), ('layers[i].mlp', 'mlp_activation'), ('layers[i].mlp', 'mlp_neurons'), ('layers[i].mlp', 'mlp_output'))
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'))
 EXAMPLES = (('The fused projection', 0, 'with model.trace(prompt):\n    qkv = model.layers[0].self_attn.qkv_proj.output.save()\n    q = model.layers[0].self_attn.attention_queries.save()\ntorch.testing.assert_close(q.transpose(1, 2).flatten(2), qkv[..., : model.hidden_size])\n', None), ('Positions are learned and added before the first block', 0, 'with model.trace(prompt):\n    tok = model.token_embeddings.save()\n    pos = model.position_embeddings.save()\n    first = model.layers[0].input.save()\ntorch.testing.assert_close(tok + pos, first)\n', None))
+ATTENTION = T.attention_loads(FAMILY)  # the attention implementations the class accepts (read from it), on CPU
 
 
 @st.composite
@@ -43,6 +44,10 @@ def test_identity(path: str, index: int, case: T.Case) -> None:
     T.check_identity(case, path, index)
 
 
+def test_attention_loads_match_the_class() -> None:
+    T.check_attention_loads(FAMILY)
+
+
 @pytest.mark.parametrize("path", HOST_PATHS)
 def test_native_classes(path: str) -> None:
     T.check_native_class(FAMILY, path)
@@ -58,7 +63,7 @@ def test_readonly(path: str, name: str) -> None:
     T.check_readonly(FAMILY, path, name)
 
 
-@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("attn", ATTENTION)
 def test_support_agrees_with_trace(attn: str) -> None:
     T.check_support(FAMILY, attn)
 

@@ -23,6 +23,7 @@ IDENTITIES = (('model', 0), ('model', 1), ('layers[i]', 0), ('layers[i]', 1), ('
 WRITABLE = (('model', 'token_embeddings'), ('model', 'final_norm_output'), ('model', 'lm_head_output'), ('model', 'logits'), ('layers[i]', 'layer_input'), ('layers[i]', 'attention_norm_output'), ('layers[i]', 'layer_mid'), ('layers[i]', 'mlp_norm_output'), ('layers[i]', 'mlp_input'), ('layers[i]', 'layer_output'), ('layers[i].self_attn', 'attention_queries'), ('layers[i].self_attn', 'attention_keys'), ('layers[i].self_attn', 'attention_values'), ('layers[i].self_attn', 'attention_scores'), ('layers[i].self_attn', 'attention_probabilities'), ('layers[i].self_attn', 'attention_head_outputs'), ('layers[i].self_attn', 'attention_premix'), ('layers[i].self_attn', 'attention_output'), ('layers[i].mlp', 'mlp_activation'), ('layers[i].mlp', 'mlp_neurons'), ('layers[i].mlp', 'mlp_output'))
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'))
 EXAMPLES = (('The block, in order', 0, 'with model.trace(prompt):\n    x = model.layers[1].input.save()\n    attn = model.layers[1].self_attn.attention_output.save()\n    mlp = model.layers[1].mlp.mlp_output.save()\n    out = model.layers[1].layer_output.save()\n\ntorch.testing.assert_close(x + attn + mlp, out)\n', None), ('The pattern needs the eager attention', 0, 'with model.trace(prompt):\n    q = model.layers[0].self_attn.attention_queries.save()\nassert q.shape[1] == model.num_heads\n', None))
+ATTENTION = T.attention_loads(FAMILY)  # the attention implementations the class accepts (read from it), on CPU
 
 
 @st.composite
@@ -43,6 +44,10 @@ def test_identity(path: str, index: int, case: T.Case) -> None:
     T.check_identity(case, path, index)
 
 
+def test_attention_loads_match_the_class() -> None:
+    T.check_attention_loads(FAMILY)
+
+
 @pytest.mark.parametrize("path", HOST_PATHS)
 def test_native_classes(path: str) -> None:
     T.check_native_class(FAMILY, path)
@@ -58,7 +63,7 @@ def test_readonly(path: str, name: str) -> None:
     T.check_readonly(FAMILY, path, name)
 
 
-@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("attn", ATTENTION)
 def test_support_agrees_with_trace(attn: str) -> None:
     T.check_support(FAMILY, attn)
 

@@ -23,6 +23,7 @@ IDENTITIES = (('model', 0), ('model', 1), ('layers[i]', 0), ('layers[i]', 1), ('
 WRITABLE = (('model', 'token_embeddings'), ('model', 'final_norm_output'), ('model', 'lm_head_output'), ('model', 'logits'), ('layers[i]', 'layer_input'), ('layers[i]', 'attention_norm_output'), ('layers[i]', 'layer_mid'), ('layers[i]', 'mlp_norm_output'), ('layers[i]', 'mlp_input'), ('layers[i]', 'layer_output'), ('layers[i].linear_attn', 'attention_queries'), ('layers[i].linear_attn', 'attention_keys'), ('layers[i].linear_attn', 'attention_values'), ('layers[i].linear_attn', 'decays'), ('layers[i].linear_attn', 'betas'), ('layers[i].linear_attn', 'state'), ('layers[i].linear_attn', 'attention_head_outputs'), ('layers[i].linear_attn', 'attention_output'), ('layers[i].self_attn', 'attention_queries'), ('layers[i].self_attn', 'attention_keys'), ('layers[i].self_attn', 'attention_values'), ('layers[i].self_attn', 'attention_scores'), ('layers[i].self_attn', 'attention_probabilities'), ('layers[i].self_attn', 'attention_head_outputs'), ('layers[i].self_attn', 'attention_premix'), ('layers[i].self_attn', 'attention_output'), ('layers[i].mlp', 'mlp_output'), ('layers[i].mlp', 'router_logits'), ('layers[i].mlp', 'expert_weights'), ('layers[i].mlp', 'expert_outputs'), ('layers[i].mlp', 'routed_output'), ('layers[i].mlp', 'shared_expert_output'), ('layers[i].mlp.shared_experts', 'mlp_activation'), ('layers[i].mlp.shared_experts', 'mlp_neurons'), ('layers[i].mlp.shared_experts', 'mlp_output'))
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'), ('layers[i].linear_attn', 'states'))
 EXAMPLES = (('What differs from Qwen3-Next', 0, 'moe = model.layers[0].mlp\nwith model.trace(prompt):\n    weights = moe.expert_weights.save()\n    routed = moe.routed_output.save()\n    shared = moe.shared_expert_output.save()\n    out = moe.mlp_output.save()\ntorch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:2]))\nassert torch.equal(routed + shared, out)\nassert model.intermediate_size == model.config.moe_intermediate_size\n', None),)
+ATTENTION = T.attention_loads(FAMILY)  # the attention implementations the class accepts (read from it), on CPU
 EXPERTS = ('eager', 'batched_mm', 'grouped_mm')  # every experts implementation the spec's identities must hold under
 
 
@@ -46,6 +47,10 @@ def test_identity(path: str, index: int, experts: str, case: T.Case) -> None:
     T.check_identity(case, path, index, experts=experts)
 
 
+def test_attention_loads_match_the_class() -> None:
+    T.check_attention_loads(FAMILY)
+
+
 @pytest.mark.parametrize("path", HOST_PATHS)
 def test_native_classes(path: str) -> None:
     T.check_native_class(FAMILY, path)
@@ -67,7 +72,7 @@ def test_missing_says_why(path: str, name: str) -> None:
     T.check_missing(FAMILY, path, name)
 
 
-@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("attn", ATTENTION)
 def test_support_agrees_with_trace(attn: str) -> None:
     T.check_support(FAMILY, attn)
 

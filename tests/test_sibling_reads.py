@@ -1,0 +1,92 @@
+"""Values that live outside their host: ``^.`` reads a sibling's or the parent's boundary.
+
+Gemma 2 norms the attention's and the MLP's outputs before the residual adds (sandwich norms):
+its ``attention_output`` is read at ``^.post_attention_layernorm.output``, a sibling of the mixer.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from nnatlas import testing as T
+from nnatlas.compiler import SpecError, compile_atlas, readpoint
+from nnatlas.compiler.expr import ExprError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_parse_sibling_and_parent_reads() -> None:
+    r = readpoint.parse("^.post_attention_layernorm.output")
+    assert (r.kind, r.module, r.side, r.up) == ("module", ("post_attention_layernorm",), "output", 1)
+    assert r.words == "the sibling module post_attention_layernorm's output"
+    r = readpoint.parse("^.output")
+    assert (r.module, r.up, r.words) == ((), 1, "the parent module's own output")
+    r = readpoint.parse("^.^.norm.input[0]")
+    assert (r.module, r.up, r.access) == (("norm",), 2, (0,))
+    r = readpoint.parse("^.mlp > op:mul.output")
+    assert (r.kind, r.module, r.up, r.op) == ("op", ("mlp",), 1, "mul")
+    assert r.words.startswith("inside the sibling mlp's forward")
+
+
+@pytest.mark.parametrize("text,says", [("^post.output", "write ^. before"), ("^.fn:f.output", "^. names a module"),
+                                       ("^.op:mul.output", "^. names a module")])
+def test_parse_refuses_malformed_climbs(text: str, says: str) -> None:
+    with pytest.raises(ExprError, match=re.escape(says)):
+        readpoint.parse(text)
+
+
+def test_a_climb_above_the_root_is_a_spec_error(tmp_path: Path) -> None:
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    for name in ("_vocabulary.yaml", "llama.yaml"):
+        (specs / name).write_text((ROOT / "specs" / name).read_text())
+    (specs / "llama.yaml").write_text((ROOT / "specs" / "llama.yaml").read_text().replace(
+        "      logits: output.logits", "      logits: ^.output"))
+    with pytest.raises(SpecError) as e:
+        compile_atlas(specs, tmp_path)
+    assert "logits: '^.output' climbs 1 host(s) up, but model has no parent" in str(e.value)
+    assert str(e.value).startswith("specs/llama.yaml:")
+
+
+def test_gemma2_reads_what_the_stream_receives_at_the_post_norm() -> None:
+    model = T.build("gemma2")
+    inputs = T.draw_inputs(96, 2, 6, [0, 2])
+    with model.trace(inputs):
+        x = model.layers[1].layer_input.save()
+        raw = model.layers[1].self_attn.attention_raw_output.save()
+        attn = model.layers[1].self_attn.attention_output.save()
+        mid = model.layers[1].layer_mid.save()
+        mlp_raw = model.layers[1].mlp.mlp_raw_output.save()
+        mlp = model.layers[1].mlp.mlp_output.save()
+        out = model.layers[1].layer_output.save()
+    layer = model.layers[1]._module
+    torch.testing.assert_close(attn, layer.post_attention_layernorm(raw), atol=0, rtol=0)
+    torch.testing.assert_close(mlp, layer.post_feedforward_layernorm(mlp_raw), atol=0, rtol=0)
+    assert not torch.allclose(attn, raw)  # the raw output is not what the stream receives
+    assert (x + attn - mid).abs().max().item() == 0.0
+    assert (x + attn + mlp - out).abs().max().item() == 0.0  # the block identity, exact in float32
+    assert (x + raw + mlp_raw - out).abs().max().item() > 1e-3  # Llama's reading would be wrong here
+
+
+def test_an_edit_at_the_sibling_reaches_the_stream() -> None:
+    model = T.build("gemma2")
+    inputs = T.draw_inputs(96, 1, 5, [0])
+    with model.trace(inputs):
+        x = model.layers[0].layer_input.save()
+        model.layers[0].self_attn.attention_output[:] = 0
+        mid = model.layers[0].layer_mid.save()
+    torch.testing.assert_close(mid, x, atol=0, rtol=0)
+
+
+def test_a_climb_from_a_host_without_a_parent_says_so() -> None:
+    from nnatlas.errors import NnatlasError
+
+    model = T.build("gemma2")
+    host = model.layers[0]
+    host.__dict__["_parent"] = None  # as a host made by hand, not reached from the model, would be
+    with pytest.raises(NnatlasError, match="has no parent host"):
+        host._up(1, "layers[0].x")
