@@ -65,6 +65,7 @@ class Part:
     others: list[Card] = field(default_factory=list)
     count: str = ""  # "× 48" on a stack
     subtitle: str = ""
+    note: str = ""  # a word drawn under the value (``at image_token_mask``)
 
 
 @dataclass
@@ -316,11 +317,11 @@ class PageModel:
             feats = next(((h, v) for h in vhosts for v in h.values if v.name == "image_features"), None)
             if feats is not None:
                 parts.append(Part(self.uid(f"c-{prefix}-image_features"), "image_features", "", "vision", prefix, "",
-                                  _card(*feats, f), subtitle="at the scatter"))
+                                  _card(*feats, f), note="at the scatter"))
                 entry = next((_card(h, v, f) for h in f.hosts_at("layers[i]") for v in h.values
                               if v.name == "layer_input"), None)
                 parts.append(Part(self.uid(f"c-{prefix}-into-layers"), "layers[0].input", "", "stack", "layers[i]", "",
-                                  entry, subtitle="at image_token_mask"))
+                                  entry, note="at image_token_mask"))
         return parts
 
     def stack_part(self, stack: str, n: int, card_: Card | None = None) -> Part:
@@ -388,7 +389,7 @@ class PageModel:
             for v in h.values:
                 if v.name not in everywhere and not any(p.value is not None and p.value.name == v.name for p in parts):
                     parts.append(Part(self.uid(f"k{k}-{stack}-{v.name}"), "+", "", "add", h.path, h.cls,
-                                      _card(h, v, f), subtitle=h.kind or ""))
+                                      _card(h, v, f), subtitle=h.kind or "", note=h.kind or ""))
                     extra.append(h.kind or v.name)
         present = set(children)
         identities = []

@@ -228,7 +228,8 @@ def test_the_vision_path_is_drawn_from_the_vision_hosts(page: Any, test_site: Pa
     vision = page.locator("section#vision")
     assert vision.count() == 1
     chain = vision.locator(".chain button.part").evaluate_all("els => els.map(e => e.querySelector('.part-name').textContent)")
-    assert chain[0].startswith("patch_embed") and chain[1].startswith("layers") and chain[-1].startswith("merger")
+    assert chain[0] == "image" and chain[1].startswith("patch_embed") and chain[2].startswith("layers")
+    assert chain[-1].startswith("merger")
     block = vision.locator(".kind:not([hidden]) button.part")
     names = block.evaluate_all("els => els.map(e => e.querySelector('.part-name').textContent)")
     assert names == ["x", "input_layernorm/norm1", "self_attn/attn", "+", "post_attention_layernorm/norm2", "mlp", "+"]
