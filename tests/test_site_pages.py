@@ -203,7 +203,7 @@ def test_markdown_rows_keep_their_columns_with_a_pipe_in_a_layout() -> None:
 
 def test_markdown_notes_keep_angle_brackets_as_text_and_the_fix_of_a_condition() -> None:
     md = _text("qwen3_5_text.md")
-    assert "&lt;think&gt;" in md and "<think>" not in md.split("```")[0::2][-1] or "&lt;think&gt;" in md
+    assert "&lt;think&gt;" in md
     prose = "\n".join(md.split("```")[0::2])  # outside fenced code
     assert "<think>" not in prose and "layer<i>" not in prose
     assert "layer&lt;i&gt;.sae.pt" in prose
@@ -250,3 +250,28 @@ def test_every_page_renders_for_a_family_without_checkpoints() -> None:
     md = emit.render_page_md(bare, _atlas())
     assert "This family records no checkpoint." in html and "This family records no checkpoint." in md
     assert "blocks.{i}.hook_resid_post" in html
+
+
+def test_the_vision_path_says_its_facts_from_the_part() -> None:
+    for name in ("qwen3_5_text", "qwen3_vl"):
+        html = _text(f"{name}.html")
+        vision = html[html.index('<section id="vision"'):html.index('<section id="sizes"')]
+        facts = vision[vision.index('<dl class="facts">'):]
+        terms = re.findall(r"<dt>([^<]+)</dt><dd>", facts[:facts.index("</dl>")])
+        assert terms == ["rows", "positions", "masking", "final norm"]
+        assert "no vision.norm" in vision
+        assert "- **masking**: The attention runs once per image" in _text(f"{name}.md")
+
+
+def test_vision_facts_need_a_vision_host(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import shutil
+
+    from nnatlas.compiler import SpecError
+
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    shutil.copy(ROOT / "specs" / "_vocabulary.yaml", specs)
+    text = (ROOT / "specs" / "llama.yaml").read_text(encoding="utf-8")
+    (specs / "llama.yaml").write_text(text + "\ndiagram:\n  vision_facts: {rows: one row}\n", encoding="utf-8")
+    with pytest.raises(SpecError, match="vision_facts: this family has no vision host"):
+        compile_atlas(specs, tmp_path)

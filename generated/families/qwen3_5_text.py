@@ -812,7 +812,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 needs=_C_processor,
                 readonly=True,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:40:25',
+                at='specs/parts/qwen_vit.yaml:56:25',
             ),
             ValueSpec(
                 'patch_embeddings',
@@ -822,7 +822,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:41:32',
+                at='specs/parts/qwen_vit.yaml:57:32',
             ),
             ValueSpec(
                 'position_embeddings',
@@ -832,7 +832,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:42:35',
+                at='specs/parts/qwen_vit.yaml:58:35',
             ),
             ValueSpec(
                 'tower_output',
@@ -844,7 +844,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 readonly=True,
                 readonly_why="the merger has read the last block's stream before the encoder returns it, so an edit here reaches nothing; edit vision.layers[-1].layer_output or model.projector.input instead",
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:44:15',
+                at='specs/parts/qwen_vit.yaml:60:15',
             ),
             ValueSpec(
                 'image_features',
@@ -853,13 +853,13 @@ HOSTS: tuple[HostSpec, ...] = (
                 ReadPoint('op', 'model.model > op:masked_scatter.input[2]', "inside the root's child model's forward: the input of masked_scatter (first call), element 2", module=('model',), side='input', access=(2,), op='masked_scatter', occurrence=0, scope_root=True),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:49:23',
+                at='specs/parts/qwen_vit.yaml:65:23',
             ),
         ),
         identities=(
-            Identity('layers[0].input == patch_embeddings[0] + position_embeddings[0]', ('layers[0].input', 'patch_embeddings', 'position_embeddings'), _identity_vision_0, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:51:9'),
-            Identity('model.layers[0].layer_input[image_token_mask] == image_features', ('model.layers[0].layer_input', 'image_token_mask', 'image_features'), _identity_vision_1, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:52:9'),
-            Identity('model.projector.input == tower_output[0]', ('model.projector.input', 'tower_output'), _identity_vision_2, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:53:9'),
+            Identity('layers[0].input == patch_embeddings[0] + position_embeddings[0]', ('layers[0].input', 'patch_embeddings', 'position_embeddings'), _identity_vision_0, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:67:9'),
+            Identity('model.layers[0].layer_input[image_token_mask] == image_features', ('model.layers[0].layer_input', 'image_token_mask', 'image_features'), _identity_vision_1, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:68:9'),
+            Identity('model.projector.input == tower_output[0]', ('model.projector.input', 'tower_output'), _identity_vision_2, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:69:9'),
         ),
     ),
     HostSpec(
@@ -874,7 +874,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:61:27',
+                at='specs/parts/qwen_vit.yaml:77:27',
             ),
             ValueSpec(
                 'attention_norm_output',
@@ -884,7 +884,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:62:37',
+                at='specs/parts/qwen_vit.yaml:78:37',
             ),
             ValueSpec(
                 'layer_mid',
@@ -894,7 +894,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:63:25',
+                at='specs/parts/qwen_vit.yaml:79:25',
             ),
             ValueSpec(
                 'mlp_norm_output',
@@ -904,7 +904,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:64:31',
+                at='specs/parts/qwen_vit.yaml:80:31',
             ),
             ValueSpec(
                 'mlp_input',
@@ -914,7 +914,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:65:25',
+                at='specs/parts/qwen_vit.yaml:81:25',
             ),
             ValueSpec(
                 'layer_output',
@@ -924,13 +924,13 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:66:28',
+                at='specs/parts/qwen_vit.yaml:82:28',
             ),
         ),
         identities=(
-            Identity('input + self_attn.attention_output + mlp.mlp_output == layer_output', ('input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_vision_layers_0, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:68:9'),
-            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_vision_layers_1, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:69:9'),
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_vision_layers_2, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:70:9'),
+            Identity('input + self_attn.attention_output + mlp.mlp_output == layer_output', ('input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_vision_layers_0, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:84:9'),
+            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_vision_layers_1, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:85:9'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_vision_layers_2, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:86:9'),
         ),
     ),
     HostSpec(
@@ -944,7 +944,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 ReadPoint('op', 'op:unsqueeze#2.output', 'the output of unsqueeze (third call) inside the forward', side='output', op='unsqueeze', occurrence=2),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:78:26',
+                at='specs/parts/qwen_vit.yaml:94:26',
             ),
             ValueSpec(
                 'attention_keys',
@@ -953,7 +953,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 ReadPoint('op', 'op:unsqueeze#3.output', 'the output of unsqueeze (fourth call) inside the forward', side='output', op='unsqueeze', occurrence=3),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:79:23',
+                at='specs/parts/qwen_vit.yaml:95:23',
             ),
             ValueSpec(
                 'attention_values',
@@ -962,7 +962,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 ReadPoint('op', 'op:unsqueeze#4.output', 'the output of unsqueeze (fifth call) inside the forward', side='output', op='unsqueeze', occurrence=4),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:80:25',
+                at='specs/parts/qwen_vit.yaml:96:25',
             ),
             ValueSpec(
                 'attention_scores',
@@ -971,7 +971,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
                 needs=_C_no_pattern,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:81:32',
+                at='specs/parts/qwen_vit.yaml:97:32',
             ),
             ValueSpec(
                 'attention_probabilities',
@@ -980,7 +980,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
                 needs=_C_no_pattern,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:82:39',
+                at='specs/parts/qwen_vit.yaml:98:39',
             ),
             ValueSpec(
                 'attention_head_outputs',
@@ -989,7 +989,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 ReadPoint('op', 'op:cat#2.output', 'the output of cat (third call) inside the forward', side='output', op='cat', occurrence=2),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:83:31',
+                at='specs/parts/qwen_vit.yaml:99:31',
             ),
             ValueSpec(
                 'attention_premix',
@@ -999,7 +999,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ViewOp('unflatten', (-1, ('vision_num_heads', 'vision_head_dim'))), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:84:32',
+                at='specs/parts/qwen_vit.yaml:100:32',
             ),
             ValueSpec(
                 'attention_output',
@@ -1009,14 +1009,14 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:85:32',
+                at='specs/parts/qwen_vit.yaml:101:32',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_vision_layers_self_attn_0, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:87:9'),
-            Identity('attention_values[0] == transpose(unflatten(qkv.output, -1, [3, vision_num_heads, vision_head_dim])[:, 2], 0, 1)', ('attention_values', 'qkv.output', 'vision_num_heads', 'vision_head_dim'), _identity_vision_layers_self_attn_1, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:90:9'),
-            Identity('vnorm(attention_queries[0]) == vnorm(transpose(unflatten(qkv.output, -1, [3, vision_num_heads, vision_head_dim])[:, 0], 0, 1))', ('attention_queries', 'qkv.output', 'vision_num_heads', 'vision_head_dim'), _identity_vision_layers_self_attn_2, '==', 1e-05, 0.0, at='specs/parts/qwen_vit.yaml:91:9'),
-            Identity('vnorm(attention_keys[0]) == vnorm(transpose(unflatten(qkv.output, -1, [3, vision_num_heads, vision_head_dim])[:, 1], 0, 1))', ('attention_keys', 'qkv.output', 'vision_num_heads', 'vision_head_dim'), _identity_vision_layers_self_attn_3, '==', 1e-05, 0.0, at='specs/parts/qwen_vit.yaml:92:9'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_vision_layers_self_attn_0, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:103:9'),
+            Identity('attention_values[0] == transpose(unflatten(qkv.output, -1, [3, vision_num_heads, vision_head_dim])[:, 2], 0, 1)', ('attention_values', 'qkv.output', 'vision_num_heads', 'vision_head_dim'), _identity_vision_layers_self_attn_1, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:106:9'),
+            Identity('vnorm(attention_queries[0]) == vnorm(transpose(unflatten(qkv.output, -1, [3, vision_num_heads, vision_head_dim])[:, 0], 0, 1))', ('attention_queries', 'qkv.output', 'vision_num_heads', 'vision_head_dim'), _identity_vision_layers_self_attn_2, '==', 1e-05, 0.0, at='specs/parts/qwen_vit.yaml:107:9'),
+            Identity('vnorm(attention_keys[0]) == vnorm(transpose(unflatten(qkv.output, -1, [3, vision_num_heads, vision_head_dim])[:, 1], 0, 1))', ('attention_keys', 'qkv.output', 'vision_num_heads', 'vision_head_dim'), _identity_vision_layers_self_attn_3, '==', 1e-05, 0.0, at='specs/parts/qwen_vit.yaml:108:9'),
         ),
     ),
     HostSpec(
@@ -1031,7 +1031,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:100:30',
+                at='specs/parts/qwen_vit.yaml:116:30',
             ),
             ValueSpec(
                 'mlp_neurons',
@@ -1041,7 +1041,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:101:27',
+                at='specs/parts/qwen_vit.yaml:117:27',
             ),
             ValueSpec(
                 'mlp_output',
@@ -1051,11 +1051,11 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:102:26',
+                at='specs/parts/qwen_vit.yaml:118:26',
             ),
         ),
         identities=(
-            Identity('mlp_neurons == mlp_activation', ('mlp_neurons', 'mlp_activation'), _identity_vision_layers_mlp_0, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:104:9'),
+            Identity('mlp_neurons == mlp_activation', ('mlp_neurons', 'mlp_activation'), _identity_vision_layers_mlp_0, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:120:9'),
         ),
     ),
 )
@@ -1148,5 +1148,5 @@ TINY: dict[str, Any] = {
 }
 
 CHECKPOINTS: dict[str, Any] = {
-    'Qwen/Qwen3.5-0.8B': [['model_type', 'qwen3_5'], ['architectures', ['Qwen3_5ForConditionalGeneration']], ['image_token_id', 248056], ['video_token_id', 248057], ['vision_start_token_id', 248053], ['vision_end_token_id', 248054], ['tie_word_embeddings', True], ['text_config', {'model_type': 'qwen3_5_text', 'hidden_size': 1024, 'intermediate_size': 3584, 'num_hidden_layers': 24, 'num_attention_heads': 8, 'num_key_value_heads': 2, 'head_dim': 256, 'vocab_size': 248320, 'max_position_embeddings': 262144, 'hidden_act': 'silu', 'rms_norm_eps': 1e-06, 'tie_word_embeddings': True, 'linear_conv_kernel_dim': 4, 'linear_num_key_heads': 16, 'linear_num_value_heads': 16, 'linear_key_head_dim': 128, 'linear_value_head_dim': 128, 'full_attention_interval': 4, 'attention_bias': False, 'eos_token_id': 248044, 'rope_parameters': {'rope_type': 'default', 'rope_theta': 10000000.0, 'partial_rotary_factor': 0.25, 'mrope_section': [11, 11, 10], 'mrope_interleaved': True}}], ['vision_config', {'model_type': 'qwen3_5', 'depth': 12, 'hidden_size': 768, 'intermediate_size': 3072, 'num_heads': 12, 'out_hidden_size': 1024, 'patch_size': 16, 'temporal_patch_size': 2, 'spatial_merge_size': 2, 'in_channels': 3, 'hidden_act': 'gelu_pytorch_tanh', 'num_position_embeddings': 2304, 'deepstack_visual_indexes': []}]],
+    'Qwen/Qwen3.5-0.8B': [['model_type', 'qwen3_5'], ['architectures', ['Qwen3_5ForConditionalGeneration']], ['image_token_id', 248056], ['video_token_id', 248057], ['vision_start_token_id', 248053], ['vision_end_token_id', 248054], ['tie_word_embeddings', True], ['text_config', {'model_type': 'qwen3_5_text', 'hidden_size': 1024, 'intermediate_size': 3584, 'num_hidden_layers': 24, 'num_attention_heads': 8, 'num_key_value_heads': 2, 'head_dim': 256, 'vocab_size': 248320, 'max_position_embeddings': 262144, 'hidden_act': 'silu', 'rms_norm_eps': 1e-06, 'tie_word_embeddings': True, 'linear_conv_kernel_dim': 4, 'linear_num_key_heads': 16, 'linear_num_value_heads': 16, 'linear_key_head_dim': 128, 'linear_value_head_dim': 128, 'full_attention_interval': 4, 'attention_bias': False, 'eos_token_id': 248044, 'rope_parameters': {'rope_type': 'default', 'rope_theta': 10000000.0, 'partial_rotary_factor': 0.25, 'mrope_section': [11, 11, 10], 'mrope_interleaved': True}}], ['vision_config', {'model_type': 'qwen3_5_vision', 'depth': 12, 'hidden_size': 768, 'intermediate_size': 3072, 'num_heads': 12, 'out_hidden_size': 1024, 'patch_size': 16, 'temporal_patch_size': 2, 'spatial_merge_size': 2, 'in_channels': 3, 'hidden_act': 'gelu_pytorch_tanh', 'num_position_embeddings': 2304, 'deepstack_visual_indexes': []}]],
 }
