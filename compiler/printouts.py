@@ -16,6 +16,7 @@ decided from the header alone, without importing torch; only stale files are rec
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.metadata
 import json
@@ -95,7 +96,7 @@ def compute(f: FamilyIR, adapter_source: str, key: str) -> str:
     facts: dict[str, Any] = {"checkpoints": []}
     bodies = []
     for ckpt in f.checkpoints:
-        raw = dict(ckpt.config)
+        raw = copy.deepcopy(dict(ckpt.config))  # a config class may fix up its sub-configs in place
         model_type = raw.pop("model_type", None) or f.model_types[0]
         config = transformers.AutoConfig.for_model(model_type, **raw)
         archs = [a for a in (raw.get("architectures") or []) if a in f.classes]

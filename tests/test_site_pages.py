@@ -275,3 +275,15 @@ def test_vision_facts_need_a_vision_host(tmp_path) -> None:  # type: ignore[no-u
     (specs / "llama.yaml").write_text(text + "\ndiagram:\n  vision_facts: {rows: one row}\n", encoding="utf-8")
     with pytest.raises(SpecError, match="vision_facts: this family has no vision host"):
         compile_atlas(specs, tmp_path)
+
+
+def test_computing_a_printout_leaves_the_specs_checkpoint_config_as_written() -> None:
+    """transformers' Qwen3_5Config rewrites vision_config.model_type in place; the spec's copy must not
+    change, or a generate that recomputes the printout writes another adapter than --check expects."""
+    from nnatlas.compiler import printout_key
+
+    atlas = compile_atlas(ROOT / "specs", ROOT)
+    f = next(f for f in atlas.families if f.name == "qwen3_5_text")
+    before = repr(f.checkpoints)
+    P.compute(f, emit.render_family(f), printout_key(f, atlas))
+    assert repr(f.checkpoints) == before and "'model_type': 'qwen3_5'," in before
