@@ -409,7 +409,12 @@ class PageModel:
         f = self.f
         out = []
         for h in f.hosts:
-            out.append({"host": h, "anchor": host_anchor(h, f), "label": "model" if h.path == "model" else f"model.{h.path}",
+            cls = h.cls
+            built = str(self.first.get("class", "")) if self.first else ""
+            if h.path == "model" and built and built != h.cls:  # the page's load builds another class
+                cls = f"{built} (or {h.cls})"
+            out.append({"host": h, "cls": cls, "anchor": host_anchor(h, f),
+                        "label": "model" if h.path == "model" else f"model.{h.path}",
                         "values": [(v, _card(h, v, f)) for v in h.values]})
         return out
 
