@@ -438,7 +438,13 @@ class PageModel:
                 and not h.path.endswith(".mlp")]
 
     def _served(self, host: str, value: str) -> list[tuple[HostIR, ValueIR]]:
-        hosts = self._mixers() if "{attn}" in host else [host]
+        """``{attn}``: every mixer of the block; ``{softmax}``: the mixers with an attention pattern
+        (TransformerLens's attn.hook_* name softmax attention's tensors, not a DeltaNet's)."""
+        if "{softmax}" in host:
+            hosts = [m for m in self._mixers() if any(v.name == "attention_probabilities"
+                                                      for h in self.f.hosts_at(m) for v in h.values)]
+        else:
+            hosts = self._mixers() if "{attn}" in host else [host]
         out = []
         for path in hosts:
             for h in self.f.hosts_at(path):
@@ -452,7 +458,12 @@ class PageModel:
         """TransformerLens hook names and nnsight paths → the standard values this family serves."""
         rows = []
         seen = set()
+        rotary = any("rotary" in t.lower() for t, _ in self.f.traits)
         for tl, host, value, differs in TRANSFORMER_LENS:
+            if ".hook_rot_" in tl and not rotary:
+                continue  # TransformerLens names rotated queries and keys only on a rotary model
+            if tl.endswith((".hook_q", ".hook_k")) and not rotary:
+                differs = "per key/value head (no repeat to the query heads)" if tl.endswith("k") else ""
             for h, v in self._served(host, value):
                 if (tl, h.path) in seen:
                     continue
@@ -528,14 +539,14 @@ TRANSFORMER_LENS: tuple[tuple[str, str, str, str], ...] = (
     ("hook_embed", "model", "token_embeddings", ""),
     ("blocks.{i}.hook_resid_pre", "layers[i]", "layer_input", ""),
     ("blocks.{i}.ln1.hook_normalized", "layers[i]", "attention_norm_output", "TransformerLens folds the norm's gain into W_Q/W_K/W_V by default; this is the native norm's output, gain applied"),
-    ("blocks.{i}.attn.hook_rot_q", "layers[i].{attn}", "attention_queries", "after the rotary, [batch heads seq head_dim] (TransformerLens: [batch seq heads head_dim])"),
-    ("blocks.{i}.attn.hook_q", "layers[i].{attn}", "attention_queries", "TransformerLens's hook_q is before the rotary; attention_queries is after it, where one is applied"),
-    ("blocks.{i}.attn.hook_rot_k", "layers[i].{attn}", "attention_keys", "after the rotary, per key/value head"),
-    ("blocks.{i}.attn.hook_k", "layers[i].{attn}", "attention_keys", "per key/value head (no repeat to the query heads)"),
-    ("blocks.{i}.attn.hook_v", "layers[i].{attn}", "attention_values", "per key/value head (no repeat to the query heads)"),
-    ("blocks.{i}.attn.hook_attn_scores", "layers[i].{attn}", "attention_scores", ""),
-    ("blocks.{i}.attn.hook_pattern", "layers[i].{attn}", "attention_probabilities", ""),
-    ("blocks.{i}.attn.hook_z", "layers[i].{attn}", "attention_head_outputs", ""),
+    ("blocks.{i}.attn.hook_rot_q", "layers[i].{softmax}", "attention_queries", "after the rotary, [batch heads seq head_dim] (TransformerLens: [batch seq heads head_dim])"),
+    ("blocks.{i}.attn.hook_q", "layers[i].{softmax}", "attention_queries", "TransformerLens's hook_q is before the rotary; attention_queries is after it"),
+    ("blocks.{i}.attn.hook_rot_k", "layers[i].{softmax}", "attention_keys", "after the rotary, per key/value head"),
+    ("blocks.{i}.attn.hook_k", "layers[i].{softmax}", "attention_keys", "TransformerLens's hook_k is before the rotary; attention_keys is after it, per key/value head"),
+    ("blocks.{i}.attn.hook_v", "layers[i].{softmax}", "attention_values", "per key/value head (no repeat to the query heads)"),
+    ("blocks.{i}.attn.hook_attn_scores", "layers[i].{softmax}", "attention_scores", ""),
+    ("blocks.{i}.attn.hook_pattern", "layers[i].{softmax}", "attention_probabilities", ""),
+    ("blocks.{i}.attn.hook_z", "layers[i].{softmax}", "attention_head_outputs", ""),
     ("blocks.{i}.hook_attn_out", "layers[i].{attn}", "attention_output", ""),
     ("blocks.{i}.hook_resid_mid", "layers[i]", "layer_mid", ""),
     ("blocks.{i}.ln2.hook_normalized", "layers[i]", "mlp_norm_output", ""),
@@ -554,7 +565,7 @@ SAE_POINTS: tuple[tuple[str, str, str], ...] = (
     ("resid_post", "layers[i]", "layer_output"),
     ("attn_out", "layers[i].{attn}", "attention_output"),
     ("mlp_out", "layers[i].mlp", "mlp_output"),
-    ("hook_z", "layers[i].{attn}", "attention_head_outputs"),
+    ("hook_z", "layers[i].{softmax}", "attention_head_outputs"),
 )
 
 

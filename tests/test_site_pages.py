@@ -287,3 +287,15 @@ def test_computing_a_printout_leaves_the_specs_checkpoint_config_as_written() ->
     before = repr(f.checkpoints)
     P.compute(f, emit.render_family(f), printout_key(f, atlas))
     assert repr(f.checkpoints) == before and "'model_type': 'qwen3_5'," in before
+
+
+def test_transformer_lens_attention_hooks_map_to_softmax_attention_only_and_rotary_rows_to_rotary_families() -> None:
+    q35 = site.PageModel(_family("qwen3_5_text"), _facts("qwen3_5_text")).coming_from()
+    pattern = [r["nnatlas"] for r in q35 if r["tl"] == "blocks.{i}.attn.hook_pattern"]
+    assert pattern == ["model.layers[i].self_attn.attention_probabilities"]  # not the DeltaNet's
+    attn_out = sorted(r["nnatlas"] for r in q35 if r["tl"] == "blocks.{i}.hook_attn_out")
+    assert attn_out == ["model.layers[i].linear_attn.attention_output", "model.layers[i].self_attn.attention_output"]
+    gpt2 = {r["tl"] for r in site.PageModel(_family("gpt2"), _facts("gpt2")).coming_from()}
+    assert "blocks.{i}.attn.hook_q" in gpt2 and "blocks.{i}.attn.hook_rot_q" not in gpt2
+    llama = {r["tl"] for r in site.PageModel(_family("llama"), _facts("llama")).coming_from()}
+    assert "blocks.{i}.attn.hook_rot_q" in llama
