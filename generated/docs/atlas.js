@@ -230,6 +230,9 @@
     });
   }
 
+  // on a phone the contents start folded, so the diagram is one swipe away
+  var toc = document.querySelector("nav.toc details");
+  if (toc && window.matchMedia && window.matchMedia("(max-width: 700px)").matches) { toc.open = false; }
   document.querySelectorAll("section.stack").forEach(setupStack);
   setupParts();
   setupIndex();

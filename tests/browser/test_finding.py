@@ -147,6 +147,8 @@ def test_the_pinned_card_is_on_screen_on_a_phone(page: Any, real_site: Path) -> 
         assert box is not None
         assert box["y"] >= 0 and box["y"] + box["height"] <= 844 and box["x"] >= 0 and box["x"] + box["width"] <= 390
         assert card.locator(".card-std").inner_text() == "mlp_output"
+        if name == "qwen3_5_text.html":  # the contents start folded on a phone
+            assert page.locator("nav.toc details").get_attribute("open") is None
         page.keyboard.press("Escape")
         assert card.is_hidden()
     assert page.errors == []
