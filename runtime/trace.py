@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import sites
+from . import interrupts, sites
 from .errors import NnatlasError, NotReached, OutOfOrderError
 
 if TYPE_CHECKING:
@@ -347,6 +347,7 @@ class Tracer:
     output: Any = None
     _cursor = 0
     _lock_held = False
+    _guarded = False  # whether __enter__ counted in ``interrupts`` (the main thread's)
 
     def __init__(self, model: AtlasModel, run: Callable[[], Any], order: str = "strict", grad: bool = False,
                  steps: int | None = None, calls: int | None = None, inputs: Mapping[str, Any] | None = None):
@@ -384,22 +385,49 @@ class Tracer:
         return _Steps(self)
 
     # -- the context manager --
+    # Opening and closing are critical sections (``interrupts``): a signal landing in them, or in
+    # what they call, waits until they end; one landing in the forward (``_forward``) or the body
+    # raises at once, and the ``finally`` of ``_execute`` / ``__exit__`` takes everything away.
+    @interrupts.critical
     def __enter__(self) -> Tracer:
-        self.model._lock.acquire()
-        self._lock_held = True
-        if self.model._tracer is not None:
-            self._release()
-            raise NnatlasError("a trace of this model is already open; traces do not nest")
-        object.__setattr__(self.model, "_tracer", self)  # (AtlasModel.__setattr__ is for its properties)
+        self._guarded = interrupts.enter()
+        try:
+            lock = self.model._lock
+            if not lock.acquire(blocking=False):
+                while not lock.acquire(timeout=0.05):  # another thread traces this model: wait, interruptibly
+                    if interrupts.pending():
+                        interrupts.deliver()
+            self._lock_held = True
+            if self.model._tracer is not None:
+                raise NnatlasError("a trace of this model is already open; traces do not nest")
+            object.__setattr__(self.model, "_tracer", self)  # (AtlasModel.__setattr__ is for its properties)
+            if interrupts.pending():  # an interrupt while opening: close again, then raise it
+                interrupts.deliver()
+        except BaseException:
+            self._close()
+            raise
         return self
 
+    @interrupts.critical
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        object.__setattr__(self.model, "_tracer", None)
         try:
-            if exc_type is None:
-                self._execute()
+            if self.model._tracer is self:
+                object.__setattr__(self.model, "_tracer", None)
+                if exc_type is None:
+                    self._execute()
         finally:
+            self._close()
+
+    @interrupts.critical
+    def _close(self) -> None:
+        """Clear the model's tracer, release its lock and the signal handlers (idempotent)."""
+        try:
+            if self.model._tracer is self:
+                object.__setattr__(self.model, "_tracer", None)
             self._release()
+        finally:
+            guarded, self._guarded = self._guarded, False
+            interrupts.leave(guarded)
 
     def _release(self) -> None:
         if self._lock_held:
@@ -529,18 +557,19 @@ class Tracer:
             self._check_reached([r for r in ordered if r.target is not None])
         installed: list[Any] = []
         restore: list[Callable[[], None]] = []
-        route_token: Token[Any] | None = None
-        fn_tokens: list[Token[Any]] = []
+        tokens: list[Token[Any]] = []
+        grad = torch.is_grad_enabled()
+        modes = torch._C._len_torch_function_stack()
         try:
             if ordered:  # (an empty trace installs nothing)
                 routes = self._install(installed, restore)
                 if routes:
-                    route_token = sites._ROUTES.set(routes)
+                    tokens.append(sites._ROUTES.set(routes))
             if functions or self.model._kernel_route():
                 fn_routes = self._install_functions(installed, restore)
                 if fn_routes:
-                    fn_tokens.append(sites._FN_ROUTES.set(fn_routes))
-                    fn_tokens.append(sites._FN_HOST.set(None))
+                    tokens.append(sites._FN_ROUTES.set(fn_routes))
+                    tokens.append(sites._FN_HOST.set(None))
             if self.steps is not None:
                 root = self.model._module
 
@@ -552,28 +581,23 @@ class Tracer:
 
                 self._calls = 0
                 installed.append(root.register_forward_pre_hook(count_step, with_kwargs=True))
-            dims_token = CALL_DIMS.set(self.call_dims)
-            grad = torch.is_grad_enabled()
+            tokens.append(CALL_DIMS.set(self.call_dims))
             torch._C._set_grad_enabled(self.grad and grad)  # (torch.set_grad_enabled, without its object)
-            try:
-                self.output = self._run()
-            finally:
-                torch._C._set_grad_enabled(grad)
-                CALL_DIMS.reset(dims_token)
+            if interrupts.pending():  # an interrupt while installing: raise it before the forward
+                interrupts.deliver()
+            self.output = self._forward()
         finally:
-            for h in reversed(installed):
-                h.remove()
-            for undo in reversed(restore):
-                undo()
-            if route_token is not None:
-                sites._ROUTES.reset(route_token)
-            for tok in reversed(fn_tokens):
-                tok.var.reset(tok)
+            _teardown(installed, restore, tokens, grad, modes)
         missing = [r for r in self._ordered if not r.done and r.owner is None]
         if missing:
             names = ", ".join(r.label + (f" (step {r.step})" if self.steps is not None else "") for r in missing)
             raise NotReached(f"the forward finished without computing {names}: "
                              "nothing in this call reaches that point (check the inputs, the block kind, the step)")
+
+    @interrupts.open_frame
+    def _forward(self) -> Any:
+        """The model's own forward (or generate): an interrupt here raises at once."""
+        return self._run()
 
     def _install(self, installed: list[Any], restore: list[Callable[[], None]]
                  ) -> dict[tuple[str, int], Callable[..., Any]]:
@@ -878,6 +902,34 @@ class Tracer:
 
             restore.append(undo)
             sites.set_implementation(cfg, interface, name)
+
+
+def _teardown(installed: list[Any], restore: list[Callable[[], None]], tokens: list[Token[Any]], grad: bool,
+              modes: int) -> None:
+    """Take away what a forward installed, whatever happened: every step runs even when another
+    raised (the first error is raised after), each is removed from its list before it runs (so
+    nothing is undone twice), and it runs inside a critical section (no interrupt lands in it)."""
+    error: BaseException | None = None
+    torch._C._set_grad_enabled(grad)
+    # a scope's TorchFunctionMode left on the stack by an exception between its push and its with
+    while torch._C._len_torch_function_stack() > modes and isinstance(
+            torch._C._get_function_stack_at(torch._C._len_torch_function_stack() - 1), sites.OpMode):
+        torch._C._pop_torch_function_stack()
+    for todo in (installed, restore):
+        while todo:
+            step = todo.pop()
+            try:
+                step.remove() if todo is installed else step()
+            except BaseException as e:  # noqa: PERF203 (every step runs)
+                error = error or e
+    while tokens:
+        token = tokens.pop()
+        try:
+            token.var.reset(token)
+        except BaseException as e:  # noqa: PERF203
+            error = error or e
+    if error is not None:
+        raise error
 
 
 def _shadow(mod: torch.nn.Module, name: str, fn: Callable[..., Any], restore: list[Callable[[], None]]) -> None:
