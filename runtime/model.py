@@ -13,7 +13,7 @@ import torch
 from . import registry as _families
 from .adapter import Family, HostSpec, ValueSpec
 from .envoy import Host, HostList, Value, resolve_native
-from .errors import NnatlasError, Unavailable
+from .errors import InputError, NnatlasError, Unavailable
 from .inputs import prepare
 from .sites import kernel_route
 from .trace import CallDim, Target, Tracer
@@ -359,8 +359,10 @@ class AtlasModel(Host):
         view = tuple((op, tuple(self._view_arg(a) for a in args)) for op, args in (
             ((v.name, v.args) for v in value._spec.view) if value._spec else ()))
         dims_module = self._module if _names_call_dims(view) else None  # the model's call gives [batch, seq]
-        extra: dict[str, Any] = {"dims_module": dims_module, "copy": bool(value._spec and value._spec.copy),
-                                 "reached": value._spec.reached if value._spec else None}
+        spec = value._spec
+        extra: dict[str, Any] = {"dims_module": dims_module, "copy": bool(spec and spec.copy),
+                                 "reached": spec.reached if spec else None,
+                                 "layout": spec.layout.text if spec and spec.layout.dtype != "object" else None}
         key: tuple[Any, ...]
         if read.kind == "module":
             module = host._resolve_module(read.module, value.label)
@@ -513,6 +515,23 @@ def wrap(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None, f
     return AtlasModel(model, fam, tokenizer=tokenizer, processor=processor)
 
 
+def _check_path(name: Any) -> None:
+    """A name that can only be a local path (absolute, ./ ../ ~, a trailing slash, or more than one
+    slash: a hub id is ``name`` or ``namespace/name``) must exist, else say so (transformers would
+    say the repo id is malformed, or try the hub)."""
+    import os
+
+    if isinstance(name, os.PathLike):
+        name = os.fspath(name)
+    if not isinstance(name, str) or not name.strip():
+        raise InputError(f"nnatlas.load: expected a local directory or a hub id ('namespace/name'), got {name!r}")
+    path_like = (os.path.isabs(name) or name.startswith(("./", "../", "~", ".\\")) or name.endswith(("/", os.sep))
+                 or name.count("/") > 1 or name in (".", ".."))
+    if path_like and not os.path.exists(os.path.expanduser(name)):
+        raise InputError(f"nnatlas.load: the path {name} does not exist (expected a local model directory, or a "
+                         "hub id such as 'namespace/name')")
+
+
 def load(name_or_path: str, *, task: str = "text-generation", tokenizer: Any = True, **kwargs: Any) -> AtlasModel:
     """``from_pretrained`` with the family picked from the config, then :func:`wrap`.
 
@@ -527,6 +546,7 @@ def load(name_or_path: str, *, task: str = "text-generation", tokenizer: Any = T
 
     if task not in ("text-generation", "image-text-to-text"):
         raise NnatlasError(f"task {task!r} is not supported; use 'text-generation' or 'image-text-to-text'")
+    _check_path(name_or_path)
     if task == "image-text-to-text":
         hf = transformers.AutoModelForImageTextToText.from_pretrained(name_or_path, **kwargs)
         hf.eval()

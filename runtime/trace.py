@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import interrupts, sites
-from .errors import NnatlasError, NotReached, OutOfOrderError
+from .errors import InputError, NnatlasError, NotReached, OutOfOrderError
 
 if TYPE_CHECKING:
     from .model import AtlasModel
@@ -93,6 +93,7 @@ class Target:
     copy: bool = False  # serve a copy, put in the native's place (a buffer the forward overwrites)
     reached: Any = None  # a call condition (adapter.Condition) checked against the inputs before the forward
     call: int = 0  # which firing of the site serves it (the K-th call of a method)
+    layout: str | None = None  # the value's declared layout (a tensor layout), for the messages of bad edits
     per_call: bool = field(default=False, init=False)  # fires once per token of a call (tracer.iter picks which)
     fn_site: bool = field(default=False, init=False)  # at a module-level function (fn: read point)
     _pidx: tuple[int, str | None] | None = field(default=None, init=False, repr=False, compare=False)
@@ -226,15 +227,30 @@ class Target:
         another shape or type is substituted for the native one instead."""
         native = self.native(payload)
         served = self.served(native)
-        if isinstance(served, torch.Tensor) and isinstance(new, torch.Tensor) and new.shape == served.shape:
-            if new is not served:
-                served.copy_(new)
-            return payload
+        if isinstance(served, torch.Tensor) and isinstance(new, torch.Tensor):
+            if new.shape == served.shape:
+                if new is not served:
+                    served.copy_(new)
+                return payload
+            if self.layout is not None:  # a tensor of the value's layout: broadcast into it, or refuse
+                try:
+                    served.copy_(new)
+                except RuntimeError as e:
+                    raise InputError(self.edit_error(f"{self.label} = ...", served, new, e)) from e
+                return payload
         if self.view or self.extra:
             shape = tuple(served.shape) if isinstance(served, torch.Tensor) else type(served).__name__
             got = tuple(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
             raise NnatlasError(f"{self.label}: assigned a value of shape {got} where the model has {shape}")
         return self.with_native(payload, new)
+
+    def edit_error(self, what: str, current: Any, new: Any, error: BaseException) -> str:
+        """The message of an edit the forward's tensor cannot take (a shape that does not broadcast)."""
+        got = f"a tensor of shape {list(new.shape)}" if isinstance(new, torch.Tensor) else f"a {type(new).__name__}"
+        has = f"shape {list(current.shape)}" if isinstance(current, torch.Tensor) else type(current).__name__
+        layout = f" ({self.layout})" if self.layout else ""
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        return f"{what}: {got} does not fit the value's {has}{layout}: {first}"
 
 
 def _same(x: Any) -> Any:
@@ -348,6 +364,7 @@ class Tracer:
     _cursor = 0
     _lock_held = False
     _guarded = False  # whether __enter__ counted in ``interrupts`` (the main thread's)
+    edits = False  # whether the body edits a value (the forward then gets copies of the caller's tensors)
 
     def __init__(self, model: AtlasModel, run: Callable[[], Any], order: str = "strict", grad: bool = False,
                  steps: int | None = None, calls: int | None = None, inputs: Mapping[str, Any] | None = None):
@@ -377,6 +394,8 @@ class Tracer:
             self.seq += 1
         r = Request(seq, label, action, target, payload, self.current_step, **kw)
         self.requests.append(r)
+        if action == "replace" or action == "setitem":
+            self.edits = True
         return r
 
     @property
@@ -497,7 +516,11 @@ class Tracer:
             current = t.get(payload)
             key, val = r.payload
             # a number is written as it is (the same values as a full tensor, without making one)
-            current[key] = val if type(val) in (int, float, bool) else self.resolve(val, current[key], r.label)
+            new = val if type(val) in (int, float, bool) else self.resolve(val, current[key], r.label)
+            try:
+                current[key] = new
+            except (RuntimeError, IndexError, TypeError, ValueError) as e:
+                raise InputError(t.edit_error(f"{r.label}[{key!r}] = ...", current, new, e)) from e
         r.done = True
         owner = r.owner
         if owner is not None and owner.action == "derived" and all(d.done for d in owner.deps or ()):
@@ -555,6 +578,8 @@ class Tracer:
                     reqs.append(r)
         if conditional:
             self._check_reached([r for r in ordered if r.target is not None])
+        if self.edits:
+            self._own_inputs()
         installed: list[Any] = []
         restore: list[Callable[[], None]] = []
         tokens: list[Token[Any]] = []
@@ -593,6 +618,16 @@ class Tracer:
             names = ", ".join(r.label + (f" (step {r.step})" if self.steps is not None else "") for r in missing)
             raise NotReached(f"the forward finished without computing {names}: "
                              "nothing in this call reaches that point (check the inputs, the block kind, the step)")
+
+    def _own_inputs(self) -> None:
+        """The forward gets copies of the input tensors (the dict its call reads is this one), so that
+        an edit of an input value, or of a value that is one (``layers[0].input`` is the caller's
+        inputs_embeds), never writes into the caller's tensors. Reads alone stay zero-copy."""
+        inputs = self.inputs
+        if isinstance(inputs, dict):
+            for k, v in list(inputs.items()):
+                if isinstance(v, torch.Tensor):
+                    inputs[k] = v.clone()
 
     @interrupts.open_frame
     def _forward(self) -> Any:
@@ -969,6 +1004,13 @@ def _takes_kwargs(fn: Callable[..., Any]) -> bool:
     return _signature(fn)[1]
 
 
+def _show(sl: int | slice) -> str:
+    if not isinstance(sl, slice):
+        return str(sl)
+    text = f"{'' if sl.start is None else sl.start}:{'' if sl.stop is None else sl.stop}"
+    return text + (f":{sl.step}" if sl.step is not None else "")
+
+
 class _Steps:
     """``tracer.iter[...]``: generation steps under ``model.generate``; in a trace, the tokens of a
     per-token value (a recurrent kernel's ``state`` under ``route_kernels``)."""
@@ -985,7 +1027,15 @@ class _Steps:
                 raise NnatlasError("tracer.iter walks generation steps (model.generate) or the tokens of a trace "
                                    "whose inputs have a known length")
         assert total is not None
+        what = "tokens of this call" if per_call else "generation steps (max_new_tokens)"
+        ends = (sl.start, sl.stop) if isinstance(sl, slice) else (sl,)
+        if isinstance(sl, slice) and sl.step is not None and sl.step <= 0:
+            raise InputError(f"tracer.iter[{_show(sl)}]: expected a positive step")
+        if any(e is not None and not -total <= e <= total for e in ends) or (not isinstance(sl, slice) and sl == total):
+            raise InputError(f"tracer.iter[{_show(sl)}]: there are {total} {what}: expected steps in 0..{total - 1}")
         steps = range(total)[sl] if isinstance(sl, slice) else [range(total)[sl]]
+        if not steps:
+            raise InputError(f"tracer.iter[{_show(sl)}] holds no step of the {total} {what}")
         return self._walk(list(steps), per_call)
 
     def _walk(self, steps: list[int], per_call: bool) -> Iterator[int]:
