@@ -410,8 +410,12 @@ class AtlasModel(Host):
 
         ``inputs``: a prompt, a list of prompts (left-padded), token ids, or a dict of model
         inputs; extra keyword arguments go to the forward. ``order="any"`` serves requests in
-        whatever order the forward reaches them; ``grad=True`` keeps autograd on.
+        whatever order the forward reaches them. ``grad=True`` is refused for now: gradients
+        through saved values are not supported yet (saves carry no autograd history).
         """
+        if grad:
+            raise InputError("trace(grad=True): gradients are not supported yet: saved values carry no autograd "
+                             "history (they are detached views of the forward's tensors); trace without grad")
         model_inputs = prepare(self, inputs, kwargs)
         module = self._module
         ids = model_inputs.get("input_ids", model_inputs.get("inputs_embeds"))

@@ -950,13 +950,18 @@ def _teardown(installed: list[Any], restore: list[Callable[[], None]], tokens: l
     while torch._C._len_torch_function_stack() > modes and isinstance(
             torch._C._get_function_stack_at(torch._C._len_torch_function_stack() - 1), sites.OpMode):
         torch._C._pop_torch_function_stack()
-    for todo in (installed, restore):
-        while todo:
-            step = todo.pop()
-            try:
-                step.remove() if todo is installed else step()
-            except BaseException as e:  # noqa: PERF203 (every step runs)
-                error = error or e
+    while installed:
+        handle = installed.pop()
+        try:
+            handle.remove()
+        except BaseException as e:  # noqa: PERF203 (every step runs)
+            error = error or e
+    while restore:
+        undo = restore.pop()
+        try:
+            undo()
+        except BaseException as e:  # noqa: PERF203
+            error = error or e
     while tokens:
         token = tokens.pop()
         try:

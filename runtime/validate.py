@@ -161,9 +161,9 @@ def check_image_inputs(model: AtlasModel, inputs: Mapping[str, Any]) -> None:
     ids = inputs.get("input_ids")
     if types is not None and isinstance(ids, torch.Tensor) and \
             (not isinstance(types, torch.Tensor) or types.shape != ids.shape):
-        got = list(types.shape) if isinstance(types, torch.Tensor) else type(types).__name__
+        found = str(list(types.shape)) if isinstance(types, torch.Tensor) else type(types).__name__
         raise InputError(f"mm_token_type_ids: expected the shape of input_ids {list(ids.shape)} (1 at image "
-                         f"tokens, 0 elsewhere), got {got}")
+                         f"tokens, 0 elsewhere), got {found}")
     token_id = getattr(model.config, "image_token_id", None)
     merge = getattr(vision, "spatial_merge_size", None)
     if token_id is None or merge is None or ids is None:
