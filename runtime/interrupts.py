@@ -109,10 +109,13 @@ def leave(counted: bool) -> None:
     if not counted:
         return
     _depth -= 1
-    batch, handlers = _take(), dict(_saved)
-    if _depth == 0:
+    if _pending:
+        batch, handlers = _take(), dict(_saved)
+        if _depth == 0:
+            _restore()
+        _call(batch, handlers)
+    elif _depth == 0:
         _restore()
-    _call(batch, handlers)
 
 
 def pending() -> bool:

@@ -31,7 +31,10 @@ SiteKey = tuple[Any, ...]
 # [batch, seq] of each dims module's current call, for views that name them (the trace's own dict)
 CALL_DIMS: ContextVar[dict[int, tuple[int, int]] | None] = ContextVar("nnatlas_call_dims", default=None)
 FN_SITES = ("fn_args", "fn_output", "fn_step", "fn_steps")
-PER_CALL_SITES = ("fn_step",)  # sites that fire once per token of a call: tracer.iter picks the token
+PER_CALL_SITES = ("fn_step",)
+# the sides of a site whose values a module (or function) receives: the only ones that can be the
+# caller's own tensors (``input_ids``, or ``inputs_embeds`` handed on as the first block's input)
+INPUT_SIDES = frozenset({"input", "inputs", "args", "fn_args"})  # sites that fire once per token of a call: tracer.iter picks the token
 
 
 # ---- reading and writing inside a payload --------------------------------------------------
@@ -364,7 +367,7 @@ class Tracer:
     _cursor = 0
     _lock_held = False
     _guarded = False  # whether __enter__ counted in ``interrupts`` (the main thread's)
-    edits = False  # whether the body edits a value (the forward then gets copies of the caller's tensors)
+    edits = False  # whether the body edits an input-side value (the forward then gets copies of the inputs)
 
     def __init__(self, model: AtlasModel, run: Callable[[], Any], order: str = "strict", grad: bool = False,
                  steps: int | None = None, calls: int | None = None, inputs: Mapping[str, Any] | None = None):
@@ -394,7 +397,7 @@ class Tracer:
             self.seq += 1
         r = Request(seq, label, action, target, payload, self.current_step, **kw)
         self.requests.append(r)
-        if action == "replace" or action == "setitem":
+        if (action == "replace" or action == "setitem") and target is not None and target.side in INPUT_SIDES:
             self.edits = True
         return r
 
@@ -622,7 +625,8 @@ class Tracer:
     def _own_inputs(self) -> None:
         """The forward gets copies of the input tensors (the dict its call reads is this one), so that
         an edit of an input value, or of a value that is one (``layers[0].input`` is the caller's
-        inputs_embeds), never writes into the caller's tensors. Reads alone stay zero-copy."""
+        inputs_embeds), never writes into the caller's tensors. Only a trace that edits a value a
+        module receives (``INPUT_SIDES``) copies: reads, and edits of what a module computed, do not."""
         inputs = self.inputs
         if isinstance(inputs, dict):
             for k, v in list(inputs.items()):

@@ -59,11 +59,15 @@ def _vocab(model: AtlasModel) -> int | None:
     return size if isinstance(size, int) else None
 
 
+_INTEGER = frozenset({torch.long, torch.int32, torch.int16, torch.int8, torch.uint8, torch.uint16, torch.uint32,
+                      torch.uint64})
+
+
 def check_ids(ids: Any, what: str = "token ids") -> None:
     """An integer tensor of rank 1 or 2 with at least one token (the vocabulary is checked later)."""
     if not isinstance(ids, torch.Tensor):
         raise InputError(f"{what}: expected a tensor of integer token ids [batch, seq], got a {type(ids).__name__}")
-    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+    if ids.dtype not in _INTEGER:
         raise InputError(f"{what}: expected integer token ids (torch.long), got dtype {ids.dtype}")
     if ids.dim() not in (1, 2):
         raise InputError(f"{what}: expected token ids of rank 1 [seq] or 2 [batch, seq], got rank {ids.dim()} "
@@ -196,12 +200,19 @@ def _layout_dims(value: Value, tracer: Tracer) -> list[int | None]:
     return [dims.get(d) for d in spec.layout.dims]
 
 
+def _config_dims(model: AtlasModel) -> dict[str, int]:
+    """The config's sizes, found once per config object (a built model's sizes do not change)."""
+    cached = model.__dict__.get("_config_dims")
+    config = model.config
+    if cached is None or cached[0] is not config:
+        dims = {name: v for name, v in model.normalized_config.items() if isinstance(v, int) and not isinstance(v, bool)}
+        dims["one"] = dims["images"] = 1
+        cached = model.__dict__["_config_dims"] = (config, dims)
+    return cached[1]
+
+
 def _trace_dims(model: AtlasModel, tracer: Tracer) -> dict[str, int]:
-    dims: dict[str, int] = {}
-    for name, v in model.normalized_config.items():
-        if isinstance(v, int) and not isinstance(v, bool):
-            dims[name] = v
-    dims["one"] = dims["images"] = 1
+    dims = dict(_config_dims(model))
     inputs = tracer.inputs
     ids = inputs.get("input_ids", inputs.get("inputs_embeds"))
     if tracer.steps is None and isinstance(ids, torch.Tensor) and ids.dim() >= 2:
@@ -227,35 +238,36 @@ def check_edit(value: Value, tracer: Tracer, new: Any, key: Any = None, setitem:
     spec = value._spec
     if spec is None or spec.layout.dtype == "object":
         return new
-    layout = spec.layout
-    label = value.label
-    what = f"{label}[{key!r}]" if setitem else label
-    expected = f"{label} is {layout.text}"
-    if setitem:
-        keys = key if isinstance(key, tuple) else (key,)
-        if any(isinstance(k, str) for k in keys):
-            raise InputError(f"{label}[{key!r}]: a tensor is indexed by integers, slices, tensors or ..., not a "
-                             f"string ({expected})")
-    if type(new).__module__ == "numpy" and hasattr(new, "__array__"):
+    if setitem and (type(key) is str or (type(key) is tuple and any(isinstance(k, str) for k in key))):
+        raise InputError(f"{value.label}[{key!r}]: a tensor is indexed by integers, slices, tensors or ..., not a "
+                         f"string ({value.label} is {spec.layout.text})")
+    kind = type(new)
+    if kind is int or kind is float or kind is bool:  # the common edit: a number
+        return new
+    if kind.__module__ == "numpy" and hasattr(new, "__array__"):
         new = torch.as_tensor(new)  # converted (a copy when the array's dtype or memory asks for one)
-    if isinstance(new, str | bytes) or new is None or isinstance(new, list | tuple | dict | set):
-        got = "None" if new is None else f"a {type(new).__name__}"
+    elif new is None or isinstance(new, str | bytes | list | tuple | dict | set):
+        got = "None" if new is None else f"a {kind.__name__}"
         hint = " (make it a tensor: torch.tensor(...))" if isinstance(new, list | tuple) else ""
-        raise InputError(f"{what} = {got}: expected a tensor, a number, a function of the value or an expression "
-                         f"of values of this trace{hint}; {expected}")
+        raise InputError(f"{_what(value, key, setitem)} = {got}: expected a tensor, a number, a function of the value "
+                         f"or an expression of values of this trace{hint}; {value.label} is {spec.layout.text}")
     if isinstance(new, torch.Tensor):
+        layout = spec.layout
         want = _DTYPE_OF.get(layout.dtype)
-        if want is not None and not torch.can_cast(new.dtype, want) and not (
-                want.is_floating_point and new.dtype.is_floating_point):
-            raise InputError(f"{what}: a tensor of dtype {new.dtype} cannot become {layout.dtype} "
-                             f"values without losing what it holds; {expected}")
+        if want is not None and not torch.can_cast(new.dtype, want):
+            raise InputError(f"{_what(value, key, setitem)}: a tensor of dtype {new.dtype} cannot become "
+                             f"{layout.dtype} values without losing what it holds; {value.label} is {layout.text}")
         if not setitem and value._extra == ():
             sizes = _layout_dims(value, tracer)
             if not _broadcasts(tuple(new.shape), sizes):
                 shown = "[" + ", ".join("?" if s is None else str(s) for s in sizes) + "]"
-                raise InputError(f"{what}: a tensor of shape {list(new.shape)} does not broadcast to the value's "
-                                 f"layout {layout.text} = {shown} in this trace")
+                raise InputError(f"{value.label}: a tensor of shape {list(new.shape)} does not broadcast to the "
+                                 f"value's layout {layout.text} = {shown} in this trace")
     return new
+
+
+def _what(value: Value, key: Any, setitem: bool) -> str:
+    return f"{value.label}[{key!r}]" if setitem else value.label
 
 
 def _broadcasts(shape: tuple[int, ...], sizes: list[int | None]) -> bool:

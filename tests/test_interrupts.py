@@ -207,7 +207,8 @@ def test_interrupt_storm_leaves_nothing_behind() -> None:
             ref = [r.clone() for r in ref]
             got: list[Any] = []
 
-            def other(model: nnatlas.AtlasModel = model, body: Any = body, inputs: Any = inputs) -> None:
+            def other(model: nnatlas.AtlasModel = model, body: Any = body, inputs: Any = inputs,
+                      got: list[Any] = got) -> None:
                 with model.trace(inputs):
                     got.extend(body(model))
 
