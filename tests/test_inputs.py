@@ -26,6 +26,11 @@ def vl() -> nnatlas.AtlasModel:
     return T.build(VL)
 
 
+@pytest.fixture(scope="module")
+def qwen35_images() -> nnatlas.AtlasModel:
+    return T.build("qwen3_5_text", variant="image_text")
+
+
 def ids_of(model: nnatlas.AtlasModel) -> dict[str, torch.Tensor]:
     return T.draw_inputs(model.vocab_size, 2, 6, [0, 2], seed=3)
 
@@ -117,11 +122,16 @@ CASES: list[tuple[str, str, Callable[[nnatlas.AtlasModel], None], tuple[str, ...
 ]
 
 
+# the image cases again on Qwen3.5's image-text load
+CASES += [(f"{case} (qwen3_5 image-text)", "qwen35_images", action, words)
+          for case, family, action, words in list(CASES) if family == VL]
+
+
 @pytest.mark.parametrize(("case", "family", "action", "words"), CASES, ids=[c[0] for c in CASES])
 def test_bad_input_is_an_input_error(case: str, family: str, action: Callable[[nnatlas.AtlasModel], None],
                                      words: tuple[str, ...], llama: nnatlas.AtlasModel,
                                      request: pytest.FixtureRequest) -> None:
-    model = llama if family == "llama" else request.getfixturevalue("vl")
+    model = llama if family == "llama" else request.getfixturevalue("vl" if family == VL else family)
     calls: list[int] = []
     handle = model.native.register_forward_pre_hook(lambda *a: calls.append(1))
     try:

@@ -98,9 +98,16 @@ def hybrid(m: nnatlas.AtlasModel) -> list[torch.Tensor]:
     return [*out, m.logits.save()]
 
 
-FAMILIES: list[tuple[str, Callable[[nnatlas.AtlasModel], list[torch.Tensor]]]] = [
-    ("llama", eager_attention), ("gpt2", eager_attention), ("qwen3_next", hybrid), ("qwen3_5_text", hybrid)]
-PER_FAMILY = 260  # interrupts per family: 1,040 in all
+def routed(m: nnatlas.AtlasModel) -> list[torch.Tensor]:
+    """Under ``model.kernels = "torch"``: the delta rule run token by token, its per-token state."""
+    return [m.layers[0].linear_attn.states.save(), m.layers[1].linear_attn.attention_head_outputs.save(),
+            m.logits.save()]
+
+
+# (family, body, interrupts, kernels)
+FAMILIES: list[tuple[str, Callable[[nnatlas.AtlasModel], list[torch.Tensor]], int, str | None]] = [
+    ("llama", eager_attention, 240, None), ("gpt2", eager_attention, 240, None), ("qwen3_next", hybrid, 240, None),
+    ("qwen3_5_text", hybrid, 200, None), ("qwen3_5_text", routed, 120, "torch")]  # 1,040 in all
 MARKS = {"_teardown": "teardown", "_execute": "install", "__enter__": "open", "__exit__": "close", "_close": "close",
          "enter": "open", "leave": "close"}
 
@@ -195,12 +202,13 @@ def test_interrupt_storm_leaves_nothing_behind() -> None:
     figures = {}
     started = time.perf_counter()
     try:
-        for family, body in FAMILIES:
+        for family, body, count, kernels in FAMILIES:
             model = T.build(family, attn_implementation="eager")
+            model.kernels = kernels
             inputs = T.draw_inputs(model.vocab_size, 2, 6, [0, 2], seed=3)
-            hits, runs = _storm(storm, model, body, inputs, PER_FAMILY, rng)
-            figures[family] = (hits, runs)
-            assert hits == PER_FAMILY, f"{family}: only {hits} interrupts in {runs} traces"
+            hits, runs = _storm(storm, model, body, inputs, count, rng)
+            figures[f"{family}{' (kernels=torch)' if kernels else ''}"] = (hits, runs)
+            assert hits == count, f"{family}: only {hits} interrupts in {runs} traces"
             # and from another thread: the same values
             with model.trace(inputs):
                 ref = body(model)
