@@ -47,6 +47,17 @@ def accepted_kwargs(module: torch.nn.Module) -> frozenset[str] | None:
     return _ACCEPTED[cls]
 
 
+def _unknown_message(module: torch.nn.Module, unknown: list[str], accepted: frozenset[str]) -> str:
+    import difflib
+
+    own = [n for n in list(inspect.signature(type(module).forward).parameters)[1:] if n in accepted]
+    near = [m for k in unknown for m in difflib.get_close_matches(k, sorted(accepted), n=1, cutoff=0.7)]
+    hint = f" (nearest: {', '.join(near)})" if near else ""
+    extras = sorted(accepted - set(own))
+    return (f"{type(module).__name__}.forward takes no argument {', '.join(repr(k) for k in unknown)}{hint}: expected "
+            f"its parameters ({', '.join(own)}) or the transformers keywords it reads ({', '.join(extras)})")
+
+
 def _vocab(model: AtlasModel) -> int | None:
     emb = getattr(model._module, "get_input_embeddings", None)
     layer = emb() if callable(emb) else None
@@ -83,9 +94,7 @@ def check_inputs(model: AtlasModel, inputs: Mapping[str, Any]) -> None:
     if accepted is not None:
         unknown = [k for k in inputs if k not in accepted]
         if unknown:
-            named = sorted(n for n in accepted if not n.startswith("_"))
-            raise InputError(f"{type(model._module).__name__}.forward takes no argument "
-                             f"{', '.join(repr(k) for k in unknown)}; it takes: {', '.join(named)}")
+            raise InputError(_unknown_message(model._module, unknown, accepted))
     ids = inputs.get("input_ids")
     if ids is None:
         if inputs.get("inputs_embeds") is None:

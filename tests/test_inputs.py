@@ -83,7 +83,7 @@ CASES: list[tuple[str, str, Callable[[nnatlas.AtlasModel], None], tuple[str, ...
      lambda m: trace(m, with_(ids_of(m), attention_mask=torch.ones(2, 5, dtype=torch.long))),
      ("attention_mask", "shape of input_ids [2, 6]", "[2, 5]")),
     ("unknown keyword argument", "llama", lambda m: trace(m, ids_of(m), output_attention=True),
-     ("takes no argument 'output_attention'", "output_attentions")),
+     ("takes no argument 'output_attention' (nearest: output_attentions)", "expected its parameters (input_ids")),
     ("unknown key in a dict", "llama", lambda m: trace(m, with_(ids_of(m), pixel_values=None)),
      ("takes no argument 'pixel_values'",)),
     ("no input_ids", "llama", lambda m: trace(m, {"attention_mask": torch.ones(1, 3)}),
