@@ -29,8 +29,9 @@ import threading
 from types import CodeType, FrameType
 from typing import Any
 
-SIGNALS = tuple(int(getattr(signal, n)) for n in ("SIGINT", "SIGTERM", "SIGALRM", "SIGHUP", "SIGUSR1", "SIGUSR2",
-                                               "SIGVTALRM", "SIGPROF") if hasattr(signal, n))
+# Ctrl-C, a termination request turned into an exception, and a timer's alarm (what a test, a
+# timeout or a notebook's interrupt uses); each is wrapped only when it has a Python handler
+SIGNALS = tuple(int(getattr(signal, n)) for n in ("SIGINT", "SIGTERM", "SIGALRM") if hasattr(signal, n))
 _MAIN = threading.main_thread().ident
 
 CRITICAL: set[CodeType] = set()  # a signal landing in one of these frames (or below) waits

@@ -91,38 +91,33 @@ def check_inputs(model: AtlasModel, inputs: Mapping[str, Any]) -> None:
     """The forward's keyword arguments, before it runs: known names, the ids against the vocabulary,
     a mask of the ids' shape, and (with pixel_values) every image input."""
     accepted = accepted_kwargs(model._module)
-    if accepted is not None:
-        unknown = [k for k in inputs if k not in accepted]
-        if unknown:
-            raise InputError(_unknown_message(model._module, unknown, accepted))
+    if accepted is not None and not accepted.issuperset(inputs):
+        raise InputError(_unknown_message(model._module, [k for k in inputs if k not in accepted], accepted))
     ids = inputs.get("input_ids")
     if ids is None:
         if inputs.get("inputs_embeds") is None:
             raise InputError("expected input_ids (or inputs_embeds) among the inputs, got "
                              f"{', '.join(inputs) or 'nothing'}")
     else:
-        check_ids(ids, "input_ids")
-        if ids.dim() != 2:
-            raise InputError(f"input_ids: expected [batch, seq] (rank 2) in a dict of inputs, got shape "
-                             f"{list(ids.shape)}")
-        _check_range(model, ids)
-    mask = inputs.get("attention_mask")
-    if mask is not None and ids is not None and isinstance(mask, torch.Tensor) and mask.dim() == 2 \
-            and mask.shape != ids.shape:
-        raise InputError(f"attention_mask: expected the shape of input_ids {list(ids.shape)}, got {list(mask.shape)}")
-    if mask is not None and ids is not None and isinstance(mask, torch.Tensor) and mask.dim() != 2:
-        raise InputError(f"attention_mask: expected [batch, seq] like input_ids {list(ids.shape)}, got shape "
-                         f"{list(mask.shape)}")
-    if inputs.get("pixel_values") is not None or inputs.get("image_grid_thw") is not None:
-        check_image_inputs(model, inputs)
+        seen = model.__dict__.get("_checked_ids")
+        if seen is None or seen[0] is not ids or seen[1] != ids._version:  # (checked once per tensor and version)
+            check_ids(ids, "input_ids")
+            if ids.dim() != 2:
+                raise InputError(f"input_ids: expected [batch, seq] (rank 2) in a dict of inputs, got shape "
+                                 f"{list(ids.shape)}")
+            _check_range(model, ids)
+            model.__dict__["_checked_ids"] = (ids, ids._version)
+        mask = inputs.get("attention_mask")
+        if mask is not None and (type(mask) is not torch.Tensor or mask.shape != ids.shape):
+            got = list(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+            raise InputError(f"attention_mask: expected the shape of input_ids {list(ids.shape)}, got {got}")
+    if "pixel_values" in inputs or "image_grid_thw" in inputs:
+        if inputs.get("pixel_values") is not None or inputs.get("image_grid_thw") is not None:
+            check_image_inputs(model, inputs)
 
 
 def _check_range(model: AtlasModel, ids: torch.Tensor) -> None:
-    """Every id in [0, vocab_size): checked once per ids tensor and version (a trace repeated on the
-    same inputs pays nothing)."""
-    seen = model.__dict__.get("_checked_ids")
-    if seen is not None and seen[0] is ids and seen[1] == ids._version:
-        return
+    """Every id in [0, vocab_size)."""
     vocab = _vocab(model)
     if vocab is None:
         return
@@ -135,7 +130,6 @@ def _check_range(model: AtlasModel, ids: torch.Tensor) -> None:
     if low < 0 or high >= vocab:
         bad = low if low < 0 else high
         raise InputError(f"input_ids: expected ids in [0, {vocab}) (the vocabulary), got {bad}")
-    model.__dict__["_checked_ids"] = (ids, ids._version)
 
 
 def check_image_inputs(model: AtlasModel, inputs: Mapping[str, Any]) -> None:
