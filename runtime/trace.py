@@ -31,10 +31,10 @@ SiteKey = tuple[Any, ...]
 # [batch, seq] of each dims module's current call, for views that name them (the trace's own dict)
 CALL_DIMS: ContextVar[dict[int, tuple[int, int]] | None] = ContextVar("nnatlas_call_dims", default=None)
 FN_SITES = ("fn_args", "fn_output", "fn_step", "fn_steps")
-PER_CALL_SITES = ("fn_step",)
+PER_CALL_SITES = ("fn_step",)  # sites that fire once per token of a call: tracer.iter picks the token
 # the sides of a site whose values a module (or function) receives: the only ones that can be the
 # caller's own tensors (``input_ids``, or ``inputs_embeds`` handed on as the first block's input)
-INPUT_SIDES = frozenset({"input", "inputs", "args", "fn_args"})  # sites that fire once per token of a call: tracer.iter picks the token
+INPUT_SIDES = frozenset({"input", "inputs", "args", "fn_args"})
 
 
 # ---- reading and writing inside a payload --------------------------------------------------
