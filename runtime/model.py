@@ -347,6 +347,8 @@ class AtlasModel(Host):
                 value.__dict__["_cached_target"] = cached
                 return target
         target = self._resolve_target(value)
+        if spec is not None and spec.layout.dtype != "object":
+            target.layout = spec.layout.text  # (a tensor layout: the messages of bad edits name it)
         path = None
         if target.module is not value._host._module:
             path = next((n for n, m in value._host._module.named_modules() if m is target.module), None)
@@ -359,10 +361,8 @@ class AtlasModel(Host):
         view = tuple((op, tuple(self._view_arg(a) for a in args)) for op, args in (
             ((v.name, v.args) for v in value._spec.view) if value._spec else ()))
         dims_module = self._module if _names_call_dims(view) else None  # the model's call gives [batch, seq]
-        spec = value._spec
-        extra: dict[str, Any] = {"dims_module": dims_module, "copy": bool(spec and spec.copy),
-                                 "reached": spec.reached if spec else None,
-                                 "layout": spec.layout.text if spec and spec.layout.dtype != "object" else None}
+        extra: dict[str, Any] = {"dims_module": dims_module, "copy": bool(value._spec and value._spec.copy),
+                                 "reached": value._spec.reached if value._spec else None}
         key: tuple[Any, ...]
         if read.kind == "module":
             module = host._resolve_module(read.module, value.label)

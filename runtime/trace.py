@@ -93,10 +93,10 @@ class Target:
     extra: tuple[Any, ...] = ()
     # the module whose call gives [batch, seq] to views that name them (the model), and where they land
     dims_module: torch.nn.Module | None = None  # whose call gives ``batch`` / ``seq`` to the view
+    layout: str | None = None  # the value's declared layout (a tensor layout), for the messages of bad edits
     copy: bool = False  # serve a copy, put in the native's place (a buffer the forward overwrites)
     reached: Any = None  # a call condition (adapter.Condition) checked against the inputs before the forward
     call: int = 0  # which firing of the site serves it (the K-th call of a method)
-    layout: str | None = None  # the value's declared layout (a tensor layout), for the messages of bad edits
     per_call: bool = field(default=False, init=False)  # fires once per token of a call (tracer.iter picks which)
     fn_site: bool = field(default=False, init=False)  # at a module-level function (fn: read point)
     _pidx: tuple[int, str | None] | None = field(default=None, init=False, repr=False, compare=False)
