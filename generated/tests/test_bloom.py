@@ -24,6 +24,7 @@ WRITABLE = (('model', 'token_embeddings'), ('model', 'embedding_norm_output'), (
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'))
 EXAMPLES = (('The residual is added inside the attention and the MLP', 0, 'with model.trace(prompt):\n    e = model.embedding_norm_output.save()\n    x = model.layers[0].input.save()\n    attn = model.layers[0].self_attn.attention_output.save()\n    mlp = model.layers[0].mlp.mlp_output.save()\n    out = model.layers[0].layer_output.save()\ntorch.testing.assert_close(e, x)\ntorch.testing.assert_close(x + attn + mlp, out)\n', None), ('ALiBi, no position embedding', 0, 'with model.trace(prompt):\n    q = model.layers[0].self_attn.attention_queries.save()\n    k = model.layers[0].self_attn.attention_keys.save()\n    s = model.layers[0].self_attn.attention_scores.save()\nplain = torch.einsum("hd,hkd->hk", q[0, :, -1], k[0])\nbias = s[0, :, -1] - plain / model.head_dim ** 0.5\nsteps = bias[:, 1:] - bias[:, :-1]           # the slope of each head, at every key\ntorch.testing.assert_close(steps, steps[:, :1].expand_as(steps), atol=1e-5, rtol=0)\nassert (steps[:, 0] > 0).all()\n', None))
 ATTENTION = T.attention_loads(FAMILY)  # the attention implementations the class accepts (read from it), on CPU
+ORACLE = T.oracle_checks(FAMILY)  # (check, load): transformers' own outputs the values are compared with
 
 
 @st.composite
@@ -66,6 +67,11 @@ def test_readonly(path: str, name: str) -> None:
 @pytest.mark.parametrize("attn", ATTENTION)
 def test_support_agrees_with_trace(attn: str) -> None:
     T.check_support(FAMILY, attn)
+
+
+@pytest.mark.parametrize("check,attn", ORACLE)
+def test_oracle(check: str, attn: str) -> None:
+    T.check_oracle(FAMILY, check, attn)
 
 
 

@@ -24,6 +24,7 @@ WRITABLE = (('model', 'token_embeddings'), ('model', 'position_embeddings'), ('m
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'))
 EXAMPLES = (('Multi-query attention', 0, 'with model.trace(prompt):\n    x = model.layers[0].input.save()\n    qkv = model.layers[0].self_attn.qkv_proj.output.save()\n    k = model.layers[0].self_attn.attention_keys.save()\n    attn = model.layers[0].self_attn.attention_output.save()\n    mlp = model.layers[0].mlp.mlp_output.save()\n    out = model.layers[0].output.save()\nassert model.num_kv_heads == 1 and k.shape[1] == 1\nh, d = model.hidden_size, model.head_dim\ntorch.testing.assert_close(k[:, 0], qkv[..., h:h + d])\ntorch.testing.assert_close(x + attn + mlp, out)\n', None),)
 ATTENTION = T.attention_loads(FAMILY)  # the attention implementations the class accepts (read from it), on CPU
+ORACLE = T.oracle_checks(FAMILY)  # (check, load): transformers' own outputs the values are compared with
 
 
 @st.composite
@@ -66,6 +67,11 @@ def test_readonly(path: str, name: str) -> None:
 @pytest.mark.parametrize("attn", ATTENTION)
 def test_support_agrees_with_trace(attn: str) -> None:
     T.check_support(FAMILY, attn)
+
+
+@pytest.mark.parametrize("check,attn", ORACLE)
+def test_oracle(check: str, attn: str) -> None:
+    T.check_oracle(FAMILY, check, attn)
 
 
 

@@ -24,6 +24,7 @@ WRITABLE = (('model', 'token_embeddings'), ('model', 'position_embeddings'), ('m
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'))
 EXAMPLES = (('Global and local blocks', 0, 'kinds = model.config.attention_layers\nwith model.trace(prompt):\n    p = model.layers[1].self_attn.attention_probabilities.save()\nassert kinds[:2] == ["global", "local"]\nw = model.window_size\nq, k = p.shape[-2], p.shape[-1]\nfar = torch.arange(q)[:, None] - torch.arange(k)[None, :] >= w\nassert (p[..., far] == 0).all()\n', None), ("The attention is the module's own, unscaled", 0, 'with model.trace(prompt):\n    q = model.layers[0].self_attn.attention_queries.save()\n    k = model.layers[0].self_attn.attention_keys.save()\n    p = model.layers[0].self_attn.attention_probabilities.save()\ns = (q[..., -1:, :] @ k.transpose(-1, -2))[..., 0, :]\ntorch.testing.assert_close(p[..., -1, :], torch.softmax(s, -1))\n', None))
 ATTENTION = T.attention_loads(FAMILY)  # the attention implementations the class accepts (declared), on CPU
+ORACLE = T.oracle_checks(FAMILY)  # (check, load): transformers' own outputs the values are compared with
 
 
 @st.composite
@@ -71,6 +72,11 @@ def test_missing_says_why(path: str, name: str) -> None:
 @pytest.mark.parametrize("attn", ATTENTION)
 def test_support_agrees_with_trace(attn: str) -> None:
     T.check_support(FAMILY, attn)
+
+
+@pytest.mark.parametrize("check,attn", ORACLE)
+def test_oracle(check: str, attn: str) -> None:
+    T.check_oracle(FAMILY, check, attn)
 
 
 

@@ -24,6 +24,7 @@ WRITABLE = (('model', 'token_embeddings'), ('model', 'final_norm_output'), ('mod
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'))
 EXAMPLES = (('The parallel block', 0, 'with model.trace(prompt):\n    x = model.layers[0].input.save()\n    attn = model.layers[0].self_attn.attention_output.save()\n    mlp = model.layers[0].mlp.mlp_output.save()\n    out = model.layers[0].layer_output.save()\ntorch.testing.assert_close(attn + mlp + x, out, atol=0, rtol=0)\n', None), ('An interleaved, partial rotary', 0, 'r = model.rotary_dim\nwith model.trace(prompt):\n    proj = model.layers[0].self_attn.q_proj.output.save()\n    q = model.layers[0].self_attn.attention_queries.save()\nheads = proj.unflatten(-1, [model.num_heads, model.head_dim]).transpose(1, 2)\ntorch.testing.assert_close(q[..., r:], heads[..., r:])\npairs = lambda t: t[..., :r].unflatten(-1, [r // 2, 2]).norm(dim=-1)\ntorch.testing.assert_close(pairs(q), pairs(heads))\n', None))
 ATTENTION = T.attention_loads(FAMILY)  # the attention implementations the class accepts (read from it), on CPU
+ORACLE = T.oracle_checks(FAMILY)  # (check, load): transformers' own outputs the values are compared with
 
 
 @st.composite
@@ -71,6 +72,11 @@ def test_missing_says_why(path: str, name: str) -> None:
 @pytest.mark.parametrize("attn", ATTENTION)
 def test_support_agrees_with_trace(attn: str) -> None:
     T.check_support(FAMILY, attn)
+
+
+@pytest.mark.parametrize("check,attn", ORACLE)
+def test_oracle(check: str, attn: str) -> None:
+    T.check_oracle(FAMILY, check, attn)
 
 
 

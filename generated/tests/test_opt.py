@@ -24,6 +24,7 @@ WRITABLE = (('model', 'token_embeddings'), ('model', 'token_position_embeddings'
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'))
 EXAMPLES = (('No MLP module', 0, 'with model.trace(prompt):\n    x = model.layers[0].input.save()\n    attn = model.layers[0].self_attn.attention_output.save()\n    mlp = model.layers[0].mlp_output.save()\n    out = model.layers[0].layer_output.save()\nassert mlp.shape == x.shape\ntorch.testing.assert_close(x + attn + mlp, out)\n', None), ('Positions count real tokens', 0, 'ids = torch.tensor([[5, 6, 7], [0, 6, 7]])\nmask = torch.tensor([[1, 1, 1], [0, 1, 1]])\nwith model.trace({"input_ids": ids, "attention_mask": mask}):\n    pos = model.token_position_embeddings.save()\ntorch.testing.assert_close(pos[1, 1], pos[0, 0])\n', None))
 ATTENTION = T.attention_loads(FAMILY)  # the attention implementations the class accepts (read from it), on CPU
+ORACLE = T.oracle_checks(FAMILY)  # (check, load): transformers' own outputs the values are compared with
 
 
 @st.composite
@@ -66,6 +67,11 @@ def test_readonly(path: str, name: str) -> None:
 @pytest.mark.parametrize("attn", ATTENTION)
 def test_support_agrees_with_trace(attn: str) -> None:
     T.check_support(FAMILY, attn)
+
+
+@pytest.mark.parametrize("check,attn", ORACLE)
+def test_oracle(check: str, attn: str) -> None:
+    T.check_oracle(FAMILY, check, attn)
 
 
 
