@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from nnatlas import functions as _fn
-from nnatlas.adapter import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
+from nnatlas.adapter import Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
 from nnatlas.envoy import Host, HostList, Value
 from nnatlas.model import AtlasModel
 
