@@ -24,6 +24,7 @@ WRITABLE = (('model', 'token_embeddings'), ('model', 'final_norm_output'), ('mod
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'))
 EXAMPLES = (('The block, in order', 0, 'i = model.config.first_k_dense_replace\nwith model.trace(prompt):\n    x = model.layers[i].input.save()\n    attn = model.layers[i].self_attn.attention_output.save()\n    moe = model.layers[i].mlp.mlp_output.save()\n    out = model.layers[i].layer_output.save()\n\ntorch.testing.assert_close(x + attn + moe, out)\n', None), ('Multi-head latent attention', 0, 'attn = model.layers[0].self_attn\nnope = model.config.qk_nope_head_dim\nwith model.trace(prompt):\n    q_lat = attn.query_latent.save()\n    kv_lat = attn.kv_latent.save()\n    keys = attn.attention_keys.save()\n    values = attn.attention_values.save()\n\nup = attn._module.kv_b_proj(kv_lat).unflatten(-1, (model.num_heads, -1)).transpose(1, 2)\ntorch.testing.assert_close(up[..., :nope], keys[..., :nope])\ntorch.testing.assert_close(up[..., nope:], values)\nrope = keys[..., nope:]\ntorch.testing.assert_close(rope, rope[:, :1].expand_as(rope))   # shared by every head\nassert q_lat.shape[-1] == model.config.q_lora_rank\n', None))
 ATTENTION = T.attention_loads(FAMILY)  # the attention implementations the class accepts (read from it), on CPU
+ORACLE = T.oracle_checks(FAMILY)  # (check, load): transformers' own outputs the values are compared with
 EXPERTS = ('grouped_mm',)  # every experts implementation the spec's identities must hold under
 
 
@@ -75,6 +76,11 @@ def test_missing_says_why(path: str, name: str) -> None:
 @pytest.mark.parametrize("attn", ATTENTION)
 def test_support_agrees_with_trace(attn: str) -> None:
     T.check_support(FAMILY, attn)
+
+
+@pytest.mark.parametrize("check,attn", ORACLE)
+def test_oracle(check: str, attn: str) -> None:
+    T.check_oracle(FAMILY, check, attn)
 
 
 @pytest.mark.parametrize("experts", EXPERTS)

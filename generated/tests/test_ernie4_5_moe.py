@@ -24,6 +24,7 @@ WRITABLE = (('model', 'token_embeddings'), ('model', 'final_norm_output'), ('mod
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'))
 EXAMPLES = (('The block, in order', 0, 'i = model.config.moe_layer_start_index\nwith model.trace(prompt):\n    x = model.layers[i].input.save()\n    attn = model.layers[i].self_attn.attention_output.save()\n    moe = model.layers[i].mlp.mlp_output.save()\n    out = model.layers[i].layer_output.save()\n\ntorch.testing.assert_close(x + attn + moe, out)\n', None), ('The mixture: float32 softmax, top 6 of 64 with a correction bias, two shared experts', 0, 'moe = model.layers[model.config.moe_layer_start_index].mlp\nwith model.trace(prompt):\n    shared = moe.shared_expert_output.save()      # the shared experts run first\n    logits = moe.router_logits.save()\n    weights = moe.expert_weights.save()\n    indices = moe.expert_indices.save()\n    routed = moe.routed_output.save()\n    out = moe.mlp_output.save()\n\nprobs = logits.softmax(-1)\nbias = moe._module.gate.moe_statics.e_score_correction_bias.squeeze()\nchosen = (probs + bias).topk(moe.top_k, dim=-1).indices\nassert torch.equal(indices, chosen)\npicked = probs.gather(-1, indices)\ntorch.testing.assert_close(weights, picked / picked.sum(-1, keepdim=True))\nassert torch.equal(routed + shared, out)\n', None))
 ATTENTION = T.attention_loads(FAMILY)  # the attention implementations the class accepts (read from it), on CPU
+ORACLE = T.oracle_checks(FAMILY)  # (check, load): transformers' own outputs the values are compared with
 EXPERTS = ('grouped_mm',)  # every experts implementation the spec's identities must hold under
 
 
@@ -75,6 +76,11 @@ def test_missing_says_why(path: str, name: str) -> None:
 @pytest.mark.parametrize("attn", ATTENTION)
 def test_support_agrees_with_trace(attn: str) -> None:
     T.check_support(FAMILY, attn)
+
+
+@pytest.mark.parametrize("check,attn", ORACLE)
+def test_oracle(check: str, attn: str) -> None:
+    T.check_oracle(FAMILY, check, attn)
 
 
 @pytest.mark.parametrize("experts", EXPERTS)

@@ -24,6 +24,7 @@ WRITABLE = (('model', 'token_embeddings'), ('model', 'final_norm_output'), ('mod
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'))
 EXAMPLES = (('The block, in order', 0, 'i = model.config.first_k_dense_replace\nwith model.trace(prompt):\n    x = model.layers[i].input.save()\n    attn = model.layers[i].self_attn.attention_output.save()\n    moe = model.layers[i].mlp.mlp_output.save()\n    out = model.layers[i].layer_output.save()\n\ntorch.testing.assert_close(x + attn + moe, out)\n', None), ('The router: sigmoid scores, a correction bias for the choice, scaled weights', 0, 'moe = model.layers[model.config.first_k_dense_replace].mlp\nwith model.trace(prompt):\n    logits = moe.router_logits.save()\n    weights = moe.expert_weights.save()\n    indices = moe.expert_indices.save()\n    routed = moe.routed_output.save()\n    shared = moe.shared_expert_output.save()\n    out = moe.mlp_output.save()\n\nscores = logits.sigmoid()\nbias = moe._module.gate.e_score_correction_bias\nchosen = (scores + bias).topk(moe.top_k, dim=-1).indices\nassert torch.equal(indices.sort(-1).values, chosen.sort(-1).values)\npicked = scores.gather(-1, indices)\nif model.config.norm_topk_prob:\n    picked = picked / (picked.sum(-1, keepdim=True) + 1e-20)\ntorch.testing.assert_close(weights, picked * model.config.routed_scaling_factor)\nassert torch.equal(routed + shared, out)\n', None))
 ATTENTION = T.attention_loads(FAMILY)  # the attention implementations the class accepts (read from it), on CPU
+ORACLE = T.oracle_checks(FAMILY)  # (check, load): transformers' own outputs the values are compared with
 EXPERTS = ('grouped_mm',)  # every experts implementation the spec's identities must hold under
 
 
@@ -75,6 +76,11 @@ def test_missing_says_why(path: str, name: str) -> None:
 @pytest.mark.parametrize("attn", ATTENTION)
 def test_support_agrees_with_trace(attn: str) -> None:
     T.check_support(FAMILY, attn)
+
+
+@pytest.mark.parametrize("check,attn", ORACLE)
+def test_oracle(check: str, attn: str) -> None:
+    T.check_oracle(FAMILY, check, attn)
 
 
 @pytest.mark.parametrize("experts", EXPERTS)

@@ -24,6 +24,7 @@ WRITABLE = (('model', 'token_embeddings'), ('model', 'final_norm_output'), ('mod
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'))
 EXAMPLES = (('The block, in order', 0, 'with model.trace(prompt):\n    x = model.layers[0].input.save()\n    attn = model.layers[0].self_attn.attention_output.save()\n    moe = model.layers[0].mlp.mlp_output.save()\n    out = model.layers[0].layer_output.save()\n\ntorch.testing.assert_close(x + attn + moe, out)\n', None), ('Attention sinks', 0, 'attn = model.layers[0].self_attn\nwith model.trace(prompt):\n    scores = attn.attention_scores.save()\n    probs = attn.attention_probabilities.save()\n\nsinks = attn._module.sinks.reshape(1, -1, 1, 1).expand(*scores.shape[:3], 1)\nfull = torch.cat([scores, sinks], dim=-1).softmax(-1)\ntorch.testing.assert_close(probs, full[..., :-1])\nsink_share = 1 - probs.sum(-1)                # what the sink took, per head and query\ntorch.testing.assert_close(sink_share, full[..., -1])\n', None), ('The router: top 4 biased logits, then their softmax', 0, 'moe = model.layers[0].mlp\nwith model.trace(prompt):\n    logits = moe.router_logits.save()\n    weights = moe.expert_weights.save()\n    indices = moe.expert_indices.save()\n\ntop = logits.topk(moe.top_k, dim=-1)\ntorch.testing.assert_close(weights, top.values.softmax(-1))\nassert torch.equal(indices, top.indices)\n', None))
 ATTENTION = T.attention_loads(FAMILY)  # the attention implementations the class accepts (declared), on CPU
+ORACLE = T.oracle_checks(FAMILY)  # (check, load): transformers' own outputs the values are compared with
 EXPERTS = ('eager', 'grouped_mm')  # every experts implementation the spec's identities must hold under
 
 
@@ -75,6 +76,11 @@ def test_missing_says_why(path: str, name: str) -> None:
 @pytest.mark.parametrize("attn", ATTENTION)
 def test_support_agrees_with_trace(attn: str) -> None:
     T.check_support(FAMILY, attn)
+
+
+@pytest.mark.parametrize("check,attn", ORACLE)
+def test_oracle(check: str, attn: str) -> None:
+    T.check_oracle(FAMILY, check, attn)
 
 
 @pytest.mark.parametrize("experts", EXPERTS)
