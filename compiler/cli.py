@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from . import build_site, default_root, generate
 from .errors import SpecError
@@ -22,7 +23,10 @@ def main(argv: list[str] | None = None) -> int:
     docs.add_argument("--serve", action="store_true", help="then serve it on 127.0.0.1 until interrupted")
     docs.add_argument("--port", type=int, default=8000, help="the port for --serve (default 8000; 0 picks a free one)")
     docs.add_argument("--root", type=Path, default=None, help="the checkout (default: the one nnatlas is installed from)")
+    add_draft_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "draft":
+        return run_draft(args)
     if args.command == "generate":
         return _generate(args.root, args.check)
     if args.command == "docs":
@@ -81,6 +85,50 @@ def _generate(root: Path | None, check: bool) -> int:
         print(f"removed {rel}")
     print(f"nnatlas: {len(result.changed)} written, {len(result.removed)} removed ({took:.0f} ms)")
     return 0
+
+
+def add_draft_parser(sub: Any) -> None:
+    d = sub.add_parser("draft", help="write a first spec for a transformers model type, by machine")
+    d.add_argument("model_type", help="a transformers model type (mistral, qwen2, ...)")
+    d.add_argument("--out", type=Path, default=None, help="the spec to write (default: specs/MODEL_TYPE.yaml)")
+    d.add_argument("--extends", default=None, help="a family the draft extends (written as extends:)")
+    d.add_argument("--model", default=None, help="a local checkpoint folder whose config to start from")
+    d.add_argument("--no-test", action="store_true", help="write the draft only: no generate, no generated tests")
+    d.add_argument("--root", type=Path, default=None, help="the checkout whose specs/ the draft compiles with")
+
+
+def run_draft(args: Any) -> int:
+    """``nnatlas draft``: draft, write, then generate and run the family's generated tests."""
+    from .draft import DraftError, draft
+    from .draft.check import compile_draft, run_tests
+
+    root = args.root or default_root()
+    try:
+        d = draft(args.model_type, model_path=args.model, extends=args.extends)
+    except DraftError as e:
+        print(f"nnatlas draft: {e}", file=sys.stderr)
+        return 2
+    out = args.out or root / "specs" / f"{d.proposal.family}.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(d.text, encoding="utf-8")
+    n_values = sum(len(h.values) for h in d.proposal.hosts.values())
+    print(f"nnatlas draft: wrote {out} ({len(d.proposal.hosts)} hosts, {n_values} values, "
+          f"{len(d.proposal.todos)} TODO)")
+    for todo in d.proposal.todos:
+        print(f"  TODO {todo}")
+    if args.no_test:
+        return 0
+    compiled = compile_draft(d.text, d.proposal.family, root / "specs", [args.extends] if args.extends else None)
+    if compiled.family is None:
+        print(f"generate: FAILED\n{compiled.error}")
+        return 1
+    print("generate: ok")
+    run = run_tests(compiled.family)
+    print(f"generated tests: {'ok' if run.ok else 'FAILED'} ({run.passed} passed, {run.failed} failed, "
+          f"{run.errors} errors)")
+    if not run.ok:
+        print(run.output[-4000:])
+    return 0 if run.ok else 1
 
 
 if __name__ == "__main__":
