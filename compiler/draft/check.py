@@ -150,7 +150,7 @@ class Comparison:
 def _reads(f: FamilyIR, rename: dict[str, tuple[str, ...]]) -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {}
     for h in f.hosts:
-        if h.stream == "vision" or h.path.startswith("vision"):
+        if h.path.startswith("vision"):
             continue
         vals = out.setdefault(h.path, {})
         for v in h.values:

@@ -94,6 +94,7 @@ class Matcher:
         if standard in siblings:  # the standard name is another native child: keep the native one
             return child_native
         self.p.rename[f"{host_std}.{standard}"] = child_native
+        self.p.rename_sure[f"{host_std}.{standard}"] = f"likely: {child_native} plays the part of {standard} in the dataflow"
         return standard
 
     def child(self, path: str, parent: str) -> str:
@@ -119,6 +120,10 @@ class Matcher:
             "head_dim": f"{hd}{t['hidden']} // {t['heads']}", "qk_head_dim": f"{hd}{t['hidden']} // {t['heads']}",
             "vocab_size": "vocab_size", "intermediate_size": t.get("intermediate", "intermediate_size"),
         }
+        if t.get("intermediate_default") == "none":
+            p.config["intermediate_size"] = f"{t['intermediate']} or 4 * {t['hidden']}"
+            p.todos.append(f"config.intermediate_size: {t['intermediate']} is None by default; the draft assumes the "
+                           f"MLP is then 4 * {t['hidden']} wide (check the modeling code)")
         root = rec.call("")
         assert root is not None
         layers = self.find_layers()
@@ -347,6 +352,8 @@ class Matcher:
                                                    f"held on the tiny model: {an} and {bn} norm what the stream receives"))
                         self.seen.update((a.path, b.path))
         for c in kids:
+            if isinstance(self.modules[c.path], torch.nn.Dropout):
+                continue  # the identity in eval mode
             if c.path not in self.seen and c.path not in mixer_paths and c.path not in {m.path for m in mlps}:
                 p.todos.append(f"{self.child(c.path, bpath)} ({c.cls}) in {bpath} is not mapped")
         return values, identities
@@ -460,6 +467,8 @@ class Matcher:
     def out_proj(self, c: ModuleCall) -> ModuleCall | None:
         out = tensor_of(c.output)
         for k in reversed(self.rec.children_calls(c.path)):
+            if isinstance(self.modules[k.path], torch.nn.Dropout):
+                continue
             if holds(tensor_of(k.output), out) == 0.0 and hidden_in(k) is not None:
                 return k
         return None
@@ -534,7 +543,8 @@ class Matcher:
         view = "unflatten(0, [batch, seq])" if flat else None
         kids = rec.children_calls(c.path)
         out = tensor_of(c.output)
-        down = next((k for k in reversed(kids) if holds(tensor_of(k.output), out) == 0.0), None)
+        down = next((k for k in reversed(kids) if holds(tensor_of(k.output), out) == 0.0
+                     and not isinstance(self.modules[k.path], torch.nn.Dropout)), None)
         act = next((k for k in kids if ACT_CLASSES.search(k.cls) and not isinstance(self.modules[k.path], torch.nn.Linear)), None)
         act_ref = None
         if act is not None:
@@ -586,7 +596,7 @@ class Matcher:
         for k in kids:
             if k.path not in self.seen:
                 self.seen.add(k.path)
-                if not isinstance(self.modules[k.path], torch.nn.Linear):
+                if not isinstance(self.modules[k.path], (torch.nn.Linear, torch.nn.Dropout)):
                     p.todos.append(f"{k.path} ({k.cls}) inside the MLP is not mapped")
 
     def moe(self, c: ModuleCall, hpath: str, experts_name: str) -> None:

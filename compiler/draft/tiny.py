@@ -118,7 +118,7 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
             fixed[name] = 0.0
     tiny = Tiny(model_type, model_class, config_class, fixed, {})
     layers, heads, kv, hidden = _first(base, LAYERS), _first(base, HEADS), _first(base, KV_HEADS), _first(base, HIDDEN)
-    inter = _first(base, INTERMEDIATE)
+    inter = _first(base, INTERMEDIATE) or next((n for n in INTERMEDIATE if n in base.to_dict()), None)
     if layers is None or heads is None or hidden is None:
         raise DraftError(f"{config_class} has no layer, head or width size the drafter knows "
                          f"(looked for {LAYERS[0]}, {HEADS[0]}, {HIDDEN[0]} and their aliases)")
@@ -138,6 +138,8 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     draw[hidden] = f"{heads} * _head_dim"
     if inter is not None:
         tiny.names["intermediate"] = inter
+        if getattr(base, inter, None) is None:  # None by default: the model picks a multiple of the width
+            tiny.names["intermediate_default"] = "none"
         draw[inter] = [16, 40]
     if getattr(base, "layer_types", None) is not None and len(set(base.layer_types)) > 1:
         tiny.notes.append(f"{layers}: enough blocks that the default layer_types has every kind of block")
