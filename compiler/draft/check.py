@@ -92,7 +92,7 @@ class TestRun:
         return self.failed == 0 and self.errors == 0 and self.passed > 0
 
 
-def run_tests(family: FamilyIR, timeout: float = 900, keep: Path | None = None) -> TestRun:
+def run_tests(family: FamilyIR, timeout: float = 900, keep: Path | None = None, fail_fast: bool = False) -> TestRun:
     """Render the draft's adapter and tests into a temporary folder and run pytest there."""
     with tempfile.TemporaryDirectory(prefix="nnatlas-draft-tests-") as tmp:
         root = keep or Path(tmp)
@@ -104,6 +104,8 @@ def run_tests(family: FamilyIR, timeout: float = 900, keep: Path | None = None) 
         test.write_text(emit.render_tests(family), encoding="utf-8")
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(root), str(test)]
+        if fail_fast:
+            cmd.insert(3, "-x")
         try:
             proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout, env=env)
             out = proc.stdout + proc.stderr

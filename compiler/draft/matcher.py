@@ -82,7 +82,7 @@ class Matcher:
         self.modules = dict(rec.model.named_modules())
         self.input_ids = rec.inputs["input_ids"]
         self.batch, self.seq = self.input_ids.shape
-        self.p = Proposal(tiny.model_type, tiny.model_type, tiny.model_class, _title(tiny.model_type), tiny)
+        self.p = Proposal(tiny.model_type, tiny.model_type, tiny.model_class, _title(tiny.model_class), tiny)
         self.seen: set[str] = set()  # module paths the proposal accounts for
 
     # -- helpers
@@ -710,13 +710,9 @@ class Matcher:
             self.seen.add(k.path)
 
 
-def _title(model_type: str) -> str:
-    try:
-        from transformers.models.auto.configuration_auto import MODEL_NAMES_MAPPING
-
-        return str(MODEL_NAMES_MAPPING.get(model_type, model_type))
-    except ImportError:  # pragma: no cover - the names table moved
-        return model_type
+def _title(model_class: str) -> str:
+    """The product name the causal-LM class carries: MistralForCausalLM -> Mistral."""
+    return re.sub(r"(ForCausalLM|LMHeadModel|ForConditionalGeneration)$", "", model_class) or model_class
 
 
 def match(rec: Recording, tiny: Tiny, params: dict[str, Any]) -> Proposal:
