@@ -92,8 +92,10 @@ class TestRun:
         return self.failed == 0 and self.errors == 0 and self.passed > 0
 
 
-def run_tests(family: FamilyIR, timeout: float = 900, keep: Path | None = None, fail_fast: bool = False) -> TestRun:
-    """Render the draft's adapter and tests into a temporary folder and run pytest there."""
+def run_tests(family: FamilyIR, timeout: float = 900, keep: Path | None = None, fail_fast: bool = False,
+              in_process: bool = False) -> TestRun:
+    """Render the draft's adapter and tests into a temporary folder and run pytest there (in a
+    subprocess, or ``in_process`` in this one: only for a process that drafts one family and ends)."""
     with tempfile.TemporaryDirectory(prefix="nnatlas-draft-tests-") as tmp:
         root = keep or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
@@ -106,6 +108,8 @@ def run_tests(family: FamilyIR, timeout: float = 900, keep: Path | None = None, 
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(root), str(test)]
         if fail_fast:
             cmd.insert(3, "-x")
+        if in_process:  # a process of its own already (the sweep's): spare a second interpreter's imports
+            return parse_summary(_pytest_here(cmd[3:], root))
         try:
             proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout, env=env)
             out = proc.stdout + proc.stderr
@@ -113,6 +117,25 @@ def run_tests(family: FamilyIR, timeout: float = 900, keep: Path | None = None, 
             out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
             return TestRun(0, 0, 1, out + f"\n(timed out after {timeout:.0f} s)", ["timeout"])
     return parse_summary(out)
+
+
+def _pytest_here(args: list[str], root: Path) -> str:
+    import contextlib
+    import io
+
+    import pytest
+
+    buf = io.StringIO()
+    cwd = os.getcwd()
+    sys.path.insert(0, str(root))
+    try:
+        os.chdir(root)
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+            pytest.main(args)
+    finally:
+        os.chdir(cwd)
+        sys.path.remove(str(root))
+    return buf.getvalue()
 
 
 def parse_summary(out: str) -> TestRun:

@@ -189,6 +189,14 @@ class Matcher:
             if any(isinstance(m, c) for c in (torch.nn.Embedding,)) and path not in self.seen and \
                     rec.call(path) is not None and not path.startswith(p.rename.get("layers", "\0") + "."):
                 p.todos.append(f"module {path} ({type(m).__name__}) is called but not mapped")
+        for h in p.hosts.values():  # a host met on blocks of several kinds proposes its identities once
+            h.identities = list({x.check: x for x in h.identities}.values())
+        p.todos = list(dict.fromkeys(p.todos))
+        defaults = type(self.config)()
+        heads, kv = self.tiny.names["heads"], self.tiny.names.get("kv_heads")
+        if kv and "Grouped-query attention" not in p.traits and isinstance(getattr(defaults, kv, None), int) \
+                and getattr(defaults, kv) < getattr(defaults, heads):
+            p.traits.append("Grouped-query attention")
         return p
 
     def find_layers(self) -> tuple[str, int] | None:

@@ -78,7 +78,7 @@ def one(model_type: str) -> dict[str, Any]:
         cmp = compare(compiled.family, hand)
         row["share"] = round(cmp.share, 3)
         row["hand"] = hand.name
-    run = run_tests(compiled.family, fail_fast=True)
+    run = run_tests(compiled.family, fail_fast=True, in_process=True)
     row["tests"] = run.ok
     row["passed"] = run.passed
     if not run.ok:
