@@ -31,8 +31,8 @@ spec.loader.exec_module(module)
 setattr(families, "{family}", module)
 families.FAMILIES = tuple(f for f in families.FAMILIES if f != "{family}") + ("{family}",)
 # the draft first: a hand-written family of the same model type must not be picked instead
-registry.all_families.cache_clear()
-_all = registry.all_families
+_all = getattr(registry.all_families, "_nnatlas_original", registry.all_families)
+_all.cache_clear()
 
 
 def _with_draft():
@@ -41,6 +41,7 @@ def _with_draft():
     return {{"{family}": draft, **fams}}
 
 
+_with_draft._nnatlas_original = _all
 registry.all_families = _with_draft
 '''
 

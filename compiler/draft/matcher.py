@@ -126,6 +126,7 @@ class Matcher:
                            f"MLP is then 4 * {t['hidden']} wide (check the modeling code)")
         root = rec.call("")
         assert root is not None
+        p.todos.extend(n for n in self.tiny.notes if "not mapped" in n)
         layers = self.find_layers()
         embed = next((c for c in rec.calls if isinstance(self.modules[c.path], torch.nn.Embedding)
                       and c.args and isinstance(c.args[0], torch.Tensor) and torch.equal(c.args[0], self.input_ids)), None)
@@ -189,6 +190,15 @@ class Matcher:
             if any(isinstance(m, c) for c in (torch.nn.Embedding,)) and path not in self.seen and \
                     rec.call(path) is not None and not path.startswith(p.rename.get("layers", "\0") + "."):
                 p.todos.append(f"module {path} ({type(m).__name__}) is called but not mapped")
+        if self.cfg_eval(p.config["intermediate_size"]) is None:  # no width for the Neurons layout
+            for h in p.hosts.values():
+                if not h.dims and {"mlp_activation", "mlp_neurons"} & set(h.values) and \
+                        h.values.get("mlp_activation", Value()).missing is None:
+                    h.values.pop("mlp_activation", None)
+                    h.values.pop("mlp_neurons", None)
+                    h.identities = [x for x in h.identities if "mlp_activation" not in x.check and "mlp_neurons" not in x.check]
+                    p.todos.append(f"{h.path}: no config entry gives the MLP's width: mlp_activation and mlp_neurons "
+                                   "are left out")
         for h in p.hosts.values():  # a host met on blocks of several kinds proposes its identities once
             h.identities = list({x.check: x for x in h.identities}.values())
         p.todos = list(dict.fromkeys(p.todos))
@@ -299,11 +309,13 @@ class Matcher:
                            + ", ".join(f"{self.child(c.path, bpath)} ({c.cls})" for c in kids))
         mixer_out = None
         for c, kind in mixers[:1]:
-            std = "self_attn" if kind == "attention" else "linear_attn"
+            std = "linear_attn" if kind == "linear_attention" else "self_attn"
             name = self.name_in(bpath, self.child(c.path, bpath), std, "layers[i]")
             mixer_out = tensor_of(c.output)
             if kind == "attention":
                 self.attention(c, f"layers[i].{name}")
+            elif kind == "attention_inline":
+                self.inline_attention(c, f"layers[i].{name}")
             else:
                 self.delta_net(c, f"layers[i].{name}")
             mixer_ref = f"{name}.attention_output"
@@ -372,6 +384,8 @@ class Matcher:
                 return "attention"
             if self.delta_fn(f):
                 return "linear_attention"
+        if re.search(r"attention|attn", c.cls, re.I) and tensor_of(c.output) is not None:
+            return "attention_inline"  # attention computed in the module's own forward: only its output is sure
         return None
 
     @staticmethod
@@ -455,22 +469,55 @@ class Matcher:
             p.traits.append("Grouped-query attention")
         if any(n.endswith("rotary_emb") for n in self.modules) and "Rotary positions" not in p.traits:
             p.traits.append("Rotary positions")
-        self.check_sizes(H, q_dim, kv, val, c.path)
+        self.fit_sizes(H, q_dim, kv, val, c.path)
         for kid in rec.children_calls(c.path):
             self.seen.add(kid.path)
 
-    def check_sizes(self, H: int | None, q_dim: int | None, kv: int | None, val: Any, where: str) -> None:
-        t, prm = self.tiny.names, self.params
-        want_h = prm.get(t["heads"])
-        hidden = prm.get(t["hidden"])
-        hd = prm.get("head_dim") or (hidden // want_h if hidden and want_h else None)
-        if H is not None and H != want_h:
-            self.p.todos.append(f"{where}: the attention runs {H} query heads, config.{t['heads']} is {want_h}: "
-                                "check config.num_heads")
-        if q_dim is not None and hd is not None and q_dim != hd:
-            self.p.todos.append(f"{where}: a query head is {q_dim} wide, not {hd}: check config.qk_head_dim")
-        if isinstance(val, torch.Tensor) and val.dim() == 4 and hd is not None and val.shape[-1] != hd:
-            self.p.todos.append(f"{where}: a value head is {val.shape[-1]} wide, not {hd}: check config.head_dim")
+    def inline_attention(self, c: ModuleCall, hpath: str) -> None:
+        """An attention module that calls no attention function: its output is its boundary; its
+        queries, keys, values and pattern live inside its own forward, unmapped."""
+        host = self.p.host(hpath, c.cls, "likely: an attention module by its class name")
+        self.seen.add(c.path)
+        host.values["attention_output"] = Value("output[0]" if isinstance(c.output, tuple) else "output",
+                                                sure="sure: what the module returns")
+        self.p.todos.append(f"{c.path} ({c.cls}) computes its attention in its own forward (no attention function "
+                            "call): its queries, keys, values, pattern and head outputs are not mapped")
+        for kid in self.rec.children_calls(c.path):
+            self.seen.add(kid.path)
+
+    def cfg_eval(self, text: str) -> Any:
+        """A config expression evaluated on the tiny model's config (a missing attribute is None)."""
+        cfg = self.config
+
+        class Names(dict):  # type: ignore[type-arg]
+            def __missing__(self, key: str) -> Any:
+                return getattr(cfg, key, None)
+        try:
+            return eval(text, {"__builtins__": {}}, Names())  # noqa: S307 - the drafter's own candidates
+        except Exception:  # noqa: BLE001 - a candidate that does not apply
+            return None
+
+    def fit(self, key: str, measured: int | None, candidates: list[str], where: str) -> None:
+        """Keep the config entry that gives the measured size, or say that none does."""
+        if measured is None:
+            return
+        for text in dict.fromkeys([self.p.config.get(key, "")] + candidates):
+            if text and self.cfg_eval(text) == measured:
+                self.p.config[key] = text
+                return
+        self.p.todos.append(f"{where}: config.{key} should be {measured} here and no config expression the drafter "
+                            f"tried gives it (check config.{key})")
+
+    def fit_sizes(self, H: int | None, q_dim: int | None, kv: int | None, val: Any, where: str) -> None:
+        t = self.tiny.names
+        heads, hidden = t["heads"], t["hidden"]
+        self.fit("num_heads", H, [heads, "num_attention_heads", "n_head", "num_heads"], where)
+        self.fit("num_kv_heads", kv, [t.get("kv_heads", heads), "num_key_value_heads", heads, "multi_query_group_num"], where)
+        per_head = [f"head_dim or {hidden} // {heads}", "head_dim", "v_head_dim", f"{hidden} // {heads}", "kv_channels",
+                    "qk_head_dim", "qk_nope_head_dim + qk_rope_head_dim", "attention_head_dim"]
+        v_dim = int(val.shape[-1]) if isinstance(val, torch.Tensor) and val.dim() == 4 else None
+        self.fit("head_dim", v_dim, per_head, where)
+        self.fit("qk_head_dim", q_dim, per_head, where)
 
     def out_proj(self, c: ModuleCall) -> ModuleCall | None:
         out = tensor_of(c.output)
@@ -480,6 +527,30 @@ class Matcher:
             if holds(tensor_of(k.output), out) == 0.0 and hidden_in(k) is not None:
                 return k
         return None
+
+    def neurons_width(self, c: ModuleCall) -> int | None:
+        out = tensor_of(c.output)
+        for k in reversed(self.rec.children_calls(c.path)):
+            x = hidden_in(k)
+            if holds(tensor_of(k.output), out) == 0.0 and x is not None:
+                return int(x.shape[-1])
+        return None
+
+    def size_expr(self, width: int | None, names: tuple[str, ...]) -> str | None:
+        """A config expression of a measured width: a named entry, or a product of two entries."""
+        if width is None:
+            return None
+        ints = {k: v for k, v in self.config.to_dict().items() if isinstance(v, int) and not isinstance(v, bool) and v > 0}
+        for n in names:
+            if ints.get(n) == width:
+                return n
+        inter = [k for k in ints if "intermediate" in k or "ffn" in k]
+        counts = [k for k in ints if "shared" in k]
+        for a in inter:
+            for b in counts:
+                if ints[a] * ints[b] == width:
+                    return f"{a} * {b}"
+        return next((a for a in inter if ints[a] == width), None)
 
     # -- the delta rule (gated DeltaNet)
     def delta_net(self, c: ModuleCall, hpath: str) -> None:
@@ -573,6 +644,12 @@ class Matcher:
         if down is not None:
             dname = self.name_in(c.path, self.child(down.path, c.path), "down_proj", hpath)
             self.seen.add(down.path)
+            width = hidden_in(down)
+            if not flat and hpath == "layers[i].mlp" and width is not None:
+                t = self.tiny.names
+                self.fit("intermediate_size", int(width.shape[-1]),
+                         [t.get("intermediate", "intermediate_size"), f"4 * {t['hidden']}", "ffn_hidden_size", "n_inner"],
+                         c.path)
             v["mlp_neurons"] = Value(f"{dname}.input", view=view, sure="sure: the last projection's input")
             neurons = hidden_in(down)
             if act_ref is not None and neurons is not None:
@@ -663,9 +740,11 @@ class Matcher:
             host.identities.append(ident("sum(expert_outputs, 2) == routed_output", 1e-6, "held on the tiny model"))
         v["routed_output"] = Value("experts.output", view=view, sure="sure: the experts' output")
         out = tensor_of(c.output)
-        top_k = self.params.get("num_experts_per_tok")
-        for key, attr in (("num_experts", "num_experts" if "num_experts" in self.params else None),
-                          ("top_k", "num_experts_per_tok" if top_k else None),
+        top_k = self.params.get("num_experts_per_tok") or self.params.get("moe_topk")
+        n_attr = next((k for k in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+                       if k in self.params), None)
+        k_attr = next((k for k in ("num_experts_per_tok", "moe_topk", "top_k") if k in self.params), None)
+        for key, attr in (("num_experts", n_attr), ("top_k", k_attr),
                           ("norm_topk_prob", "norm_topk_prob" if hasattr(self.config, "norm_topk_prob") else None),
                           ("moe_intermediate_size", "moe_intermediate_size" if "moe_intermediate_size" in self.params else None)):
             if attr:
@@ -675,10 +754,14 @@ class Matcher:
         if shared is not None:
             sname = self.name_in(bpath, self.child(shared.path, bpath), "shared_experts", hpath)
             sh = p.host(f"{hpath}.{sname}", shared.cls, "the shared expert, a dense MLP")
-            if "shared_expert_intermediate_size" in self.params:
-                sh.dims["intermediate_size"] = "shared_expert_intermediate_size"
-                p.config["shared_expert_intermediate_size"] = "shared_expert_intermediate_size"
             self.dense(shared, f"{hpath}.{sname}", flat=flat, host=sh)
+            width = self.neurons_width(shared)
+            size = self.size_expr(width, ("shared_expert_intermediate_size", "shared_intermediate_size"))
+            if size is not None and width != self.params.get(self.tiny.names.get("intermediate", "")):
+                sh.dims["intermediate_size"] = "shared_expert_intermediate_size"
+                p.config["shared_expert_intermediate_size"] = size
+            elif size is None:
+                p.todos.append(f"{shared.path}: its MLP is {width} wide and no config entry gives that width")
             so = tensor_of(shared.output)
             gate = next((k for k in kids if isinstance(self.modules[k.path], torch.nn.Linear)
                          and tensor_of(k.output) is not None and tensor_of(k.output).shape[-1] == 1), None)  # type: ignore[union-attr]

@@ -27,10 +27,14 @@ FIXED: dict[str, Any] = {
     # linear attention / state-space mixers
     "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
     "state_size": 8, "ssm_state_size": 8, "mamba_d_state": 8, "mamba_n_heads": 4, "mamba_d_head": 8,
-    "time_step_rank": 4, "kv_lora_rank": 8, "q_lora_rank": 16, "qk_rope_head_dim": 4, "qk_nope_head_dim": 4,
+    "time_step_rank": 4, "kv_lora_rank": 8, "q_lora_rank": 16, "qk_rope_head_dim": 4, "qk_nope_head_dim": 8,
     "v_head_dim": 8, "n_group": 1, "topk_group": 1,
-    "sliding_window": 16, "attention_chunk_size": 16,
+    "sliding_window": 16, "attention_chunk_size": 16, "rotary_dim": 4,
 }
+# a mixture's dense blocks: the tiny config makes every block a mixture (one MLP class per host path)
+ALL_SPARSE: dict[str, Any] = {"first_k_dense_replace": 0, "num_dense_layers": 0, "first_dense_layers": 0,
+                              "moe_layer_start_index": 0, "n_dense_layers": 0, "decoder_sparse_step": 1,
+                              "moe_layer_freq": 1, "moe_every_n_layers": 1, "mlp_only_layers": []}
 DROPOUTS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout",
             "hidden_dropout_prob", "attention_probs_dropout_prob")
 
@@ -103,6 +107,7 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
             raise DraftError(f"transformers exports no {cls}")
     defaults = type(base)().to_dict() if path is not None else base.to_dict()
     fixed: dict[str, Any] = {}
+    tiny_notes: list[str] = []
     if path is not None:  # keep the checkpoint's own choices (activation, norm eps, flags) beside the sizes
         sizes = set(FIXED) | set(LAYERS + HEADS + KV_HEADS + HIDDEN + INTERMEDIATE) | {"head_dim", "layer_types"}
         for k, v in base.to_diff_dict().items():
@@ -113,10 +118,19 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
         cur = getattr(base, name, None)
         if isinstance(cur, int) and not isinstance(cur, bool):
             fixed[name] = value
+    if "num_experts_per_tok" in base.to_dict() and base.num_experts_per_tok is None and any(
+            isinstance(getattr(base, n, None), int) for n in ("num_experts", "n_routed_experts", "num_local_experts")):
+        fixed["num_experts_per_tok"] = FIXED["num_experts_per_tok"]
+    for name, value in ALL_SPARSE.items():
+        cur = getattr(base, name, None)
+        if cur is not None and cur != value and isinstance(cur, (int, list)) and not isinstance(cur, bool):
+            fixed[name] = value
+            tiny_notes.append(f"{name}: {value} makes every tiny block a mixture; the checkpoints' config says {cur!r}: "
+                              "their dense blocks are not mapped by this draft (one MLP class per host path)")
     for name in DROPOUTS:
         if isinstance(getattr(base, name, None), float):
             fixed[name] = 0.0
-    tiny = Tiny(model_type, model_class, config_class, fixed, {})
+    tiny = Tiny(model_type, model_class, config_class, fixed, {}, tiny_notes)
     layers, heads, kv, hidden = _first(base, LAYERS), _first(base, HEADS), _first(base, KV_HEADS), _first(base, HIDDEN)
     inter = _first(base, INTERMEDIATE) or next((n for n in INTERMEDIATE if n in base.to_dict()), None)
     if layers is None or heads is None or hidden is None:
@@ -125,12 +139,21 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     tiny.names = {"layers": layers, "heads": heads, "hidden": hidden}
     draw = tiny.draw
     draw[layers] = _layer_options(type(base), layers, fixed)
+    kinds = getattr(base, "mlp_layer_types", None)
+    if isinstance(kinds, list) and len(set(kinds)) > 1:  # per-block MLP kinds: every tiny block the commonest
+        common = max(set(kinds), key=kinds.count)
+        options = draw[layers]
+        draw["mlp_layer_types"] = f"{[[common] * n for n in options]!r}[{layers} - {options[0]}]"
+        tiny.notes.append(f"mlp_layer_types: every tiny block {common!r}; the checkpoints' first blocks are "
+                          f"{kinds[0]!r}, which this draft does not map (one MLP class per host path)")
     draw[heads] = [2, 4]
     if kv is not None:
         tiny.names["kv_heads"] = kv
         draw["_groups"] = [1, 2]
         draw[kv] = f"{heads} // _groups"
-    has_head_dim = isinstance(getattr(base, "head_dim", None), int)
+    # a latent-attention config (MLA) derives its head widths from the qk_*/v_* sizes: leave head_dim to it
+    has_head_dim = isinstance(getattr(base, "head_dim", None), int) and getattr(base, "qk_rope_head_dim", None) is None \
+        and not isinstance(getattr(type(base), "head_dim", None), property)
     draw["_head_dim"] = [8, 16]
     if has_head_dim:
         draw["head_dim"] = "_head_dim"
@@ -140,7 +163,7 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
         tiny.names["intermediate"] = inter
         if getattr(base, inter, None) is None:  # None by default: the model picks a multiple of the width
             tiny.names["intermediate_default"] = "none"
-        draw[inter] = [16, 40]
+        draw[inter] = [24, 40]
     if getattr(base, "layer_types", None) is not None and len(set(base.layer_types)) > 1:
         tiny.notes.append(f"{layers}: enough blocks that the default layer_types has every kind of block")
     return tiny
