@@ -634,8 +634,8 @@ class Matcher:
         else:
             op = next((o for o in rec.ops_in(c.path) if o.name in ACT_OPS), None)
             if op is not None:
-                k = [o for o in rec.ops_in(c.path) if o.name == op.name].index(op)
-                act_ref = f"op:{op.name}{f'#{k}' if k else ''}.output"
+                occ = [o for o in rec.ops_in(c.path) if o.name == op.name].index(op)
+                act_ref = f"op:{op.name}{f'#{occ}' if occ else ''}.output"
                 act_t = tensor_of(op.output)
         if act_ref is not None:
             v["mlp_activation"] = Value(act_ref, view=view, sure="likely: the activation's output")
@@ -729,13 +729,13 @@ class Matcher:
         v["expert_indices"] = Value("experts.input.top_k_index", view=view, sure="sure: the experts' argument")
         routed = tensor_of(ex.output)
         slots = None
-        for k, o in enumerate(x for x in rec.ops_in(ex.path) if x.name == "view"):
+        for occ, o in enumerate(x for x in rec.ops_in(ex.path) if x.name == "view"):
             t = tensor_of(o.output)
             if t is not None and t.dim() == 3 and routed is not None and holds(t.sum(1), routed, 1e-5) is not None:
-                slots = (k, t)
+                slots = (occ, t)
         if slots is not None:
-            k, _ = slots
-            v["expert_outputs"] = Value(f"experts > call:experts > op:view{f'#{k}' if k else ''}.output", view=view,
+            occ = slots[0]
+            v["expert_outputs"] = Value(f"experts > call:experts > op:view{f'#{occ}' if occ else ''}.output", view=view,
                                         needs="experts_mm", sure="likely: the per-slot view the experts sum")
             host.identities.append(ident("sum(expert_outputs, 2) == routed_output", 1e-6, "held on the tiny model"))
         v["routed_output"] = Value("experts.output", view=view, sure="sure: the experts' output")
@@ -766,10 +766,10 @@ class Matcher:
             gate = next((k for k in kids if isinstance(self.modules[k.path], torch.nn.Linear)
                          and tensor_of(k.output) is not None and tensor_of(k.output).shape[-1] == 1), None)  # type: ignore[union-attr]
             muls = [o for o in rec.ops_in(bpath) if o.name == "mul"]
-            for k, o in enumerate(muls):
+            for occ, o in enumerate(muls):
                 t = tensor_of(o.output)
                 if gate is not None and so is not None and holds(torch.sigmoid(tensor_of(gate.output)) * so, t) == 0.0:  # type: ignore[arg-type]
-                    v["shared_expert_output"] = Value(f"op:mul{f'#{k}' if k else ''}.output", view=view,
+                    v["shared_expert_output"] = Value(f"op:mul{f'#{occ}' if occ else ''}.output", view=view,
                                                       sure="likely: the shared expert times its sigmoid gate")
                     gname = self.child(gate.path, bpath)
                     self.seen.add(gate.path)

@@ -94,7 +94,7 @@ def table(rows: list[dict[str, Any]], total: int, started: str) -> str:
     lines = [
         "# The drafter on every decoder-only causal-LM model type",
         "",
-        f"Written by `make draft-sweep` (`python -m nnatlas.compiler.draft.sweep`), not by `nnatlas generate`;",
+        "Written by `make draft-sweep` (`python -m nnatlas.compiler.draft.sweep`), not by `nnatlas generate`;",
         f"started {started}. Each type's draft is used unedited: built (the tiny model builds on CPU and runs",
         "a forward), drafted (a spec was written), generate (it compiles), tests (its generated tests pass),",
         "values (standard values proposed), TODO (modules it could not map), hand (the share of a",
