@@ -700,8 +700,12 @@ class Matcher:
         sig = list(inspect.signature(self.modules[ex.path].forward).parameters)
         args = {**{n: a for n, a in zip(sig, ex.args)}, **ex_in}
         idx, w = args.get("top_k_index"), args.get("top_k_weights")
-        flat = isinstance(idx, torch.Tensor) and idx.dim() == 2
-        view = "unflatten(0, [batch, seq])" if flat else None
+
+        def view_of(t: Any, dims: int = 2) -> str | None:
+            """The view back to [batch, seq, ...] of a tensor over the flattened tokens."""
+            t = tensor_of(t)
+            flat_tokens = t is not None and t.dim() == dims and t.shape[0] == self.batch * self.seq
+            return "unflatten(0, [batch, seq])" if flat_tokens else None
         v["mlp_activation"] = Value(missing="no activation of one width per token: each token runs through top_k "
                                             "experts (and any shared expert has its own)", sure="sure")
         v["mlp_neurons"] = Value(missing="no down projection input of one width per token: each routed expert has "
@@ -715,18 +719,18 @@ class Matcher:
             rname = self.name_in(bpath, self.child(router.path, bpath), "router", hpath)
             self.seen.add(router.path)
             if isinstance(self.modules[router.path], torch.nn.Linear):
-                v["router_logits"] = Value(f"{rname}.output", view=view, sure="sure: the router's linear")
                 logits = tensor_of(router.output)
+                v["router_logits"] = Value(f"{rname}.output", view=view_of(logits), sure="sure: the router's linear")
             else:
                 lin = next((o for o in rec.ops_in(router.path) if o.name == "linear"), None)
                 if lin is not None:
-                    v["router_logits"] = Value(f"{rname} > op:linear.output", view=view,
-                                               sure="likely: the linear inside the router's forward")
                     logits = tensor_of(lin.output)
+                    v["router_logits"] = Value(f"{rname} > op:linear.output", view=view_of(logits),
+                                               sure="likely: the linear inside the router's forward")
         else:
             p.todos.append(f"{bpath}: no child gives one logit per expert before the experts run: router_logits")
-        v["expert_weights"] = Value("experts.input.top_k_weights", view=view, sure="sure: the experts' argument")
-        v["expert_indices"] = Value("experts.input.top_k_index", view=view, sure="sure: the experts' argument")
+        v["expert_weights"] = Value("experts.input.top_k_weights", view=view_of(w), sure="sure: the experts' argument")
+        v["expert_indices"] = Value("experts.input.top_k_index", view=view_of(idx), sure="sure: the experts' argument")
         routed = tensor_of(ex.output)
         slots = None
         for occ, o in enumerate(x for x in rec.ops_in(ex.path) if x.name == "view"):
@@ -735,10 +739,11 @@ class Matcher:
                 slots = (occ, t)
         if slots is not None:
             occ = slots[0]
-            v["expert_outputs"] = Value(f"experts > call:experts > op:view{f'#{occ}' if occ else ''}.output", view=view,
+            v["expert_outputs"] = Value(f"experts > call:experts > op:view{f'#{occ}' if occ else ''}.output",
+                                        view=view_of(slots[1], 3),
                                         needs="experts_mm", sure="likely: the per-slot view the experts sum")
             host.identities.append(ident("sum(expert_outputs, 2) == routed_output", 1e-6, "held on the tiny model"))
-        v["routed_output"] = Value("experts.output", view=view, sure="sure: the experts' output")
+        v["routed_output"] = Value("experts.output", view=view_of(routed), sure="sure: the experts' output")
         out = tensor_of(c.output)
         top_k = self.params.get("num_experts_per_tok") or self.params.get("moe_topk")
         n_attr = next((k for k in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
@@ -754,7 +759,7 @@ class Matcher:
         if shared is not None:
             sname = self.name_in(bpath, self.child(shared.path, bpath), "shared_experts", hpath)
             sh = p.host(f"{hpath}.{sname}", shared.cls, "the shared expert, a dense MLP")
-            self.dense(shared, f"{hpath}.{sname}", flat=flat, host=sh)
+            self.dense(shared, f"{hpath}.{sname}", flat=view_of(hidden_in(shared)) is not None, host=sh)
             width = self.neurons_width(shared)
             size = self.size_expr(width, ("shared_expert_intermediate_size", "shared_intermediate_size"))
             if size is not None and width != self.params.get(self.tiny.names.get("intermediate", "")):
@@ -769,7 +774,7 @@ class Matcher:
             for occ, o in enumerate(muls):
                 t = tensor_of(o.output)
                 if gate is not None and so is not None and holds(torch.sigmoid(tensor_of(gate.output)) * so, t) == 0.0:  # type: ignore[arg-type]
-                    v["shared_expert_output"] = Value(f"op:mul{f'#{occ}' if occ else ''}.output", view=view,
+                    v["shared_expert_output"] = Value(f"op:mul{f'#{occ}' if occ else ''}.output", view=view_of(t),
                                                       sure="likely: the shared expert times its sigmoid gate")
                     gname = self.child(gate.path, bpath)
                     self.seen.add(gate.path)
@@ -780,8 +785,16 @@ class Matcher:
                                                         "held on the tiny model"))
                     break
             else:
-                p.todos.append(f"{bpath}: the shared expert {sname} ({shared.cls}) is added without a gate the drafter "
-                               "knows: shared_expert_output is not mapped")
+                if so is not None and routed is not None and out is not None and \
+                        holds(routed.reshape(out.shape) + so.reshape(out.shape), out) is not None:
+                    v["shared_expert_output"] = Value(f"{sname}.output", view=view_of(so),
+                                                      sure="likely: the shared expert's output, added ungated")
+                    e = holds(routed.reshape(out.shape) + so.reshape(out.shape), out)
+                    host.identities.insert(0, ident("routed_output + shared_expert_output == mlp_output", e,
+                                                    "held on the tiny model"))
+                else:
+                    p.todos.append(f"{bpath}: the shared expert {sname} ({shared.cls}) reaches the output by a way the "
+                                   "drafter does not know (a gate, a scale): shared_expert_output is not mapped")
         elif routed is not None and out is not None and holds(routed.reshape(out.shape), out) == 0.0:
             pass
         v["mlp_output"] = Value("output" if isinstance(c.output, torch.Tensor) else "output[0]", sure="sure")
