@@ -269,10 +269,13 @@ class Matcher:
             kname = "attention" if kind == "full_attention" else re.sub(r"[^a-z0-9_]", "_", kind.lower())
             kk = host.kinds.setdefault(kname, Kind(kname, f"layer_types[i] == {kind!r}"))
             kk.identities.extend(identities)
+            kk.values.update(values)
             common = dict(values) if common is None else {k: x for k, x in common.items()
                                                           if k in values and values[k].read == x.read}
         if kinds and kinds[0][0] is not None and common is not None:
             host.values.update(common)
+            for k in host.kinds.values():  # a value every kind reads alike moves to the host
+                k.values = {n: x for n, x in k.values.items() if n not in common}
             # an identity every kind has moves to the host
             shared = [x for x in next(iter(host.kinds.values())).identities
                       if all(any(y.check == x.check for y in k.identities) for k in host.kinds.values())]

@@ -33,6 +33,7 @@ class Identity:
 class Kind:
     name: str
     when: str
+    values: dict[str, Value] = field(default_factory=dict)  # what only this kind's blocks have
     identities: list[Identity] = field(default_factory=list)
 
 

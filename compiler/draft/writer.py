@@ -95,6 +95,10 @@ def host_lines(h: Host) -> list[str]:
         for k in h.kinds.values():
             out.append(f"      {k.name}:")
             out.append(f"        when: {scalar(k.when)}")
+            if k.values:
+                out.append("        values:")
+                for name, v in k.values.items():
+                    out.append(f"          {name}: {value_text(v)}{comment(v.sure)}")
             if k.identities:
                 out.append("        identities:")
                 for x in k.identities:
