@@ -21,8 +21,14 @@ CONFTEST = '''\
 import importlib.util
 import sys
 
+from hypothesis import Phase, settings
+
 import nnatlas.families as families
 from nnatlas import registry
+
+# a draft's tests say pass or fail: no shrinking of a failing example (it can take minutes)
+settings.register_profile("nnatlas-draft", phases=[Phase.explicit, Phase.reuse, Phase.generate])
+settings.load_profile("nnatlas-draft")
 
 spec = importlib.util.spec_from_file_location("nnatlas.families.{family}", r"{adapter}")
 module = importlib.util.module_from_spec(spec)
