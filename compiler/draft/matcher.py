@@ -419,6 +419,12 @@ class Matcher:
         ops = rec.ops_in(c.path, fi, own=False)
         soft = [o for o in ops if o.name == "softmax"]
         scores = probs = None
+        keys_len = k_.shape[-2] if isinstance(k_, torch.Tensor) and k_.dim() == 4 else None
+        if soft and keys_len is not None and tensor_of(soft[0].args) is not None and \
+                tensor_of(soft[0].args).shape[-1] != keys_len:  # type: ignore[union-attr]
+            p.todos.append(f"{c.path} ({c.cls}): the softmax runs over {tensor_of(soft[0].args).shape[-1]} columns "  # type: ignore[union-attr]
+                           f"for {keys_len} keys (attention sinks or another extra column): no pattern values")
+            soft = []
         if soft:
             s = soft[0]
             k = [o for o in ops if o.name == "softmax"].index(s)
@@ -435,7 +441,7 @@ class Matcher:
                 v["attention_probabilities"] = Value(f"call:attention > op:softmax{at}.output", needs="eager",
                                                      sure="likely: the softmax's output (no dropout follows it)")
                 probs = tensor_of(s.output)
-        else:
+        elif not any("softmax runs over" in t for t in p.todos):
             p.todos.append(f"{c.path} ({c.cls}): no softmax in its attention function: no pattern values")
         if out is not None and out.dim() == 4 and H is not None and out.shape[2] == H:
             v["attention_head_outputs"] = Value("call:attention.output[0]", sure="sure: the attention function's output")
@@ -611,7 +617,7 @@ class Matcher:
     # -- MLPs and mixtures
     def mlp(self, c: ModuleCall, hpath: str) -> None:
         mod = self.modules[c.path]
-        experts = next((n for n, m in mod.named_children() if "top_k_index" in inspect.signature(m.forward).parameters), None)
+        experts = next((n for n, m in mod.named_children() if _routing_params(m) is not None), None)
         if experts is not None:
             self.moe(c, hpath, experts)
         else:
@@ -702,7 +708,8 @@ class Matcher:
         ex_in = ex.kwargs if ex.kwargs else {}
         sig = list(inspect.signature(self.modules[ex.path].forward).parameters)
         args = {**{n: a for n, a in zip(sig, ex.args)}, **ex_in}
-        idx, w = args.get("top_k_index"), args.get("top_k_weights")
+        idx_name, w_name = _routing_params(self.modules[ex.path]) or ("top_k_index", "top_k_weights")
+        idx, w = args.get(idx_name), args.get(w_name)
 
         def view_of(t: Any, dims: int = 2) -> str | None:
             """The view back to [batch, seq, ...] of a tensor over the flattened tokens."""
@@ -732,8 +739,8 @@ class Matcher:
                                                sure="likely: the linear inside the router's forward")
         else:
             p.todos.append(f"{bpath}: no child gives one logit per expert before the experts run: router_logits")
-        v["expert_weights"] = Value("experts.input.top_k_weights", view=view_of(w), sure="sure: the experts' argument")
-        v["expert_indices"] = Value("experts.input.top_k_index", view=view_of(idx), sure="sure: the experts' argument")
+        v["expert_weights"] = Value(f"experts.input.{w_name}", view=view_of(w), sure="sure: the experts' argument")
+        v["expert_indices"] = Value(f"experts.input.{idx_name}", view=view_of(idx), sure="sure: the experts' argument")
         routed = tensor_of(ex.output)
         slots = None
         for occ, o in enumerate(x for x in rec.ops_in(ex.path) if x.name == "view"):
@@ -815,6 +822,17 @@ class Matcher:
                                                 "held on the tiny model"))
         for k in kids:
             self.seen.add(k.path)
+
+
+def _routing_params(m: torch.nn.Module) -> tuple[str, str] | None:
+    """(indices, weights): the parameters of an experts module's forward that take the routing."""
+    try:
+        params = list(inspect.signature(m.forward).parameters)
+    except (TypeError, ValueError):
+        return None
+    idx = next((p for p in params if re.search(r"ind(ex|ices)", p)), None)
+    w = next((p for p in params if "weight" in p), None)
+    return (idx, w) if idx and w else None
 
 
 def _title(model_class: str) -> str:
