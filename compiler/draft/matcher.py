@@ -57,6 +57,12 @@ def tolerance(e: float | None, scale: float = 1e-4) -> float | None:
 
 
 def holds(a: Any, b: Any, scale: float = 1e-4) -> float | None:
+    """``a`` (or what the callable ``a`` computes) equals ``b`` within ``scale``: the atol to write."""
+    if callable(a):
+        try:
+            a = a()
+        except (RuntimeError, TypeError, ValueError):  # shapes that do not combine: it did not hold
+            return None
     return tolerance(err(a, b), scale)
 
 
@@ -159,7 +165,7 @@ class Matcher:
                 self.seen.add(pos.path)
                 v["position_embeddings"] = Value("embed_positions.output", sure="likely")
                 p.traits.append("Learned positions")
-                e = holds(tensor_of(embed.output) + tensor_of(pos.output), first_in)  # type: ignore[operator]
+                e = holds(lambda: tensor_of(embed.output) + tensor_of(pos.output), first_in)  # type: ignore[operator]
                 if e is not None:
                     host.identities.append(ident("token_embeddings + position_embeddings == layers[0].layer_input", e,
                                                  "held on the tiny model"))
@@ -224,7 +230,7 @@ class Matcher:
             tok = tensor_of(embed.output)
             if out is None or tok is None or first_in is None or out.shape[-1] != tok.shape[-1]:
                 continue
-            if out.shape[-2] == self.seq and holds(tok + out, first_in) is not None:
+            if out.shape[-2] == self.seq and holds(lambda tok=tok, out=out: tok + out, first_in) is not None:
                 return c
         return None
 
@@ -350,7 +356,7 @@ class Matcher:
                 mid = hidden_in(pre)
                 if mid is not None and x is not None and mixer_out is not None and holds(mid, x) is None:
                     values["layer_mid"] = Value(f"{nname}.input", sure="likely: what the MLP's norm reads, after the mixer's add")
-                    e = holds(x + mixer_out, mid, 1e-5)
+                    e = holds(lambda: x + mixer_out, mid, 1e-5)
                     if e is not None:
                         identities.append(ident(f"layer_input + {mixer_ref} == layer_mid", e, "held on the tiny model"))
             for extra in mlps[1:]:
@@ -359,7 +365,7 @@ class Matcher:
             p.todos.append(f"no MLP found in {bpath} ({call.cls})")
         if mixers and mlps and x is not None and out is not None and mixer_out is not None and mlp_out is not None:
             mlp_name = values["mlp_input"].read.split(".")[0]  # type: ignore[union-attr]
-            e = holds(x + mixer_out + mlp_out, out, 1e-5)
+            e = holds(lambda: x + mixer_out + mlp_out, out, 1e-5)
             if e is not None:
                 identities.insert(0, ident(f"layer_input + {mixer_ref} + {mlp_name}.mlp_output == layer_output", e,
                                            "held on the tiny model"))
@@ -368,7 +374,7 @@ class Matcher:
                 a = next((nm for nm in post if holds(hidden_in(nm), mixer_out) == 0.0), None)
                 b = next((nm for nm in post if holds(hidden_in(nm), mlp_out) == 0.0), None)
                 if a is not None and b is not None:
-                    e = holds(x + tensor_of(a.output) + tensor_of(b.output), out, 1e-5)  # type: ignore[operator]
+                    e = holds(lambda: x + tensor_of(a.output) + tensor_of(b.output), out, 1e-5)  # type: ignore[operator]
                     if e is not None:
                         an, bn = self.child(a.path, bpath), self.child(b.path, bpath)
                         identities.insert(0, ident(f"layer_input + {an}.output + {bn}.output == layer_output", e,
@@ -453,7 +459,7 @@ class Matcher:
                                           sure="sure: the output projection's input, split per head")
             pin = hidden_in(oproj)
             if out is not None and pin is not None and out.dim() == 4 and pin.shape[-1] == out.shape[2] * out.shape[3] \
-                    and holds(pin.unflatten(-1, out.shape[2:]), out) == 0.0:
+                    and holds(lambda: pin.unflatten(-1, out.shape[2:]), out) == 0.0:
                 host.identities.append(ident("attention_premix == attention_head_outputs", 0.0, "held on the tiny model"))
             elif pin is not None and out is not None:
                 p.todos.append(f"{c.path}: the output projection's input is not the heads' output side by side "
@@ -675,7 +681,7 @@ class Matcher:
                         if k.path == down.path or (act is not None and k.path == act.path):
                             continue
                         ko = tensor_of(k.output)
-                        if holds(act_t * ko if ko is not None and act_t is not None and ko.shape == act_t.shape else None,
+                        if holds(lambda ko=ko: act_t * ko if ko is not None and act_t is not None and ko.shape == act_t.shape else None,
                                  neurons) == 0.0:
                             uname = self.name_in(c.path, self.child(k.path, c.path), "up_proj", hpath)
                             self.seen.add(k.path)
@@ -783,29 +789,29 @@ class Matcher:
             muls = [o for o in rec.ops_in(bpath) if o.name == "mul"]
             for occ, o in enumerate(muls):
                 t = tensor_of(o.output)
-                if gate is not None and so is not None and holds(torch.sigmoid(tensor_of(gate.output)) * so, t) == 0.0:  # type: ignore[arg-type]
+                if gate is not None and so is not None and holds(lambda: torch.sigmoid(tensor_of(gate.output)) * so, t) == 0.0:  # type: ignore[arg-type]
                     v["shared_expert_output"] = Value(f"op:mul{f'#{occ}' if occ else ''}.output", view=view_of(t),
                                                       sure="likely: the shared expert times its sigmoid gate")
                     gname = self.child(gate.path, bpath)
                     self.seen.add(gate.path)
                     host.identities.append(ident(f"sigmoid({gname}.output) * {sname}.output == tokens(shared_expert_output)",
                                                  0.0, "held on the tiny model"))
-                    if routed is not None and out is not None and holds((routed + t).reshape(out.shape), out) == 0.0:  # type: ignore[operator]
+                    if routed is not None and out is not None and holds(lambda t=t: (routed + t).reshape(out.shape), out) == 0.0:  # type: ignore[operator]
                         host.identities.insert(0, ident("routed_output + shared_expert_output == mlp_output", 0.0,
                                                         "held on the tiny model"))
                     break
             else:
                 if so is not None and routed is not None and out is not None and \
-                        holds(routed.reshape(out.shape) + so.reshape(out.shape), out) is not None:
+                        holds(lambda: routed.reshape(out.shape) + so.reshape(out.shape), out) is not None:
                     v["shared_expert_output"] = Value(f"{sname}.output", view=view_of(so),
                                                       sure="likely: the shared expert's output, added ungated")
-                    e = holds(routed.reshape(out.shape) + so.reshape(out.shape), out)
+                    e = holds(lambda: routed.reshape(out.shape) + so.reshape(out.shape), out)
                     host.identities.insert(0, ident("routed_output + shared_expert_output == mlp_output", e,
                                                     "held on the tiny model"))
                 else:
                     p.todos.append(f"{bpath}: the shared expert {sname} ({shared.cls}) reaches the output by a way the "
                                    "drafter does not know (a gate, a scale): shared_expert_output is not mapped")
-        elif routed is not None and out is not None and holds(routed.reshape(out.shape), out) == 0.0:
+        elif routed is not None and out is not None and holds(lambda: routed.reshape(out.shape), out) == 0.0:
             pass
         v["mlp_output"] = Value("output" if isinstance(c.output, torch.Tensor) else "output[0]", sure="sure")
         if logits is not None and isinstance(w, torch.Tensor) and isinstance(idx, torch.Tensor) and top_k:
