@@ -131,7 +131,9 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
         if isinstance(getattr(base, name, None), float):
             fixed[name] = 0.0
     tiny = Tiny(model_type, model_class, config_class, fixed, {}, tiny_notes)
+    listed = base.to_dict()
     layers, heads, kv, hidden = _first(base, LAYERS), _first(base, HEADS), _first(base, KV_HEADS), _first(base, HIDDEN)
+    kv = kv or next((n for n in KV_HEADS if n in listed), None)  # None by default: as many as the heads
     inter = _first(base, INTERMEDIATE) or next((n for n in INTERMEDIATE if n in base.to_dict()), None)
     if layers is None or heads is None or hidden is None:
         raise DraftError(f"{config_class} has no layer, head or width size the drafter knows "
@@ -152,7 +154,8 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
         draw["_groups"] = [1, 2]
         draw[kv] = f"{heads} // _groups"
     # a latent-attention config (MLA) derives its head widths from the qk_*/v_* sizes: leave head_dim to it
-    has_head_dim = isinstance(getattr(base, "head_dim", None), int) and getattr(base, "qk_rope_head_dim", None) is None \
+    has_head_dim = (isinstance(getattr(base, "head_dim", None), int) or "head_dim" in listed) \
+        and getattr(base, "qk_rope_head_dim", None) is None \
         and not isinstance(getattr(type(base), "head_dim", None), property)
     draw["_head_dim"] = [8, 16]
     if has_head_dim:
