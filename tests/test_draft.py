@@ -146,3 +146,15 @@ def test_sweep_types() -> None:
     types = sweep.model_types()
     assert {"mistral", "llama", "gpt2", "qwen3_next"} <= set(types)
     assert not {"bert", "bert-generation", "whisper", "bart", "roberta"} & set(types)
+
+
+def test_draft_from_a_local_config(tmp_path: Path) -> None:
+    """--model PATH: the checkpoint's own choices (not its sizes) stay in the tiny config."""
+    from transformers import MistralConfig
+
+    MistralConfig(hidden_act="gelu", rms_norm_eps=1e-5, hidden_size=64, num_attention_heads=4).save_pretrained(tmp_path)
+    d = draft("mistral", model_path=str(tmp_path))
+    assert d.proposal.tiny.config["hidden_act"] == "gelu"
+    assert d.proposal.tiny.config["rms_norm_eps"] == 1e-5
+    assert "hidden_size" not in d.proposal.tiny.config  # drawn, not copied
+    assert compile_draft(d.text, "mistral").family is not None
