@@ -94,6 +94,7 @@ def add_draft_parser(sub: Any) -> None:
     d.add_argument("--extends", default=None, help="a family the draft extends (written as extends:)")
     d.add_argument("--model", default=None, help="a local checkpoint folder whose config to start from")
     d.add_argument("--no-test", action="store_true", help="write the draft only: no generate, no generated tests")
+    d.add_argument("--force", action="store_true", help="overwrite --out when it exists (a hand-written spec, say)")
     d.add_argument("--root", type=Path, default=None, help="the checkout whose specs/ the draft compiles with")
 
 
@@ -109,6 +110,9 @@ def run_draft(args: Any) -> int:
         print(f"nnatlas draft: {e}", file=sys.stderr)
         return 2
     out = args.out or root / "specs" / f"{d.proposal.family}.yaml"
+    if out.exists() and not args.force:
+        print(f"nnatlas draft: {out} exists; give another --out, or --force to overwrite it", file=sys.stderr)
+        return 2
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(d.text, encoding="utf-8")
     n_values = sum(len(h.values) for h in d.proposal.hosts.values())

@@ -107,7 +107,10 @@ def test_cli_writes_the_draft(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert main(["draft", "llama", "--out", str(out), "--no-test"]) == 0
     assert yaml.safe_load(out.read_text())["loads"]["classes"] == ["LlamaForCausalLM"]
     assert "0 TODO" in capsys.readouterr().out
-    assert main(["draft", "nope", "--out", str(out), "--no-test"]) == 2
+    assert main(["draft", "llama", "--out", str(out), "--no-test"]) == 2  # never over a spec unasked
+    assert "exists; give another --out, or --force" in capsys.readouterr().err
+    assert main(["draft", "llama", "--out", str(out), "--no-test", "--force"]) == 0
+    assert main(["draft", "nope", "--out", str(tmp_path / "y.yaml"), "--no-test"]) == 2
     assert "no model type 'nope'" in capsys.readouterr().err
 
 
