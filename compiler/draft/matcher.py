@@ -88,7 +88,7 @@ class Matcher:
         self.modules = dict(rec.model.named_modules())
         self.input_ids = rec.inputs["input_ids"]
         self.batch, self.seq = self.input_ids.shape
-        self.p = Proposal(tiny.model_type, tiny.model_type, tiny.model_class, _title(tiny.model_class), tiny)
+        self.p = Proposal(re.sub(r"[^a-z0-9_]", "_", tiny.model_type.lower()), tiny.model_type, tiny.model_class, _title(tiny.model_class), tiny)
         self.seen: set[str] = set()  # module paths the proposal accounts for
 
     # -- helpers
