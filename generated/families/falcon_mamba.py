@@ -168,6 +168,7 @@ _L_SSMDecays = Layout('SSMDecays', ('ssm_channels', 'ssm_state_size'), 'float', 
 _L_SSMStateVectors = Layout('SSMStateVectors', ('batch', 'seq', 'ssm_state_size'), 'float', False)
 _L_SSMSkip = Layout('SSMSkip', ('ssm_channels',), 'float', False)
 _L_SSMState = Layout('SSMState', ('batch', 'ssm_channels', 'ssm_state_size'), 'float', False)
+_C_cached = Condition('cached', 'is computed only on a call that keeps a cache (the scan returns its final state only then)', 'trace without use_cache=False (the default keeps a cache)', kind='call')
 
 HOSTS: tuple[HostSpec, ...] = (
     HostSpec(
@@ -339,6 +340,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_SSMState,
                 "The recurrent state h leaving the mixer after the call's last token (served on a call that keeps a cache, the default)",
                 ReadPoint('fn', 'fn:selective_scan.output[1]', "inside the forward: the output of the selective scan over a prompt (transformers' torch path, token by token on CPU), element 1", side='fn_output', access=(1,), fn='selective_scan'),
+                reached=_C_cached,
                 edit='later',
                 at='specs/mamba.yaml:82:28',
             ),
