@@ -24,6 +24,7 @@ WRITABLE = (('model', 'token_embeddings'), ('model', 'final_norm_output'), ('mod
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'))
 EXAMPLES = (('The block, in order', 0, 'ssm, attn = model.ssm_layers, model.attention_layers\nassert sorted(ssm + attn) == list(range(model.num_layers))\ni, j = ssm[0], attn[0]\nwith model.trace(prompt):\n    x = model.layers[i].input.save()\n    mix = model.layers[i].mamba.mixer_output.save()\n    mlp = model.layers[i].mlp.mlp_output.save()\n    out = model.layers[i].layer_output.save()\n    y = model.layers[j].input.save()\n    att = model.layers[j].self_attn.attention_output.save()\n    mlp2 = model.layers[j].mlp.mlp_output.save()\n    out2 = model.layers[j].layer_output.save()\ntorch.testing.assert_close(x + mix + mlp, out)\ntorch.testing.assert_close(y + att + mlp2, out2)\n', None), ('The Mamba-2 mixer', 0, 'i = model.ssm_layers[0]\nwith model.trace(prompt):\n    dt = model.layers[i].mamba.time_steps.save()\n    final = model.layers[i].mamba.state_output.save()\nassert final.shape[1:] == (model.ssm_heads, model.ssm_head_dim, model.ssm_state_size)\nassert (dt > 0).all()\n', None), ('Attention with half of each head rotated', 0, 'j, r = model.attention_layers[0], model.rotary_dim\nattn = model.layers[j].self_attn\nwith model.trace(prompt):\n    raw = attn.q_proj.output.save()\n    q = attn.attention_queries.save()\nraw = raw.unflatten(-1, (model.num_heads, model.head_dim)).transpose(1, 2)\nassert torch.equal(q[..., r:], raw[..., r:])\n', None))
 ATTENTION = T.attention_loads(FAMILY)  # the attention implementations the class accepts (read from it), on CPU
+ORACLE = T.oracle_checks(FAMILY)  # (check, load): transformers' own outputs the values are compared with
 
 
 @st.composite
@@ -66,6 +67,11 @@ def test_readonly(path: str, name: str) -> None:
 @pytest.mark.parametrize("attn", ATTENTION)
 def test_support_agrees_with_trace(attn: str) -> None:
     T.check_support(FAMILY, attn)
+
+
+@pytest.mark.parametrize("check,attn", ORACLE)
+def test_oracle(check: str, attn: str) -> None:
+    T.check_oracle(FAMILY, check, attn)
 
 
 

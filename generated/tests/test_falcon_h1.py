@@ -24,6 +24,7 @@ WRITABLE = (('model', 'token_embeddings'), ('model', 'final_norm_output'), ('mod
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'))
 EXAMPLES = (('The block, in order', 0, 'with model.trace(prompt):\n    x = model.layers[1].input.save()\n    raw = model.layers[1].mamba.output.save()\n    ssm = model.layers[1].mixer_output.save()\n    att = model.layers[1].attention_output.save()\n    mid = model.layers[1].layer_mid.save()\ntorch.testing.assert_close(x + (ssm + att), mid)\ntorch.testing.assert_close(ssm, raw * model.ssm_out_multiplier)\n', None), ('muP multipliers everywhere', 0, 'with model.trace(prompt):\n    emb = model.token_embeddings.save()\n    first = model.layers[0].input.save()\n    head = model.lm_head_output.save()\n    logits = model.logits.save()\ntorch.testing.assert_close(first, emb * model.embedding_multiplier)\ntorch.testing.assert_close(logits, head * model.lm_head_multiplier)\n', None), ('The Mamba-2 mixer, without its norm', 0, 'mamba = model.layers[0].mamba\nwith model.trace(prompt):\n    y = mamba.ssm_outputs.save()          # [batch, seq, ssm_heads, ssm_head_dim]\n    z = mamba.ssm_gates.save()            # [batch, seq, ssm_channels]\n    fed = mamba.out_proj.input.save()\ntorch.testing.assert_close(fed, y.flatten(2) * torch.nn.functional.silu(z))\n', None))
 ATTENTION = T.attention_loads(FAMILY)  # the attention implementations the class accepts (read from it), on CPU
+ORACLE = T.oracle_checks(FAMILY)  # (check, load): transformers' own outputs the values are compared with
 
 
 @st.composite
@@ -71,6 +72,11 @@ def test_missing_says_why(path: str, name: str) -> None:
 @pytest.mark.parametrize("attn", ATTENTION)
 def test_support_agrees_with_trace(attn: str) -> None:
     T.check_support(FAMILY, attn)
+
+
+@pytest.mark.parametrize("check,attn", ORACLE)
+def test_oracle(check: str, attn: str) -> None:
+    T.check_oracle(FAMILY, check, attn)
 
 
 

@@ -24,6 +24,7 @@ WRITABLE = (('model', 'token_embeddings'), ('model', 'final_norm_output'), ('mod
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'))
 EXAMPLES = (("Mamba's block, with normed B, C and step", 0, 'mixer = model.layers[0].mixer\nwith model.trace(prompt):\n    raw = mixer.x_proj.output.save()           # [batch, seq, time_step_rank + 2 * state_size]\n    B = mixer.state_writes.save()\n    C = mixer.state_reads.save()\n    y = mixer.ssm_outputs.save()\n    mix = mixer.mixer_output.save()\nr, n = model.time_step_rank, model.ssm_state_size\nrms = lambda v: v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6)\ntorch.testing.assert_close(B, rms(raw[..., r:r + n]))\ntorch.testing.assert_close(C, rms(raw[..., r + n:]))\nassert torch.equal(model.native.backbone.layers[0].mixer.out_proj(y), mix)\n', None), ('output_hidden_states starts after the first block', 0, 'ids = model.tokenizer(prompt, return_tensors="pt").input_ids\nhs = model.native(ids, output_hidden_states=True).hidden_states\nwith model.trace(ids):\n    first = model.layers[0].layer_output.save()\n    normed = model.final_norm_output.save()\nassert len(hs) == model.num_layers + 1\nassert torch.equal(hs[0], first) and torch.equal(hs[-1], normed)\n', None), ('Untied readout', 0, 'with model.trace(prompt):\n    normed = model.final_norm_output.save()\n    logits = model.logits.save()\nassert torch.equal(model.native.lm_head(normed), logits)\nassert model.native.lm_head.weight is not model.native.backbone.embeddings.weight\n', None))
 ATTENTION = T.attention_loads(FAMILY)  # the attention implementations the class accepts (declared), on CPU
+ORACLE = T.oracle_checks(FAMILY)  # (check, load): transformers' own outputs the values are compared with
 
 
 @st.composite
@@ -66,6 +67,11 @@ def test_readonly(path: str, name: str) -> None:
 @pytest.mark.parametrize("attn", ATTENTION)
 def test_support_agrees_with_trace(attn: str) -> None:
     T.check_support(FAMILY, attn)
+
+
+@pytest.mark.parametrize("check,attn", ORACLE)
+def test_oracle(check: str, attn: str) -> None:
+    T.check_oracle(FAMILY, check, attn)
 
 
 

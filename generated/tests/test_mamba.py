@@ -24,6 +24,7 @@ WRITABLE = (('model', 'token_embeddings'), ('model', 'final_norm_output'), ('mod
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'))
 EXAMPLES = (('The block, in order', 0, 'with model.trace(prompt):\n    x = model.layers[1].input.save()\n    mix = model.layers[1].mixer.mixer_output.save()\n    out = model.layers[1].layer_output.save()\n\ntorch.testing.assert_close(x + mix, out)\n', None), ('The mixer and its selective scan', 0, "mixer = model.layers[0].mixer\nwith model.trace(prompt):\n    x = mixer.ssm_inputs.save()          # the call's arguments first,\n    z = mixer.ssm_gates.save()\n    A = mixer.state_decays.save()\n    B = mixer.state_writes.save()\n    C = mixer.state_reads.save()\n    D = mixer.skip_weights.save()\n    dt = mixer.time_steps.save()         # then the softplus inside it,\n    final = mixer.state_output.save()    # its output,\n    y = mixer.ssm_outputs.save()         # and out_proj's input: the forward's order\n\nh = torch.zeros(x.shape[0], x.shape[2], A.shape[1], dtype=torch.float64)\nys = []\nfor t in range(x.shape[1]):\n    h = torch.exp(dt[:, t, :, None] * A) * h + (dt[:, t] * x[:, t])[..., None] * B[:, t, None, :]\n    ys.append((h * C[:, t, None, :]).sum(-1) + D * x[:, t])\nys = torch.stack(ys, 1) * torch.nn.functional.silu(z)\ntorch.testing.assert_close(ys.float(), y, atol=1e-5, rtol=1e-4)\ntorch.testing.assert_close(h.float(), final, atol=1e-5, rtol=1e-4)\nassert (A < 0).all() and (dt > 0).all()\n", None), ('The mixer and its selective scan', 1, 'ids = model.tokenizer(prompt, return_tensors="pt").input_ids\ntry:\n    with model.trace({"input_ids": ids, "use_cache": False}):\n        model.layers[0].mixer.state_output.save()\nexcept nnatlas.NotReached as e:\n    print(e)    # layers[0].mixer.state_output is computed only on a call that keeps a cache ...\nelse:\n    raise AssertionError("served a state the call never computed")\n', None), ('Attention-free', 0, 'try:\n    model.num_heads\nexcept nnatlas.Unavailable as e:\n    print(e)\nwith model.trace(prompt):\n    state = model.layers[0].mixer.state_output.save()\nassert state.shape[1:] == (model.ssm_channels, model.ssm_state_size)\n', None), ('output_hidden_states starts after the first block', 0, 'ids = model.tokenizer(prompt, return_tensors="pt").input_ids\nhs = model.native(ids, output_hidden_states=True).hidden_states\nwith model.trace(ids):\n    outs = [model.layers[i].layer_output.save() for i in range(model.num_layers)]\n    normed = model.final_norm_output.save()\nassert len(hs) == model.num_layers + 1\nfor i in range(model.num_layers):\n    assert torch.equal(hs[i], outs[i])\nassert torch.equal(hs[-1], normed)\n', None), ('The readout', 0, 'with model.trace(prompt):\n    normed = model.final_norm_output.save()\n    logits = model.logits.save()\nassert torch.equal(model.native.lm_head(normed), logits)\nassert model.native.lm_head.weight is model.native.backbone.embeddings.weight\n', None))
 ATTENTION = T.attention_loads(FAMILY)  # the attention implementations the class accepts (declared), on CPU
+ORACLE = T.oracle_checks(FAMILY)  # (check, load): transformers' own outputs the values are compared with
 
 
 @st.composite
@@ -66,6 +67,11 @@ def test_readonly(path: str, name: str) -> None:
 @pytest.mark.parametrize("attn", ATTENTION)
 def test_support_agrees_with_trace(attn: str) -> None:
     T.check_support(FAMILY, attn)
+
+
+@pytest.mark.parametrize("check,attn", ORACLE)
+def test_oracle(check: str, attn: str) -> None:
+    T.check_oracle(FAMILY, check, attn)
 
 
 

@@ -24,6 +24,7 @@ WRITABLE = (('model', 'token_embeddings'), ('model', 'final_norm_output'), ('mod
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'))
 EXAMPLES = (('The block, in order', 0, 'with model.trace(prompt):\n    x = model.layers[1].input.save()\n    mix = model.layers[1].mixer.mixer_output.save()\n    out = model.layers[1].layer_output.save()\ntorch.testing.assert_close(x + mix, out)\n', None), ('One decay per head, computed in chunks', 0, 'mixer = model.layers[0].mixer\nwith model.trace(prompt):\n    x = mixer.ssm_inputs.save()           # [batch, seq, heads, head_dim]\n    A = mixer.state_decays.save()         # [heads]\n    B = mixer.state_writes.save()         # [batch, seq, groups, state]\n    C = mixer.state_reads.save()\n    D = mixer.skip_weights.save()\n    dt = mixer.time_steps.save()          # [batch, seq, heads]\n    final = mixer.state_output.save()     # [batch, heads, head_dim, state]\n    y = mixer.ssm_outputs.save()\n\nB, C = B[:, :, 0].double(), C[:, :, 0].double()     # one group\nh = torch.zeros(final.shape, dtype=torch.float64)\nys = []\nfor t in range(x.shape[1]):\n    decay = torch.exp(dt[:, t] * A)[..., None, None]                   # [batch, heads, 1, 1]\n    h = decay * h + (dt[:, t, :, None] * x[:, t])[..., None] * B[:, t, None, None, :]\n    ys.append((h * C[:, t, None, None, :]).sum(-1) + D[:, None] * x[:, t])\ntorch.testing.assert_close(torch.stack(ys, 1).float(), y, atol=1e-5, rtol=1e-4)\ntorch.testing.assert_close(h.float(), final, atol=1e-5, rtol=1e-4)\n', None), ('The gate goes through the norm', 0, 'mixer = model.layers[0].mixer\nwith model.trace(prompt):\n    z = mixer.ssm_gates.save()\n    y = mixer.ssm_outputs.save()\n    normed = mixer.out_proj.input.save()\nv = y.flatten(2) * torch.nn.functional.silu(z)\nw = model.native.backbone.layers[0].mixer.norm.weight\ntorch.testing.assert_close(normed, v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-5) * w)\n', None), ('Attention-free, and output_hidden_states after each block', 0, 'try:\n    model.num_heads\nexcept nnatlas.Unavailable as e:\n    print(e)\nids = model.tokenizer(prompt, return_tensors="pt").input_ids\nhs = model.native(ids, output_hidden_states=True).hidden_states\nwith model.trace(ids):\n    first = model.layers[0].layer_output.save()\n    normed = model.final_norm_output.save()\nassert len(hs) == model.num_layers + 1\nassert torch.equal(hs[0], first) and torch.equal(hs[-1], normed)\n', None))
 ATTENTION = T.attention_loads(FAMILY)  # the attention implementations the class accepts (declared), on CPU
+ORACLE = T.oracle_checks(FAMILY)  # (check, load): transformers' own outputs the values are compared with
 
 
 @st.composite
@@ -66,6 +67,11 @@ def test_readonly(path: str, name: str) -> None:
 @pytest.mark.parametrize("attn", ATTENTION)
 def test_support_agrees_with_trace(attn: str) -> None:
     T.check_support(FAMILY, attn)
+
+
+@pytest.mark.parametrize("check,attn", ORACLE)
+def test_oracle(check: str, attn: str) -> None:
+    T.check_oracle(FAMILY, check, attn)
 
 
 
