@@ -16,7 +16,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from . import markdown, names, site
+from . import markdown, names, site, status
 from .ir import Atlas, FamilyIR, ValueIR
 from .readpoint import ReadIR
 
@@ -377,8 +377,12 @@ def _index_data(atlas: Atlas) -> dict[str, Any]:
             "families_of": families_of, "search_index": entries, "traits": traits}
 
 
-def render_index(atlas: Atlas) -> str:
-    return env().get_template("index.html.j2").render(**_index_data(atlas))
+def render_index(atlas: Atlas, status_data: dict[str, Any] | None = None) -> str:
+    return env().get_template("index.html.j2").render(**_index_data(atlas), **status.page_rows(atlas, status_data))
+
+
+def render_status(atlas: Atlas, status_data: dict[str, Any] | None = None) -> str:
+    return env().get_template("status.html.j2").render(atlas=atlas, **status.page_rows(atlas, status_data))
 
 
 def render_llms(atlas: Atlas) -> str:

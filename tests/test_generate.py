@@ -42,7 +42,8 @@ def test_writes_only_what_changed(spec_root: Path) -> None:
     # the family's own files (their headers carry the spec's sha256) and the files made from every spec
     assert set(result.changed) == {"generated/families/gpt2.py", "generated/tests/test_gpt2.py", "generated/docs/gpt2.html",
                                    "generated/docs/gpt2.md", "generated/docs/printouts/gpt2.txt",
-                                   "generated/docs/index.html", "generated/docs/llms.txt", "generated/families/__init__.py"}
+                                   "generated/docs/index.html", "generated/docs/status.html", "generated/docs/llms.txt",
+                                   "generated/families/__init__.py"}
     for p, t in stamp.items():
         rel = p.relative_to(spec_root).as_posix()
         if rel not in result.changed:
