@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.nnatlas-installed
 
-.PHONY: all env generate check lint typecheck test docs bench draft-sweep clean
+.PHONY: all env generate check lint typecheck test docs bench status draft-sweep clean
 
 all: generate test
 
@@ -36,6 +36,12 @@ $(CHROMIUM):
 
 test: $(STAMP) $(CHROMIUM)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest
+
+# every family's generated tests under each transformers version of pyproject.toml's [tool.nnatlas]
+# status-transformers (one venv each under .venv-status/), folded into generated/docs/status.json (committed);
+# then generate renders status.html and the index's status row from it. CI runs the pinned version only (make test).
+status: $(STAMP)
+	$(BIN)/nnatlas status
 
 docs: $(STAMP)
 	$(BIN)/nnatlas docs --out site

@@ -1,5 +1,5 @@
 """``nnatlas generate [--check]`` and ``nnatlas docs [--out DIR] [--serve [--port N]]``, ``nnatlas new FAMILY --from
-BASE``; ``nnatlas cache`` is the runtime's (``nnatlas.cache_cli``), handed its arguments whole.
+BASE``, ``nnatlas status [--versions V,...]`` (make status); ``nnatlas cache`` is the runtime's (``nnatlas.cache_cli``), handed its arguments whole.
 
 Every subcommand runs through ``user_errors``: a mistake of the user's (a broken spec, a bad path
 or port, a folder that is not nnatlas's) is one line on stderr and exit status 2, never a
@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     docs.set_defaults(handler=lambda a: _docs(a.root, a.out, a.serve, a.port))
     _add_new(sub)
     add_draft_parser(sub)
+    _add_status(sub)
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse printed usage and the error (or --help): return, do not exit
@@ -74,6 +75,29 @@ def _new(family: str, base: str, out: Path | None, root: Path | None, force: boo
     print(f"nnatlas: wrote {path}; fill in its TODOs and summary, then `make generate` and `make test` "
           "(every key: docs/spec.md)")
     return 0
+
+
+def _add_status(sub: Any) -> None:
+    st = sub.add_parser("status", help="run every family's generated tests under each transformers version of "
+                        "pyproject.toml ([tool.nnatlas] status-transformers), write generated/docs/status.json, regenerate")
+    st.add_argument("--versions", default=None,
+                    help="comma-separated transformers versions instead of pyproject's list (the first is the pinned one)")
+    st.add_argument("--root", type=Path, default=None, help="the checkout (default: the one nnatlas is installed from)")
+    st.set_defaults(handler=lambda a: _status(a.root, a.versions))
+
+
+def _status(root: Path | None, chosen: str | None) -> int:
+    """``nnatlas status``: the runs (one venv per version under .venv-status/), status.json, then generate."""
+    from . import status
+
+    root = checkout(root)
+    result = status.run(root, [v.strip() for v in chosen.split(",") if v.strip()] if chosen else None)
+    for v in result["versions"]:
+        said = (f"{v['passed']} passed, {v['failed']} failed, {v['collection_errors']} files not collected"
+                if v["ran"] else f"did not run: {v['why']}")
+        print(f"nnatlas: transformers {v['transformers']}: {said}")
+    print(f"nnatlas: wrote {status.PATH}")
+    return _generate(root, False)
 
 
 def user_errors(run: Callable[[], int]) -> int:

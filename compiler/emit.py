@@ -16,7 +16,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from . import markdown, names, site
+from . import markdown, names, site, status
 from .ir import Atlas, FamilyIR, ValueIR
 from .readpoint import ReadIR
 
@@ -402,8 +402,14 @@ def _index_data(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> d
             "families_of": families_of, "search_index": entries, "traits": traits, "sizes": sizes}
 
 
-def render_index(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> str:
-    return env().get_template("index.html.j2").render(**_index_data(atlas, printout_texts))
+def render_index(atlas: Atlas, printout_texts: dict[str, str] | None = None,
+                 status_data: dict[str, Any] | None = None) -> str:
+    return env().get_template("index.html.j2").render(**_index_data(atlas, printout_texts),
+                                                      **status.page_rows(atlas, status_data))
+
+
+def render_status(atlas: Atlas, status_data: dict[str, Any] | None = None) -> str:
+    return env().get_template("status.html.j2").render(atlas=atlas, **status.page_rows(atlas, status_data))
 
 
 def render_llms(atlas: Atlas) -> str:
