@@ -220,7 +220,9 @@ def image_prompt_inputs(processor: Any, words: int, sizes: list[tuple[int, int]]
     """A processor's inputs for ``words`` words after one image placeholder per image."""
     gen = torch.Generator().manual_seed(seed)
     picks = torch.randint(0, len(WORDS), (max(words, 1),), generator=gen).tolist()
-    start, end = processor.vision_start_token, processor.vision_end_token
+    from .processing import vision_marks
+
+    start, end = vision_marks(processor)
     text = "".join(f"{start}{processor.image_token}{end}" for _ in sizes) + " " + " ".join(WORDS[i] for i in picks)
     out = processor(text=text, images=tiny_images(sizes, seed), return_tensors="pt")
     return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
