@@ -171,6 +171,8 @@ class ProcessorRaw(Strict):
     image_processor: StrictStr = Field(description="the image processor class (a Pil one: no torchvision)")
     image_processor_config: dict[StrictStr, Any] = Field(default={}, description="its keyword arguments")
     tokens: list[StrictStr] = Field(default=[], description="special tokens given the ids after [PAD] [UNK] [BOS] [EOS], in order")
+    config: dict[StrictStr, Any] = Field(default={}, description="keyword arguments of the processor class beside its image "
+                                                                  "processor and tokenizer (LlavaProcessor's patch_size ...)")
 
 
 class TinyLoadRaw(Strict):

@@ -112,13 +112,16 @@ def check_image_inputs(model: AtlasModel, inputs: Mapping[str, Any]) -> None:
     pixels = inputs.get("pixel_values")
     if pixels is None:
         return
-    grid = inputs.get("image_grid_thw")
-    if grid is None:
-        raise NnatlasError("pixel_values without image_grid_thw: pass the processor's image_grid_thw "
-                           "([t, h, w] per image, in patches)")
     import inspect
 
     params = inspect.signature(model._module.forward).parameters
+    grid = inputs.get("image_grid_thw")
+    if grid is None and "image_grid_thw" not in params:
+        _check_fixed_size_images(model, inputs, pixels)
+        return
+    if grid is None:
+        raise NnatlasError("pixel_values without image_grid_thw: pass the processor's image_grid_thw "
+                           "([t, h, w] per image, in patches)")
     if "mm_token_type_ids" in params and inputs.get("mm_token_type_ids") is None:
         raise NnatlasError("image inputs without mm_token_type_ids: the model needs them to place the images' "
                            "rotary positions (M-RoPE); pass the processor's mm_token_type_ids (1 at image tokens, "
@@ -141,3 +144,19 @@ def check_image_inputs(model: AtlasModel, inputs: Mapping[str, Any]) -> None:
     if hasattr(pixels, "shape") and pixels.shape[0] != patches:
         raise NnatlasError(f"pixel_values has {pixels.shape[0]} patches but image_grid_thw {grid_t.tolist()} "
                            f"makes {patches}")
+
+
+def _check_fixed_size_images(model: AtlasModel, inputs: Mapping[str, Any], pixels: Any) -> None:
+    """A fixed-size encoder's images (``pixel_values [images, channels, height, width]``): the prompt
+    holds the family's ``image_tokens_per_image`` image tokens per image."""
+    per_image = model.normalized_config.get("image_tokens_per_image")
+    token_id = getattr(model.config, "image_token_id", None)
+    ids = inputs.get("input_ids")
+    if not isinstance(per_image, int) or token_id is None or ids is None or not hasattr(pixels, "shape"):
+        return
+    want = int(pixels.shape[0]) * per_image
+    have = int((torch.as_tensor(ids) == token_id).sum())
+    if have != want:
+        raise NnatlasError(f"input_ids hold {have} image tokens (id {token_id}) but pixel_values holds "
+                           f"{int(pixels.shape[0])} images of {per_image} image tokens each ({want}): the prompt "
+                           "needs the processor's image tokens, one run per image")

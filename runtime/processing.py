@@ -80,7 +80,7 @@ def tiny_processor(spec: dict[str, Any], vocab_size: int) -> Any:
     ip_cls = _image_processor_class(spec["image_processor"])
     image_processor = ip_cls(**dict(spec["image_processor_config"]))
     cls = getattr(transformers, spec["class"])
-    return images_only(cls)(image_processor=image_processor, tokenizer=tok)
+    return images_only(cls)(image_processor=image_processor, tokenizer=tok, **dict(spec.get("config", {})))
 
 
 def _image_processor_class(name: str) -> type:

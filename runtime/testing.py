@@ -315,6 +315,10 @@ def dims_of(model: AtlasModel, inputs: Mapping[str, torch.Tensor]) -> dict[str, 
         patches = int(grid.prod(-1).sum())
         merge = int(dims.get("vision_spatial_merge_size", 1))
         dims.update(images=1, patches=patches, image_tokens=patches // (merge * merge))
+    elif inputs.get("pixel_values") is not None:  # a fixed-size encoder: one row per image
+        token_id = int(getattr(model.config, "image_token_id", -1))
+        image = torch.eq(torch.as_tensor(inputs["input_ids"]), token_id)
+        dims.update(tiles=int(inputs["pixel_values"].shape[0]), image_tokens=int(image.sum()))
     return dims
 
 
@@ -712,8 +716,8 @@ def check_text_prompt(family: str, variant: str | None = None) -> None:
 
 
 def check_image_input_errors(family: str, variant: str | None = None) -> None:
-    """Raw image tensors: a missing mm_token_type_ids or an image-token count that does not match
-    the grid is a clear error before the forward."""
+    """Raw image tensors: a missing mm_token_type_ids (where the model takes them) or an image-token
+    count that does not match the images is a clear error before the forward."""
     from .errors import NnatlasError
 
     model = build(family, variant=variant)
@@ -721,13 +725,17 @@ def check_image_input_errors(family: str, variant: str | None = None) -> None:
     calls = []
     handle = model.native.register_forward_pre_hook(lambda *a: calls.append(1))
     try:
-        bad = dict(inputs)
-        bad.pop("mm_token_type_ids")
         keep = torch.ones(inputs["input_ids"].shape[1], dtype=torch.bool)
-        keep[int((inputs["mm_token_type_ids"][0] == 1).nonzero()[0])] = False  # one image token fewer
-        fewer = {k: (v[:, keep] if k in ("input_ids", "attention_mask", "mm_token_type_ids") else v)
+        image = inputs["input_ids"][0] == model.config.image_token_id
+        keep[int(image.nonzero()[0])] = False  # one image token fewer
+        fewer = {k: (v[:, keep] if k in ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids") else v)
                  for k, v in inputs.items()}
-        for broken, words in ((bad, "mm_token_type_ids"), (fewer, "image tokens")):
+        cases: list[tuple[dict[str, torch.Tensor], str]] = [(fewer, "image tokens")]
+        if "mm_token_type_ids" in inputs:
+            bad = dict(inputs)
+            bad.pop("mm_token_type_ids")
+            cases.insert(0, (bad, "mm_token_type_ids"))
+        for broken, words in cases:
             try:
                 with model.trace(broken):
                     model.logits.save()
