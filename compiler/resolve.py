@@ -1167,4 +1167,6 @@ def _processor(p: Any) -> tuple[tuple[str, Any], ...]:
                                         ("tokens", tuple(p.tokens)))
     if p.config:
         out = (*out, ("config", dict(p.config)))
+    if p.token_names:
+        out = (*out, ("token_names", dict(p.token_names)))
     return out

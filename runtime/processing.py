@@ -76,7 +76,7 @@ def tiny_processor(spec: dict[str, Any], vocab_size: int) -> Any:
 
     from .testing import tiny_tokenizer
 
-    tok = tiny_tokenizer(vocab_size, extra_specials=tuple(spec["tokens"]))
+    tok = tiny_tokenizer(vocab_size, extra_specials=tuple(spec["tokens"]), names=dict(spec.get("token_names", {})))
     ip_cls = _image_processor_class(spec["image_processor"])
     image_processor = ip_cls(**dict(spec["image_processor_config"]))
     cls = getattr(transformers, spec["class"])

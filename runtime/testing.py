@@ -28,9 +28,10 @@ WORDS = ("the eiffel tower is in city of paris france a an and to on at with fro
          "eight nine ten red blue green big small old new first last next good bad hot cold up down").split()
 
 
-def tiny_tokenizer(vocab_size: int, extra_specials: tuple[str, ...] = ()) -> Any:
+def tiny_tokenizer(vocab_size: int, extra_specials: tuple[str, ...] = (), names: Mapping[str, str] | None = None) -> Any:
     """A word-level tokenizer over ``vocab_size`` ids (unknown words map to [UNK]), built in memory.
-    ``extra_specials`` (image tokens ...) take the ids after [PAD] [UNK] [BOS] [EOS], in order."""
+    ``extra_specials`` (image tokens ...) take the ids after [PAD] [UNK] [BOS] [EOS], in order;
+    ``names`` makes some of them tokenizer attributes (``boi_token`` and ``boi_token_id`` ...)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -41,8 +42,9 @@ def tiny_tokenizer(vocab_size: int, extra_specials: tuple[str, ...] = ()) -> Any
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     if extra_specials:
         tok.add_special_tokens(list(extra_specials))
+    named = {"extra_special_tokens": dict(names)} if names else {}
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", bos_token="[BOS]",
-                                   eos_token="[EOS]")
+                                   eos_token="[EOS]", **named)
     # a minimal chat template (the turns' text, then a generation prompt), so the notes' templated
     # examples run; it stands for a checkpoint's template, whose text the notes describe
     fast.chat_template = ("{% for m in messages %}{{ m['content'] }} {% endfor %}"
@@ -157,6 +159,10 @@ def build(family: str, params: Mapping[str, Any] | None = None, attn_implementat
             getattr(config, sub)._attn_implementation = attn_implementation
     torch.manual_seed(seed)
     hf = getattr(transformers, tiny["model_class"])(config).to(dtype).eval()
+    with torch.no_grad():  # a weight matrix the init leaves all zero (Gemma 3's mm_input_projection_weight,
+        for param in hf.parameters():  # which a checkpoint fills) is drawn, so every value reaches the logits
+            if param.dim() >= 2 and not param.any():
+                param.normal_(0.0, 0.02)
     if experts is not None:
         hf.set_experts_implementation(experts)
     vocab = int(getattr(config.get_text_config(), "vocab_size", 64))
