@@ -78,9 +78,15 @@ def starting_spec(family: str, base: FamilyIR) -> str:
         note = "" if found else f"  # TODO: {base.name}'s class; name {family}'s"
         return f"{indent}{_yaml_str(key)}: {{class: {name}}}{note}"
 
+    # hosts under a name a part renames come with that part, which is not inherited: include it
+    part_files = {file for file, _ in base.parts}
+    from_parts = {name for name, (file, _, _) in base.rename_at if file in part_files}
     hosts: dict[str, str] = {}
     for h in base.hosts:
-        hosts.setdefault(h.path, h.cls)
+        if re.split(r"[.\[]", h.path, maxsplit=1)[0] not in from_parts:
+            hosts.setdefault(h.path, h.cls)
+    includes = [f"#   include: [{{part: {Path(file).stem}, classes: {{...}}}}]  # as specs/{base.name}.yaml includes it"
+                for file, _ in base.parts]
     model_class, _ = swap(base.tiny.model_class)
     config_class, _ = swap(base.tiny.config_class)
     classes = [swap(c)[0] for c in base.classes]
@@ -110,6 +116,8 @@ def starting_spec(family: str, base: FamilyIR) -> str:
         "# and add identities the model must satisfy: the generated tests check them on tiny configs.",
         "hosts:",
         *(line(path, cls) for path, cls in hosts.items()),
+        *(["", f"# {base.name} includes parts (specs/parts/), which a family that extends it does not inherit:",
+            *includes] if includes else []),
         "",
         "# the tiny random models of the generated tests: the config entries and draws are inherited",
         "tiny:",

@@ -221,7 +221,7 @@ def _every_value(model: AtlasModel, blocks: list[int], inputs: Mapping[str, Any]
 def cache(model: AtlasModel, inputs: Any = None, values: Iterable[str] | None = None,
           layers: Iterable[int] | None = None, **kwargs: Any) -> Cache:
     """One traced forward of ``inputs``; the values ``values`` × ``layers`` name, by standard path.
-    Extra keyword arguments go to ``model.trace`` (``grad=True``, forward arguments)."""
+    Extra keyword arguments go to ``model.trace`` (forward arguments)."""
     tracer = model.trace(inputs, order="any", **kwargs)
     handles = select(model, values, layers, tracer.inputs)
     with tracer:

@@ -201,12 +201,18 @@ def run(args: argparse.Namespace, dist: Dist) -> int:
     dist.barrier()
     gathered = dist.gather((tokens, _peak_rss_mb()))
     ran, peak = sum(t for t, _ in gathered), max(p for _, p in gathered)
+    error = None
     if rank == 0:
         manifest = _manifest(settings, the_plan, dist.world, per_shard, shapes, args, handles)
         missing = [s["file"] for s in manifest["shards"] if not (args.out / s["file"]).is_file()]
         if missing:
-            raise CacheError(f"shards missing after every rank finished: {', '.join(missing[:4])}")
-        write_json(args.out / MANIFEST, manifest)
+            error = f"shards missing after every rank finished: {', '.join(missing[:4])}"
+        else:
+            write_json(args.out / MANIFEST, manifest)
+    # every rank waits for the manifest (a failure stops them all): ranks that left the group while
+    # another still wrote made gloo abort the early one at exit ("terminate called without an active exception")
+    dist.agree(error)
+    if rank == 0:
         took = time.perf_counter() - start
         print(f"nnatlas cache: {the_plan.tokens} tokens of {len(the_plan.docs)} documents -> {manifest['rows']} rows "
               f"x {len(handles)} values in {len(manifest['shards'])} shards ({args.out}); {ran} tokens in "

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import torch
 
 from .adapter import HostSpec, ReadPoint, ValueSpec
-from .errors import NnatlasError, Unavailable, UnknownName
+from .errors import InputError, NnatlasError, Unavailable, UnknownName
 from .trace import Box, Expr, Request, Target, Tracer
+from .validate import check_edit
 
 if TYPE_CHECKING:
     from .model import AtlasModel
@@ -429,14 +430,21 @@ class Value(_Lazy):
     def _assign(self, value: Any) -> None:
         self._writable()
         tracer = self._tracer()
+        value = check_edit(self, tracer, value)
         tracer.add(self.label, "replace", self._target(), _node(value))
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self._writable()
         tracer = self._tracer()
+        value = check_edit(self, tracer, value, key, setitem=True)
         tracer.add(self.label, "setitem", self._target(), (key, _node(value)))
 
     def __getitem__(self, key: Any) -> Value:
+        spec = self._spec
+        if spec is not None and spec.layout.dtype != "object" and any(
+                isinstance(k, str) for k in (key if isinstance(key, tuple) else (key,))):
+            raise InputError(f"{self.label}[{key!r}]: a tensor is indexed by integers, slices, tensors or ..., "
+                             f"not a string ({self.label} is {spec.layout.text})")
         return Value(self._host, self._name, self._spec, self._read, (*self._extra, key))
 
     def __getattr__(self, name: str) -> Any:

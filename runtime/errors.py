@@ -27,8 +27,12 @@ class NotReached(NnatlasError):
     """The forward finished without computing a value the trace asked for."""
 
 
+class InputError(NnatlasError, ValueError):
+    """An input or an edit that cannot be what the forward takes: says what was expected."""
+
+
 class UnknownName(NnatlasError, AttributeError):
     """A standard or native name that does not exist on this host; names the nearest ones."""
 
 
-__all__ = ["NnatlasError", "Unavailable", "OutOfOrderError", "NotReached", "UnknownName", "SpecError"]
+__all__ = ["InputError", "NnatlasError", "Unavailable", "OutOfOrderError", "NotReached", "UnknownName", "SpecError"]

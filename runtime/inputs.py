@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .errors import NnatlasError
+from .errors import InputError, NnatlasError
+from .validate import accepted_kwargs, check_ids, check_inputs
 
 if TYPE_CHECKING:
     from .model import AtlasModel
@@ -35,7 +36,8 @@ def _device(model: AtlasModel) -> torch.device:
 
 def prepare(model: AtlasModel, inputs: Any, extra: dict[str, Any]) -> dict[str, Any]:
     """A prompt, a list of prompts (left-padded), token ids (1-D or 2-D), or a dict of inputs;
-    ``images=[...]`` (PIL images) goes with a prompt through the model's processor."""
+    ``images=[...]`` (PIL images) goes with a prompt through the model's processor. Everything is
+    checked before the forward (``validate``): a bad input is an InputError saying what was expected."""
     images = None
     if extra:
         extra = dict(extra)
@@ -44,32 +46,45 @@ def prepare(model: AtlasModel, inputs: Any, extra: dict[str, Any]) -> dict[str, 
     if images is None and isinstance(inputs, dict):  # the common case first: a dict of tensors
         out = dict(inputs)
     elif images is not None:
-        out = dict(_with_images(model, inputs, images))
+        out = _accepted(model, _with_images(model, inputs, images))
     elif inputs is None:
         out = {}
     elif isinstance(inputs, str) or (isinstance(inputs, list | tuple) and inputs and all(isinstance(x, str) for x in inputs)):
-        out = dict(_tokenize(model, inputs))
+        texts = [inputs] if isinstance(inputs, str) else list(inputs)
+        if any(not t.strip() for t in texts):
+            raise InputError("the prompt is empty: expected some text (at least one token)")
+        out = _accepted(model, _tokenize(model, inputs))
     elif isinstance(inputs, torch.Tensor):
+        check_ids(inputs)
         ids = inputs if inputs.dim() == 2 else inputs.unsqueeze(0)
-        if ids.dtype not in (torch.long, torch.int32, torch.int64):
-            raise NnatlasError("token ids must be an integer tensor")
         out = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    elif isinstance(inputs, list | tuple) and inputs and all(isinstance(x, int) for x in inputs):
+    elif isinstance(inputs, list | tuple) and inputs and all(isinstance(x, int) and not isinstance(x, bool)
+                                                             for x in inputs):
         ids = torch.tensor([list(inputs)])
         out = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     elif isinstance(inputs, Mapping):
-        out = dict(inputs)
+        # a tokenizer's or processor's own output keeps only what the forward takes (a fast
+        # tokenizer adds token_type_ids that Llama's forward would ignore); a plain dict is checked
+        out = _accepted(model, inputs) if type(inputs).__name__ == "BatchEncoding" else dict(inputs)
+    elif isinstance(inputs, list | tuple) and not inputs:
+        raise InputError("an empty list: expected a prompt, a list of prompts, token ids or a dict of inputs")
     else:
-        raise NnatlasError(f"trace() takes a prompt, a list of prompts, token ids or a dict of inputs, not {type(inputs).__name__}")
+        raise InputError(f"trace() takes a prompt, a list of prompts, token ids or a dict of inputs, not "
+                         f"{type(inputs).__name__}")
     if extra:
         out.update(extra)
-    if "pixel_values" in out:
-        check_image_inputs(model, out)
+    check_inputs(model, out)
     device = _device(model)
     for k, v in out.items():
         if isinstance(v, torch.Tensor) and v.device != device:
             out[k] = v.to(device)
     return out
+
+
+def _accepted(model: AtlasModel, made: Mapping[str, Any]) -> dict[str, Any]:
+    """What a tokenizer or processor made, less the keys the model's forward does not take."""
+    accepted = accepted_kwargs(model._module)
+    return {k: v for k, v in made.items() if accepted is None or k in accepted}
 
 
 def _tokenize(model: AtlasModel, text: str | list[str] | tuple[str, ...]) -> Mapping[str, Any]:
@@ -98,6 +113,8 @@ def _with_images(model: AtlasModel, text: Any, images: Any) -> Mapping[str, Any]
         raise NnatlasError("this load has no processor for images: load with "
                            "nnatlas.load(path, task='image-text-to-text'), or wrap(model, processor=...)")
     images = list(images) if isinstance(images, list | tuple) else [images]
+    if not images:
+        raise InputError("images=[] holds no image: expected one or more PIL images (or leave images out)")
     if not isinstance(text, str):
         raise NnatlasError("images=[...] goes with one prompt (a string); pass pixel_values, image_grid_thw and "
                            "mm_token_type_ids in a dict for anything else")
@@ -105,58 +122,3 @@ def _with_images(model: AtlasModel, text: Any, images: Any) -> Mapping[str, Any]
 
     text = image_prompt(proc, text, len(images))
     return proc(text=text, images=images, return_tensors="pt")  # type: ignore[no-any-return]
-
-
-def check_image_inputs(model: AtlasModel, inputs: Mapping[str, Any]) -> None:
-    """Raw image tensors are checked before the forward: the grid, the token types, the token count."""
-    pixels = inputs.get("pixel_values")
-    if pixels is None:
-        return
-    import inspect
-
-    params = inspect.signature(model._module.forward).parameters
-    grid = inputs.get("image_grid_thw")
-    if grid is None and "image_grid_thw" not in params:
-        _check_fixed_size_images(model, inputs, pixels)
-        return
-    if grid is None:
-        raise NnatlasError("pixel_values without image_grid_thw: pass the processor's image_grid_thw "
-                           "([t, h, w] per image, in patches)")
-    if "mm_token_type_ids" in params and inputs.get("mm_token_type_ids") is None:
-        raise NnatlasError("image inputs without mm_token_type_ids: the model needs them to place the images' "
-                           "rotary positions (M-RoPE); pass the processor's mm_token_type_ids (1 at image tokens, "
-                           "0 elsewhere), or trace(prompt, images=[...])")
-    config = model.config
-    token_id = getattr(config, "image_token_id", None)
-    vision = getattr(config, "vision_config", None)
-    merge = getattr(vision, "spatial_merge_size", None)
-    ids = inputs.get("input_ids")
-    if token_id is None or merge is None or ids is None:
-        return
-    grid_t = torch.as_tensor(grid)
-    want = int((grid_t.prod(-1) // (merge * merge)).sum())
-    have = int((torch.as_tensor(ids) == token_id).sum())
-    if have != want:
-        raise NnatlasError(f"input_ids hold {have} image tokens (id {token_id}) but image_grid_thw "
-                           f"{grid_t.tolist()} makes {want} (t * h * w / {merge * merge} per image): "
-                           "the prompt needs one image token per merged patch")
-    patches = int(grid_t.prod(-1).sum())
-    if hasattr(pixels, "shape") and pixels.shape[0] != patches:
-        raise NnatlasError(f"pixel_values has {pixels.shape[0]} patches but image_grid_thw {grid_t.tolist()} "
-                           f"makes {patches}")
-
-
-def _check_fixed_size_images(model: AtlasModel, inputs: Mapping[str, Any], pixels: Any) -> None:
-    """A fixed-size encoder's images (``pixel_values [images, channels, height, width]``): the prompt
-    holds the family's ``image_tokens_per_image`` image tokens per image."""
-    per_image = model.normalized_config.get("image_tokens_per_image")
-    token_id = getattr(model.config, "image_token_id", None)
-    ids = inputs.get("input_ids")
-    if not isinstance(per_image, int) or token_id is None or ids is None or not hasattr(pixels, "shape"):
-        return
-    want = int(pixels.shape[0]) * per_image
-    have = int((torch.as_tensor(ids) == token_id).sum())
-    if have != want:
-        raise NnatlasError(f"input_ids hold {have} image tokens (id {token_id}) but pixel_values holds "
-                           f"{int(pixels.shape[0])} images of {per_image} image tokens each ({want}): the prompt "
-                           "needs the processor's image tokens, one run per image")

@@ -13,7 +13,7 @@ import torch
 from . import registry as _families
 from .adapter import Family, HostSpec, ValueSpec
 from .envoy import Host, HostList, Value, resolve_native
-from .errors import NnatlasError, Unavailable
+from .errors import InputError, NnatlasError, Unavailable
 from .inputs import prepare
 from .sites import kernel_route
 from .trace import CallDim, Target, Tracer
@@ -347,6 +347,8 @@ class AtlasModel(Host):
                 value.__dict__["_cached_target"] = cached
                 return target
         target = self._resolve_target(value)
+        if spec is not None and spec.layout.dtype != "object":
+            target.layout = spec.layout.text  # (a tensor layout: the messages of bad edits name it)
         path = None
         if target.module is not value._host._module:
             path = next((n for n, m in value._host._module.named_modules() if m is target.module), None)
@@ -410,8 +412,12 @@ class AtlasModel(Host):
 
         ``inputs``: a prompt, a list of prompts (left-padded), token ids, or a dict of model
         inputs; extra keyword arguments go to the forward. ``order="any"`` serves requests in
-        whatever order the forward reaches them; ``grad=True`` keeps autograd on.
+        whatever order the forward reaches them. ``grad=True`` is refused for now: gradients
+        through saved values are not supported yet (saves carry no autograd history).
         """
+        if grad:
+            raise InputError("trace(grad=True): gradients are not supported yet: saved values carry no autograd "
+                             "history (they are detached views of the forward's tensors); trace without grad")
         model_inputs = prepare(self, inputs, kwargs)
         module = self._module
         ids = model_inputs.get("input_ids", model_inputs.get("inputs_embeds"))
@@ -522,6 +528,23 @@ def wrap(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None, f
     return AtlasModel(model, fam, tokenizer=tokenizer, processor=processor)
 
 
+def _check_path(name: Any) -> None:
+    """A name that can only be a local path (absolute, ./ ../ ~, a trailing slash, or more than one
+    slash: a hub id is ``name`` or ``namespace/name``) must exist, else say so (transformers would
+    say the repo id is malformed, or try the hub)."""
+    import os
+
+    if isinstance(name, os.PathLike):
+        name = os.fspath(name)
+    if not isinstance(name, str) or not name.strip():
+        raise InputError(f"nnatlas.load: expected a local directory or a hub id ('namespace/name'), got {name!r}")
+    path_like = (os.path.isabs(name) or name.startswith(("./", "../", "~", ".\\")) or name.endswith(("/", os.sep))
+                 or name.count("/") > 1 or name in (".", ".."))
+    if path_like and not os.path.exists(os.path.expanduser(name)):
+        raise InputError(f"nnatlas.load: the path {name} does not exist (expected a local model directory, or a "
+                         "hub id such as 'namespace/name')")
+
+
 def load(name_or_path: str, *, task: str = "text-generation", tokenizer: Any = True, **kwargs: Any) -> AtlasModel:
     """``from_pretrained`` with the family picked from the config, then :func:`wrap`.
 
@@ -536,6 +559,7 @@ def load(name_or_path: str, *, task: str = "text-generation", tokenizer: Any = T
 
     if task not in ("text-generation", "image-text-to-text"):
         raise NnatlasError(f"task {task!r} is not supported; use 'text-generation' or 'image-text-to-text'")
+    _check_path(name_or_path)
     if task == "image-text-to-text":
         hf = transformers.AutoModelForImageTextToText.from_pretrained(name_or_path, **kwargs)
         hf.eval()

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import sites
-from .errors import NnatlasError, NotReached, OutOfOrderError
+from . import interrupts, sites
+from .errors import InputError, NnatlasError, NotReached, OutOfOrderError
 
 if TYPE_CHECKING:
     from .model import AtlasModel
@@ -32,6 +32,9 @@ SiteKey = tuple[Any, ...]
 CALL_DIMS: ContextVar[dict[int, tuple[int, int]] | None] = ContextVar("nnatlas_call_dims", default=None)
 FN_SITES = ("fn_args", "fn_output", "fn_step", "fn_steps")
 PER_CALL_SITES = ("fn_step",)  # sites that fire once per token of a call: tracer.iter picks the token
+# the sides of a site whose values a module (or function) receives: the only ones that can be the
+# caller's own tensors (``input_ids``, or ``inputs_embeds`` handed on as the first block's input)
+INPUT_SIDES = frozenset({"input", "inputs", "args", "fn_args"})
 
 
 # ---- reading and writing inside a payload --------------------------------------------------
@@ -90,6 +93,7 @@ class Target:
     extra: tuple[Any, ...] = ()
     # the module whose call gives [batch, seq] to views that name them (the model), and where they land
     dims_module: torch.nn.Module | None = None  # whose call gives ``batch`` / ``seq`` to the view
+    layout: str | None = None  # the value's declared layout (a tensor layout), for the messages of bad edits
     copy: bool = False  # serve a copy, put in the native's place (a buffer the forward overwrites)
     reached: Any = None  # a call condition (adapter.Condition) checked against the inputs before the forward
     call: int = 0  # which firing of the site serves it (the K-th call of a method)
@@ -234,15 +238,30 @@ class Target:
         another shape or type is substituted for the native one instead."""
         native = self.native(payload)
         served = self.served(native)
-        if isinstance(served, torch.Tensor) and isinstance(new, torch.Tensor) and new.shape == served.shape:
-            if new is not served:
-                served.copy_(new)
-            return payload
+        if isinstance(served, torch.Tensor) and isinstance(new, torch.Tensor):
+            if new.shape == served.shape:
+                if new is not served:
+                    served.copy_(new)
+                return payload
+            if self.layout is not None:  # a tensor of the value's layout: broadcast into it, or refuse
+                try:
+                    served.copy_(new)
+                except RuntimeError as e:
+                    raise InputError(self.edit_error(f"{self.label} = ...", served, new, e)) from e
+                return payload
         if self.view or self.extra:
             shape = tuple(served.shape) if isinstance(served, torch.Tensor) else type(served).__name__
             got = tuple(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
             raise NnatlasError(f"{self.label}: assigned a value of shape {got} where the model has {shape}")
         return self.with_native(payload, new)
+
+    def edit_error(self, what: str, current: Any, new: Any, error: BaseException) -> str:
+        """The message of an edit the forward's tensor cannot take (a shape that does not broadcast)."""
+        got = f"a tensor of shape {list(new.shape)}" if isinstance(new, torch.Tensor) else f"a {type(new).__name__}"
+        has = f"shape {list(current.shape)}" if isinstance(current, torch.Tensor) else type(current).__name__
+        layout = f" ({self.layout})" if self.layout else ""
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        return f"{what}: {got} does not fit the value's {has}{layout}: {first}"
 
 
 def _same(x: Any) -> Any:
@@ -355,6 +374,8 @@ class Tracer:
     output: Any = None
     _cursor = 0
     _lock_held = False
+    _guarded = False  # whether __enter__ counted in ``interrupts`` (the main thread's)
+    edits = False  # whether the body edits an input-side value (the forward then gets copies of the inputs)
 
     def __init__(self, model: AtlasModel, run: Callable[[], Any], order: str = "strict", grad: bool = False,
                  steps: int | None = None, calls: int | None = None, inputs: Mapping[str, Any] | None = None):
@@ -384,6 +405,8 @@ class Tracer:
             self.seq += 1
         r = Request(seq, label, action, target, payload, self.current_step, **kw)
         self.requests.append(r)
+        if (action == "replace" or action == "setitem") and target is not None and target.side in INPUT_SIDES:
+            self.edits = True
         return r
 
     @property
@@ -392,22 +415,49 @@ class Tracer:
         return _Steps(self)
 
     # -- the context manager --
+    # Opening and closing are critical sections (``interrupts``): a signal landing in them, or in
+    # what they call, waits until they end; one landing in the forward (``_forward``) or the body
+    # raises at once, and the ``finally`` of ``_execute`` / ``__exit__`` takes everything away.
+    @interrupts.critical
     def __enter__(self) -> Tracer:
-        self.model._lock.acquire()
-        self._lock_held = True
-        if self.model._tracer is not None:
-            self._release()
-            raise NnatlasError("a trace of this model is already open; traces do not nest")
-        object.__setattr__(self.model, "_tracer", self)  # (AtlasModel.__setattr__ is for its properties)
+        self._guarded = interrupts.enter()
+        try:
+            lock = self.model._lock
+            if not lock.acquire(blocking=False):
+                while not lock.acquire(timeout=0.05):  # another thread traces this model: wait, interruptibly
+                    if interrupts.pending():
+                        interrupts.deliver()
+            self._lock_held = True
+            if self.model._tracer is not None:
+                raise NnatlasError("a trace of this model is already open; traces do not nest")
+            object.__setattr__(self.model, "_tracer", self)  # (AtlasModel.__setattr__ is for its properties)
+            if interrupts.pending():  # an interrupt while opening: close again, then raise it
+                interrupts.deliver()
+        except BaseException:
+            self._close()
+            raise
         return self
 
+    @interrupts.critical
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        object.__setattr__(self.model, "_tracer", None)
         try:
-            if exc_type is None:
-                self._execute()
+            if self.model._tracer is self:
+                object.__setattr__(self.model, "_tracer", None)
+                if exc_type is None:
+                    self._execute()
         finally:
+            self._close()
+
+    @interrupts.critical
+    def _close(self) -> None:
+        """Clear the model's tracer, release its lock and the signal handlers (idempotent)."""
+        try:
+            if self.model._tracer is self:
+                object.__setattr__(self.model, "_tracer", None)
             self._release()
+        finally:
+            guarded, self._guarded = self._guarded, False
+            interrupts.leave(guarded)
 
     def _release(self) -> None:
         if self._lock_held:
@@ -477,7 +527,11 @@ class Tracer:
             current = t.get(payload)
             key, val = r.payload
             # a number is written as it is (the same values as a full tensor, without making one)
-            current[key] = val if type(val) in (int, float, bool) else self.resolve(val, current[key], r.label)
+            new = val if type(val) in (int, float, bool) else self.resolve(val, current[key], r.label)
+            try:
+                current[key] = new
+            except (RuntimeError, IndexError, TypeError, ValueError) as e:
+                raise InputError(t.edit_error(f"{r.label}[{key!r}] = ...", current, new, e)) from e
         r.done = True
         owner = r.owner
         if owner is not None and owner.action == "derived" and all(d.done for d in owner.deps or ()):
@@ -535,20 +589,23 @@ class Tracer:
                     reqs.append(r)
         if conditional:
             self._check_reached([r for r in ordered if r.target is not None])
+        if self.edits:
+            self._own_inputs()
         installed: list[Any] = []
         restore: list[Callable[[], None]] = []
-        route_token: Token[Any] | None = None
-        fn_tokens: list[Token[Any]] = []
+        tokens: list[Token[Any]] = []
+        grad = torch.is_grad_enabled()
+        modes = torch._C._len_torch_function_stack()
         try:
             if ordered:  # (an empty trace installs nothing)
                 routes = self._install(installed, restore)
                 if routes:
-                    route_token = sites._ROUTES.set(routes)
+                    tokens.append(sites._ROUTES.set(routes))
             if functions or self.model._kernel_route():
                 fn_routes = self._install_functions(installed, restore)
                 if fn_routes:
-                    fn_tokens.append(sites._FN_ROUTES.set(fn_routes))
-                    fn_tokens.append(sites._FN_HOST.set(None))
+                    tokens.append(sites._FN_ROUTES.set(fn_routes))
+                    tokens.append(sites._FN_HOST.set(None))
             if self.steps is not None:
                 root = self.model._module
 
@@ -560,28 +617,34 @@ class Tracer:
 
                 self._calls = 0
                 installed.append(root.register_forward_pre_hook(count_step, with_kwargs=True))
-            dims_token = CALL_DIMS.set(self.call_dims)
-            grad = torch.is_grad_enabled()
+            tokens.append(CALL_DIMS.set(self.call_dims))
             torch._C._set_grad_enabled(self.grad and grad)  # (torch.set_grad_enabled, without its object)
-            try:
-                self.output = self._run()
-            finally:
-                torch._C._set_grad_enabled(grad)
-                CALL_DIMS.reset(dims_token)
+            if interrupts.pending():  # an interrupt while installing: raise it before the forward
+                interrupts.deliver()
+            self.output = self._forward()
         finally:
-            for h in reversed(installed):
-                h.remove()
-            for undo in reversed(restore):
-                undo()
-            if route_token is not None:
-                sites._ROUTES.reset(route_token)
-            for tok in reversed(fn_tokens):
-                tok.var.reset(tok)
+            _teardown(installed, restore, tokens, grad, modes)
         missing = [r for r in self._ordered if not r.done and r.owner is None]
         if missing:
             names = ", ".join(r.label + (f" (step {r.step})" if self.steps is not None else "") for r in missing)
             raise NotReached(f"the forward finished without computing {names}: "
                              "nothing in this call reaches that point (check the inputs, the block kind, the step)")
+
+    def _own_inputs(self) -> None:
+        """The forward gets copies of the input tensors (the dict its call reads is this one), so that
+        an edit of an input value, or of a value that is one (``layers[0].input`` is the caller's
+        inputs_embeds), never writes into the caller's tensors. Only a trace that edits a value a
+        module receives (``INPUT_SIDES``) copies: reads, and edits of what a module computed, do not."""
+        inputs = self.inputs
+        if isinstance(inputs, dict):
+            for k, v in list(inputs.items()):
+                if isinstance(v, torch.Tensor):
+                    inputs[k] = v.clone()
+
+    @interrupts.open_frame
+    def _forward(self) -> Any:
+        """The model's own forward (or generate): an interrupt here raises at once."""
+        return self._run()
 
     def _install(self, installed: list[Any], restore: list[Callable[[], None]]
                  ) -> dict[tuple[str, int], Callable[..., Any]]:
@@ -888,6 +951,39 @@ class Tracer:
             sites.set_implementation(cfg, interface, name)
 
 
+def _teardown(installed: list[Any], restore: list[Callable[[], None]], tokens: list[Token[Any]], grad: bool,
+              modes: int) -> None:
+    """Take away what a forward installed, whatever happened: every step runs even when another
+    raised (the first error is raised after), each is removed from its list before it runs (so
+    nothing is undone twice), and it runs inside a critical section (no interrupt lands in it)."""
+    error: BaseException | None = None
+    torch._C._set_grad_enabled(grad)
+    # a scope's TorchFunctionMode left on the stack by an exception between its push and its with
+    while torch._C._len_torch_function_stack() > modes and isinstance(
+            torch._C._get_function_stack_at(torch._C._len_torch_function_stack() - 1), sites.OpMode):
+        torch._C._pop_torch_function_stack()
+    while installed:
+        handle = installed.pop()
+        try:
+            handle.remove()
+        except BaseException as e:  # noqa: PERF203 (every step runs)
+            error = error or e
+    while restore:
+        undo = restore.pop()
+        try:
+            undo()
+        except BaseException as e:  # noqa: PERF203
+            error = error or e
+    while tokens:
+        token = tokens.pop()
+        try:
+            token.var.reset(token)
+        except BaseException as e:  # noqa: PERF203
+            error = error or e
+    if error is not None:
+        raise error
+
+
 def _shadow(mod: torch.nn.Module, name: str, fn: Callable[..., Any], restore: list[Callable[[], None]]) -> None:
     """Put ``fn`` on the module instance as ``name`` (shadowing the class's method, or wrapping what
     was on the instance) for this trace only: ``restore`` gets what puts the old state back."""
@@ -925,6 +1021,13 @@ def _takes_kwargs(fn: Callable[..., Any]) -> bool:
     return _signature(fn)[1]
 
 
+def _show(sl: int | slice) -> str:
+    if not isinstance(sl, slice):
+        return str(sl)
+    text = f"{'' if sl.start is None else sl.start}:{'' if sl.stop is None else sl.stop}"
+    return text + (f":{sl.step}" if sl.step is not None else "")
+
+
 class _Steps:
     """``tracer.iter[...]``: generation steps under ``model.generate``; in a trace, the tokens of a
     per-token value (a recurrent kernel's ``state`` under ``route_kernels``)."""
@@ -941,7 +1044,15 @@ class _Steps:
                 raise NnatlasError("tracer.iter walks generation steps (model.generate) or the tokens of a trace "
                                    "whose inputs have a known length")
         assert total is not None
+        what = "tokens of this call" if per_call else "generation steps (max_new_tokens)"
+        ends = (sl.start, sl.stop) if isinstance(sl, slice) else (sl,)
+        if isinstance(sl, slice) and sl.step is not None and sl.step <= 0:
+            raise InputError(f"tracer.iter[{_show(sl)}]: expected a positive step")
+        if any(e is not None and not -total <= e <= total for e in ends) or (not isinstance(sl, slice) and sl == total):
+            raise InputError(f"tracer.iter[{_show(sl)}]: there are {total} {what}: expected steps in 0..{total - 1}")
         steps = range(total)[sl] if isinstance(sl, slice) else [range(total)[sl]]
+        if not steps:
+            raise InputError(f"tracer.iter[{_show(sl)}] holds no step of the {total} {what}")
         return self._walk(list(steps), per_call)
 
     def _walk(self, steps: list[int], per_call: bool) -> Iterator[int]:

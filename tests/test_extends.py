@@ -45,7 +45,8 @@ NEW = "mlp_neurons == mlp_neurons"
 
 def test_identities_plus_appends(tmp_path: Path) -> None:
     f = _compile(tmp_path, f"hosts:\n  layers[i].mlp:\n    identities+:\n      - {NEW}\n")
-    assert _identities(f, "layers[i].mlp") == ["mlp_neurons == mlp_activation * up_proj.output", NEW]
+    assert _identities(f, "layers[i].mlp") == ["mlp_neurons == mlp_activation * up_proj.output",
+                                               "mlp_activation == silu(gate_proj.output)", NEW]
     assert _identities(f, "layers[i]")[0] == "layer_input + self_attn.attention_output + mlp.mlp_output == layer_output"
 
 
@@ -56,7 +57,7 @@ def test_identities_equals_replaces(tmp_path: Path) -> None:
 
 def test_plain_identities_over_inherited_ones_must_say_which(tmp_path: Path) -> None:
     assert _error(tmp_path, f"hosts:\n  layers[i].mlp:\n    identities:\n      - {NEW}\n") == (
-        "specs/child.yaml:8:5: layers[i].mlp: 1 identity is inherited here (from specs/llama.yaml); write "
+        "specs/child.yaml:8:5: layers[i].mlp: 2 identities are inherited here (from specs/llama.yaml); write "
         "'identities+:' to add to them or 'identities=:' to replace them")
 
 
@@ -65,7 +66,7 @@ def test_append_and_replace_forms_are_checked(tmp_path: Path) -> None:
                             f"      - {NEW}\n")
     assert text.splitlines() == [
         "specs/child.yaml:6:1: 'traits+' takes a list (traits+ appends to the inherited traits)",
-        "specs/child.yaml:9:5: layers[i].mlp: 1 identity is inherited here (from specs/llama.yaml); write "
+        "specs/child.yaml:9:5: layers[i].mlp: 2 identities are inherited here (from specs/llama.yaml); write "
         "'identities+:' to add to them or 'identities=:' to replace them",
         "specs/child.yaml:10:5: 'identities+' and 'identities' in one mapping: give one"]
 

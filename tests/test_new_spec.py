@@ -79,7 +79,7 @@ def test_a_new_family_with_a_sliding_window_passes_its_generated_attention_ident
     text = path.read_text()
     text = text.replace("  layers[i].self_attn: {class: MistralAttention}\n", """  layers[i].self_attn:
     class: MistralAttention
-    identities:
+    identities=:
       - attention_premix == attention_head_outputs
       - {check: "sum(attention_probabilities, -1) == 1", atol: 1.0e-5}
       - masked(attention_probabilities, window=sliding_window) == 0

@@ -193,7 +193,8 @@ def test_generate_parses_every_python_file_before_writing_or_running_it(spec_roo
     with pytest.raises(GenerateError, match=r"generated/families/gpt2\.py would not parse \(line \d+: invalid syntax\)"):
         generate(spec_root)
     assert digest(spec_root) == before
-    monkeypatch.setattr(emit, "render_tests", lambda f: "x = (\n")
+    real_tests = emit.render_tests
+    monkeypatch.setattr(emit, "render_tests", lambda f: "x = (\n" if f.name == "gpt2" else real_tests(f))
     monkeypatch.setattr(emit, "render_family", real)
     monkeypatch.setattr(printouts, "is_fresh", lambda *a: True)
     assert main(["generate", "--root", str(spec_root)]) == 2

@@ -24,6 +24,7 @@ WRITABLE = (('model', 'token_embeddings'), ('model', 'final_norm_output'), ('mod
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'))
 EXAMPLES = (('The sandwich block', 0, 'with model.trace(prompt):\n    x = model.layers[1].input.save()\n    raw = model.layers[1].self_attn.attention_raw_output.save()\n    attn = model.layers[1].self_attn.attention_output.save()\n    mlp = model.layers[1].mlp.mlp_output.save()\n    out = model.layers[1].layer_output.save()\n\ntorch.testing.assert_close(x + attn + mlp, out)\nassert not torch.equal(attn, raw)\n', None), ('Softcaps and the eager attention', 0, 'with model.trace(prompt):\n    p = model.layers[0].self_attn.attention_probabilities.save()\ntorch.testing.assert_close(p.sum(-1), torch.ones_like(p.sum(-1)))\n', None))
 ATTENTION = T.attention_loads(FAMILY)  # the attention implementations the class accepts (declared), on CPU
+ORACLE = T.oracle_checks(FAMILY)  # (check, load): transformers' own outputs the values are compared with
 
 
 @st.composite
@@ -66,6 +67,11 @@ def test_readonly(path: str, name: str) -> None:
 @pytest.mark.parametrize("attn", ATTENTION)
 def test_support_agrees_with_trace(attn: str) -> None:
     T.check_support(FAMILY, attn)
+
+
+@pytest.mark.parametrize("check,attn", ORACLE)
+def test_oracle(check: str, attn: str) -> None:
+    T.check_oracle(FAMILY, check, attn)
 
 
 

@@ -24,6 +24,7 @@ WRITABLE = (('model', 'token_embeddings'), ('model', 'position_embeddings'), ('m
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'))
 EXAMPLES = (('The fused projection', 0, 'with model.trace(prompt):\n    qkv = model.layers[0].self_attn.qkv_proj.output.save()\n    q = model.layers[0].self_attn.attention_queries.save()\ntorch.testing.assert_close(q.transpose(1, 2).flatten(2), qkv[..., : model.hidden_size])\n', None), ('Positions are learned and added before the first block', 0, 'with model.trace(prompt):\n    tok = model.token_embeddings.save()\n    pos = model.position_embeddings.save()\n    first = model.layers[0].input.save()\ntorch.testing.assert_close(tok + pos, first)\n', None))
 ATTENTION = T.attention_loads(FAMILY)  # the attention implementations the class accepts (read from it), on CPU
+ORACLE = T.oracle_checks(FAMILY)  # (check, load): transformers' own outputs the values are compared with
 
 
 @st.composite
@@ -66,6 +67,11 @@ def test_readonly(path: str, name: str) -> None:
 @pytest.mark.parametrize("attn", ATTENTION)
 def test_support_agrees_with_trace(attn: str) -> None:
     T.check_support(FAMILY, attn)
+
+
+@pytest.mark.parametrize("check,attn", ORACLE)
+def test_oracle(check: str, attn: str) -> None:
+    T.check_oracle(FAMILY, check, attn)
 
 
 

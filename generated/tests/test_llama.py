@@ -24,6 +24,7 @@ WRITABLE = (('model', 'token_embeddings'), ('model', 'final_norm_output'), ('mod
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'))
 EXAMPLES = (('The block, in order', 0, 'with model.trace(prompt):\n    x = model.layers[1].input.save()\n    attn = model.layers[1].self_attn.attention_output.save()\n    mlp = model.layers[1].mlp.mlp_output.save()\n    out = model.layers[1].layer_output.save()\n\ntorch.testing.assert_close(x + attn + mlp, out)\n', None), ('The pattern needs the eager attention', 0, 'with model.trace(prompt):\n    q = model.layers[0].self_attn.attention_queries.save()\nassert q.shape[1] == model.num_heads\n', None))
 ATTENTION = T.attention_loads(FAMILY)  # the attention implementations the class accepts (read from it), on CPU
+ORACLE = T.oracle_checks(FAMILY)  # (check, load): transformers' own outputs the values are compared with
 
 
 @st.composite
@@ -66,6 +67,11 @@ def test_readonly(path: str, name: str) -> None:
 @pytest.mark.parametrize("attn", ATTENTION)
 def test_support_agrees_with_trace(attn: str) -> None:
     T.check_support(FAMILY, attn)
+
+
+@pytest.mark.parametrize("check,attn", ORACLE)
+def test_oracle(check: str, attn: str) -> None:
+    T.check_oracle(FAMILY, check, attn)
 
 
 

@@ -24,6 +24,7 @@ WRITABLE = (('model', 'token_embeddings'), ('model', 'final_norm_output'), ('mod
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'), ('layers[i].linear_attn', 'states'))
 EXAMPLES = (('What differs from Qwen3-Next', 0, 'moe = model.layers[0].mlp\nwith model.trace(prompt):\n    weights = moe.expert_weights.save()\n    routed = moe.routed_output.save()\n    shared = moe.shared_expert_output.save()\n    out = moe.mlp_output.save()\ntorch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:2]))\nassert torch.equal(routed + shared, out)\nassert model.intermediate_size == model.config.moe_intermediate_size\n', None),)
 ATTENTION = T.attention_loads(FAMILY)  # the attention implementations the class accepts (read from it), on CPU
+ORACLE = T.oracle_checks(FAMILY)  # (check, load): transformers' own outputs the values are compared with
 EXPERTS = ('eager', 'batched_mm', 'grouped_mm')  # every experts implementation the spec's identities must hold under
 
 
@@ -75,6 +76,11 @@ def test_missing_says_why(path: str, name: str) -> None:
 @pytest.mark.parametrize("attn", ATTENTION)
 def test_support_agrees_with_trace(attn: str) -> None:
     T.check_support(FAMILY, attn)
+
+
+@pytest.mark.parametrize("check,attn", ORACLE)
+def test_oracle(check: str, attn: str) -> None:
+    T.check_oracle(FAMILY, check, attn)
 
 
 @pytest.mark.parametrize("experts", EXPERTS)
