@@ -24,6 +24,7 @@ WRITABLE = (('model', 'token_embeddings'), ('model', 'final_norm_output'), ('mod
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'), ('vision', 'image_token_mask'))
 EXAMPLES = (('The sandwich block', 0, 'with model.trace(prompt, images=[red]):\n    x = model.layers[1].input.save()\n    raw = model.layers[1].self_attn.attention_raw_output.save()\n    attn = model.layers[1].self_attn.attention_output.save()\n    mlp = model.layers[1].mlp.mlp_output.save()\n    out = model.layers[1].layer_output.save()\n    head = model.lm_head_output.save()\n    logits = model.logits.save()\ntorch.testing.assert_close(x + attn + mlp, out)\nassert not torch.equal(attn, raw)\nassert torch.equal(logits, head)\n', None), ('Five sliding blocks to one full block', 0, 'types = model.config.text_config.layer_types\nfor i, kind in enumerate(types):\n    attn = model.native.model.language_model.layers[i].self_attn\n    assert (attn.sliding_window is not None) == (kind == "sliding_attention")\n', None), ("An image's tokens attend to each other both ways", 0, 'with model.trace(prompt, images=[red]):\n    mask = model.vision.image_token_mask.save()\n    p = model.layers[1].self_attn.attention_probabilities.save()\nupper = torch.triu(torch.ones(p.shape[-2:], dtype=torch.bool), 1)\nimage_pairs = mask[0][:, None] & mask[0][None, :]\nassert p[..., upper & image_pairs].sum() > 0\nassert p[..., upper & ~image_pairs].abs().sum() == 0\n', None), ('The vision encoder: SigLIP, one row per image', 0, 'with model.trace(prompt, images=[red, wide]):\n    patches = model.vision.patch_embeddings.save()\n    entering = model.vision.layers[0].input.save()\n    p = model.vision.layers[0].self_attn.attention_probabilities.save()\n    tower = model.vision.tower_output.save()\n    fed = model.projector.input.save()\nassert patches.shape[:2] == (2, model.tile_patches)\nassert torch.equal(entering, patches) and torch.equal(fed, tower)\ntorch.testing.assert_close(p.sum(-1), torch.ones_like(p.sum(-1)))\n', None), ('The projector pools 4096 patches into 256 image tokens', 0, 'with model.trace(prompt, images=[red, wide]):\n    mask = model.vision.image_token_mask.save()\n    features = model.vision.image_features.save()\n    first = model.layers[0].input.save()\nassert features.shape[0] == 2 * model.image_tokens_per_image == mask.sum()\nassert torch.equal(first[mask], features)\n', None), ('Loading', 0, 'text_only = nnatlas.wrap(model.native, tokenizer=model.tokenizer)   # no processor: text only\ntry:\n    with text_only.trace(prompt):\n        text_only.vision.patch_embeddings.save()\nexcept nnatlas.Unavailable as e:\n    assert "image-text-to-text" in str(e)\n', None))
 ATTENTION = T.attention_loads(FAMILY)  # the attention implementations the class accepts (read from it), on CPU
+ORACLE = T.oracle_checks(FAMILY)  # (check, load): transformers' own outputs the values are compared with
 
 
 @st.composite
@@ -66,6 +67,11 @@ def test_readonly(path: str, name: str) -> None:
 @pytest.mark.parametrize("attn", ATTENTION)
 def test_support_agrees_with_trace(attn: str) -> None:
     T.check_support(FAMILY, attn)
+
+
+@pytest.mark.parametrize("check,attn", ORACLE)
+def test_oracle(check: str, attn: str) -> None:
+    T.check_oracle(FAMILY, check, attn)
 
 
 

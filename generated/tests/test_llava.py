@@ -24,6 +24,7 @@ WRITABLE = (('model', 'token_embeddings'), ('model', 'final_norm_output'), ('mod
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'), ('vision', 'image_token_mask'))
 EXAMPLES = (('The block, in order', 0, 'with model.trace(prompt, images=[red]):\n    x = model.layers[1].input.save()\n    attn = model.layers[1].self_attn.attention_output.save()\n    mlp = model.layers[1].mlp.mlp_output.save()\n    out = model.layers[1].layer_output.save()\ntorch.testing.assert_close(x + attn + mlp, out)\n', None), ('The vision encoder: CLIP, one row per image', 0, 'with model.trace(prompt, images=[red, wide]):\n    patches = model.vision.patch_embeddings.save()\n    entering = model.vision.layers[0].input.save()\n    p = model.vision.layers[0].self_attn.attention_probabilities.save()\nassert patches.shape[:2] == (2, model.tile_patches)\nassert not torch.equal(entering, patches)              # pre_layrnorm between them\ntorch.testing.assert_close(p.sum(-1), torch.ones_like(p.sum(-1)))\n', None), ('The projector reads the second-to-last vision block', 0, 'k = model.vision_feature_block\nwith model.trace(prompt, images=[red, wide]):\n    tapped = model.vision.layers[k].layer_output.save()\n    fed = model.projector.input.save()\n    features = model.vision.image_features.save()\n    mask = model.vision.image_token_mask.save()\n    first = model.layers[0].input.save()\nassert k == model.vision_num_layers - 2\nassert torch.equal(fed, tapped[:, 1:])\nassert torch.equal(first[mask], features)\nwith model.trace(prompt, images=[red]):\n    kept = model.logits.save()\nwith model.trace(prompt, images=[red]):\n    model.vision.layers[-1].layer_output[:] = 0\n    still = model.logits.save()\nassert torch.equal(kept, still)\n', None), ('The prompt', 0, 'inputs = dict(model.processor(text=prompt, images=[red], return_tensors="pt"))\nassert int((inputs["input_ids"] == model.image_token_id).sum()) == model.image_tokens_per_image\nshort = {k: (v[:, 1:] if k != "pixel_values" else v) for k, v in inputs.items()}\ntry:\n    with model.trace(short):\n        model.logits.save()\nexcept nnatlas.NnatlasError as e:\n    assert "image tokens" in str(e)\n', None), ('Loading', 0, 'text_only = nnatlas.wrap(model.native, tokenizer=model.tokenizer)   # no processor: text only\ntry:\n    with text_only.trace(prompt):\n        text_only.vision.patch_embeddings.save()\nexcept nnatlas.Unavailable as e:\n    assert "image-text-to-text" in str(e)\n', None))
 ATTENTION = T.attention_loads(FAMILY)  # the attention implementations the class accepts (read from it), on CPU
+ORACLE = T.oracle_checks(FAMILY)  # (check, load): transformers' own outputs the values are compared with
 
 
 @st.composite
@@ -66,6 +67,11 @@ def test_readonly(path: str, name: str) -> None:
 @pytest.mark.parametrize("attn", ATTENTION)
 def test_support_agrees_with_trace(attn: str) -> None:
     T.check_support(FAMILY, attn)
+
+
+@pytest.mark.parametrize("check,attn", ORACLE)
+def test_oracle(check: str, attn: str) -> None:
+    T.check_oracle(FAMILY, check, attn)
 
 
 
