@@ -48,7 +48,7 @@ def render(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> dict[s
         out[f"generated/docs/{f.name}.md"] = emit.render_page_md(f, atlas, printout)
         if printout is not None:
             out[printouts.path_for(f.name)] = printout
-    out["generated/docs/index.html"] = emit.render_index(atlas)
+    out["generated/docs/index.html"] = emit.render_index(atlas, printout_texts)
     out["generated/docs/llms.txt"] = emit.render_llms(atlas)
     out["generated/docs/atlas.css"] = emit.env().get_template("atlas.css.j2").render()
     out["generated/docs/atlas.js"] = emit.env().get_template("atlas.js.j2").render()

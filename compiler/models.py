@@ -253,6 +253,9 @@ class DiagramRaw(Strict):
     block: list[StrictStr] | None = Field(default=None, description="one block of layers")
     vision: list[StrictStr] | None = Field(default=None, description="the vision encoder's path")
     vision_block: list[StrictStr] | None = Field(default=None, description="one vision block")
+    vision_facts: dict[StrictStr, StrictStr] | None = Field(
+        default=None, description="what the page says beside the vision path, term → one sentence (rows, "
+        "positions, masking, final norm)")
 
 
 class IncludeRaw(Strict):
@@ -276,6 +279,7 @@ class PartRaw(Strict):
         default={}, description="as a family's config:")
     functions: dict[StrictStr, FunctionRaw] = Field(default={}, description="as a family's functions:")
     hosts: dict[StrictStr, HostRaw] = Field(default={}, description="as a family's hosts: (classes from the class map)")
+    diagram: DiagramRaw | None = Field(default=None, description="as a family's diagram: (the vision path's facts)")
 
 
 class FamilyRaw(Strict):

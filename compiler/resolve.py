@@ -743,7 +743,11 @@ class _Family:
                              f"(a rename entry, a host, or a module a value is read at" +
                              (", or add / mixer)" if words else ")"))
             out[key] = tuple(items)
-        return DiagramIR(out["text"], out["block"], out["vision"], out["vision_block"])
+        facts = d.vision_facts if d is not None and d.vision_facts else {}
+        if facts and not any(h.path == "vision" for h in hosts):
+            self.err(("diagram", "vision_facts"), "diagram.vision_facts: this family has no vision host to say them of")
+        return DiagramIR(out["text"], out["block"], out["vision"], out["vision_block"],
+                         tuple((k, " ".join(v.split())) for k, v in facts.items()))
 
     def config(self) -> list[tuple[str, expr.Compiled, str]]:
         out = []

@@ -586,7 +586,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 needs=_C_processor,
                 readonly=True,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:40:25',
+                at='specs/parts/qwen_vit.yaml:56:25',
             ),
             ValueSpec(
                 'patch_embeddings',
@@ -596,7 +596,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:41:32',
+                at='specs/parts/qwen_vit.yaml:57:32',
             ),
             ValueSpec(
                 'tower_output',
@@ -608,7 +608,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 readonly=True,
                 readonly_why="the merger has read the last block's stream before the encoder returns it, so an edit here reaches nothing; edit vision.layers[-1].layer_output or model.projector.input instead",
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:44:15',
+                at='specs/parts/qwen_vit.yaml:60:15',
             ),
             ValueSpec(
                 'image_features',
@@ -617,7 +617,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 ReadPoint('op', 'model.model > op:masked_scatter.input[2]', "inside the root's child model's forward: the input of masked_scatter (first call), element 2", module=('model',), side='input', access=(2,), op='masked_scatter', occurrence=0, scope_root=True),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:49:23',
+                at='specs/parts/qwen_vit.yaml:65:23',
             ),
         ),
         identities=(
@@ -638,7 +638,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:100:30',
+                at='specs/parts/qwen_vit.yaml:116:30',
             ),
             ValueSpec(
                 'mlp_neurons',
@@ -648,7 +648,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:101:27',
+                at='specs/parts/qwen_vit.yaml:117:27',
             ),
             ValueSpec(
                 'mlp_output',
@@ -658,7 +658,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:102:26',
+                at='specs/parts/qwen_vit.yaml:118:26',
             ),
         ),
         identities=(
@@ -678,7 +678,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:61:27',
+                at='specs/parts/qwen_vit.yaml:77:27',
             ),
             ValueSpec(
                 'attention_norm_output',
@@ -688,7 +688,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:62:37',
+                at='specs/parts/qwen_vit.yaml:78:37',
             ),
             ValueSpec(
                 'layer_mid',
@@ -698,7 +698,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:63:25',
+                at='specs/parts/qwen_vit.yaml:79:25',
             ),
             ValueSpec(
                 'mlp_norm_output',
@@ -708,7 +708,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:64:31',
+                at='specs/parts/qwen_vit.yaml:80:31',
             ),
             ValueSpec(
                 'mlp_input',
@@ -718,7 +718,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:65:25',
+                at='specs/parts/qwen_vit.yaml:81:25',
             ),
             ValueSpec(
                 'layer_output',
@@ -728,13 +728,13 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:66:28',
+                at='specs/parts/qwen_vit.yaml:82:28',
             ),
         ),
         identities=(
-            Identity('input + self_attn.attention_output + mlp.mlp_output == layer_output', ('input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_vision_layers_0, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:68:9'),
-            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_vision_layers_1, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:69:9'),
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_vision_layers_2, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:70:9'),
+            Identity('input + self_attn.attention_output + mlp.mlp_output == layer_output', ('input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_vision_layers_0, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:84:9'),
+            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_vision_layers_1, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:85:9'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_vision_layers_2, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:86:9'),
         ),
     ),
     HostSpec(
@@ -748,7 +748,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 ReadPoint('op', 'op:unsqueeze#2.output', 'the output of unsqueeze (third call) inside the forward', side='output', op='unsqueeze', occurrence=2),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:78:26',
+                at='specs/parts/qwen_vit.yaml:94:26',
             ),
             ValueSpec(
                 'attention_keys',
@@ -757,7 +757,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 ReadPoint('op', 'op:unsqueeze#3.output', 'the output of unsqueeze (fourth call) inside the forward', side='output', op='unsqueeze', occurrence=3),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:79:23',
+                at='specs/parts/qwen_vit.yaml:95:23',
             ),
             ValueSpec(
                 'attention_values',
@@ -766,7 +766,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 ReadPoint('op', 'op:unsqueeze#4.output', 'the output of unsqueeze (fifth call) inside the forward', side='output', op='unsqueeze', occurrence=4),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:80:25',
+                at='specs/parts/qwen_vit.yaml:96:25',
             ),
             ValueSpec(
                 'attention_scores',
@@ -775,7 +775,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
                 needs=_C_no_pattern,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:81:32',
+                at='specs/parts/qwen_vit.yaml:97:32',
             ),
             ValueSpec(
                 'attention_probabilities',
@@ -784,7 +784,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
                 needs=_C_no_pattern,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:82:39',
+                at='specs/parts/qwen_vit.yaml:98:39',
             ),
             ValueSpec(
                 'attention_head_outputs',
@@ -793,7 +793,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 ReadPoint('op', 'op:cat#2.output', 'the output of cat (third call) inside the forward', side='output', op='cat', occurrence=2),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:83:31',
+                at='specs/parts/qwen_vit.yaml:99:31',
             ),
             ValueSpec(
                 'attention_premix',
@@ -803,7 +803,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ViewOp('unflatten', (-1, ('vision_num_heads', 'vision_head_dim'))), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:84:32',
+                at='specs/parts/qwen_vit.yaml:100:32',
             ),
             ValueSpec(
                 'attention_output',
@@ -813,14 +813,14 @@ HOSTS: tuple[HostSpec, ...] = (
                 view=(ViewOp('unsqueeze', (0,)), ),
                 needs=_C_processor,
                 reached=_C_images,
-                at='specs/parts/qwen_vit.yaml:85:32',
+                at='specs/parts/qwen_vit.yaml:101:32',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_vision_layers_self_attn_0, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:87:9'),
-            Identity('attention_values[0] == transpose(unflatten(qkv.output, -1, [3, vision_num_heads, vision_head_dim])[:, 2], 0, 1)', ('attention_values', 'qkv.output', 'vision_num_heads', 'vision_head_dim'), _identity_vision_layers_self_attn_1, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:90:9'),
-            Identity('vnorm(attention_queries[0]) == vnorm(transpose(unflatten(qkv.output, -1, [3, vision_num_heads, vision_head_dim])[:, 0], 0, 1))', ('attention_queries', 'qkv.output', 'vision_num_heads', 'vision_head_dim'), _identity_vision_layers_self_attn_2, '==', 1e-05, 0.0, at='specs/parts/qwen_vit.yaml:91:9'),
-            Identity('vnorm(attention_keys[0]) == vnorm(transpose(unflatten(qkv.output, -1, [3, vision_num_heads, vision_head_dim])[:, 1], 0, 1))', ('attention_keys', 'qkv.output', 'vision_num_heads', 'vision_head_dim'), _identity_vision_layers_self_attn_3, '==', 1e-05, 0.0, at='specs/parts/qwen_vit.yaml:92:9'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_vision_layers_self_attn_0, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:103:9'),
+            Identity('attention_values[0] == transpose(unflatten(qkv.output, -1, [3, vision_num_heads, vision_head_dim])[:, 2], 0, 1)', ('attention_values', 'qkv.output', 'vision_num_heads', 'vision_head_dim'), _identity_vision_layers_self_attn_1, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:106:9'),
+            Identity('vnorm(attention_queries[0]) == vnorm(transpose(unflatten(qkv.output, -1, [3, vision_num_heads, vision_head_dim])[:, 0], 0, 1))', ('attention_queries', 'qkv.output', 'vision_num_heads', 'vision_head_dim'), _identity_vision_layers_self_attn_2, '==', 1e-05, 0.0, at='specs/parts/qwen_vit.yaml:107:9'),
+            Identity('vnorm(attention_keys[0]) == vnorm(transpose(unflatten(qkv.output, -1, [3, vision_num_heads, vision_head_dim])[:, 1], 0, 1))', ('attention_keys', 'qkv.output', 'vision_num_heads', 'vision_head_dim'), _identity_vision_layers_self_attn_3, '==', 1e-05, 0.0, at='specs/parts/qwen_vit.yaml:108:9'),
         ),
     ),
 )
