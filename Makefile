@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.nnatlas-installed
 
-.PHONY: all env generate check lint typecheck test docs bench clean
+.PHONY: all env generate check lint typecheck test docs bench draft-sweep clean
 
 all: generate test
 
@@ -42,6 +42,11 @@ docs: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+# not in CI: the drafter on every decoder-only causal-LM model type (one process each, one thread, a
+# timeout), a table in generated/docs/draft_sweep.md (kept by generate: it carries no generated-file mark)
+draft-sweep: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python -m nnatlas.compiler.draft.sweep --timeout 300
 
 clean:
 	rm -rf $(VENV) site artifacts

@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     docs.add_argument("--root", type=Path, default=None, help="the checkout (default: the one nnatlas is installed from)")
     docs.set_defaults(handler=lambda a: _docs(a.root, a.out, a.serve, a.port))
     _add_new(sub)
+    add_draft_parser(sub)
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse printed usage and the error (or --help): return, do not exit
@@ -171,6 +172,55 @@ def _generate(root: Path | None, check: bool) -> int:
         print(f"removed {rel}")
     print(f"nnatlas: {len(result.changed)} written, {len(result.removed)} removed ({took:.0f} ms)")
     return 0
+
+
+def add_draft_parser(sub: Any) -> None:
+    d = sub.add_parser("draft", help="write a first spec for a transformers model type, by machine")
+    d.add_argument("model_type", help="a transformers model type (mistral, qwen2, ...)")
+    d.add_argument("--out", type=Path, default=None, help="the spec to write (default: specs/MODEL_TYPE.yaml)")
+    d.add_argument("--extends", default=None, help="a family the draft extends (written as extends:)")
+    d.add_argument("--model", default=None, help="a local checkpoint folder whose config to start from")
+    d.add_argument("--no-test", action="store_true", help="write the draft only: no generate, no generated tests")
+    d.add_argument("--force", action="store_true", help="overwrite --out when it exists (a hand-written spec, say)")
+    d.add_argument("--root", type=Path, default=None, help="the checkout whose specs/ the draft compiles with")
+    d.set_defaults(handler=run_draft)
+
+
+def run_draft(args: Any) -> int:
+    """``nnatlas draft``: draft, write, then generate and run the family's generated tests."""
+    from .draft import DraftError, draft
+    from .draft.check import compile_draft, run_tests
+
+    root = checkout(args.root)
+    try:
+        d = draft(args.model_type, model_path=args.model, extends=args.extends)
+    except DraftError as e:
+        print(f"nnatlas draft: {e}", file=sys.stderr)
+        return 2
+    out = args.out or root / "specs" / f"{d.proposal.family}.yaml"
+    if out.exists() and not args.force:
+        print(f"nnatlas draft: {out} exists; give another --out, or --force to overwrite it", file=sys.stderr)
+        return 2
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(d.text, encoding="utf-8")
+    n_values = sum(len(h.values) for h in d.proposal.hosts.values())
+    print(f"nnatlas draft: wrote {out} ({len(d.proposal.hosts)} hosts, {n_values} values, "
+          f"{len(d.proposal.todos)} TODO)")
+    for todo in d.proposal.todos:
+        print(f"  TODO {todo}")
+    if args.no_test:
+        return 0
+    compiled = compile_draft(d.text, d.proposal.family, root / "specs", [args.extends] if args.extends else None)
+    if compiled.family is None:
+        print(f"generate: FAILED\n{compiled.error}")
+        return 1
+    print("generate: ok")
+    run = run_tests(compiled.family)
+    print(f"generated tests: {'ok' if run.ok else 'FAILED'} ({run.passed} passed, {run.failed} failed, "
+          f"{run.errors} errors)")
+    if not run.ok:
+        print(run.output[-4000:])
+    return 0 if run.ok else 1
 
 
 if __name__ == "__main__":

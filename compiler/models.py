@@ -87,8 +87,10 @@ class ValueRaw(Strict):
         default="logits", description='what an edit reaches: "logits" (this forward), "later" (only later calls: a '
         'state written to the cache), "none" (a record of what ran: read-only)')
     served_copy: StrictBool = Field(
-        default=False, alias="copy", description="serve a copy put in the call's place: for a buffer the model "
-        "overwrites later in the same run (a cache's state), so the saved value keeps what entered")
+        default=False, alias="copy", description="a save keeps a copy taken when the value is produced, an edit "
+        "is a copy put in the call's place: for a tensor the model changes in place later in the same run (a "
+        "cache's state; Falcon's MLP output, to which the block adds the attention), so the saved value keeps "
+        "what entered")
 
 
 class IdentityRaw(Strict):

@@ -820,7 +820,7 @@ def oracle_checks(family: str) -> tuple[tuple[str, str], ...]:
     """(check, attention load) pairs the family's oracle runs on its tiny load: ``hidden_states``
     and ``logits`` under every attention load the tests run; ``attentions`` under eager where the
     family serves ``attention_probabilities``; ``router_logits`` where it serves them and the class
-    accepts ``output_router_logits``; ``image_hidden_states`` and ``image_logits`` on a prompt with
+    accepts ``output_router_logits`` (a parameter, or through the router_logits it records); ``image_hidden_states`` and ``image_logits`` on a prompt with
     images where the load takes images."""
     import transformers
 
@@ -831,7 +831,11 @@ def oracle_checks(family: str) -> tuple[tuple[str, str], ...]:
     out = [(check, a) for a in loads for check in ("hidden_states", "logits")]
     if "eager" in loads and "attention_probabilities" in names:
         out.append(("attentions", "eager"))
-    if "router_logits" in names and _accepts(getattr(transformers, tiny["model_class"]), "output_router_logits"):
+    cls = getattr(transformers, tiny["model_class"])
+    # the flag is a parameter of the forward, or taken through **kwargs by a class that records
+    # router_logits with transformers' output capturing (Glm4Moe, DeepseekV3)
+    records = "router_logits" in (getattr(cls, "_can_record_outputs", None) or {})
+    if "router_logits" in names and (_accepts(cls, "output_router_logits") or records):
         out.append(("router_logits", loads[0]))
     if tiny.get("processor"):
         out += [(check, loads[0]) for check in ("image_hidden_states", "image_logits")]
