@@ -160,8 +160,8 @@ def build(family: str, params: Mapping[str, Any] | None = None, attn_implementat
     torch.manual_seed(seed)
     hf = getattr(transformers, tiny["model_class"])(config).to(dtype).eval()
     with torch.no_grad():  # a weight matrix the init leaves all zero (Gemma 3's mm_input_projection_weight,
-        for param in hf.parameters():  # which a checkpoint fills) is drawn, so every value reaches the logits
-            if param.dim() >= 2 and not param.any():
+        for name, param in hf.named_parameters():  # which a checkpoint fills) is drawn, so every value reaches
+            if param.dim() >= 2 and name.endswith("weight") and not param.any():  # the logits (biases stay)
                 param.normal_(0.0, 0.02)
     if experts is not None:
         hf.set_experts_implementation(experts)
