@@ -173,6 +173,11 @@ class ProcessorRaw(Strict):
     image_processor: StrictStr = Field(description="the image processor class (a Pil one: no torchvision)")
     image_processor_config: dict[StrictStr, Any] = Field(default={}, description="its keyword arguments")
     tokens: list[StrictStr] = Field(default=[], description="special tokens given the ids after [PAD] [UNK] [BOS] [EOS], in order")
+    config: dict[StrictStr, Any] = Field(default={}, description="keyword arguments of the processor class beside its image "
+                                                                  "processor and tokenizer (LlavaProcessor's patch_size ...)")
+    token_names: dict[StrictStr, StrictStr] = Field(default={}, description="tokenizer attributes naming some of tokens "
+                                                                          "(Gemma 3's boi_token: '<start_of_image>' ...), as a "
+                                                                          "checkpoint's tokenizer names them for its processor")
 
 
 class TinyLoadRaw(Strict):

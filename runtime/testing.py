@@ -28,9 +28,10 @@ WORDS = ("the eiffel tower is in city of paris france a an and to on at with fro
          "eight nine ten red blue green big small old new first last next good bad hot cold up down").split()
 
 
-def tiny_tokenizer(vocab_size: int, extra_specials: tuple[str, ...] = ()) -> Any:
+def tiny_tokenizer(vocab_size: int, extra_specials: tuple[str, ...] = (), names: Mapping[str, str] | None = None) -> Any:
     """A word-level tokenizer over ``vocab_size`` ids (unknown words map to [UNK]), built in memory.
-    ``extra_specials`` (image tokens ...) take the ids after [PAD] [UNK] [BOS] [EOS], in order."""
+    ``extra_specials`` (image tokens ...) take the ids after [PAD] [UNK] [BOS] [EOS], in order;
+    ``names`` makes some of them tokenizer attributes (``boi_token`` and ``boi_token_id`` ...)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -41,8 +42,9 @@ def tiny_tokenizer(vocab_size: int, extra_specials: tuple[str, ...] = ()) -> Any
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     if extra_specials:
         tok.add_special_tokens(list(extra_specials))
+    named = {"extra_special_tokens": dict(names)} if names else {}
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", bos_token="[BOS]",
-                                   eos_token="[EOS]")
+                                   eos_token="[EOS]", **named)
     # a minimal chat template (the turns' text, then a generation prompt), so the notes' templated
     # examples run; it stands for a checkpoint's template, whose text the notes describe
     fast.chat_template = ("{% for m in messages %}{{ m['content'] }} {% endfor %}"
@@ -157,6 +159,10 @@ def build(family: str, params: Mapping[str, Any] | None = None, attn_implementat
             getattr(config, sub)._attn_implementation = attn_implementation
     torch.manual_seed(seed)
     hf = getattr(transformers, tiny["model_class"])(config).to(dtype).eval()
+    with torch.no_grad():  # a weight matrix the init leaves all zero (Gemma 3's mm_input_projection_weight,
+        for name, param in hf.named_parameters():  # which a checkpoint fills) is drawn, so every value reaches
+            if param.dim() >= 2 and name.endswith("weight") and not param.any():  # the logits (biases stay)
+                param.normal_(0.0, 0.02)
     if experts is not None:
         hf.set_experts_implementation(experts)
     vocab = int(getattr(config.get_text_config(), "vocab_size", 64))
@@ -220,7 +226,9 @@ def image_prompt_inputs(processor: Any, words: int, sizes: list[tuple[int, int]]
     """A processor's inputs for ``words`` words after one image placeholder per image."""
     gen = torch.Generator().manual_seed(seed)
     picks = torch.randint(0, len(WORDS), (max(words, 1),), generator=gen).tolist()
-    start, end = processor.vision_start_token, processor.vision_end_token
+    from .processing import vision_marks
+
+    start, end = vision_marks(processor)
     text = "".join(f"{start}{processor.image_token}{end}" for _ in sizes) + " " + " ".join(WORDS[i] for i in picks)
     out = processor(text=text, images=tiny_images(sizes, seed), return_tensors="pt")
     return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
@@ -313,6 +321,10 @@ def dims_of(model: AtlasModel, inputs: Mapping[str, torch.Tensor]) -> dict[str, 
         patches = int(grid.prod(-1).sum())
         merge = int(dims.get("vision_spatial_merge_size", 1))
         dims.update(images=1, patches=patches, image_tokens=patches // (merge * merge))
+    elif inputs.get("pixel_values") is not None:  # a fixed-size encoder: one row per image
+        token_id = int(getattr(model.config, "image_token_id", -1))
+        image = torch.eq(torch.as_tensor(inputs["input_ids"]), token_id)
+        dims.update(tiles=int(inputs["pixel_values"].shape[0]), image_tokens=int(image.sum()))
     return dims
 
 
@@ -710,8 +722,8 @@ def check_text_prompt(family: str, variant: str | None = None) -> None:
 
 
 def check_image_input_errors(family: str, variant: str | None = None) -> None:
-    """Raw image tensors: a missing mm_token_type_ids or an image-token count that does not match
-    the grid is a clear error before the forward."""
+    """Raw image tensors: a missing mm_token_type_ids (where the model takes them) or an image-token
+    count that does not match the images is a clear error before the forward."""
     from .errors import NnatlasError
 
     model = build(family, variant=variant)
@@ -719,13 +731,17 @@ def check_image_input_errors(family: str, variant: str | None = None) -> None:
     calls = []
     handle = model.native.register_forward_pre_hook(lambda *a: calls.append(1))
     try:
-        bad = dict(inputs)
-        bad.pop("mm_token_type_ids")
         keep = torch.ones(inputs["input_ids"].shape[1], dtype=torch.bool)
-        keep[int((inputs["mm_token_type_ids"][0] == 1).nonzero()[0])] = False  # one image token fewer
-        fewer = {k: (v[:, keep] if k in ("input_ids", "attention_mask", "mm_token_type_ids") else v)
+        image = inputs["input_ids"][0] == model.config.image_token_id
+        keep[int(image.nonzero()[0])] = False  # one image token fewer
+        fewer = {k: (v[:, keep] if k in ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids") else v)
                  for k, v in inputs.items()}
-        for broken, words in ((bad, "mm_token_type_ids"), (fewer, "image tokens")):
+        cases: list[tuple[dict[str, torch.Tensor], str]] = [(fewer, "image tokens")]
+        if "mm_token_type_ids" in inputs:
+            bad = dict(inputs)
+            bad.pop("mm_token_type_ids")
+            cases.insert(0, (bad, "mm_token_type_ids"))
+        for broken, words in cases:
             try:
                 with model.trace(broken):
                     model.logits.save()
