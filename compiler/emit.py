@@ -346,8 +346,10 @@ def page_context(f: FamilyIR, atlas: Atlas, printout: str | None = None) -> dict
             "sae_points": model.sae_points(), "image_text": model.image_text()}
 
 
-def render_page(f: FamilyIR, atlas: Atlas, printout: str | None = None) -> str:
-    return env().get_template("page.html.j2").render(**page_context(f, atlas, printout))
+def render_page(f: FamilyIR, atlas: Atlas, printout: str | None = None,
+                status_data: dict[str, Any] | None = None) -> str:
+    return env().get_template("page.html.j2").render(**page_context(f, atlas, printout),
+                                                     badge=status.row(f, status_data))
 
 
 def render_page_md(f: FamilyIR, atlas: Atlas, printout: str | None = None) -> str:

@@ -158,20 +158,24 @@ _EMPTY_CELL: dict[str, Any] = {"result": "not run", "passed": 0, "total": 0, "gr
 
 def page_rows(atlas: Atlas, status: Mapping[str, Any] | None) -> dict[str, Any]:
     """What status.html and the index show: one row per family of the atlas, one column per version."""
-    versions = [v["transformers"] for v in (status or {}).get("versions", [])]
-    rows = []
-    for f in atlas.families:
-        fam = (status or {}).get("families", {}).get(f.name)
-        cells = []
-        for v in versions:
-            run = (fam or {}).get("runs", {}).get(v) or {}
-            stale = run.get("spec_sha256") not in (None, f.sha256)
-            cells.append({**_EMPTY_CELL, **run, "version": v, "stale": stale})
-        rows.append({"family": f.name, "title": f.title, "seen": fam is not None, "values_served": _values(f),
-                     "identities": sum(len(h.identities) for h in f.hosts),
-                     "oracle_checks": (fam or {}).get("oracle_checks", []), "loads": (fam or {}).get("loads", []),
-                     "cells": cells, "pinned": cells[0] if cells else {**_EMPTY_CELL, "version": None, "stale": False}})
+    rows = [row(f, status) for f in atlas.families]
     return {"status": status, "versions": (status or {}).get("versions", []), "rows": rows}
+
+
+def row(f: FamilyIR, status: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One family's status: what it serves and checks, and a cell per version of the last run
+    (``pinned``: the first version's, which the family page's badge shows)."""
+    versions = [v["transformers"] for v in (status or {}).get("versions", [])]
+    fam = (status or {}).get("families", {}).get(f.name)
+    cells = []
+    for v in versions:
+        run = (fam or {}).get("runs", {}).get(v) or {}
+        stale = run.get("spec_sha256") not in (None, f.sha256)
+        cells.append({**_EMPTY_CELL, **run, "version": v, "stale": stale})
+    return {"family": f.name, "title": f.title, "seen": fam is not None, "values_served": _values(f),
+            "identities": sum(len(h.identities) for h in f.hosts),
+            "oracle_checks": (fam or {}).get("oracle_checks", []), "loads": (fam or {}).get("loads", []),
+            "cells": cells, "pinned": cells[0] if cells else {**_EMPTY_CELL, "version": None, "stale": False}}
 
 
 # ---- the run ---------------------------------------------------------------------------------

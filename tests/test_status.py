@@ -59,6 +59,21 @@ def test_page_and_index_show_the_status_and_mark_a_stale_spec() -> None:
     assert 'id="no-run"' in empty
 
 
+def test_every_family_header_has_a_badge_linking_its_status() -> None:
+    atlas = compile_atlas(ROOT / "specs", ROOT)
+    st = json.loads(status.dumps(status.fold(atlas, [("5.24.0", _record(atlas, sha=SHA), None)])))
+    out = render(atlas, None, st)
+    llama = out["generated/docs/llama.html"]
+    assert '<p class="badge" data-result="fail"><a href="status.html#llama">' in llama
+    assert "✗ 5/7 tests passed</span> (transformers 5.24.0)" in llama and "stale: the spec changed" in llama
+    assert "2 oracle checks" in llama
+    for f in atlas.families:
+        page = out[f"generated/docs/{f.name}.html"]
+        assert f'<a href="status.html#{f.name}">' in page and " values · " in page, f.name
+    assert '<p class="badge" data-result="error">' in out["generated/docs/gpt2.html"]  # its tests did not import
+    assert "tests not run in the last status run" in out["generated/docs/mistral.html"]  # not in the record
+
+
 def test_generate_keeps_and_reads_a_committed_status(spec_root: Path) -> None:
     atlas = compile_atlas(spec_root / "specs", spec_root)
     st = status.fold(atlas, [("5.24.0", _record(atlas), None)])
