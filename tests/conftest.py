@@ -4,6 +4,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -14,3 +15,22 @@ def spec_root(tmp_path: Path) -> Path:
     shutil.copytree(ROOT / "specs", tmp_path / "specs")
     shutil.copytree(ROOT / "generated", tmp_path / "generated", ignore=shutil.ignore_patterns("__pycache__"))
     return tmp_path
+
+
+def drop_families(root: Path, *names: str) -> None:
+    """Remove these families' specs from ``root``, and every family that extends one of them."""
+    gone = set(names)
+    specs = sorted((root / "specs").glob("*.yaml"))
+    while True:
+        more = set()
+        for p in specs:
+            data = yaml.safe_load(p.read_text())
+            bases = data.get("extends") if isinstance(data, dict) else None
+            bases = [bases] if isinstance(bases, str) else (bases or [])
+            if p.stem not in gone and set(bases) & gone:
+                more.add(p.stem)
+        if not more:
+            break
+        gone |= more
+    for name in gone:
+        (root / "specs" / f"{name}.yaml").unlink(missing_ok=True)

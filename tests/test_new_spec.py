@@ -12,6 +12,15 @@ import yaml
 from nnatlas.compiler import compile_atlas, emit
 from nnatlas.compiler.cli import main
 
+from .conftest import drop_families
+
+
+@pytest.fixture
+def spec_root(spec_root: Path) -> Path:
+    """The checkout's specs less mistral and the families that extend it: these tests write mistral anew."""
+    drop_families(spec_root, "mistral")
+    return spec_root
+
 
 def _new(root: Path, *args: str) -> int:
     return main(["new", *args, "--root", str(root)])

@@ -58,8 +58,10 @@ def test_an_unknown_value_on_a_stream_host_names_the_stream(tmp_path: Path) -> N
     shutil.copy(ROOT / "specs" / "qwen3_vl.yaml", specs)
     shutil.copy(ROOT / "specs" / "llama.yaml", specs)
     shutil.copy(ROOT / "specs" / "_notes.yaml", specs)
+    line = next(i for i, text in enumerate((specs / "parts" / "qwen_vit.yaml").read_text().splitlines(), 1)
+                if "mlp_outptu" in text)
     assert _error(specs) == (
-        "specs/parts/qwen_vit.yaml:102:7: unknown value 'mlp_outptu'; did you mean 'mlp_output'? A new standard "
+        f"specs/parts/qwen_vit.yaml:{line}:7: unknown value 'mlp_outptu'; did you mean 'mlp_output'? A new standard "
         "value is declared once in specs/_vocabulary.yaml, under streams.vision: (this host's stream) or values:, "
         "with its layout and its one-line meaning")
 

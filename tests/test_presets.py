@@ -13,6 +13,16 @@ import torch
 from nnatlas.compiler import SpecError, compile_atlas, emit
 from nnatlas.compiler.presets import PRESETS
 
+from .conftest import drop_families
+
+
+@pytest.fixture
+def spec_root(spec_root: Path) -> Path:
+    """The checkout's specs less mamba and the families that extend it: these tests write their own mamba."""
+    drop_families(spec_root, "mamba")
+    return spec_root
+
+
 # an attention-free family, written the short way (a test fixture: the real mamba spec is the breadth issue's)
 MAMBA = """\
 family: mamba
