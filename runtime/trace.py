@@ -279,6 +279,16 @@ class Target:
         return f"{what}: {got} does not fit the value's {has}{layout}: {first}"
 
 
+def _editable(target: Target, payload: Any) -> Any:
+    """Under ``grad=True``, an edit of a tensor that the op which computed it keeps for its own
+    backward (a softmax's, a sigmoid's, an exp's output) is made on a copy put in its place where
+    the value is read: written in place, the backward would refuse the modified tensor."""
+    native = target.native(payload)
+    if isinstance(native, torch.Tensor) and native.grad_fn is not None and hasattr(native.grad_fn, "_saved_result"):
+        return target.with_native(payload, native.clone())
+    return payload
+
+
 def _same(x: Any) -> Any:
     return x
 
@@ -563,6 +573,8 @@ class Tracer:
             if isinstance(native, torch.Tensor):
                 payload = t.with_native(payload, native.clone())
         action = r.action
+        if self.grad_live and (action == "replace" or action == "setitem"):
+            payload = _editable(t, payload)
         if action == "save" or action == "capture":
             value = t.get(payload)
             if action == "capture":

@@ -86,3 +86,28 @@ def test_readme_steering_example_runs() -> None:
             logits = model.logits.save()
         return float(-logits[0, -1].log_softmax(-1)[1])
     assert loss(steer.detach()) < loss(torch.zeros_like(steer))
+
+
+def test_edits_under_grad_reach_the_logits_as_without() -> None:
+    """An edit gives the same logits with grad=True as without, also of a tensor its op keeps for
+    the backward (the softmax's output: edited on a copy in its place), and the backward runs."""
+    model = T.build("llama")
+    edits = {
+        "zero a head's pattern": lambda m: m.layers[0].self_attn.attention_probabilities.__setitem__(
+            (slice(None), 0), 0.0),
+        "scale the pattern": lambda m: setattr(m.layers[0].self_attn, "attention_probabilities",
+                                               m.layers[0].self_attn.attention_probabilities * 0.5),
+        "zero an mlp_output row": lambda m: m.layers[0].mlp.mlp_output.__setitem__(0, 0.0),
+    }
+    for what, edit in edits.items():
+        results = []
+        for grad in (False, True):
+            with model.trace(_inputs(model), grad=grad):
+                edit(model)
+                logits = model.logits.save()
+            results.append(logits)
+        torch.testing.assert_close(results[1].detach(), results[0], msg=what)
+        results[1].sum().backward()
+        with model.trace(_inputs(model)):
+            plain = model.logits.save()
+        assert not torch.equal(plain, results[0]), f"{what}: the edit did not reach the logits"
