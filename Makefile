@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.nnatlas-installed
 
-.PHONY: all env generate check lint typecheck test docs bench clean
+.PHONY: all env generate check lint typecheck test docs bench status draft-sweep clean
 
 all: generate test
 
@@ -37,11 +37,22 @@ $(CHROMIUM):
 test: $(STAMP) $(CHROMIUM)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest
 
+# every family's generated tests under each transformers version of pyproject.toml's [tool.nnatlas]
+# status-transformers (one venv each under .venv-status/), folded into generated/docs/status.json (committed);
+# then generate renders status.html and the index's status row from it. CI runs the pinned version only (make test).
+status: $(STAMP)
+	$(BIN)/nnatlas status
+
 docs: $(STAMP)
 	$(BIN)/nnatlas docs --out site
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+# not in CI: the drafter on every decoder-only causal-LM model type (one process each, one thread, a
+# timeout), a table in generated/docs/draft_sweep.md (kept by generate: it carries no generated-file mark)
+draft-sweep: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python -m nnatlas.compiler.draft.sweep --timeout 300
 
 clean:
 	rm -rf $(VENV) site artifacts

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from . import emit, files, outdir, printouts, pycheck, reference, treecheck
+from . import emit, files, outdir, printouts, pycheck, reference, status, treecheck
 from .errors import GenerateError, Problem, SpecError, UserError
 from .ir import Atlas, FamilyIR
 from .resolve import resolve, resolve_texts
@@ -32,11 +33,14 @@ def compile_texts(texts: dict[str, str]) -> Atlas:
     return resolve_texts(texts)
 
 
-def render(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> dict[str, str]:
+def render(atlas: Atlas, printout_texts: dict[str, str] | None = None,
+           status_data: dict[str, Any] | None = None) -> dict[str, str]:
     """Every generated file, path relative to the root → text.
 
     ``printout_texts``: family → its printout file (``compiler/printouts.py``), which the pages
     show and take their per-checkpoint facts from; without it the pages are drawn from the specs alone.
+    ``status_data``: the committed ``generated/docs/status.json`` (``compiler/status.py``), which
+    status.html and the index's status row show; without it they say no run is recorded.
     """
     printout_texts = printout_texts or {}
     out: dict[str, str] = {"generated/families/__init__.py": emit.render_registry(atlas)}
@@ -44,11 +48,12 @@ def render(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> dict[s
         printout = printout_texts.get(f.name)
         out[f"generated/families/{f.name}.py"] = emit.render_family(f)
         out[f"generated/tests/test_{f.name}.py"] = emit.render_tests(f)
-        out[f"generated/docs/{f.name}.html"] = emit.render_page(f, atlas, printout)
+        out[f"generated/docs/{f.name}.html"] = emit.render_page(f, atlas, printout, status_data)
         out[f"generated/docs/{f.name}.md"] = emit.render_page_md(f, atlas, printout)
         if printout is not None:
             out[printouts.path_for(f.name)] = printout
-    out["generated/docs/index.html"] = emit.render_index(atlas)
+    out["generated/docs/index.html"] = emit.render_index(atlas, printout_texts, status_data)
+    out["generated/docs/status.html"] = emit.render_status(atlas, status_data)
     out["generated/docs/llms.txt"] = emit.render_llms(atlas)
     out["generated/docs/atlas.css"] = emit.env().get_template("atlas.css.j2").render()
     out["generated/docs/atlas.js"] = emit.env().get_template("atlas.js.j2").render()
@@ -129,7 +134,7 @@ def generate(root: Path | None = None, check: bool = False) -> Result:
     root = root or default_root()
     atlas = compile_atlas(root / "specs", root)
     texts, stale_printouts = plan_printouts(root, atlas, compute=not check)
-    outputs = render(atlas, texts)
+    outputs = render(atlas, texts, status.read(root))
     files.check_python(outputs)
     changed, orphans = files.stale(root, outputs, OWNED)
     orphans = [o for o in orphans if o not in stale_printouts]
@@ -156,8 +161,11 @@ def build_site(out: Path, root: Path | None = None) -> list[str]:
     root = root or default_root()
     atlas = compile_atlas(root / "specs", root)
     texts, _ = plan_printouts(root, atlas, compute=True)
-    outputs = render(atlas, texts)
+    recorded = status.read(root)
+    outputs = render(atlas, texts, recorded)
     site = {rel.removeprefix("generated/docs/"): text for rel, text in outputs.items() if rel.startswith("generated/docs/")}
+    if recorded is not None:
+        site["status.json"] = status.dumps(recorded)
     site[".nojekyll"] = ""
     return [rel for rel in outdir.write(out, site) if rel != ".nojekyll"]
 

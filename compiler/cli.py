@@ -1,5 +1,5 @@
 """``nnatlas generate [--check]`` and ``nnatlas docs [--out DIR] [--serve [--port N]]``, ``nnatlas new FAMILY --from
-BASE``; ``nnatlas cache`` is the runtime's (``nnatlas.cache_cli``), handed its arguments whole.
+BASE``, ``nnatlas status [--versions V,...]`` (make status); ``nnatlas cache`` is the runtime's (``nnatlas.cache_cli``), handed its arguments whole.
 
 Every subcommand runs through ``user_errors``: a mistake of the user's (a broken spec, a bad path
 or port, a folder that is not nnatlas's) is one line on stderr and exit status 2, never a
@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     docs.add_argument("--root", type=Path, default=None, help="the checkout (default: the one nnatlas is installed from)")
     docs.set_defaults(handler=lambda a: _docs(a.root, a.out, a.serve, a.port))
     _add_new(sub)
+    add_draft_parser(sub)
+    _add_status(sub)
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse printed usage and the error (or --help): return, do not exit
@@ -73,6 +75,29 @@ def _new(family: str, base: str, out: Path | None, root: Path | None, force: boo
     print(f"nnatlas: wrote {path}; fill in its TODOs and summary, then `make generate` and `make test` "
           "(every key: docs/spec.md)")
     return 0
+
+
+def _add_status(sub: Any) -> None:
+    st = sub.add_parser("status", help="run every family's generated tests under each transformers version of "
+                        "pyproject.toml ([tool.nnatlas] status-transformers), write generated/docs/status.json, regenerate")
+    st.add_argument("--versions", default=None,
+                    help="comma-separated transformers versions instead of pyproject's list (the first is the pinned one)")
+    st.add_argument("--root", type=Path, default=None, help="the checkout (default: the one nnatlas is installed from)")
+    st.set_defaults(handler=lambda a: _status(a.root, a.versions))
+
+
+def _status(root: Path | None, chosen: str | None) -> int:
+    """``nnatlas status``: the runs (one venv per version under .venv-status/), status.json, then generate."""
+    from . import status
+
+    root = checkout(root)
+    result = status.run(root, [v.strip() for v in chosen.split(",") if v.strip()] if chosen else None)
+    for v in result["versions"]:
+        said = (f"{v['passed']} passed, {v['failed']} failed, {v['collection_errors']} files not collected"
+                if v["ran"] else f"did not run: {v['why']}")
+        print(f"nnatlas: transformers {v['transformers']}: {said}")
+    print(f"nnatlas: wrote {status.PATH}")
+    return _generate(root, False)
 
 
 def user_errors(run: Callable[[], int]) -> int:
@@ -171,6 +196,55 @@ def _generate(root: Path | None, check: bool) -> int:
         print(f"removed {rel}")
     print(f"nnatlas: {len(result.changed)} written, {len(result.removed)} removed ({took:.0f} ms)")
     return 0
+
+
+def add_draft_parser(sub: Any) -> None:
+    d = sub.add_parser("draft", help="write a first spec for a transformers model type, by machine")
+    d.add_argument("model_type", help="a transformers model type (mistral, qwen2, ...)")
+    d.add_argument("--out", type=Path, default=None, help="the spec to write (default: specs/MODEL_TYPE.yaml)")
+    d.add_argument("--extends", default=None, help="a family the draft extends (written as extends:)")
+    d.add_argument("--model", default=None, help="a local checkpoint folder whose config to start from")
+    d.add_argument("--no-test", action="store_true", help="write the draft only: no generate, no generated tests")
+    d.add_argument("--force", action="store_true", help="overwrite --out when it exists (a hand-written spec, say)")
+    d.add_argument("--root", type=Path, default=None, help="the checkout whose specs/ the draft compiles with")
+    d.set_defaults(handler=run_draft)
+
+
+def run_draft(args: Any) -> int:
+    """``nnatlas draft``: draft, write, then generate and run the family's generated tests."""
+    from .draft import DraftError, draft
+    from .draft.check import compile_draft, run_tests
+
+    root = checkout(args.root)
+    try:
+        d = draft(args.model_type, model_path=args.model, extends=args.extends)
+    except DraftError as e:
+        print(f"nnatlas draft: {e}", file=sys.stderr)
+        return 2
+    out = args.out or root / "specs" / f"{d.proposal.family}.yaml"
+    if out.exists() and not args.force:
+        print(f"nnatlas draft: {out} exists; give another --out, or --force to overwrite it", file=sys.stderr)
+        return 2
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(d.text, encoding="utf-8")
+    n_values = sum(len(h.values) for h in d.proposal.hosts.values())
+    print(f"nnatlas draft: wrote {out} ({len(d.proposal.hosts)} hosts, {n_values} values, "
+          f"{len(d.proposal.todos)} TODO)")
+    for todo in d.proposal.todos:
+        print(f"  TODO {todo}")
+    if args.no_test:
+        return 0
+    compiled = compile_draft(d.text, d.proposal.family, root / "specs", [args.extends] if args.extends else None)
+    if compiled.family is None:
+        print(f"generate: FAILED\n{compiled.error}")
+        return 1
+    print("generate: ok")
+    run = run_tests(compiled.family)
+    print(f"generated tests: {'ok' if run.ok else 'FAILED'} ({run.passed} passed, {run.failed} failed, "
+          f"{run.errors} errors)")
+    if not run.ok:
+        print(run.output[-4000:])
+    return 0 if run.ok else 1
 
 
 if __name__ == "__main__":

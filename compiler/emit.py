@@ -16,7 +16,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from . import markdown, names, site
+from . import markdown, names, site, status
 from .ir import Atlas, FamilyIR, ValueIR
 from .readpoint import ReadIR
 
@@ -89,6 +89,11 @@ def _env() -> jinja2.Environment:
     env.filters["mdtext"] = markdown.inline_text
     env.filters["mdcell"] = markdown.cell
     env.filters["mdcode"] = markdown.code_span
+    env.filters["mdcodecell"] = markdown.code_cell
+    env.filters["mdbody"] = markdown.body
+    env.filters["mdinline"] = markdown.inline
+    env.filters["cfglabel"] = site.config_label
+    env.filters["params"] = site.param_text
     return env
 
 
@@ -334,25 +339,36 @@ def page_context(f: FamilyIR, atlas: Atlas, printout: str | None = None) -> dict
 
     head = printouts.parse_header(printout)
     model = site.PageModel(f, head.facts if head else None)
-    return {"f": f, "atlas": atlas, "stacks": model.stacks(), "hosts": model.hosts(),
-            "checkpoints": model.checkpoints(), "printouts": printouts.body(printout) if printout else []}
+    notes = [{"id": model.uid(f"note-{n.title}"), "title": n.title, "body": n.body} for n in f.notes]
+    return {"f": f, "atlas": atlas, "model": model, "stacks": model.stacks(), "hosts": model.hosts(),
+            "checkpoints": model.checkpoints(), "printouts": printouts.body(printout) if printout else [],
+            "notes": notes, "sizes": model.sizes(), "coming_from": model.coming_from(),
+            "sae_points": model.sae_points(), "image_text": model.image_text()}
 
 
-def render_page(f: FamilyIR, atlas: Atlas, printout: str | None = None) -> str:
-    return env().get_template("page.html.j2").render(**page_context(f, atlas, printout))
+def render_page(f: FamilyIR, atlas: Atlas, printout: str | None = None,
+                status_data: dict[str, Any] | None = None) -> str:
+    return env().get_template("page.html.j2").render(**page_context(f, atlas, printout),
+                                                     badge=status.row(f, status_data))
 
 
 def render_page_md(f: FamilyIR, atlas: Atlas, printout: str | None = None) -> str:
     return env().get_template("page.md.j2").render(**page_context(f, atlas, printout))
 
 
-def _index_data(atlas: Atlas) -> dict[str, Any]:
+def _index_data(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> dict[str, Any]:
+    from . import printouts
     names = sorted({v.name for f in atlas.families for h in f.hosts for v in h.values})
     matrix: dict[str, dict[str, str]] = {}
     conditional: dict[str, set[str]] = {}
     families_of: dict[str, list[str]] = {}
     entries: list[dict[str, str]] = []
+    sizes: list[dict[str, Any]] = []
     for f in atlas.families:
+        text = (printout_texts or {}).get(f.name)
+        head = printouts.parse_header(text)
+        page = site.PageModel(f, head.facts if head else None)
+        sizes.extend({"family": f.name, **r} for r in page.sizes())
         matrix[f.name] = {}
         conditional[f.name] = set()
         for h in f.hosts:
@@ -361,24 +377,41 @@ def _index_data(atlas: Atlas) -> dict[str, Any]:
                             "where": host_label, "href": f"{f.name}.html#{site.host_anchor(h, f)}"})
             for v in h.values:
                 anchor = site.value_anchor(h, v, f)
-                matrix[f.name].setdefault(v.name, anchor)
-                if v.needs:
-                    conditional[f.name].add(v.name)
                 if f.name not in families_of.setdefault(v.name, []):
                     families_of[v.name].append(f.name)
                 entries.append({"text": v.name, "name": v.name, "kind": "value", "family": f.name,
                                 "where": f"{host_label} ({h.cls})", "href": f"{f.name}.html#{anchor}"})
+        # the matrix's cell is the value on its first text host (then vision), ⚠︎ when that one needs a
+        # load: a text block's layer_output is unconditional though the vision block's needs images
+        for h in sorted(f.hosts, key=lambda h: h.path == "vision" or h.path.startswith("vision.")):
+            for v in h.values:
+                if v.name not in matrix[f.name] and v.missing is None:
+                    matrix[f.name][v.name] = site.value_anchor(h, v, f)
+                    if v.needs and not page.page_serves(v):
+                        conditional[f.name].add(v.name)
+        for note in f.notes:  # the notes' words are searched too (attn_implementation, sae, resid_post)
+            entries.append({"text": f"{note.title} {note.body}", "name": note.title, "kind": "note", "family": f.name,
+                            "where": "notes", "href": f"{f.name}.html#{page.uid(f'note-{note.title}')}"})
+        for r in page.coming_from():
+            entries.append({"text": f"{r['tl']} {r['nnsight']}", "name": r["tl"], "kind": f"is {r['nnatlas']}",
+                            "family": f.name, "where": "TransformerLens", "href": f"{f.name}.html#{r['anchor']}"})
         for std, natives in f.rename:
             for n in natives:
                 entries.append({"text": f"{std} {n}", "name": std, "kind": f"standard name of {n}", "family": f.name,
                                 "where": "rename", "href": f"{f.name}.html#support"})
     traits = sorted({t for f in atlas.families for t, _ in f.traits})
     return {"atlas": atlas, "value_names": names, "matrix": matrix, "conditional": conditional,
-            "families_of": families_of, "search_index": entries, "traits": traits}
+            "families_of": families_of, "search_index": entries, "traits": traits, "sizes": sizes}
 
 
-def render_index(atlas: Atlas) -> str:
-    return env().get_template("index.html.j2").render(**_index_data(atlas))
+def render_index(atlas: Atlas, printout_texts: dict[str, str] | None = None,
+                 status_data: dict[str, Any] | None = None) -> str:
+    return env().get_template("index.html.j2").render(**_index_data(atlas, printout_texts),
+                                                      **status.page_rows(atlas, status_data))
+
+
+def render_status(atlas: Atlas, status_data: dict[str, Any] | None = None) -> str:
+    return env().get_template("status.html.j2").render(atlas=atlas, **status.page_rows(atlas, status_data))
 
 
 def render_llms(atlas: Atlas) -> str:

@@ -172,6 +172,7 @@ class DiagramIR:
     block: tuple[str, ...]
     vision: tuple[str, ...]
     vision_block: tuple[str, ...]
+    vision_facts: tuple[tuple[str, str], ...] = ()  # term → sentence, drawn beside the vision path
 
 
 DEFAULT_TEXT = ("embed_tokens", "layers", "norm", "lm_head")

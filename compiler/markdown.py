@@ -66,7 +66,8 @@ def render(text: str) -> Markup:
             body = [r for r in rows[1:] if not all(set(c) <= set("-: ") for c in r)]
             head = "".join(f"<th>{_inline(c)}</th>" for c in rows[0])
             trs = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in body)
-            blocks.append(f"<table class=\"note-table\"><thead><tr>{head}</tr></thead><tbody>{trs}</tbody></table>")
+            blocks.append(f"<div class=\"scroll\"><table class=\"note-table\"><thead><tr>{head}</tr></thead>"
+                          f"<tbody>{trs}</tbody></table></div>")
             continue
         if not line.strip():
             flush()
@@ -95,3 +96,41 @@ def cell(text: Any) -> str:
 
 def code_span(text: str) -> str:
     return " ".join(str(text).split()).replace("`", "'")
+
+
+def code_cell(text: Any) -> str:
+    """A code span's text inside a GFM table cell: a '|' is escaped, or it would split the row."""
+    return code_span(str(text)).replace("|", "\\|")
+
+
+_SPAN = re.compile(r"(`+)(.+?)\1")
+
+
+def _inert(text: str) -> str:
+    """Markdown prose outside code spans with its HTML made text (``<think>`` stays on the page)."""
+    out, pos = [], 0
+    for m in _SPAN.finditer(text):
+        out.append(text[pos:m.start()].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;"))
+        out.append(m.group(0))
+        pos = m.end()
+    out.append(text[pos:].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;"))
+    return "".join(out)
+
+
+def body(text: str) -> str:
+    """A note's body on a Markdown page: prose with HTML inert, fenced code as it is."""
+    out, fenced = [], False
+    for line in str(text).split("\n"):
+        if line.startswith("```"):
+            fenced = not fenced
+            out.append(line)
+        elif fenced:
+            out.append(line)
+        else:
+            out.append(_inert(line))
+    return "\n".join(out)
+
+
+def inline(text: str) -> Markup:
+    """One line of a spec (a note's title) with its `code` and **bold** drawn, everything else escaped."""
+    return Markup(_inline(" ".join(str(text).split())))

@@ -87,8 +87,10 @@ class ValueRaw(Strict):
         default="logits", description='what an edit reaches: "logits" (this forward), "later" (only later calls: a '
         'state written to the cache), "none" (a record of what ran: read-only)')
     served_copy: StrictBool = Field(
-        default=False, alias="copy", description="serve a copy put in the call's place: for a buffer the model "
-        "overwrites later in the same run (a cache's state), so the saved value keeps what entered")
+        default=False, alias="copy", description="a save keeps a copy taken when the value is produced, an edit "
+        "is a copy put in the call's place: for a tensor the model changes in place later in the same run (a "
+        "cache's state; Falcon's MLP output, to which the block adds the attention), so the saved value keeps "
+        "what entered")
 
 
 class IdentityRaw(Strict):
@@ -171,6 +173,11 @@ class ProcessorRaw(Strict):
     image_processor: StrictStr = Field(description="the image processor class (a Pil one: no torchvision)")
     image_processor_config: dict[StrictStr, Any] = Field(default={}, description="its keyword arguments")
     tokens: list[StrictStr] = Field(default=[], description="special tokens given the ids after [PAD] [UNK] [BOS] [EOS], in order")
+    config: dict[StrictStr, Any] = Field(default={}, description="keyword arguments of the processor class beside its image "
+                                                                  "processor and tokenizer (LlavaProcessor's patch_size ...)")
+    token_names: dict[StrictStr, StrictStr] = Field(default={}, description="tokenizer attributes naming some of tokens "
+                                                                          "(Gemma 3's boi_token: '<start_of_image>' ...), as a "
+                                                                          "checkpoint's tokenizer names them for its processor")
 
 
 class TinyLoadRaw(Strict):
@@ -248,6 +255,9 @@ class DiagramRaw(Strict):
     block: list[StrictStr] | None = Field(default=None, description="one block of layers")
     vision: list[StrictStr] | None = Field(default=None, description="the vision encoder's path")
     vision_block: list[StrictStr] | None = Field(default=None, description="one vision block")
+    vision_facts: dict[StrictStr, StrictStr] | None = Field(
+        default=None, description="what the page says beside the vision path, term → one sentence (rows, "
+        "positions, masking, final norm)")
 
 
 class IncludeRaw(Strict):
@@ -271,6 +281,7 @@ class PartRaw(Strict):
         default={}, description="as a family's config:")
     functions: dict[StrictStr, FunctionRaw] = Field(default={}, description="as a family's functions:")
     hosts: dict[StrictStr, HostRaw] = Field(default={}, description="as a family's hosts: (classes from the class map)")
+    diagram: DiagramRaw | None = Field(default=None, description="as a family's diagram: (the vision path's facts)")
 
 
 class FamilyRaw(Strict):

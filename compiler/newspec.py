@@ -80,7 +80,7 @@ def starting_spec(family: str, base: FamilyIR) -> str:
 
     # hosts under a name a part renames come with that part, which is not inherited: include it
     part_files = {file for file, _ in base.parts}
-    from_parts = {name for name, (file, _, _) in base.rename_at if file in part_files}
+    from_parts = {name for name, at in base.rename_at if at is not None and at[0] in part_files}
     hosts: dict[str, str] = {}
     for h in base.hosts:
         if re.split(r"[.\[]", h.path, maxsplit=1)[0] not in from_parts:

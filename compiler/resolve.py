@@ -743,7 +743,11 @@ class _Family:
                              f"(a rename entry, a host, or a module a value is read at" +
                              (", or add / mixer)" if words else ")"))
             out[key] = tuple(items)
-        return DiagramIR(out["text"], out["block"], out["vision"], out["vision_block"])
+        facts = d.vision_facts if d is not None and d.vision_facts else {}
+        if facts and not any(h.path == "vision" for h in hosts):
+            self.err(("diagram", "vision_facts"), "diagram.vision_facts: this family has no vision host to say them of")
+        return DiagramIR(out["text"], out["block"], out["vision"], out["vision_block"],
+                         tuple((k, " ".join(v.split())) for k, v in facts.items()))
 
     def config(self) -> list[tuple[str, expr.Compiled, str]]:
         out = []
@@ -1056,9 +1060,7 @@ class _Family:
         processor: tuple[tuple[str, Any], ...] | None = None
         images: tuple[tuple[str, Any], ...] | None = None
         if t.processor is not None:
-            processor = (("class", t.processor.cls), ("image_processor", t.processor.image_processor),
-                         ("image_processor_config", dict(t.processor.image_processor_config)),
-                         ("tokens", tuple(t.processor.tokens)))
+            processor = _processor(t.processor)
         if t.images is not None:
             if t.processor is None:
                 self.err(("tiny", "images"), "tiny.images: image inputs need tiny.processor (how to build them)")
@@ -1080,9 +1082,7 @@ class _Family:
                     self.err(iat, f"tiny.image_text.draw.{key}: {e}", col=e.col)
             image_text = (("model_class", it.model_class), ("config_class", it.config_class),
                           ("config", dict(it.config)), ("draw", tuple(it_draws)),
-                          ("processor", (("class", it.processor.cls), ("image_processor", it.processor.image_processor),
-                                         ("image_processor_config", dict(it.processor.image_processor_config)),
-                                         ("tokens", tuple(it.processor.tokens)))),
+                          ("processor", _processor(it.processor)),
                           ("images", (("count", tuple(it.images.count)), ("sizes", tuple(tuple(x) for x in it.images.sizes)))),
                           ("examples", it.examples))
         return TinyIR(t.model_class, t.config_class, tuple(t.config.items()), tuple(draws), t.batch, t.seq, t.examples,
@@ -1162,3 +1162,15 @@ def _flat(args: Any) -> list[Any]:
 
 
 __all__ = ["resolve", "resolve_texts", "SpecError", "suggest"]
+
+
+def _processor(p: Any) -> tuple[tuple[str, Any], ...]:
+    """A tiny processor's entries (its class's own keyword arguments only when it has some)."""
+    out: tuple[tuple[str, Any], ...] = (("class", p.cls), ("image_processor", p.image_processor),
+                                        ("image_processor_config", dict(p.image_processor_config)),
+                                        ("tokens", tuple(p.tokens)))
+    if p.config:
+        out = (*out, ("config", dict(p.config)))
+    if p.token_names:
+        out = (*out, ("token_names", dict(p.token_names)))
+    return out

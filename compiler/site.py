@@ -50,6 +50,7 @@ class Card:
     where: str
     needs: str
     anchor: str
+    cond: str = ""  # the name of the load condition (``processor``), "" when unconditional
 
 
 @dataclass
@@ -64,6 +65,7 @@ class Part:
     others: list[Card] = field(default_factory=list)
     count: str = ""  # "× 48" on a stack
     subtitle: str = ""
+    note: str = ""  # a word drawn under the value (``at image_token_mask``)
 
 
 @dataclass
@@ -125,7 +127,7 @@ def _fallback_config(f: FamilyIR) -> list[dict[str, Any]]:
 
 def _card(h: HostIR, v: ValueIR, f: FamilyIR) -> Card:
     return Card(v.name, v.layout.text, v.meaning, v.words, v.where, v.needs.says if v.needs else "",
-                value_anchor(h, v, f))
+                value_anchor(h, v, f), v.needs.name if v.needs else "")
 
 
 def _native(f: FamilyIR, std_path: str) -> str:
@@ -157,6 +159,11 @@ def _sibling_value(hosts: list[HostIR], module: str, f: FamilyIR) -> Card | None
             if r is not None and r.kind == "module" and r.up == 1 and r.module == (module,) and r.side == "output":
                 return _card(h, v, f)
     return None
+
+
+def _tower(hosts: list[HostIR], f: FamilyIR) -> Card | None:
+    """The vision stack's own output as the encoder returns it (``tower_output``), drawn on the stack."""
+    return next((_card(h, v, f) for h in hosts for v in h.values if v.name == "tower_output"), None)
 
 
 def _own_output(h: HostIR, f: FamilyIR) -> Card | None:
@@ -229,6 +236,12 @@ class PageModel:
         out = [self.stack("layers", "")]
         if any(h.path == "vision" or h.path.startswith("vision.") for h in self.f.hosts):
             out.append(self.stack("vision.layers", "vision"))
+        if self.serves_processor():  # the page's own load serves these: no ⚠︎ on their cards
+            for s in out:
+                for p in [*s.chain, *(p for k in s.kinds for p in k.parts)]:
+                    for c in [p.value, *p.others]:
+                        if c is not None and c.cond == "processor":
+                            c.needs = ""
         return [s for s in out if s is not None]
 
     def stack(self, name: str, prefix: str) -> Stack:
@@ -281,20 +294,40 @@ class PageModel:
                             items.append(m)
             if any(h.path.startswith(f"{stack}[i]") for h in f.hosts):
                 items.insert(min(1, len(items)), "layers")
+        derived_chain = not f.diagram.vision
+        if derived_chain and "projector" in rename and "projector" not in items:
+            items.append("projector")
+        if derived_chain:
+            parts.append(Part(self.uid(f"c-{prefix}-image"), "image", "", "input", prefix, "", None,
+                              subtitle="pixel_values, image_grid_thw"))
         for item in items:
             if item == "layers":
-                parts.append(self.stack_part(stack, n))
+                parts.append(self.stack_part(stack, n, _tower(vhosts, f)))
+                continue
+            if item == "projector" and item in rename and f"{prefix}.{item}" not in rename:
+                parts.append(Part(self.uid("c-projector"), "projector", _native(f, "projector"), "vision", "projector",
+                                  "", None, subtitle="the merger: each 2 × 2 block of patches to one image token"
+                                  if "merger" in dict(f.rename)["projector"][0] else "to the text model's width"))
                 continue
             full = f"{prefix}.{item}"
             card = _module_value(vhosts, item, "output", f) or _module_value(model_hosts, item, "output", f)
             path = full if (full in rename or any(h.path == full for h in f.hosts)) else item
             parts.append(Part(self.uid(f"c-{full}"), item, _native(f, path), "vision", path, "", card))
+        if derived_chain:
+            feats = next(((h, v) for h in vhosts for v in h.values if v.name == "image_features"), None)
+            if feats is not None:
+                parts.append(Part(self.uid(f"c-{prefix}-image_features"), "image_features", "", "vision", prefix, "",
+                                  _card(*feats, f), note="at the scatter"))
+                entry = next((_card(h, v, f) for h in f.hosts_at("layers[i]") for v in h.values
+                              if v.name == "layer_input"), None)
+                parts.append(Part(self.uid(f"c-{prefix}-into-layers"), "layers[0].input", "", "stack", "layers[i]", "",
+                                  entry, note="at image_token_mask"))
         return parts
 
-    def stack_part(self, stack: str, n: int) -> Part:
+    def stack_part(self, stack: str, n: int, card_: Card | None = None) -> Part:
         f = self.f
         hosts = list(f.hosts_at(f"{stack}[i]"))
-        card = _own_output(hosts[0], f) if hosts else None
+        card = card_ or (_own_output(hosts[0], f) if hosts else None)
         cls = ", ".join(dict.fromkeys(h.cls for h in hosts))
         leaf = stack.split(".")[-1]
         return Part(self.uid(f"c-{stack}"), leaf, _native(f, stack), "stack", f"{stack}[i]", cls, card,
@@ -349,6 +382,15 @@ class PageModel:
             role = "norm" if "norm" in name else "module"
             parts.append(Part(self.uid(f"k{k}-{stack}-{name}"), name, _native(f, f"{stack}[i].{name}"), role,
                               f"{stack}[i].{name}", "", card))
+        everywhere = set.intersection(*[{v.name for v in h.values} for h in f.hosts_at(f"{stack}[i]")]) \
+            if f.hosts_at(f"{stack}[i]") else set()
+        extra: list[str] = []
+        for h in layer_hosts:  # a kind's own values on the block (deepstack_output after blocks 0-2)
+            for v in h.values:
+                if v.name not in everywhere and not any(p.value is not None and p.value.name == v.name for p in parts):
+                    parts.append(Part(self.uid(f"k{k}-{stack}-{v.name}"), "+", "", "add", h.path, h.cls,
+                                      _card(h, v, f), subtitle=h.kind or "", note=h.kind or ""))
+                    extra.append(h.kind or v.name)
         present = set(children)
         identities = []
         for h in layer_hosts:
@@ -358,6 +400,8 @@ class PageModel:
                     identities.append(ident.text)
         ordered = sorted(children.items(), key=lambda kv: (kv[0] in named, kv[0]))  # the mixers first
         label = " · ".join(f"{n}: {h.cls}" for n, h in ordered) or (lay.cls if lay else stack)
+        if extra:
+            label += " · " + " · ".join(dict.fromkeys(extra))
         return Kind(k, label, blocks, parts, identities)
 
     # ---- support() tables ----
@@ -365,8 +409,93 @@ class PageModel:
         f = self.f
         out = []
         for h in f.hosts:
-            out.append({"host": h, "anchor": host_anchor(h, f), "label": "model" if h.path == "model" else f"model.{h.path}",
+            cls = h.cls
+            built = str(self.first.get("class", "")) if self.first else ""
+            if h.path == "model" and built and built != h.cls:  # the page's load builds another class
+                cls = f"{built} (or {h.cls})"
+            out.append({"host": h, "cls": cls, "anchor": host_anchor(h, f),
+                        "label": "model" if h.path == "model" else f"model.{h.path}",
                         "values": [(v, _card(h, v, f)) for v in h.values]})
+        return out
+
+    def serves_processor(self) -> bool:
+        """Whether the load this page is built on is the image-text one (its printout built the vision stack)."""
+        return bool(self.first and any(k.startswith("vision") for k in self.first.get("blocks", {})))
+
+    def image_text(self) -> str:
+        return str(self.first.get("class", "")) if self.serves_processor() and self.first else ""
+
+    def page_serves(self, v: ValueIR) -> bool:
+        """Whether the load this page is built on serves ``v`` although it needs a load (the image-text
+        one builds the vision encoder, so a value needing the processor is unconditional here)."""
+        return bool(v.needs and v.needs.name == "processor" and self.serves_processor())
+
+    def warn(self, v: ValueIR) -> bool:
+        return bool(v.needs) and not self.page_serves(v)
+
+    def _mixers(self) -> list[str]:
+        return [h.path for h in self.f.hosts if h.path.startswith("layers[i].") and h.path.count(".") == 1
+                and not h.path.endswith(".mlp")]
+
+    def _served(self, host: str, value: str) -> list[tuple[HostIR, ValueIR]]:
+        """``{attn}``: every mixer of the block; ``{softmax}``: the mixers with an attention pattern
+        (TransformerLens's attn.hook_* name softmax attention's tensors, not a DeltaNet's)."""
+        if "{softmax}" in host:
+            hosts = [m for m in self._mixers() if any(v.name == "attention_probabilities"
+                                                      for h in self.f.hosts_at(m) for v in h.values)]
+        else:
+            hosts = self._mixers() if "{attn}" in host else [host]
+        out = []
+        for path in hosts:
+            for h in self.f.hosts_at(path):
+                for v in h.values:
+                    if v.name == value and v.missing is None:
+                        out.append((h, v))
+                        break
+        return out
+
+    def coming_from(self) -> list[dict[str, Any]]:
+        """TransformerLens hook names and nnsight paths → the standard values this family serves."""
+        rows = []
+        seen = set()
+        rotary = any("rotary" in t.lower() for t, _ in self.f.traits)
+        for tl, host, value, differs in TRANSFORMER_LENS:
+            if ".hook_rot_" in tl and not rotary:
+                continue  # TransformerLens names rotated queries and keys only on a rotary model
+            if tl.endswith((".hook_q", ".hook_k")) and not rotary:
+                differs = "per key/value head (no repeat to the query heads)" if tl.endswith("k") else ""
+            for h, v in self._served(host, value):
+                if (tl, h.path) in seen:
+                    continue
+                seen.add((tl, h.path))
+                std = (f"model.{h.path}." if h.path != "model" else "model.") + v.name
+                when = f" (when {h.when_text})" if h.when_text else ""
+                rows.append({"tl": tl, "nnatlas": std, "anchor": value_anchor(h, v, self.f),
+                             "nnsight": nnsight_path(self.f, h.path, v) or "no module boundary: " + v.words,
+                             "differs": (differs + when).strip(), "warn": self.warn(v),
+                             "needs": v.needs.says if v.needs else ""})
+        return rows
+
+    def sae_points(self) -> list[dict[str, str]]:
+        """The SAE hook points, for a page whose notes name SAE repositories."""
+        if not any("sae" in (n.title + n.body).lower() for n in self.f.notes):
+            return []
+        rows = []
+        for point, host, value in SAE_POINTS:
+            for h, v in self._served(host, value):
+                rows.append({"point": point, "nnatlas": (f"model.{h.path}." if h.path != "model" else "model.") + v.name,
+                             "anchor": value_anchor(h, v, self.f), "nnsight": nnsight_path(self.f, h.path, v)})
+        return rows
+
+    def sizes(self) -> list[dict[str, Any]]:
+        """Per checkpoint: layers, d_model, heads, kv heads, head_dim, vocab and parameters (meta device)."""
+        facts = {c["name"]: c for c in self.facts.get("checkpoints", [])}
+        out = []
+        for c in self.checkpoints():
+            n = c["normalized"]
+            out.append({"name": c["name"], "layers": n.get("num_layers"), "d_model": n.get("hidden_size"),
+                        "heads": n.get("num_heads"), "kv_heads": n.get("num_kv_heads"), "head_dim": n.get("head_dim"),
+                        "vocab": n.get("vocab_size"), "parameters": facts.get(c["name"], {}).get("parameters")})
         return out
 
     def checkpoints(self) -> list[dict[str, Any]]:
@@ -394,3 +523,97 @@ def config_text(v: Any) -> str:
     if isinstance(v, dict):
         return "{" + ", ".join(f"{k}: {config_text(x)}" for k, x in v.items()) + "}"
     return str(v)
+
+
+def config_label(name: str) -> str:
+    """The standard config name as a researcher types it (``vision_num_heads`` → ``model.vision.num_heads``)."""
+    if name.startswith("vision_"):
+        rest = name[len("vision_"):]
+        return f"model.vision.{name if rest == 'hidden_size' else rest}"
+    return f"model.{name}"
+
+
+# TransformerLens hook names → the standard value that holds the same tensor (host path, value, what differs).
+# Only rows whose value the family serves are drawn, so the table is generated from the spec.
+TRANSFORMER_LENS: tuple[tuple[str, str, str, str], ...] = (
+    ("hook_embed", "model", "token_embeddings", ""),
+    ("blocks.{i}.hook_resid_pre", "layers[i]", "layer_input", ""),
+    ("blocks.{i}.ln1.hook_normalized", "layers[i]", "attention_norm_output", "TransformerLens folds the norm's gain into W_Q/W_K/W_V by default; this is the native norm's output, gain applied"),
+    ("blocks.{i}.attn.hook_rot_q", "layers[i].{softmax}", "attention_queries", "after the rotary, [batch heads seq head_dim] (TransformerLens: [batch seq heads head_dim])"),
+    ("blocks.{i}.attn.hook_q", "layers[i].{softmax}", "attention_queries", "TransformerLens's hook_q is before the rotary; attention_queries is after it"),
+    ("blocks.{i}.attn.hook_rot_k", "layers[i].{softmax}", "attention_keys", "after the rotary, per key/value head"),
+    ("blocks.{i}.attn.hook_k", "layers[i].{softmax}", "attention_keys", "TransformerLens's hook_k is before the rotary; attention_keys is after it, per key/value head"),
+    ("blocks.{i}.attn.hook_v", "layers[i].{softmax}", "attention_values", "per key/value head (no repeat to the query heads)"),
+    ("blocks.{i}.attn.hook_attn_scores", "layers[i].{softmax}", "attention_scores", ""),
+    ("blocks.{i}.attn.hook_pattern", "layers[i].{softmax}", "attention_probabilities", ""),
+    ("blocks.{i}.attn.hook_z", "layers[i].{softmax}", "attention_head_outputs", ""),
+    ("blocks.{i}.hook_attn_out", "layers[i].{attn}", "attention_output", ""),
+    ("blocks.{i}.hook_resid_mid", "layers[i]", "layer_mid", ""),
+    ("blocks.{i}.ln2.hook_normalized", "layers[i]", "mlp_norm_output", ""),
+    ("blocks.{i}.mlp.hook_pre", "layers[i].mlp", "mlp_activation", "TransformerLens's hook_pre is before the activation; mlp_activation is after it"),
+    ("blocks.{i}.mlp.hook_post", "layers[i].mlp", "mlp_neurons", ""),
+    ("blocks.{i}.hook_mlp_out", "layers[i].mlp", "mlp_output", ""),
+    ("blocks.{i}.hook_resid_post", "layers[i]", "layer_output", ""),
+    ("ln_final.hook_normalized", "model", "final_norm_output", ""),
+    ("unembed.hook_out (the logits)", "model", "logits", ""),
+)
+
+# SAE releases name their hook point after TransformerLens (resid_pre / resid_mid / resid_post …)
+SAE_POINTS: tuple[tuple[str, str, str], ...] = (
+    ("resid_pre", "layers[i]", "layer_input"),
+    ("resid_mid", "layers[i]", "layer_mid"),
+    ("resid_post", "layers[i]", "layer_output"),
+    ("attn_out", "layers[i].{attn}", "attention_output"),
+    ("mlp_out", "layers[i].mlp", "mlp_output"),
+    ("hook_z", "layers[i].{softmax}", "attention_head_outputs"),
+)
+
+
+def native_path(f: FamilyIR, std: str) -> str:
+    """The first native module path of a standard one, from the root (``layers[i].self_attn`` → ``model.layers[i].self_attn``).
+
+    A rename whose native holds a dot is a path from the root (``model.language_model.layers``); one
+    without is the child's own name under its parent (``attn``)."""
+    rename = dict(f.rename)
+    if std == "model":
+        return ""
+    out = ""
+    key = ""
+    for seg in std.split("."):
+        plain = seg.removesuffix("[i]")
+        key = f"{key}.{plain}" if key else plain
+        natives = rename.get(key)
+        if natives and "." in natives[0]:
+            out = natives[0]
+        else:
+            name = natives[0] if natives else plain
+            out = f"{out}.{name}" if out else name
+        if seg.endswith("[i]"):
+            out += "[i]"
+            key += "[i]"
+    return out
+
+
+def nnsight_path(f: FamilyIR, host: str, v: ValueIR) -> str:
+    """Where nnsight reaches the tensor of a value read at a module boundary, else ""."""
+    r = v.read
+    if r is None or r.kind != "module" or r.up:
+        return ""
+    path = native_path(f, ".".join([host, *r.module]) if host != "model" else ".".join(r.module) or "model")
+    base = f"model.{path}" if path else "model"
+    side = "output" if r.side == "output" else ("input" if r.param is None else f"inputs[1][{r.param!r}]")
+    acc = "".join(f"[{a!r}]" if isinstance(a, str) else f"[{a}]" for a in r.access if a != "")
+    if r.side == "output" and any(isinstance(a, str) for a in r.access):
+        acc = "".join(f".{a}" if isinstance(a, str) else f"[{a}]" for a in r.access)
+    return f"{base}.{side}{acc}"
+
+
+def param_text(n: Any) -> str:
+    """A parameter count as a model card says it: 752.4 M, 79.67 B."""
+    if not isinstance(n, int):
+        return "—"
+    if n >= 10**9:
+        return f"{n / 10**9:.2f} B"
+    if n >= 10**6:
+        return f"{n / 10**6:.1f} M"
+    return f"{n:,}"

@@ -13,6 +13,7 @@ means its family passed this check); imports torch and transformers only when it
 
 from __future__ import annotations
 
+import copy
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -84,7 +85,7 @@ class _Checker:
             if model is not None:
                 yield what, model
         for ckpt in self.f.checkpoints:
-            raw = dict(ckpt.config)
+            raw = copy.deepcopy(dict(ckpt.config))  # a config class may fix up its sub-configs in place
             model_type = raw.pop("model_type", None) or self.f.model_types[0]
             archs = [a for a in (raw.get("architectures") or []) if a in self.f.classes]
             what = f"checkpoint {ckpt.name}"

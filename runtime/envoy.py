@@ -58,7 +58,12 @@ class Host:
 
     # -- what applies here --
     def _block_index(self) -> int | None:
-        return self._index
+        """The block this host is in: its own index, else its parent's (``layers[3].mlp`` is in
+        block 3, so a nested host's ``when`` is decided per block)."""
+        if self._index is not None:
+            return self._index
+        parent = self.__dict__.get("_parent")
+        return parent._block_index() if parent is not None else None
 
     def _specs(self) -> list[HostSpec]:
         return self._model._specs_for(self._pattern, self._block_index())

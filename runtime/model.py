@@ -488,6 +488,8 @@ def call_condition_met(name: str, inputs: Mapping[str, Any]) -> bool:
     """Call conditions (kind call), decided by the inputs of one call before its forward runs."""
     if name == "images":
         return inputs.get("pixel_values") is not None
+    if name == "cached":  # a recurrent mixer returns its final state only on a call that keeps a cache
+        return inputs.get("use_cache") is not False
     raise NnatlasError(f"unknown call condition '{name}'")
 
 

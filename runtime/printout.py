@@ -41,18 +41,27 @@ def _reverse(model: AtlasModel, pattern: str) -> dict[str, str]:
     return out
 
 
-def _render(model: AtlasModel, module: torch.nn.Module, pattern: str, index: int | None) -> str:
+def _render(model: AtlasModel, module: torch.nn.Module, pattern: str, index: int | None,
+            targets: dict[int, str] | None = None) -> str:
+    """``targets``: id of a module → the standard name a root-level rename gives it, so a standard
+    module inside another one (``layers`` inside ``language_model``, ``projector`` inside ``vision``)
+    is shown and walked under its own name."""
+    targets = targets or {}
     specs: list[HostSpec] = model._specs_for(pattern, index) if pattern else []
     if isinstance(module, torch.nn.ModuleList):
-        return _render_list(model, module, pattern)
+        return _render_list(model, module, pattern, targets)
     rev = _reverse(model, pattern) if pattern else {}
     lines = []
     for name, child in module._modules.items():
         if child is None:
             continue
-        std = rev.get(name, name)
+        if id(child) in targets:
+            std, sub = targets[id(child)], targets[id(child)]
+        else:
+            std = rev.get(name, name)
+            sub = f"{pattern}.{std}" if pattern else ""
         shown = std if std == name else f"{std}/{name}"
-        lines.append(f"({shown}): {_render(model, child, f'{pattern}.{std}' if pattern else '', None)}")
+        lines.append(f"({shown}): {_render(model, child, sub, None, targets)}")
     lines += [_value_line(v) for s in specs for v in s.values]
     if not lines:
         return _leaf(module)
@@ -62,9 +71,10 @@ def _render(model: AtlasModel, module: torch.nn.Module, pattern: str, index: int
     return f"{head}\n  {body}\n)"
 
 
-def _render_list(model: AtlasModel, module: torch.nn.ModuleList, pattern: str) -> str:
+def _render_list(model: AtlasModel, module: torch.nn.ModuleList, pattern: str,
+                 targets: dict[int, str] | None = None) -> str:
     item = f"{pattern}[i]" if pattern else ""
-    rendered = [_render(model, m, item, i) for i, m in enumerate(module)]
+    rendered = [_render(model, m, item, i, targets) for i, m in enumerate(module)]
     lines = []
     start = 0
     for i in range(1, len(rendered) + 1):
@@ -104,12 +114,12 @@ def render(model: AtlasModel) -> str:
             if id(child) in targets:
                 std = targets[id(child)]
                 shown = std if std == name else f"{std}/{name}"
-                lines.append(f"({shown}): {_render(model, child, std, None)}")
+                lines.append(f"({shown}): {_render(model, child, std, None, targets)}")
                 covered.add(id(child))
             elif id(child) in holders:
                 queue.append((cpath, child))  # a container of standard-named modules (model.model)
             else:
-                lines.append(f"({cpath}): {_render(model, child, '', None)}")
+                lines.append(f"({cpath}): {_render(model, child, '', None, targets)}")
                 covered.add(id(child))
     lines += [_value_line(v) for s in model._specs_for("model", None) for v in s.values]
     body = "\n  ".join(_indent(x) for x in lines)

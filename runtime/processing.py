@@ -76,11 +76,11 @@ def tiny_processor(spec: dict[str, Any], vocab_size: int) -> Any:
 
     from .testing import tiny_tokenizer
 
-    tok = tiny_tokenizer(vocab_size, extra_specials=tuple(spec["tokens"]))
+    tok = tiny_tokenizer(vocab_size, extra_specials=tuple(spec["tokens"]), names=dict(spec.get("token_names", {})))
     ip_cls = _image_processor_class(spec["image_processor"])
     image_processor = ip_cls(**dict(spec["image_processor_config"]))
     cls = getattr(transformers, spec["class"])
-    return images_only(cls)(image_processor=image_processor, tokenizer=tok)
+    return images_only(cls)(image_processor=image_processor, tokenizer=tok, **dict(spec.get("config", {})))
 
 
 def _image_processor_class(name: str) -> type:
@@ -92,13 +92,32 @@ def _image_processor_class(name: str) -> type:
     return cls  # type: ignore[no-any-return]
 
 
+# Qwen2-VL's and Qwen2.5-VL's processors do not name the tokens around an image, but their tokenizers
+# hold them and the models need them: M-RoPE places each run of image tokens as one image, so two
+# images with nothing between them would take one image's positions
+QWEN_VISION_MARKS = ("<|vision_start|>", "<|vision_end|>")
+
+
+def vision_marks(processor: Any) -> tuple[str, str]:
+    """The tokens a prompt puts before and after an image's tokens: the processor's own, else Qwen's
+    when its tokenizer knows them, else none."""
+    start, end = getattr(processor, "vision_start_token", None), getattr(processor, "vision_end_token", None)
+    if start is not None and end is not None:
+        return start, end
+    tokenizer = getattr(processor, "tokenizer", None)
+    vocab = tokenizer.get_vocab() if tokenizer is not None and hasattr(tokenizer, "get_vocab") else {}
+    if all(mark in vocab for mark in QWEN_VISION_MARKS):
+        return QWEN_VISION_MARKS
+    return "", ""
+
+
 def image_prompt(processor: Any, text: str, count: int) -> str:
     """``text`` with one ``<vision_start><image><vision_end>`` per image in front, unless it holds
     the image token already (as a chat template would place them)."""
     token = getattr(processor, "image_token", None)
     if not token or token in text or count == 0:
         return text
-    start, end = getattr(processor, "vision_start_token", ""), getattr(processor, "vision_end_token", "")
+    start, end = vision_marks(processor)
     return "".join(f"{start}{token}{end}" for _ in range(count)) + " " + text
 
 

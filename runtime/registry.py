@@ -40,7 +40,11 @@ def pick(model: Any) -> Family:
     if config is None:
         raise NnatlasError(f"{type(model).__name__} has no config; pass family= to nnatlas.wrap")
     fams = all_families()
-    for mt in model_types(config):
+    # a wrapper whose own model_type a family lists loads as that family (LLaVA's text model is a
+    # plain llama, whose family has no vision encoder); any other by its text model first
+    own = getattr(config, "model_type", None)
+    listed = any(own in fam.model_types for fam in fams.values())
+    for mt in ([own] if listed else []) + model_types(config):
         for fam in fams.values():
             if mt in fam.model_types:
                 return fam

@@ -95,7 +95,7 @@ class Target:
     # the module whose call gives [batch, seq] to views that name them (the model), and where they land
     dims_module: torch.nn.Module | None = None  # whose call gives ``batch`` / ``seq`` to the view
     layout: str | None = None  # the value's declared layout (a tensor layout), for the messages of bad edits
-    copy: bool = False  # serve a copy, put in the native's place (a buffer the forward overwrites)
+    copy: bool = False  # a save keeps a copy; an edit is a copy put in the native's place (a buffer the forward overwrites)
     reached: Any = None  # a call condition (adapter.Condition) checked against the inputs before the forward
     call: int = 0  # which firing of the site serves it (the K-th call of a method)
     at: str = ""  # the spec line of the value (a view that does not fit names it)
@@ -568,11 +568,25 @@ class Tracer:
     def _apply(self, r: Request, payload: Any) -> Any:
         t = r.target
         assert t is not None
+        action = r.action
         if t.copy:
             native = t.native(payload)
             if isinstance(native, torch.Tensor):
-                payload = t.with_native(payload, native.clone())
-        action = r.action
+                copied = t.with_native(payload, native.clone())
+                if action == "save" or action == "capture":
+                    # a snapshot: the forward goes on with its own tensor, which it may change in
+                    # place later (Falcon adds the attention into the MLP's output), the save keeps
+                    # what was produced
+                    value = t.get(copied)
+                    if action == "capture":
+                        r.value = value
+                    elif self.grad_live:
+                        save_with_grad(t, r.payload, payload, value, r.label)  # the hook on the tensor the forward goes on with
+                    else:
+                        fill(r.payload, value, r.label)
+                    r.done = True
+                    return self._finish(r, payload)
+                payload = copied
         if self.grad_live and (action == "replace" or action == "setitem"):
             payload = _editable(t, payload)
         if action == "save" or action == "capture":
@@ -599,6 +613,9 @@ class Tracer:
             except (RuntimeError, IndexError, TypeError, ValueError) as e:
                 raise InputError(t.edit_error(f"{r.label}[{key!r}] = ...", current, new, e)) from e
         r.done = True
+        return self._finish(r, payload)
+
+    def _finish(self, r: Request, payload: Any) -> Any:
         owner = r.owner
         if owner is not None and owner.action == "derived" and all(d.done for d in owner.deps or ()):
             values = {d.payload: d.value for d in owner.deps or ()}

@@ -139,6 +139,9 @@ def check_image_inputs(model: AtlasModel, inputs: Mapping[str, Any]) -> None:
     grid = inputs.get("image_grid_thw")
     if pixels is None:
         raise InputError("image_grid_thw without pixel_values: pass the processor's pixel_values too")
+    if grid is None and "image_grid_thw" not in inspect.signature(model._module.forward).parameters:
+        _check_fixed_size_images(model, inputs, pixels)
+        return
     if grid is None:
         raise InputError("pixel_values without image_grid_thw: pass the processor's image_grid_thw "
                          "([t, h, w] per image, in patches)")
@@ -187,6 +190,26 @@ def check_image_inputs(model: AtlasModel, inputs: Mapping[str, Any]) -> None:
                          f"makes {patches}")
 
 
+def _check_fixed_size_images(model: AtlasModel, inputs: Mapping[str, Any], pixels: Any) -> None:
+    """A fixed-size encoder's images (LLaVA's CLIP, Gemma 3's SigLIP): pixel_values [images, channels,
+    height, width], and the family's ``image_tokens_per_image`` image tokens per image in input_ids."""
+    if not isinstance(pixels, torch.Tensor) or pixels.dim() != 4 or not pixels.dtype.is_floating_point:
+        got = f"dtype {pixels.dtype}, shape {list(pixels.shape)}" if isinstance(pixels, torch.Tensor) \
+            else type(pixels).__name__
+        raise InputError(f"pixel_values: expected a float tensor [images, channels, height, width], got {got}")
+    per_image = model.normalized_config.get("image_tokens_per_image")
+    token_id = getattr(model.config, "image_token_id", None)
+    ids = inputs.get("input_ids")
+    if not isinstance(per_image, int) or token_id is None or ids is None:
+        return
+    want = int(pixels.shape[0]) * per_image
+    have = int((torch.as_tensor(ids) == token_id).sum())
+    if have != want:
+        raise InputError(f"input_ids hold {have} image tokens (id {token_id}) but pixel_values holds "
+                         f"{int(pixels.shape[0])} images of {per_image} image tokens each ({want}): the prompt "
+                         "needs the processor's image tokens, one run per image")
+
+
 # ---- edits ---------------------------------------------------------------------------------
 
 def _layout_dims(value: Value, tracer: Tracer) -> list[int | None]:
@@ -224,10 +247,13 @@ def _trace_dims(model: AtlasModel, tracer: Tracer) -> dict[str, int]:
         if inputs.get("past_key_values") is None and inputs.get("cache") is None:
             dims["key"] = dims["seq"]
     grid = inputs.get("image_grid_thw")
+    pixels = inputs.get("pixel_values")
     if isinstance(grid, torch.Tensor):
         dims["patches"] = int(grid.prod(-1).sum())
         merge = dims.get("vision_spatial_merge_size", 1)
         dims["image_tokens"] = dims["patches"] // (merge * merge)
+    elif isinstance(pixels, torch.Tensor) and pixels.dim() == 4:  # a fixed-size encoder: one row per image
+        dims["tiles"] = int(pixels.shape[0])
     return dims
 
 

@@ -39,10 +39,12 @@ def test_writes_only_what_changed(spec_root: Path) -> None:
     spec = spec_root / "specs" / "gpt2.yaml"
     spec.write_text(spec.read_text().replace("title: GPT-2", "title: GPT-2 (edited)"))
     result = generate(spec_root)
-    # the family's own files (their headers carry the spec's sha256) and the files made from every spec
+    # the family's own files (their headers carry the spec's sha256), the printout of gpt_bigcode (it
+    # extends gpt2: its printout is cached under the merged specs) and the files made from every spec
     assert set(result.changed) == {"generated/families/gpt2.py", "generated/tests/test_gpt2.py", "generated/docs/gpt2.html",
                                    "generated/docs/gpt2.md", "generated/docs/printouts/gpt2.txt",
-                                   "generated/docs/index.html", "generated/docs/llms.txt", "generated/families/__init__.py"}
+                                   "generated/docs/printouts/gpt_bigcode.txt", "generated/docs/index.html",
+                                   "generated/docs/status.html", "generated/docs/llms.txt", "generated/families/__init__.py"}
     for p, t in stamp.items():
         rel = p.relative_to(spec_root).as_posix()
         if rel not in result.changed:
@@ -63,6 +65,7 @@ def test_check_reports_a_diff_and_exit_1(spec_root: Path) -> None:
 
 def test_orphaned_generated_files_are_removed(spec_root: Path) -> None:
     (spec_root / "specs" / "gpt2.yaml").unlink()
+    (spec_root / "specs" / "gpt_bigcode.yaml").unlink()  # it extends gpt2
     result = generate(spec_root)
     assert "generated/families/gpt2.py" in result.removed
     assert not (spec_root / "generated" / "families" / "gpt2.py").exists()

@@ -40,7 +40,9 @@ def test_every_positional_read_of_the_atlas_is_pinned() -> None:
     positional = [(f.name, h.path, v.name) for f in atlas.families for h in f.hosts for v in h.values
                   if v.read is not None and v.read.by_position]
     assert ("qwen3_vl", "vision.layers[i].self_attn", "attention_queries") in positional
-    assert len(positional) == 11  # 5 vision reads in each of two families, deepstack_output: each pinned
+    # 5 vision reads in each of the two families with the Qwen3 ViT, deepstack_output: each pinned (families
+    # added since have their own; the compiler refuses any that no identity pins)
+    assert len([p for p in positional if p[0] in ("qwen3_vl", "qwen3_5_text")]) == 11
 
 
 def test_the_vision_qkv_identities_catch_a_shift() -> None:

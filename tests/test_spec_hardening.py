@@ -93,7 +93,9 @@ def test_keywords_dunders_and_clashing_class_names(spec_root: Path) -> None:
         assert want in got, (want, got)
     assert any(re.fullmatch(r"specs/gpt2\.yaml:\d+:3: hosts 'layer\[i\]\.self_attn' and 'layers\[i\]\.self_attn' would both "
                             r"be class LayerSelfAttn in the adapter: rename one", line) for line in got), got
-    assert len(got) == 5
+    # gpt2's five, and the clash again in each family that extends gpt2 (gpt_bigcode), at its own host line
+    assert len([g for g in got if g.startswith("specs/gpt2.yaml")]) == 5, got
+    assert all(g.startswith("specs/gpt2.yaml") or "would both be class LayerSelfAttn" in g for g in got), got
 
 
 def test_deep_nesting_is_a_spec_error_not_a_recursion_error(spec_root: Path) -> None:

@@ -18,9 +18,16 @@ def test_saving_every_value_allocates_nothing(family: str) -> None:
     inputs = draw_inputs(int(model.normalized_config["vocab_size"]), 2, 5, [0, 1], seed=3)
     # values of a call with images need image inputs: this test feeds a text prompt
     values = standard_values(model, derived=False, needs_images=False)
+    # a value the spec declares a copy (copy: true: a tensor the forward changes in place later,
+    # Falcon's MLP output) is a copy by its definition
+    values = [v for v in values if not (v._spec is not None and v._spec.copy)]
     assert len(values) > 10
     with torch.no_grad(), Allocations() as plain:
         model.native(**inputs)
+    # once before measuring: the op dispatch builds its tables on first use in a process (small
+    # probe tensors), which is no cost of saving a value
+    with model.trace(inputs, order="any"):
+        [v.save() for v in values]
     with Allocations() as traced, model.trace(inputs, order="any"):
         saved = [v.save() for v in values]
     tensors = [s for s in saved if isinstance(s, torch.Tensor)]
@@ -41,7 +48,7 @@ def test_saved_values_share_the_models_storage(family: str) -> None:
         handles.append(layer._module.register_forward_hook(hook))
     try:
         with model.trace(inputs):
-            saved = [layer.output.save() for layer in model.layers]
+            saved = [layer.layer_output.save() for layer in model.layers]  # output[0] where the block returns a tuple
     finally:
         for h in handles:
             h.remove()

@@ -144,6 +144,8 @@ def page(browser: Any) -> Iterator[Any]:
     pg.on("console", lambda m: pg.errors.append(m.text) if m.type == "error" else None)
     pg.on("pageerror", lambda e: pg.errors.append(str(e)))
     pg.on("requestfailed", lambda r: pg.errors.append(f"failed {r.url}"))
+    pg.requests = []  # type: ignore[attr-defined]  # every request but the site's own files: none expected
+    pg.on("request", lambda r: pg.requests.append(r.url) if not r.url.startswith(("file:", "data:", "blob:")) else None)
     try:
         yield pg
     finally:

@@ -23,19 +23,45 @@ def _open(page: Any, path: Path) -> None:
     page.wait_for_load_state("load")
 
 
-def test_every_page_loads_without_console_errors_and_is_screenshotted(page: Any, real_site: Path, test_site: Path) -> None:
+def test_every_page_loads_clean_is_screenshotted_at_1400_and_390_and_never_scrolls_sideways_on_a_phone(
+        page: Any, real_site: Path, test_site: Path) -> None:
+    """One browser page for every page and both widths (a viewport change, no new context): the
+    screenshots land in artifacts/screenshots, and at 390 px the document is no wider than the
+    screen: what is wider scrolls inside its own area (.scroll around tables, pre)."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    seen = []
+    seen, wide = [], []
     for site, tag in ((real_site, "site"), (test_site, "test")):
         for path in _pages(site):
-            _open(page, path)
+            page.set_viewport_size({"width": 1400, "height": 900})
+            _open(page, path)  # once per page: the phone width is a resize of the same page
             assert page.title(), path
-            if page.query_selector("button.part.role-mixer"):
-                page.hover("button.part.role-mixer")
-            page.screenshot(path=str(ARTIFACTS / f"{tag}-{path.stem}.png"), full_page=True)
+            for width in (1400, 390):
+                page.set_viewport_size({"width": width, "height": 900})
+                if width == 1400 and page.query_selector("button.part.role-mixer"):
+                    page.hover("button.part.role-mixer")
+                else:
+                    page.mouse.move(0, 0)
+                page.screenshot(path=str(ARTIFACTS / f"{tag}-{path.stem}-{width}.jpg"), full_page=True, type="jpeg",
+                                quality=70)
+                if width == 390:
+                    over = page.evaluate("""() => { const w = document.documentElement.clientWidth;
+                        const out = [];
+                        if (document.documentElement.scrollWidth > w) {
+                          for (const e of document.querySelectorAll('body *')) {
+                            if (e.closest('.scroll, pre, .code-wrap')) continue;
+                            const r = e.getBoundingClientRect();
+                            if (r.right > w + 1 && r.width > 0) out.push(e.tagName + '.' + e.className + ' ' + Math.round(r.right));
+                          }
+                          out.unshift('scrollWidth ' + document.documentElement.scrollWidth);
+                        }
+                        return out.slice(0, 6); }""")
+                    if over:
+                        wide.append((path.name, over))
             seen.append(path.name)
     assert page.errors == []
-    assert {"index.html", "llama.html", "gpt2.html", "hybrid_test.html"} <= set(seen)
+    assert {"index.html", "llama.html", "gpt2.html", "gemma2.html", "qwen3_5_text.html", "hybrid_test.html"} <= set(seen)
+    assert wide == []
+    assert page.requests == []
 
 
 def test_the_slider_redraws_the_block_kind_on_a_hybrid_family(page: Any, test_site: Path) -> None:
@@ -109,7 +135,14 @@ def test_search_and_trait_filter_narrow_the_index(page: Any, test_site: Path, re
     page.fill("#search", "")
     assert families.count() == total
     page.click("button.trait-filter[data-trait='Rotary positions']")
-    assert [families.nth(i).get_attribute("data-family") for i in range(families.count())] == ["gemma2", "llama"]
+    import importlib
+
+    import nnatlas
+
+    rotary = sorted(f for f in nnatlas.all_families()
+                    if "Rotary positions" in importlib.import_module(f"nnatlas.families.{f}").FAMILY.traits)
+    assert {"gemma2", "llama"} <= set(rotary) and "gpt2" not in rotary  # every family with the trait, no other
+    assert [families.nth(i).get_attribute("data-family") for i in range(families.count())] == rotary
     page.click("button.trait-filter[data-trait='Rotary positions']")
     assert families.count() == total
     page.click("button.trait-filter[data-trait='LayerNorm']")
@@ -205,7 +238,8 @@ def test_the_vision_path_is_drawn_from_the_vision_hosts(page: Any, test_site: Pa
     vision = page.locator("section#vision")
     assert vision.count() == 1
     chain = vision.locator(".chain button.part").evaluate_all("els => els.map(e => e.querySelector('.part-name').textContent)")
-    assert chain[0].startswith("patch_embed") and chain[1].startswith("layers") and chain[-1].startswith("merger")
+    assert chain[0] == "image" and chain[1].startswith("patch_embed") and chain[2].startswith("layers")
+    assert chain[-1].startswith("merger")
     block = vision.locator(".kind:not([hidden]) button.part")
     names = block.evaluate_all("els => els.map(e => e.querySelector('.part-name').textContent)")
     assert names == ["x", "input_layernorm/norm1", "self_attn/attn", "+", "post_attention_layernorm/norm2", "mlp", "+"]

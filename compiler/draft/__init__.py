@@ -1,0 +1,47 @@
+"""``nnatlas draft MODEL_TYPE``: a first spec for a transformers model type, written by machine.
+
+    tiny.py      the tiny random model (shrunk config, the draw ranges of the spec's tiny:)
+    recorder.py  one forward, recorded (module calls, modeling-module functions, torch ops)
+    matcher.py   the recorded dataflow matched against the vocabulary (a Proposal)
+    writer.py    the Proposal as commented YAML (the only place that knows the spec's forms)
+    check.py     compile the draft, run its generated tests, compare with a hand-written spec
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .proposal import Proposal
+from .tiny import DraftError
+
+
+@dataclass
+class Draft:
+    proposal: Proposal
+    text: str
+
+
+def draft(model_type: str, model_path: str | None = None, extends: str | None = None, seed: int = 0) -> Draft:
+    """Build, record, match and write (raises DraftError when the model type cannot be drafted)."""
+    import torch
+    import transformers
+
+    from . import matcher, recorder, tiny, writer
+
+    plan = tiny.plan(model_type, model_path)
+    params = plan.first()
+    model = tiny.build(plan, params, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, int(params.get("vocab_size", 96)), (2, 7), generator=gen)
+    inputs: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    try:
+        rec = recorder.record(model, inputs)
+    except Exception as e:  # noqa: BLE001 - a forward that fails on the tiny model: report it as such
+        raise DraftError(f"{plan.model_class}: the tiny model's forward failed: {type(e).__name__}: {e}") from e
+    proposal = matcher.match(rec, plan, params)
+    proposal.extends = extends
+    return Draft(proposal, writer.write(proposal, transformers.__version__))
+
+
+__all__ = ["Draft", "DraftError", "draft"]

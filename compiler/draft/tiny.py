@@ -1,0 +1,209 @@
+"""A tiny random model of one transformers model type: its config shrunk, and the draw ranges
+the generated tests will pick from (what goes into the spec's ``tiny:``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class DraftError(Exception):
+    """The drafter cannot go on: no such model type, no causal-LM class, a model that does not build."""
+
+
+# config attribute -> the fixed tiny value (the first name of each group that the config has wins)
+LAYERS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+HEADS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
+KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num")
+HIDDEN = ("hidden_size", "n_embd", "d_model", "dim")
+INTERMEDIATE = ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size")
+FIXED: dict[str, Any] = {
+    "vocab_size": 96, "max_position_embeddings": 64, "n_positions": 64, "n_ctx": 64,
+    "bos_token_id": 2, "eos_token_id": 3, "pad_token_id": 0,
+    # mixtures of experts
+    "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4,
+    "num_experts_per_tok": 2, "moe_topk": 2, "n_shared_experts": 1,
+    "moe_intermediate_size": 8, "shared_expert_intermediate_size": 8, "expert_ffn_hidden": 8,
+    # linear attention / state-space mixers
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+    "state_size": 8, "ssm_state_size": 8, "mamba_d_state": 8, "mamba_n_heads": 4, "mamba_d_head": 8,
+    "time_step_rank": 4, "kv_lora_rank": 8, "q_lora_rank": 16, "qk_rope_head_dim": 4, "qk_nope_head_dim": 8,
+    "v_head_dim": 8, "n_group": 1, "topk_group": 1,
+    "sliding_window": 16, "attention_chunk_size": 16, "rotary_dim": 4,
+}
+# a mixture's dense blocks: the tiny config makes every block a mixture (one MLP class per host path)
+ALL_SPARSE: dict[str, Any] = {"first_k_dense_replace": 0, "num_dense_layers": 0, "first_dense_layers": 0,
+                              "moe_layer_start_index": 0, "n_dense_layers": 0, "decoder_sparse_step": 1,
+                              "moe_layer_freq": 1, "moe_every_n_layers": 1, "mlp_only_layers": []}
+DROPOUTS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout",
+            "hidden_dropout_prob", "attention_probs_dropout_prob")
+
+
+@dataclass
+class Tiny:
+    """What the spec's ``tiny:`` says, and the config it builds first."""
+
+    model_type: str
+    model_class: str
+    config_class: str
+    config: dict[str, Any]  # fixed entries
+    draw: dict[str, Any]  # drawn entries: a list of options or an expression of earlier ones
+    notes: list[str] = field(default_factory=list)  # a comment per choice the spec should explain
+    names: dict[str, str] = field(default_factory=dict)  # role (layers, heads, ...) -> config attribute
+
+    def first(self) -> dict[str, Any]:
+        """The first option of every draw (the most layers), evaluated: the config the drafter records."""
+        scope = dict(self.config)
+        params = dict(self.config)
+        for name, options in self.draw.items():
+            if isinstance(options, list):
+                value = options[-1] if name == self.names.get("layers") else options[0]
+            else:
+                value = eval(options, {"__builtins__": {"len": len}}, dict(scope))  # noqa: S307 - our own text
+            scope[name] = value
+            if not name.startswith("_"):
+                params[name] = value
+        return params
+
+
+def causal_lm_class(model_type: str) -> str:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    cls = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    if cls is None:
+        raise DraftError(f"model type '{model_type}' has no causal-LM class in transformers "
+                         "(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)")
+    return cls if isinstance(cls, str) else cls[0]
+
+
+def _first(cfg: Any, names: tuple[str, ...]) -> str | None:
+    for n in names:
+        if isinstance(getattr(cfg, n, None), int) and not isinstance(getattr(cfg, n), bool):
+            return n
+    return None
+
+
+def base_config(model_type: str, path: str | None = None) -> Any:
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if path is not None:
+        return AutoConfig.from_pretrained(path)
+    if model_type not in CONFIG_MAPPING:
+        raise DraftError(f"transformers has no model type '{model_type}'")
+    return CONFIG_MAPPING[model_type]()
+
+
+def plan(model_type: str, path: str | None = None) -> Tiny:
+    """Shrink the model type's default config (or a local checkpoint's) to a tiny one."""
+    import transformers
+
+    base = base_config(model_type, path)
+    model_type = base.model_type
+    model_class = causal_lm_class(model_type)
+    config_class = type(base).__name__
+    for cls in (model_class, config_class):
+        if not hasattr(transformers, cls):
+            raise DraftError(f"transformers exports no {cls}")
+    defaults = type(base)().to_dict() if path is not None else base.to_dict()
+    fixed: dict[str, Any] = {}
+    tiny_notes: list[str] = []
+    if path is not None:  # keep the checkpoint's own choices (activation, norm eps, flags) beside the sizes
+        sizes = set(FIXED) | set(LAYERS + HEADS + KV_HEADS + HIDDEN + INTERMEDIATE) | {"head_dim", "layer_types"}
+        for k, v in base.to_diff_dict().items():
+            if k not in sizes and isinstance(v, (str, float, bool)) and defaults.get(k) != v and k not in (
+                    "model_type", "transformers_version", "dtype", "torch_dtype", "_name_or_path"):
+                fixed[k] = v
+    for name, value in FIXED.items():
+        cur = getattr(base, name, None)
+        if isinstance(cur, int) and not isinstance(cur, bool):
+            fixed[name] = value
+    if "num_experts_per_tok" in base.to_dict() and base.num_experts_per_tok is None and any(
+            isinstance(getattr(base, n, None), int) for n in ("num_experts", "n_routed_experts", "num_local_experts")):
+        fixed["num_experts_per_tok"] = FIXED["num_experts_per_tok"]
+    for name, value in ALL_SPARSE.items():
+        cur = getattr(base, name, None)
+        if cur is not None and cur != value and isinstance(cur, (int, list)) and not isinstance(cur, bool):
+            fixed[name] = value
+            tiny_notes.append(f"{name}: {value} makes every tiny block a mixture; the checkpoints' config says {cur!r}: "
+                              "their dense blocks are not mapped by this draft (one MLP class per host path)")
+    for name in DROPOUTS:
+        if isinstance(getattr(base, name, None), float):
+            fixed[name] = 0.0
+    tiny = Tiny(model_type, model_class, config_class, fixed, {}, tiny_notes)
+    listed = base.to_dict()
+    layers, heads, kv, hidden = _first(base, LAYERS), _first(base, HEADS), _first(base, KV_HEADS), _first(base, HIDDEN)
+    kv = kv or next((n for n in KV_HEADS if n in listed), None)  # None by default: as many as the heads
+    inter = _first(base, INTERMEDIATE) or next((n for n in INTERMEDIATE if n in base.to_dict()), None)
+    if layers is None or heads is None or hidden is None:
+        raise DraftError(f"{config_class} has no layer, head or width size the drafter knows "
+                         f"(looked for {LAYERS[0]}, {HEADS[0]}, {HIDDEN[0]} and their aliases)")
+    tiny.names = {"layers": layers, "heads": heads, "hidden": hidden}
+    draw = tiny.draw
+    draw[layers] = _layer_options(type(base), layers, fixed)
+    kinds = getattr(base, "mlp_layer_types", None)
+    if isinstance(kinds, list) and len(set(kinds)) > 1:  # per-block MLP kinds: every tiny block the commonest
+        common = max(set(kinds), key=kinds.count)
+        options = draw[layers]
+        draw["mlp_layer_types"] = f"{[[common] * n for n in options]!r}[{layers} - {options[0]}]"
+        tiny.notes.append(f"mlp_layer_types: every tiny block {common!r}; the checkpoints' first blocks are "
+                          f"{kinds[0]!r}, which this draft does not map (one MLP class per host path)")
+    draw[heads] = [2, 4]
+    if kv is not None:
+        tiny.names["kv_heads"] = kv
+        draw["_groups"] = [1, 2]
+        draw[kv] = f"{heads} // _groups"
+    # a latent-attention config (MLA) derives its head widths from the qk_*/v_* sizes: leave head_dim to it
+    has_head_dim = (isinstance(getattr(base, "head_dim", None), int) or "head_dim" in listed) \
+        and getattr(base, "qk_rope_head_dim", None) is None \
+        and not isinstance(getattr(type(base), "head_dim", None), property)
+    draw["_head_dim"] = [8, 16]
+    if has_head_dim:
+        draw["head_dim"] = "_head_dim"
+        tiny.names["head_dim"] = "head_dim"
+    draw[hidden] = f"{heads} * _head_dim"
+    if inter is not None:
+        tiny.names["intermediate"] = inter
+        if getattr(base, inter, None) is None:  # None by default: the model picks a multiple of the width
+            tiny.names["intermediate_default"] = "none"
+        draw[inter] = [24, 40]
+    if getattr(base, "layer_types", None) is not None and len(set(base.layer_types)) > 1:
+        tiny.notes.append(f"{layers}: enough blocks that the default layer_types has every kind of block")
+    return tiny
+
+
+def _layer_options(config_cls: Any, layers: str, fixed: dict[str, Any]) -> list[int]:
+    """[2, 3], or, on a stack of several block kinds (config.layer_types), the fewest blocks that
+    hold every kind the default config has."""
+    base = config_cls()
+    kinds = set(getattr(base, "layer_types", None) or ())
+    if len(kinds) <= 1:
+        return [2, 3]
+    for n in range(2, 13):
+        try:
+            types = getattr(config_cls(**{**fixed, layers: n}), "layer_types", None) or ()
+        except Exception:  # noqa: BLE001 - a size this config refuses: try the next one
+            continue
+        if set(types) == kinds:
+            return [n]
+    return [2, 3]
+
+
+def build(tiny: Tiny, params: dict[str, Any] | None = None, attn_implementation: str = "eager", seed: int = 0) -> Any:
+    """The tiny model, float32, eval mode (raises DraftError when it does not build)."""
+    import torch
+    import transformers
+
+    params = tiny.first() if params is None else params
+    try:
+        config = getattr(transformers, tiny.config_class)(**params)
+        config._attn_implementation = attn_implementation
+        for sub in ("text_config",):
+            if getattr(config, sub, None) is not None:
+                getattr(config, sub)._attn_implementation = attn_implementation
+        torch.manual_seed(seed)
+        model = getattr(transformers, tiny.model_class)(config).float().eval()
+    except Exception as e:  # noqa: BLE001 - any failure here means: this type does not build tiny
+        raise DraftError(f"{tiny.model_class} does not build from the tiny config {params}: "
+                         f"{type(e).__name__}: {e}") from e
+    return model

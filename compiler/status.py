@@ -1,0 +1,265 @@
+"""The status of every family: what the last ``make status`` run of the generated tests found.
+
+``nnatlas status`` (``make status``) runs every family's generated tests once per transformers
+version listed in pyproject.toml (``[tool.nnatlas] status-transformers``; the first is the pinned
+one CI uses), each in its own venv under ``.venv-status/<version>/``, with the pytest plugin
+``compiler/status_plugin.py`` recording each test's outcome. It folds those outcomes into
+``generated/docs/status.json``: per family, the values it serves, its identities, its oracle
+checks and the attention loads its tests ran, with pass/fail per version. Only ``nnatlas status``
+writes that file (it is committed): ``nnatlas generate`` reads it to render ``status.html`` and
+the index's status row, so ``generate --check`` stays a function of committed files. A family the
+run did not see reads "not run"; one whose spec changed since, "stale".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .errors import UserError
+from .ir import Atlas, FamilyIR
+
+PATH = "generated/docs/status.json"
+VENVS = ".venv-status"
+GROUPS = ("values", "identities", "oracle", "loads", "notes")
+_GROUP_OF = {"test_oracle": "oracle", "test_identity": "identities", "test_image_text_identity": "identities",
+             "test_attention_loads_match_the_class": "loads", "test_support_agrees_with_trace": "loads",
+             "test_support_agrees_with_trace_experts": "loads", "test_image_text_support_agrees_with_trace": "loads",
+             "test_note_example": "notes"}
+_NODE = re.compile(r"^generated/tests/test_(?P<family>\w+)\.py(?:::(?P<fn>\w+)(?:\[(?P<param>.*)\])?)?$")
+# what the generated tests import beside nnatlas itself (the project's own dependencies are read from pyproject)
+TEST_REQUIREMENTS = ("pytest", "hypothesis", "pillow")
+
+
+def versions(root: Path) -> list[str]:
+    """The transformers versions ``make status`` runs, the pinned one first (pyproject.toml)."""
+    data = tomllib.loads((root / "pyproject.toml").read_text())
+    found = data.get("tool", {}).get("nnatlas", {}).get("status-transformers")
+    if not found or not all(isinstance(v, str) for v in found):
+        raise UserError("nnatlas: pyproject.toml has no [tool.nnatlas] status-transformers list of versions")
+    return list(found)
+
+
+def read(root: Path) -> dict[str, Any] | None:
+    """The committed status (``generated/docs/status.json``), or None before the first run."""
+    path = root / PATH
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def _node(nodeid: str) -> tuple[str, str, str] | None:
+    found = _NODE.match(nodeid)
+    if not found:
+        return None
+    return found.group("family"), found.group("fn") or "", found.group("param") or ""
+
+
+def fold(atlas: Atlas, runs: list[tuple[str, Mapping[str, Any] | None, str | None]]) -> dict[str, Any]:
+    """status.json from each version's record (the plugin's file; None with why it did not run)."""
+    out_versions = []
+    families: dict[str, dict[str, Any]] = {}
+    for f in atlas.families:
+        families[f.name] = {"title": f.title, "spec_sha256": f.sha256, "values": _values(f),
+                            "identities": sum(len(h.identities) for h in f.hosts), "oracle_checks": [],
+                            "loads": [], "runs": {}}
+    for version, record, why in runs:
+        entry: dict[str, Any] = {"transformers": version}
+        if record is None:
+            entry.update(ran=False, why=why or "did not run")
+            out_versions.append(entry)
+            continue
+        tests: Mapping[str, str] = record.get("tests", {})
+        entry.update(ran=True, torch=record.get("torch"), python=record.get("python"), date=record.get("date"),
+                     passed=sum(1 for o in tests.values() if o == "passed"),
+                     failed=sum(1 for o in tests.values() if o == "failed"),
+                     collection_errors=len(record.get("errors", {})))
+        if record.get("transformers") != version:
+            entry["installed"] = record.get("transformers")
+        out_versions.append(entry)
+        by_family = _by_family(tests)
+        errors: dict[str, str] = {}
+        for nodeid, msg in record.get("errors", {}).items():
+            node = _node(nodeid)
+            if node is not None:
+                errors[node[0]] = msg
+        for name, fam in families.items():
+            fam["runs"][version] = _family_run(by_family.get(name, []), errors.get(name),
+                                               record.get("specs", {}).get(name), fam["spec_sha256"])
+            if version == runs[0][0] and name in by_family:  # the pinned run says which checks and loads exist
+                fam["oracle_checks"] = sorted(p for fn, p, _ in by_family[name] if fn == "test_oracle")
+                fam["loads"] = sorted(p for fn, p, _ in by_family[name] if fn == "test_support_agrees_with_trace")
+    return {"about": "Written by `make status` (nnatlas status): the generated tests of every family, run once "
+                     "per transformers version in pyproject.toml's [tool.nnatlas] status-transformers; the first "
+                     "is the pinned version CI uses.",
+            "pinned": runs[0][0] if runs else None, "versions": out_versions, "families": families}
+
+
+def _values(f: FamilyIR) -> int:
+    return len({(h.path, v.name) for h in f.hosts for v in h.values if v.missing is None})
+
+
+def _by_family(tests: Mapping[str, str]) -> dict[str, list[tuple[str, str, str]]]:
+    out: dict[str, list[tuple[str, str, str]]] = {}
+    for nodeid, outcome in tests.items():
+        node = _node(nodeid)
+        if node is not None and node[1]:
+            out.setdefault(node[0], []).append((node[1], node[2], outcome))
+    return out
+
+
+def _family_run(tests: list[tuple[str, str, str]], error: str | None, ran_sha: str | None, sha: str) -> dict[str, Any]:
+    groups = {g: [0, 0] for g in GROUPS}
+    failed = []
+    for fn, param, outcome in tests:
+        counts = groups[_GROUP_OF.get(fn, "values")]
+        counts[1] += 1
+        if outcome == "passed":
+            counts[0] += 1
+        elif outcome == "failed":
+            failed.append(f"{fn}[{param}]" if param else fn)
+    if error is not None:
+        result = "error"
+    elif not tests:
+        result = "not run"
+    else:
+        result = "fail" if failed else "pass"
+    run: dict[str, Any] = {"result": result, "passed": sum(g[0] for g in groups.values()),
+                           "total": sum(g[1] for g in groups.values()), "groups": groups, "failed": failed[:20]}
+    if error is not None:
+        run["error"] = error
+    if len(failed) > 20:
+        run["more_failed"] = len(failed) - 20
+    oracle = {p: o for fn, p, o in tests if fn == "test_oracle"}
+    loads = {p: o for fn, p, o in tests if fn == "test_support_agrees_with_trace"}
+    if oracle:
+        run["oracle"] = oracle
+    if loads:
+        run["loads"] = loads
+    if ran_sha is not None:
+        run["spec_sha256"] = ran_sha
+    return run
+
+
+def dumps(status: Mapping[str, Any]) -> str:
+    return json.dumps(status, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+# ---- the page: status.json seen from the current specs ---------------------------------------
+
+_EMPTY_CELL: dict[str, Any] = {"result": "not run", "passed": 0, "total": 0, "groups": {}, "failed": [], "error": "",
+                               "oracle": {}, "loads": {}}
+
+
+def page_rows(atlas: Atlas, status: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What status.html and the index show: one row per family of the atlas, one column per version."""
+    rows = [row(f, status) for f in atlas.families]
+    return {"status": status, "versions": (status or {}).get("versions", []), "rows": rows}
+
+
+def row(f: FamilyIR, status: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One family's status: what it serves and checks, and a cell per version of the last run
+    (``pinned``: the first version's, which the family page's badge shows)."""
+    versions = [v["transformers"] for v in (status or {}).get("versions", [])]
+    fam = (status or {}).get("families", {}).get(f.name)
+    cells = []
+    for v in versions:
+        run = (fam or {}).get("runs", {}).get(v) or {}
+        stale = run.get("spec_sha256") not in (None, f.sha256)
+        cells.append({**_EMPTY_CELL, **run, "version": v, "stale": stale})
+    return {"family": f.name, "title": f.title, "seen": fam is not None, "values_served": _values(f),
+            "identities": sum(len(h.identities) for h in f.hosts),
+            "oracle_checks": (fam or {}).get("oracle_checks", []), "loads": (fam or {}).get("loads", []),
+            "cells": cells, "pinned": cells[0] if cells else {**_EMPTY_CELL, "version": None, "stale": False}}
+
+
+# ---- the run ---------------------------------------------------------------------------------
+
+def run(root: Path, chosen: Iterable[str] | None = None, timeout: float = 3600.0) -> dict[str, Any]:
+    """Run every family's generated tests under each transformers version, write status.json.
+
+    The tests run in a snapshot of the checkout (``.venv-status/checkout``: the files git tracks or
+    would track, as they are now), with nnatlas installed from it into each version's venv, so the
+    run sees one state of the specs however long it takes and whatever is edited meanwhile."""
+    from . import compile_atlas
+
+    wanted = list(chosen) if chosen is not None else versions(root)
+    snapshot = _snapshot(root, root / VENVS / "checkout")
+    runs: list[tuple[str, Mapping[str, Any] | None, str | None]] = []
+    for version in wanted:
+        venv = root / VENVS / version
+        try:
+            python = _venv(root, venv, version)
+            _run_step([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+                       "--force-reinstall", str(snapshot)])
+        except subprocess.CalledProcessError as e:
+            runs.append((version, None, f"could not install: {_last_line(e.stderr or e.stdout)}"))
+            continue
+        record = venv / "status-run.json"
+        record.unlink(missing_ok=True)
+        print(f"nnatlas status: transformers {version}: running generated/tests", file=sys.stderr, flush=True)
+        proc = subprocess.run([str(python), "-m", "pytest", "generated/tests", "-p", "nnatlas.compiler.status_plugin",
+                               f"--nnatlas-status={record}", "-q", "--no-header", "-rN",
+                               "--continue-on-collection-errors"],
+                              cwd=snapshot, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                              timeout=timeout)
+        if record.is_file():
+            runs.append((version, json.loads(record.read_text()), None))
+        else:
+            runs.append((version, None, f"pytest wrote no record: {_last_line(proc.stdout + proc.stderr)}"))
+        print(f"nnatlas status: transformers {version}: {_last_line(proc.stdout)}", file=sys.stderr, flush=True)
+    status = fold(compile_atlas(snapshot / "specs", snapshot), runs)
+    (root / PATH).write_text(dumps(status), encoding="utf-8")
+    return status
+
+
+def _snapshot(root: Path, into: Path) -> Path:
+    """A copy of the checkout's files (tracked, or untracked and not ignored) in ``into``, afresh."""
+    import shutil
+
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                            check=True, capture_output=True, text=True).stdout.split("\0")
+    if into.exists():
+        shutil.rmtree(into)
+    for rel in filter(None, listed):
+        src = root / rel
+        if src.is_file():
+            (into / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, into / rel)
+    return into
+
+
+def _run_step(step: list[str]) -> None:
+    print(f"nnatlas status: {' '.join(step[-3:])}", file=sys.stderr, flush=True)
+    subprocess.run(step, check=True, capture_output=True, text=True)
+
+
+def _last_line(text: str | None) -> str:
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "(no output)"
+
+
+def _venv(root: Path, venv: Path, version: str) -> Path:
+    """``.venv-status/<version>``: torch, that transformers, the project's other dependencies and the
+    tests' own (made once, then reused; nnatlas itself is installed from the snapshot on each run)."""
+    python = venv / "bin" / "python"
+    stamp = venv / ".nnatlas-status-installed"
+    if stamp.is_file():
+        return python
+    data = tomllib.loads((root / "pyproject.toml").read_text())
+    deps = [d for d in data["project"]["dependencies"] if not d.startswith("transformers")]
+    tests = [d for d in data["project"]["optional-dependencies"]["test"]
+             if re.split(r"[<>=!~\[ ]", d, maxsplit=1)[0] in TEST_REQUIREMENTS]
+    steps = [[sys.executable, "-m", "venv", str(venv)],
+             [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "torch==2.13.0"],
+             [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", f"transformers=={version}",
+              *deps, *tests]]
+    for step in steps:
+        _run_step(step)
+    stamp.write_text(version + "\n")
+    return python

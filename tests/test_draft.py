@@ -1,0 +1,163 @@
+"""nnatlas draft: the drafter against the hand-written specs (its answer key), the spec text it
+writes, the command, and one draft taken through its generated tests."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from nnatlas.compiler import OWNED, compile_atlas, default_root, files
+from nnatlas.compiler.cli import main
+from nnatlas.compiler.draft import DraftError, draft, recorder, sweep, tiny, writer
+from nnatlas.compiler.draft.check import compare, compile_draft, parse_summary, run_tests
+
+ATLAS = compile_atlas(default_root() / "specs")
+
+
+@pytest.fixture(scope="module")
+def drafts() -> dict[str, object]:
+    return {}
+
+
+def _draft(cache: dict[str, object], model_type: str):  # type: ignore[no-untyped-def]
+    if model_type not in cache:
+        cache[model_type] = draft(model_type)
+    return cache[model_type]
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "qwen3_next"])
+def test_draft_finds_the_hand_written_values(family: str, drafts: dict[str, object]) -> None:
+    d = _draft(drafts, family)
+    compiled = compile_draft(d.text, family)  # type: ignore[attr-defined]
+    assert compiled.family is not None, compiled.error
+    hand = next(f for f in ATLAS.families if f.name == family)
+    cmp = compare(compiled.family, hand)
+    assert cmp.missing == {}, f"the draft lacks {cmp.missing}"
+    assert cmp.differ == {}, f"the draft reads these elsewhere: {cmp.differ}"
+    assert cmp.share == 1.0
+    assert sum(len(v) for v in cmp.matched.values()) == sum(len(h.values) for h in hand.hosts
+                                                             if not h.path.startswith("vision")) or family == "qwen3_next"
+
+
+def test_draft_of_a_hybrid_mixture(drafts: dict[str, object]) -> None:
+    """qwen3_next: block kinds from layer_types, the delta-rule group with its token-by-token route,
+    the mixture's identities (each held on the tiny model), the experts implementations."""
+    p = _draft(drafts, "qwen3_next").proposal  # type: ignore[attr-defined]
+    kinds = p.hosts["layers[i]"].kinds
+    assert set(kinds) == {"linear_attention", "attention"}
+    assert kinds["attention"].when == "layer_types[i] == 'full_attention'"
+    assert p.functions["delta_rule"].names == ["torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"]
+    assert p.functions["delta_rule"].route["torch"] == "torch_recurrent_gated_delta_rule"
+    checks = [x.check for x in p.hosts["layers[i].mlp"].identities]
+    assert "routed_output + shared_expert_output == mlp_output" in checks
+    assert len(checks) == len(set(checks))
+    assert p.experts == ["eager", "batched_mm", "grouped_mm"]
+    assert p.hosts["layers[i].mlp.shared_experts"].dims == {"intermediate_size": "shared_expert_intermediate_size"}
+
+
+def test_the_spec_text_is_commented(drafts: dict[str, object]) -> None:
+    d = _draft(drafts, "gpt2")
+    text = d.text  # type: ignore[attr-defined]
+    data = yaml.safe_load(text)
+    assert data["family"] == "gpt2" and data["rename"]["layers[i].self_attn"] == "attn"
+    assert data["rename"]["layers[i].mlp.up_proj"] == "c_fc"
+    assert "# sure: the nn.Embedding called with input_ids" in text
+    assert "# held on the tiny model" in text
+    # what the drafter could not settle is a TODO comment, named
+    assert "# TODO: config.intermediate_size: n_inner is None by default" in text
+    assert data["tiny"]["draw"]["n_head" if "n_head" in data["tiny"]["draw"] else "num_attention_heads"] == [2, 4]
+
+
+def test_scalars_read_back() -> None:
+    for x in (1e-6, 1.0e-5, 0.0, 2.5, 1e-12, "a: b # c", True, None, 7):
+        assert yaml.safe_load(writer.scalar(x)) == x
+    assert writer.scalar(1e-6) == "1.0e-6"
+    assert yaml.safe_load(writer.flow({"a": [1, "x"], "b": {"c": 1e-5}})) == {"a": [1, "x"], "b": {"c": 1e-5}}
+
+
+def test_recorder_puts_everything_back() -> None:
+    plan = tiny.plan("llama")
+    model = tiny.build(plan)
+    ns = sys.modules[type(model.model.layers[0].self_attn).__module__].__dict__
+    before = dict(ns)
+    ids = torch.randint(4, 96, (1, 5))
+    rec = recorder.record(model, {"input_ids": ids})
+    assert rec.call("model.layers.0.self_attn") is not None
+    assert any(f.name == "eager_attention_forward" for f in rec.fns)
+    assert any(o.name == "softmax" for o in rec.ops)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert all(ns[k] is v for k, v in before.items())
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, rec.output["logits"])
+
+
+def test_bad_model_types_say_why() -> None:
+    with pytest.raises(DraftError, match="no model type 'nope'"):
+        draft("nope")
+    with pytest.raises(DraftError, match="no causal-LM class"):
+        draft("vit")  # an image encoder: no causal-LM class
+
+
+def test_cli_writes_the_draft(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "x.yaml"
+    assert main(["draft", "llama", "--out", str(out), "--no-test"]) == 0
+    assert yaml.safe_load(out.read_text())["loads"]["classes"] == ["LlamaForCausalLM"]
+    assert "0 TODO" in capsys.readouterr().out
+    assert main(["draft", "llama", "--out", str(out), "--no-test"]) == 2  # never over a spec unasked
+    assert "exists; give another --out, or --force" in capsys.readouterr().err
+    assert main(["draft", "llama", "--out", str(out), "--no-test", "--force"]) == 0
+    assert main(["draft", "nope", "--out", str(tmp_path / "y.yaml"), "--no-test"]) == 2
+    assert "no model type 'nope'" in capsys.readouterr().err
+
+
+def test_a_draft_passes_its_generated_tests(drafts: dict[str, object]) -> None:
+    """mistral has no hand-written spec: its draft, unedited, generates and passes its tests."""
+    d = _draft(drafts, "mistral")
+    compiled = compile_draft(d.text, "mistral")  # type: ignore[attr-defined]
+    assert compiled.family is not None, compiled.error
+    run = run_tests(compiled.family, timeout=300)
+    assert run.ok, run.output[-3000:]
+    assert run.passed >= 30
+
+
+def test_summary_parsing() -> None:
+    run = parse_summary("FAILED test_x.py::test_a - boom\n1 failed, 38 passed, 1 skipped in 12.69s\n")
+    assert (run.passed, run.failed, run.ok, run.failures) == (38, 1, False, ["test_x.py::test_a"])
+    assert not parse_summary("ImportError: nothing ran").ok
+
+
+def test_generate_keeps_the_sweep_table(tmp_path: Path) -> None:
+    """generated/docs/draft_sweep.md is written by make draft-sweep: generate must neither delete nor flag it."""
+    page = tmp_path / sweep.OUT
+    page.parent.mkdir(parents=True)
+    rows = [{"type": "mistral", "built": True, "drafted": True, "generate": True, "tests": True, "values": 25,
+             "todos": 0, "share": None, "why": ""},
+            {"type": "llama", "built": True, "drafted": True, "generate": True, "tests": False, "values": 25,
+             "todos": 1, "share": 1.0, "hand": "llama", "why": "tests: test_llama.py::test_x"}]
+    page.write_text(sweep.table(rows, 3, "now"), encoding="utf-8")
+    text = page.read_text()
+    assert "2 of 3 types swept; 2 build; 1 pass" in text
+    assert "| llama | yes | yes | yes | no | 25 | 1 | 100% (llama) |" in text
+    assert files.stale(tmp_path, {}, OWNED) == ([], [])
+
+
+def test_sweep_types() -> None:
+    types = sweep.model_types()
+    assert {"mistral", "llama", "gpt2", "qwen3_next"} <= set(types)
+    assert not {"bert", "bert-generation", "whisper", "bart", "roberta"} & set(types)
+
+
+def test_draft_from_a_local_config(tmp_path: Path) -> None:
+    """--model PATH: the checkpoint's own choices (not its sizes) stay in the tiny config."""
+    from transformers import MistralConfig
+
+    MistralConfig(hidden_act="gelu", rms_norm_eps=1e-5, hidden_size=64, num_attention_heads=4).save_pretrained(tmp_path)
+    d = draft("mistral", model_path=str(tmp_path))
+    assert d.proposal.tiny.config["hidden_act"] == "gelu"
+    assert d.proposal.tiny.config["rms_norm_eps"] == 1e-5
+    assert "hidden_size" not in d.proposal.tiny.config  # drawn, not copied
+    assert compile_draft(d.text, "mistral").family is not None

@@ -1,0 +1,107 @@
+"""The status: the pytest plugin that records outcomes, the fold into status.json, the page and
+the index's status row, and generate's determinism with a committed status.json."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from nnatlas.compiler import compile_atlas, generate, render, status
+
+ROOT = Path(__file__).resolve().parent.parent
+SHA = "0" * 64
+
+
+def _record(atlas: object, family: str = "llama", sha: str | None = None) -> dict[str, object]:
+    f = next(x for x in atlas.families if x.name == family)  # type: ignore[attr-defined]
+    base = f"generated/tests/test_{family}.py::"
+    return {"transformers": "5.24.0", "torch": "2.13.0", "python": "3.11", "date": "2026-12-01 10:00 UTC",
+            "specs": {family: sha or f.sha256},
+            "errors": {"generated/tests/test_gpt2.py": "ImportError: cannot import name 'GPT2LMHeadModel'"},
+            "tests": {base + "test_value_shapes": "passed", base + "test_identity[layers[i]-0]": "passed",
+                      base + "test_identity[layers[i]-1]": "failed", base + "test_oracle[hidden_states-eager]": "passed",
+                      base + "test_oracle[attentions-eager]": "failed",
+                      base + "test_support_agrees_with_trace[eager]": "passed",
+                      base + "test_note_example[The block, in order-0]": "passed"}}
+
+
+def test_fold_counts_each_group_per_family_and_version() -> None:
+    atlas = compile_atlas(ROOT / "specs", ROOT)
+    st = status.fold(atlas, [("5.24.0", _record(atlas), None), ("5.23.0", None, "could not install: no wheel")])
+    assert st["pinned"] == "5.24.0"
+    assert st["versions"][0]["passed"] == 5 and st["versions"][0]["failed"] == 2
+    assert st["versions"][1] == {"transformers": "5.23.0", "ran": False, "why": "could not install: no wheel"}
+    llama = st["families"]["llama"]
+    assert llama["oracle_checks"] == ["attentions-eager", "hidden_states-eager"] and llama["loads"] == ["eager"]
+    run = llama["runs"]["5.24.0"]
+    assert run["result"] == "fail" and (run["passed"], run["total"]) == (5, 7)
+    assert run["groups"]["identities"] == [1, 2] and run["groups"]["oracle"] == [1, 2] and run["groups"]["notes"] == [1, 1]
+    assert run["failed"] == ["test_identity[layers[i]-1]", "test_oracle[attentions-eager]"]
+    assert run["oracle"] == {"attentions-eager": "failed", "hidden_states-eager": "passed"}
+    assert st["families"]["gpt2"]["runs"]["5.24.0"]["result"] == "error"
+    assert st["families"]["gemma2"]["runs"]["5.24.0"]["result"] == "not run"
+    assert llama["values"] > 20 and llama["identities"] >= 10
+
+
+def test_page_and_index_show_the_status_and_mark_a_stale_spec() -> None:
+    atlas = compile_atlas(ROOT / "specs", ROOT)
+    st = status.fold(atlas, [("5.24.0", _record(atlas, sha=SHA), None), ("5.23.0", None, "could not install: no wheel")])
+    out = render(atlas, None, json.loads(status.dumps(st)))
+    page = out["generated/docs/status.html"]
+    assert '<tr id="llama" data-family="llama" data-result="fail">' in page
+    assert "✗ 2 failed of 7" in page and "stale" in page and "could not install: no wheel" in page
+    assert "✓</span> hidden_states (eager)" in page and "✗</span> attentions (eager)" in page
+    assert 'data-col-family="llama" data-result="fail"' in out["generated/docs/index.html"]
+    assert 'href="status.html"' in out["generated/docs/index.html"]
+    empty = render(atlas)["generated/docs/status.html"]
+    assert 'id="no-run"' in empty
+
+
+def test_every_family_header_has_a_badge_linking_its_status() -> None:
+    atlas = compile_atlas(ROOT / "specs", ROOT)
+    st = json.loads(status.dumps(status.fold(atlas, [("5.24.0", _record(atlas, sha=SHA), None)])))
+    out = render(atlas, None, st)
+    llama = out["generated/docs/llama.html"]
+    assert '<p class="badge" data-result="fail"><a href="status.html#llama">' in llama
+    assert "✗ 5/7 tests passed</span> (transformers 5.24.0)" in llama and "stale: the spec changed" in llama
+    assert "2 oracle checks" in llama
+    for f in atlas.families:
+        page = out[f"generated/docs/{f.name}.html"]
+        assert f'<a href="status.html#{f.name}">' in page and " values · " in page, f.name
+    assert '<p class="badge" data-result="error">' in out["generated/docs/gpt2.html"]  # its tests did not import
+    assert "tests not run in the last status run" in out["generated/docs/mistral.html"]  # not in the record
+
+
+def test_generate_keeps_and_reads_a_committed_status(spec_root: Path) -> None:
+    atlas = compile_atlas(spec_root / "specs", spec_root)
+    st = status.fold(atlas, [("5.24.0", _record(atlas), None)])
+    (spec_root / status.PATH).write_text(status.dumps(st))
+    generate(spec_root)
+    assert (spec_root / status.PATH).read_text() == status.dumps(st)  # never an orphan, never rewritten
+    assert 'data-result="fail"' in (spec_root / "generated/docs/status.html").read_text()
+    again = generate(spec_root, check=True)
+    assert not again.changed and not again.removed
+
+
+def test_plugin_records_outcomes_errors_and_spec_hashes(tmp_path: Path) -> None:
+    tests = tmp_path / "generated" / "tests"
+    tests.mkdir(parents=True)
+    (tests / "test_good.py").write_text(f"# Generated by nnatlas from specs/good.yaml (sha256 {SHA}).\n"
+                                        "import pytest\n\n\ndef test_a():\n    pass\n\n\ndef test_b():\n    assert 0\n\n\n"
+                                        "@pytest.fixture\ndef broken():\n    raise RuntimeError\n\n\n"
+                                        "def test_c(broken):\n    pass\n")
+    (tests / "test_bad.py").write_text("from transformers import NoSuchModel\n")
+    out = tmp_path / "record.json"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "generated/tests", "-p", "nnatlas.compiler.status_plugin",
+                           f"--nnatlas-status={out}", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+                           "-c", "/dev/null", "--continue-on-collection-errors"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    record = json.loads(out.read_text())
+    assert record["tests"] == {"generated/tests/test_good.py::test_a": "passed",
+                               "generated/tests/test_good.py::test_b": "failed",
+                               "generated/tests/test_good.py::test_c": "failed"}
+    assert "NoSuchModel" in record["errors"]["generated/tests/test_bad.py"]
+    assert record["specs"] == {"good": SHA}
+    assert record["transformers"] and record["torch"]
