@@ -13,7 +13,7 @@ import nnatlas
 from nnatlas.testing import standard_values
 
 from . import cache as bench_cache
-from . import compile_time, memory, models
+from . import compile_time, gradients, memory, models
 from .timing import Timings, measure
 from .workloads import CASES, layer_values, nnsight_available, ours_workloads, theirs_workloads
 
@@ -148,6 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     print("\nmemory (saving makes no copies): bytes allocated by the traced forward beyond the plain one")
     for row in mem_rows:
         print("  " + row)
+
+    print("\ngradients (trace(grad=True)): memory and a traced backward vs a plain backward")
+    for family in [f for f in ("llama", "qwen3_5_text") if f in families]:
+        _model, eager, inputs = models.tiny(family)
+        name = f"{family} tiny (h{eager.normalized_config.get('hidden_size')} L{len(eager.layers)})"
+        print("  " + gradients.memory_row(name, eager, inputs))
+        print("  " + gradients.timing_row(name, eager, inputs, max(5, args.runs // 4)))
 
     print(f"\nnnatlas cache: {bench_cache.__doc__.splitlines()[0].split(': ', 1)[1]}")
     print(bench_cache.model_cache_memory())

@@ -412,12 +412,14 @@ class AtlasModel(Host):
 
         ``inputs``: a prompt, a list of prompts (left-padded), token ids, or a dict of model
         inputs; extra keyword arguments go to the forward. ``order="any"`` serves requests in
-        whatever order the forward reaches them. ``grad=True`` is refused for now: gradients
-        through saved values are not supported yet (saves carry no autograd history).
+        whatever order the forward reaches them. ``grad=True`` keeps autograd through the
+        forward (unless grad mode is off around the trace): every saved tensor is then an autograd
+        view of the forward's tensor, a backward from any of them (or from anything computed from
+        them) reaches the model, and fills ``.grad`` of every saved value it reaches, the gradient
+        with respect to the value where the forward computed it. Edits stay differentiable.
         """
-        if grad:
-            raise InputError("trace(grad=True): gradients are not supported yet: saved values carry no autograd "
-                             "history (they are detached views of the forward's tensors); trace without grad")
+        if not isinstance(grad, bool):
+            raise InputError(f"trace(grad=...): expected True or False, got {grad!r}")
         model_inputs = prepare(self, inputs, kwargs)
         module = self._module
         ids = model_inputs.get("input_ids", model_inputs.get("inputs_embeds"))

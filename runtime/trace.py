@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
@@ -232,6 +233,20 @@ class Target:
             x = get_item(x, a)
         return x
 
+    def grad_view(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """What serves the gradient of the native tensor as the gradient of the served value: the
+        value's view and indexing, with ``batch`` / ``seq`` bound now (the backward runs after the call)."""
+        steps = tuple((name, self._bind(args) if self.dims_module is not None else args) for name, args in self.view)
+        extra = self.extra
+
+        def view(g: torch.Tensor) -> torch.Tensor:
+            for name, args in steps:
+                g = getattr(g, name)(*args)
+            for a in extra:
+                g = get_item(g, a)
+            return g
+        return view
+
     def replace(self, payload: Any, new: Any) -> Any:
         """Assign a value: written into the tensor the model computed, so every use of it sees the
         edit (``layer_mid`` is both the MLP's input and the residual added after it); a value of
@@ -262,6 +277,16 @@ class Target:
         layout = f" ({self.layout})" if self.layout else ""
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         return f"{what}: {got} does not fit the value's {has}{layout}: {first}"
+
+
+def _editable(target: Target, payload: Any) -> Any:
+    """Under ``grad=True``, an edit of a tensor that the op which computed it keeps for its own
+    backward (a softmax's, a sigmoid's, an exp's output) is made on a copy put in its place where
+    the value is read: written in place, the backward would refuse the modified tensor."""
+    native = target.native(payload)
+    if isinstance(native, torch.Tensor) and native.grad_fn is not None and hasattr(native.grad_fn, "_saved_result"):
+        return target.with_native(payload, native.clone())
+    return payload
 
 
 def _same(x: Any) -> Any:
@@ -327,7 +352,7 @@ class Request:
     ordered: bool = True  # derived values and their inputs are served whenever the forward reaches them
 
 
-def fill(holder: Any, value: Any, label: str) -> None:
+def fill(holder: Any, value: Any, label: str, grad: bool = False) -> None:
     if isinstance(holder, Box):
         holder.value, holder.filled = value, True
         return
@@ -335,7 +360,41 @@ def fill(holder: Any, value: Any, label: str) -> None:
         raise NnatlasError(
             f"{label} is a {type(value).__name__}, not a tensor: save an element of it (for example "
             f"{label}[0]), or read a standard value")
+    if grad and value.requires_grad:  # a value computed from saved ones (a derived value): its own node
+        _alias(holder, value)
+        holder.retain_grad()
+        return
     holder.data = value  # set_data: shares value's storage, keeps none of its autograd history
+
+
+def _alias(holder: torch.Tensor, value: torch.Tensor) -> None:
+    """Make ``holder`` (the tensor the body got) an autograd view of ``value``: the same storage, and a
+    backward from it reaches the forward's graph (``swap_tensors`` gives the holder object the view's
+    whole state; the view made for it is dropped)."""
+    torch.utils.swap_tensors(holder, value.view_as(value))
+
+
+def save_with_grad(target: Target, holder: Any, payload: Any, value: Any, label: str) -> None:
+    """A save under ``trace(grad=True)``: the holder is an autograd view of the value, and a hook on the
+    native tensor the forward goes on with (the one every later use reads) writes its gradient, seen
+    through the value's view, into ``holder.grad`` (summed like autograd's own). No copy is made."""
+    if type(holder) is not torch.Tensor or not isinstance(value, torch.Tensor) or not value.requires_grad:
+        fill(holder, value, label)
+        return
+    _alias(holder, value)
+    native = target.native(payload)
+    if isinstance(native, torch.Tensor) and native.requires_grad and native is not value:
+        view = target.grad_view()
+    else:
+        native, view = value, _same
+
+    def keep(g: torch.Tensor) -> None:
+        g = view(g)
+        with warnings.catch_warnings():  # (reading .grad of a non-leaf that has none warns)
+            warnings.simplefilter("ignore")
+            before = holder.grad
+        holder.grad = g if before is None else before + g
+    native.register_hook(keep)
 
 
 class Expr:
@@ -375,6 +434,7 @@ class Tracer:
     _cursor = 0
     _lock_held = False
     _guarded = False  # whether __enter__ counted in ``interrupts`` (the main thread's)
+    grad_live = False  # whether this forward keeps autograd (trace(grad=True), with grad mode on)
     edits = False  # whether the body edits an input-side value (the forward then gets copies of the inputs)
 
     def __init__(self, model: AtlasModel, run: Callable[[], Any], order: str = "strict", grad: bool = False,
@@ -494,7 +554,9 @@ class Tracer:
             if r.action == "save" and not t.copy:  # the common case, inlined: point the holder at the value
                 value = t.get(payload)
                 holder = r.payload
-                if type(holder) is torch.Tensor and isinstance(value, torch.Tensor):
+                if self.grad_live:
+                    save_with_grad(t, holder, payload, value, r.label)
+                elif type(holder) is torch.Tensor and isinstance(value, torch.Tensor):
                     holder.data = value
                 else:
                     fill(holder, value, r.label)
@@ -518,15 +580,21 @@ class Tracer:
                     value = t.get(copied)
                     if action == "capture":
                         r.value = value
+                    elif self.grad_live:
+                        save_with_grad(t, r.payload, payload, value, r.label)  # the hook on the tensor the forward goes on with
                     else:
                         fill(r.payload, value, r.label)
                     r.done = True
                     return self._finish(r, payload)
                 payload = copied
+        if self.grad_live and (action == "replace" or action == "setitem"):
+            payload = _editable(t, payload)
         if action == "save" or action == "capture":
             value = t.get(payload)
             if action == "capture":
                 r.value = value
+            elif self.grad_live:
+                save_with_grad(t, r.payload, payload, value, r.label)
             elif type(r.payload) is torch.Tensor and isinstance(value, torch.Tensor):
                 r.payload.data = value  # fill(), inlined: the common case
             else:
@@ -554,7 +622,7 @@ class Tracer:
             assert owner.derive is not None
             owner.value = owner.derive(values)
             if owner.payload is not None:
-                fill(owner.payload, owner.value, owner.label)
+                fill(owner.payload, owner.value, owner.label, self.grad_live)
             owner.done = True
         return payload
 
@@ -633,7 +701,8 @@ class Tracer:
                 self._calls = 0
                 installed.append(root.register_forward_pre_hook(count_step, with_kwargs=True))
             tokens.append(CALL_DIMS.set(self.call_dims))
-            torch._C._set_grad_enabled(self.grad and grad)  # (torch.set_grad_enabled, without its object)
+            self.grad_live = self.grad and grad
+            torch._C._set_grad_enabled(self.grad_live)  # (torch.set_grad_enabled, without its object)
             if interrupts.pending():  # an interrupt while installing: raise it before the forward
                 interrupts.deliver()
             self.output = self._forward()

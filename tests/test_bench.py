@@ -17,6 +17,11 @@ def test_the_bench_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
                  "(d) edit every layer", "(e) generate 16"):
         assert f"llama tiny (h16 L3)  {case}" in out
     assert "traced forward allocated +0 bytes vs plain" in out
+    grads = next(line for line in out.splitlines() if line.startswith("  llama tiny") and "autograd keeps" in line)
+    assert "(+0 vs a plain forward with grad)" in grads and "(+0 vs plain without)" in grads
+    assert grads.endswith("bytes for the backward (+0 vs plain)")
+    assert any(line.startswith("  llama tiny") and "ours/plain" in line and "forward+backward" in line
+               for line in out.splitlines())
     assert "compiler: nnatlas generate --check" in out and "targets met:" in out
 
 

@@ -83,7 +83,8 @@ def test_notes_and_checkpoints_are_never_inherited_silently(tmp_path: Path) -> N
 
 def test_notes_plus_keeps_the_bases_and_adds(tmp_path: Path) -> None:
     f = _compile(tmp_path, "notes+:\n  - title: Mine\n    body: only words\ncheckpoints+: []\n")
-    assert [n.title for n in f.notes] == ["The block, in order", "The pattern needs the eager attention", "Mine"]
+    assert [n.title for n in f.notes] == ["The block, in order", "The pattern needs the eager attention", "Gradients",
+                                         "Mine"]
     assert [c.name for c in f.checkpoints] == ["meta-llama/Llama-3.2-1B"]
 
 

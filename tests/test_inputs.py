@@ -115,8 +115,8 @@ CASES: list[tuple[str, str, Callable[[nnatlas.AtlasModel], None], tuple[str, ...
     ("setitem a tensor that does not fit", "llama",
      lambda m: edit(m, lambda m: m.layers[0].mlp.mlp_output.__setitem__((0, 0), torch.ones(5))),
      ("mlp_output[(0, 0)] = ...", "shape [5]", "does not fit", "Residual")),
-    ("trace(grad=True)", "llama", lambda m: trace(m, ids_of(m), grad=True),
-     ("grad=True", "gradients are not supported yet")),
+    ("trace(grad=...) not a bool", "llama", lambda m: trace(m, ids_of(m), grad="yes"),
+     ("trace(grad=...)", "expected True or False", "'yes'")),
     ("tracer.iter past max_new_tokens", "llama", generate_past_the_steps,
      ("tracer.iter[5:6]", "2 generation steps (max_new_tokens)")),
 ]

@@ -79,6 +79,10 @@ def test_oracle(check: str, attn: str) -> None:
     T.check_oracle(FAMILY, check, attn)
 
 
+def test_gradient_oracle() -> None:
+    T.check_gradients(FAMILY)
+
+
 
 
 @pytest.mark.parametrize("title,index", [(t, k) for t, k, _, _ in EXAMPLES])

@@ -74,6 +74,10 @@ def test_oracle(check: str, attn: str) -> None:
     T.check_oracle(FAMILY, check, attn)
 
 
+def test_gradient_oracle() -> None:
+    T.check_gradients(FAMILY)
+
+
 
 
 def test_text_only_load_serves_no_vision_value() -> None:

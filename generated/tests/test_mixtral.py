@@ -83,6 +83,10 @@ def test_oracle(check: str, attn: str) -> None:
     T.check_oracle(FAMILY, check, attn)
 
 
+def test_gradient_oracle() -> None:
+    T.check_gradients(FAMILY)
+
+
 @pytest.mark.parametrize("experts", EXPERTS)
 def test_support_agrees_with_trace_experts(experts: str) -> None:
     T.check_support(FAMILY, "eager", experts=experts)
