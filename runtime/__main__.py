@@ -4,6 +4,7 @@
 imported only when asked for.
 """
 
+import os
 import sys
 
 
@@ -18,5 +19,17 @@ def main(argv: list[str] | None = None) -> int:
     return compiler_main(argv)
 
 
+def exit_process(code: int) -> None:
+    """Exit with ``code``. Under torchrun (WORLD_SIZE > 1) the process leaves without running C++
+    static destructors: with the process group already destroyed, gloo's leftover threads made
+    interpreter shutdown abort a rank now and then under load ("terminate called without an active
+    exception", SIGABRT), failing a run whose every file was written."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())
