@@ -55,17 +55,22 @@ def diff(root: Path, outputs: dict[str, str], changed: list[str], orphans: list[
     return "".join(out)
 
 
+def write_atomic(target: Path, text: str) -> None:
+    """Write ``text`` to ``target`` through a temporary file beside it: an interrupted write leaves the old file."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            fh.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def write(root: Path, outputs: dict[str, str], changed: list[str], orphans: list[str]) -> None:
     for rel in changed:
         target = root / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-                fh.write(outputs[rel])
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(target, outputs[rel])
     for rel in orphans:
         (root / rel).unlink()

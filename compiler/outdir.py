@@ -9,10 +9,10 @@ before anything is built: ``--out ~/Documents`` must never cost anyone their doc
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 from .errors import GenerateError
+from .files import write_atomic
 
 MARKER = ".nnatlas-site"
 _HEAD = "# Written by `nnatlas docs`: it rewrites the files listed below on each build. Delete this file to keep it off.\n"
@@ -70,15 +70,7 @@ def write(out: Path, files: dict[str, str]) -> list[str]:
     old = set(listed(out))
     for rel in sorted(files):
         target = out / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-                fh.write(files[rel])
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(target, files[rel])
     for rel in sorted(old - set(files)):  # what an earlier build wrote and this one does not
         target = out / rel
         if target.is_file() and not target.is_symlink():
