@@ -1031,9 +1031,9 @@ def _scalar(logits: torch.Tensor, seed: int = 0) -> torch.Tensor:
 
 def _grad_seen_as(base_grad: torch.Tensor, base: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """The gradient of a tensor ``base`` read at the elements of ``value``, a view of its storage."""
-    laid = torch.empty_strided(base.size(), base.stride(), dtype=base_grad.dtype)
-    laid.copy_(base_grad)
-    return laid.as_strided(value.size(), value.stride(), value.storage_offset() - base.storage_offset())
+    from .trace import Geometry, grad_through_base
+
+    return grad_through_base(base_grad, Geometry(base), Geometry(value))
 
 
 def _close(ours: torch.Tensor | None, theirs: torch.Tensor | None, like: torch.Tensor, what: str) -> float:

@@ -392,7 +392,7 @@ def save_with_grad(target: Target, holder: Any, payload: Any, value: Any, label:
         # the tensor read is a view of one the forward also uses directly (Mamba's scan gets
         # x.transpose(1, 2) while x_proj reads x): a hook on the view would see only the view's uses;
         # the base's sees them all, and the view's elements are read off its gradient
-        view = functools.partial(_through_base, base=_Layout(base), native=_Layout(native), then=view)
+        view = functools.partial(grad_through_base, base=Geometry(base), native=Geometry(native), then=view)
         native = base
 
     def keep(g: torch.Tensor) -> None:
@@ -405,7 +405,7 @@ def save_with_grad(target: Target, holder: Any, payload: Any, value: Any, label:
 
 
 @dataclass(frozen=True)
-class _Layout:
+class Geometry:
     """A tensor's geometry, without the tensor (a backward hook must not keep its storage alive)."""
 
     size: torch.Size
@@ -418,12 +418,13 @@ class _Layout:
         object.__setattr__(self, "offset", t.storage_offset())
 
 
-def _through_base(g: torch.Tensor, base: _Layout, native: _Layout, then: Callable[[torch.Tensor], torch.Tensor]
-                  ) -> torch.Tensor:
+def grad_through_base(g: torch.Tensor, base: Geometry, native: Geometry,
+                      then: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """The gradient of a view (``native``) read off its base's gradient ``g`` (laid out as the base is)."""
     laid = torch.empty_strided(base.size, base.stride, dtype=g.dtype, device=g.device)
     laid.copy_(g)
-    return then(laid.as_strided(native.size, native.stride, native.offset - base.offset))
+    seen = laid.as_strided(native.size, native.stride, native.offset - base.offset)
+    return seen if then is None else then(seen)
 
 
 class Expr:
