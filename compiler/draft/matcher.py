@@ -163,11 +163,16 @@ class Matcher:
                 p.rename["embed_positions"] = pos.path
                 p.rename_sure["embed_positions"] = "likely: an nn.Embedding whose output is added to the tokens'"
                 self.seen.add(pos.path)
-                v["position_embeddings"] = Value("embed_positions.output", sure="likely")
+                pos_out = tensor_of(pos.output)
+                # one row for the batch, or one per sequence (positions that count each sequence's real tokens)
+                name = "token_position_embeddings" if pos_out is not None and pos_out.dim() == 3 and \
+                    pos_out.shape[0] == self.batch > 1 else "position_embeddings"
+                v[name] = Value("embed_positions.output", sure="likely" if name == "position_embeddings" else
+                                "likely: one row per sequence (its positions depend on the attention mask)")
                 p.traits.append("Learned positions")
-                e = holds(lambda: tensor_of(embed.output) + tensor_of(pos.output), first_in)  # type: ignore[operator]
+                e = holds(lambda: tensor_of(embed.output) + pos_out, first_in)  # type: ignore[operator]
                 if e is not None:
-                    host.identities.append(ident("token_embeddings + position_embeddings == layers[0].layer_input", e,
+                    host.identities.append(ident(f"token_embeddings + {name} == layers[0].layer_input", e,
                                                  "held on the tiny model"))
             elif holds(tensor_of(embed.output), first_in) is not None:
                 host.identities.append(ident("layers[0].layer_input == token_embeddings", 0.0, "held on the tiny model"))

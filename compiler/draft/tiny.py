@@ -28,13 +28,18 @@ FIXED: dict[str, Any] = {
     "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
     "state_size": 8, "ssm_state_size": 8, "mamba_d_state": 8, "mamba_n_heads": 4, "mamba_d_head": 8,
     "time_step_rank": 4, "kv_lora_rank": 8, "q_lora_rank": 16, "qk_rope_head_dim": 4, "qk_nope_head_dim": 8,
-    "v_head_dim": 8, "n_group": 1, "topk_group": 1,
+    "v_head_dim": 8, "n_group": 1, "topk_group": 1, "n_groups": 1, "mamba_n_groups": 1, "mamba_ngroups": 1,
     "sliding_window": 16, "attention_chunk_size": 16, "rotary_dim": 4,
 }
 # a mixture's dense blocks: the tiny config makes every block a mixture (one MLP class per host path)
 ALL_SPARSE: dict[str, Any] = {"first_k_dense_replace": 0, "num_dense_layers": 0, "first_dense_layers": 0,
                               "moe_layer_start_index": 0, "n_dense_layers": 0, "decoder_sparse_step": 1,
-                              "moe_layer_freq": 1, "moe_every_n_layers": 1, "mlp_only_layers": []}
+                              "moe_layer_freq": 1, "moe_every_n_layers": 1, "mlp_only_layers": [],
+                              "expert_layer_period": 1, "expert_layer_offset": 0}
+# (head width, heads, expansion) of a Mamba mixer: heads * head width == expansion * hidden size
+SSM_HEADS = (("mamba_d_head", "mamba_n_heads", "mamba_expand"), ("mamba_head_dim", "mamba_num_heads", "expand"),
+             ("mamba_headdim", "n_mamba_heads", "mamba_expand"))
+ATTENTION_AT = ("attn_layer_indices", "attention_layer_indices")
 DROPOUTS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout",
             "hidden_dropout_prob", "attention_probs_dropout_prob")
 
@@ -81,6 +86,11 @@ def _first(cfg: Any, names: tuple[str, ...]) -> str | None:
         if isinstance(getattr(cfg, n, None), int) and not isinstance(getattr(cfg, n), bool):
             return n
     return None
+
+
+def listed_flags(cfg: Any, word: str) -> list[tuple[str, bool]]:
+    """The config's boolean entries whose name holds ``word``."""
+    return [(k, v) for k, v in cfg.to_dict().items() if word in k and isinstance(v, bool)]
 
 
 def base_config(model_type: str, path: str | None = None) -> Any:
@@ -130,6 +140,15 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     for name in DROPOUTS:
         if isinstance(getattr(base, name, None), float):
             fixed[name] = 0.0
+    for name in ATTENTION_AT:  # a hybrid whose default stack has no attention block: one at block 1
+        if name in base.to_dict() and not getattr(base, name, None):
+            fixed[name] = [1]
+            tiny_notes.append(f"{name}: [1] puts an attention block in the tiny stack (the default config has none)")
+    for name, value in listed_flags(base, "auto_adjust"):  # sizes the model rounds itself (lfm2's MLP width)
+        if value:
+            fixed[name] = False
+            tiny_notes.append(f"{name}: false keeps the drawn sizes as they are (the checkpoints' config says true: "
+                              "the model rounds them)")
     tiny = Tiny(model_type, model_class, config_class, fixed, {}, tiny_notes)
     listed = base.to_dict()
     layers, heads, kv, hidden = _first(base, LAYERS), _first(base, HEADS), _first(base, KV_HEADS), _first(base, HIDDEN)
@@ -162,6 +181,15 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
         draw["head_dim"] = "_head_dim"
         tiny.names["head_dim"] = "head_dim"
     draw[hidden] = f"{heads} * _head_dim"
+    for d_head, n_heads, expand in SSM_HEADS:  # a Mamba mixer's heads tile its expanded width exactly
+        ints = [getattr(base, n, None) for n in (d_head, n_heads, expand)]
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in ints):
+            fixed.pop(d_head, None)
+            fixed[n_heads] = FIXED.get(n_heads, 4)
+            draw[d_head] = f"{ints[2]} * {hidden} // {fixed[n_heads]}"
+            if isinstance(getattr(base, "mamba_d_ssm", None), int):
+                fixed.pop("mamba_d_ssm", None)
+                draw["mamba_d_ssm"] = f"{ints[2]} * {hidden}"
     if inter is not None:
         tiny.names["intermediate"] = inter
         if getattr(base, inter, None) is None:  # None by default: the model picks a multiple of the width
@@ -176,17 +204,43 @@ def _layer_options(config_cls: Any, layers: str, fixed: dict[str, Any]) -> list[
     """[2, 3], or, on a stack of several block kinds (config.layer_types), the fewest blocks that
     hold every kind the default config has."""
     base = config_cls()
-    kinds = set(getattr(base, "layer_types", None) or ())
-    if len(kinds) <= 1:
+    default = list(getattr(base, "layer_types", None) or ())
+    kinds = set(default)
+    if len(kinds) <= 1 and not _explicit_types(config_cls, layers, fixed, 3, default):
         return [2, 3]
     for n in range(2, 13):
         try:
             types = getattr(config_cls(**{**fixed, layers: n}), "layer_types", None) or ()
         except Exception:  # noqa: BLE001 - a size this config refuses: try the next one
             continue
-        if set(types) == kinds:
+        if len(types) == n and set(types) == kinds:
             return [n]
+    # layer_types is a list of the default stack's length, not derived from the layer count: the
+    # tiny stack takes the blocks of the default's first occurrence of each kind, in order
+    first = sorted({default.index(k) for k in kinds})
+    tiny_types = [default[i] for i in first] if len(first) > 1 else [default[0]] * 2
+    n = len(tiny_types)
+    if _explicit_types(config_cls, layers, fixed, n, tiny_types):
+        fixed["layer_types"] = tiny_types
+        return [n]
     return [2, 3]
+
+
+def _explicit_types(config_cls: Any, layers: str, fixed: dict[str, Any], n: int, types: list[str]) -> bool:
+    """The config builds with these n layer types given, and refuses n blocks without them."""
+    if not types:
+        return False
+    try:
+        cfg = config_cls(**{**fixed, layers: n})
+        if len(getattr(cfg, "layer_types", None) or ()) == n:
+            return False
+    except Exception:  # noqa: BLE001 - refused: layer_types must be given
+        pass
+    try:
+        config_cls(**{**fixed, layers: n, "layer_types": list(types[:n]) + [types[-1]] * (n - len(types))})
+    except Exception:  # noqa: BLE001 - refused even so
+        return False
+    return True
 
 
 def build(tiny: Tiny, params: dict[str, Any] | None = None, attn_implementation: str = "eager", seed: int = 0) -> Any:
