@@ -170,13 +170,23 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     draw[heads] = [2, 4]
     if kv is not None:
         tiny.names["kv_heads"] = kv
-        draw["_groups"] = [1, 2]
-        draw[kv] = f"{heads} // _groups"
+        if isinstance(getattr(base, "kv_lora_rank", None), int):  # MLA: a key and a value per query head
+            draw[kv] = heads
+        else:
+            draw["_groups"] = [1, 2]
+            draw[kv] = f"{heads} // _groups"
     # a latent-attention config (MLA) derives its head widths from the qk_*/v_* sizes: leave head_dim to it
     has_head_dim = (isinstance(getattr(base, "head_dim", None), int) or "head_dim" in listed) \
         and getattr(base, "qk_rope_head_dim", None) is None \
         and not isinstance(getattr(type(base), "head_dim", None), property)
-    draw["_head_dim"] = [8, 16]
+    if getattr(base, "qk_rope_head_dim", None) is not None:  # MLA: the rotary part is head_dim's, the query's sum
+        if "head_dim" in listed:
+            fixed["head_dim"] = fixed.get("qk_rope_head_dim", FIXED["qk_rope_head_dim"])
+        if "qk_head_dim" in listed:
+            fixed["qk_head_dim"] = FIXED["qk_nope_head_dim"] + FIXED["qk_rope_head_dim"]
+    # (MLA: a width per head unlike v_head_dim's on the drafted model, so that no expression of the
+    # width matches the heads' sizes by chance)
+    draw["_head_dim"] = [16, 8] if getattr(base, "qk_rope_head_dim", None) is not None else [8, 16]
     if has_head_dim:
         draw["head_dim"] = "_head_dim"
         tiny.names["head_dim"] = "head_dim"
