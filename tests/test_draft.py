@@ -161,3 +161,56 @@ def test_draft_from_a_local_config(tmp_path: Path) -> None:
     assert d.proposal.tiny.config["rms_norm_eps"] == 1e-5
     assert "hidden_size" not in d.proposal.tiny.config  # drawn, not copied
     assert compile_draft(d.text, "mistral").family is not None
+
+
+def test_the_sweep_table_is_its_own_state(tmp_path: Path) -> None:
+    """A rerun reads the rows the table has (swept time and hand share too) and sweeps first the
+    types it lacks, then the rows of a type whose hand-written spec is newer, then the named ones."""
+    rows = [{"type": "llama", "built": True, "drafted": True, "generate": True, "tests": True, "values": 25, "todos": 0,
+             "share": 1.0, "hand": "llama", "why": "", "swept": "12-01 13:00"},
+            {"type": "bamba", "built": True, "drafted": False, "generate": False, "tests": None, "values": 0, "todos": 0,
+             "share": 0.0, "hand": "bamba", "why": "forward failed: a | b", "swept": "12-01 13:01"},
+            {"type": "opt", "built": True, "drafted": True, "generate": True, "tests": False, "values": 20, "todos": 1,
+             "share": None, "why": "tests: test_opt.py::test_value_shapes"}]
+    text = sweep.table(rows, 5, "now")
+    back = sweep.read_table(text)
+    assert back == sorted(rows, key=lambda r: r["type"])  # sorted by type, each row whole
+    assert "| bamba | yes | no | — | — |  |  | 0% (bamba) | forward failed: a \\| b | 12-01 13:01 |" in text
+    assert "rows swept from 12-01 13:00 to 12-01 13:01 UTC" in text
+    assert "3 of 5 types swept; 3 build; 1 pass" in text and "2 have a hand-written spec" in text
+    kept = {r["type"]: r for r in back}
+    types = ["bamba", "gpt2", "llama", "mistral", "opt"]
+    assert sweep.order(types, kept, [], None, {"opt", "llama"}) == ["gpt2", "mistral", "opt"]
+    assert sweep.order(types, kept, ["llama"], None) == ["gpt2", "mistral", "llama"]
+    assert sweep.order(types, kept, [], "failing") == ["gpt2", "mistral", "bamba", "opt"]
+
+
+def test_the_sweep_kills_a_type_at_its_timeout() -> None:
+    row = sweep.sweep_one("llama", timeout=0.5)
+    assert row["why"] == "timed out after 0 s" and row["built"] is None and row["tests"] is None
+
+
+def test_tiny_configs_keep_their_own_invariants() -> None:
+    """Sizes shrunk without breaking what the config or the model requires of them."""
+    assert tiny.plan("lfm2").config["block_auto_adjust_ff_dim"] is False  # the MLP width stays the drawn one
+    assert tiny.plan("jamba").config["expert_layer_period"] == 1  # every block a mixture
+    bamba = tiny.plan("bamba")  # a hybrid whose default stack is all Mamba: one attention block
+    assert bamba.config["attn_layer_indices"] == [1]
+    assert bamba.draw["mamba_d_head"] == "2 * hidden_size // 4"  # heads * head width == expand * hidden
+    model = tiny.build(bamba)
+    assert hasattr(model.model.layers[1], "self_attn") and not hasattr(model.model.layers[0], "self_attn")
+    mla = tiny.plan("deepseek_v3")  # latent attention: keys and values per query head
+    assert mla.draw["num_key_value_heads"] == "num_attention_heads"
+    assert (mla.config["head_dim"], mla.config["qk_head_dim"]) == (4, 12)
+    assert mla.first()["hidden_size"] == 2 * 16  # a head width unlike v_head_dim's 8
+    zamba2 = tiny.plan("zamba2")  # layer_types given at the default stack's length: one block per kind
+    assert zamba2.config["layer_types"] == ["linear_attention", "hybrid"] and zamba2.draw["num_hidden_layers"] == [2]
+
+
+def test_positions_per_sequence() -> None:
+    """OPT counts each sequence's real tokens: its learned positions are one row per sequence."""
+    p = draft("opt").proposal
+    values = p.hosts["model"].values
+    assert "token_position_embeddings" in values and "position_embeddings" not in values
+    assert any(x.check == "token_embeddings + token_position_embeddings == layers[0].layer_input"
+               for x in p.hosts["model"].identities)
