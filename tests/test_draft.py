@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -163,10 +164,10 @@ def test_draft_from_a_local_config(tmp_path: Path) -> None:
     assert compile_draft(d.text, "mistral").family is not None
 
 
-def test_the_sweep_table_is_its_own_state(tmp_path: Path) -> None:
+def test_the_sweep_table_is_its_own_state() -> None:
     """A rerun reads the rows the table has (swept time and hand share too) and sweeps first the
     types it lacks, then the rows of a type whose hand-written spec is newer, then the named ones."""
-    rows = [{"type": "llama", "built": True, "drafted": True, "generate": True, "tests": True, "values": 25, "todos": 0,
+    rows: list[dict[str, Any]] = [{"type": "llama", "built": True, "drafted": True, "generate": True, "tests": True, "values": 25, "todos": 0,
              "share": 1.0, "hand": "llama", "why": "", "swept": "12-01 13:00"},
             {"type": "bamba", "built": True, "drafted": False, "generate": False, "tests": None, "values": 0, "todos": 0,
              "share": 0.0, "hand": "bamba", "why": "forward failed: a | b", "swept": "12-01 13:01"},
