@@ -215,3 +215,15 @@ def test_positions_per_sequence() -> None:
     assert "token_position_embeddings" in values and "position_embeddings" not in values
     assert any(x.check == "token_embeddings + token_position_embeddings == layers[0].layer_input"
                for x in p.hosts["model"].identities)
+
+
+def test_reads_of_modules_that_return_more_or_are_shared() -> None:
+    """openai-gpt: the attention returns a list (its first element read), one activation module
+    shared by every block (not read: it runs once per block); phimoe: a router that is a Linear
+    returning (logits, weights, experts), routing in its own forward (its logits not editable there)."""
+    gpt = draft("openai-gpt").proposal
+    assert gpt.hosts["layers[i].self_attn"].values["attention_output"].read == "output[0]"
+    assert "mlp_activation" not in gpt.hosts["layers[i].mlp"].values
+    assert gpt.hosts["layers[i].mlp"].values["mlp_neurons"].read == "down_proj.input"
+    router = draft("phimoe").proposal.hosts["layers[i].mlp"].values["router_logits"]
+    assert (router.read, router.edit) == ("router.output[0]", "none")

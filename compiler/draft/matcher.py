@@ -469,8 +469,8 @@ class Matcher:
             elif pin is not None and out is not None:
                 p.todos.append(f"{c.path}: the output projection's input is not the heads' output side by side "
                                "(a gate or another step between them): check attention_premix")
-        v["attention_output"] = Value("output[0]" if isinstance(c.output, tuple) else "output",
-                                      sure="sure: what the module returns" + (", first" if isinstance(c.output, tuple) else ""))
+        v["attention_output"] = Value("output[0]" if isinstance(c.output, (tuple, list)) else "output",
+                                      sure="sure: what the module returns" + (", first" if isinstance(c.output, (tuple, list)) else ""))
         if probs is not None:
             e = holds(probs.sum(-1), torch.ones_like(probs.sum(-1)), 1e-5)
             if e is not None:
@@ -498,7 +498,7 @@ class Matcher:
         queries, keys, values and pattern live inside its own forward, unmapped."""
         host = self.p.host(hpath, c.cls, "likely: an attention module by its class name")
         self.seen.add(c.path)
-        host.values["attention_output"] = Value("output[0]" if isinstance(c.output, tuple) else "output",
+        host.values["attention_output"] = Value("output[0]" if isinstance(c.output, (tuple, list)) else "output",
                                                 sure="sure: what the module returns")
         self.p.todos.append(f"{c.path} ({c.cls}) computes its attention in its own forward (no attention function "
                             "call): its queries, keys, values, pattern and head outputs are not mapped")
@@ -644,7 +644,9 @@ class Matcher:
         out = tensor_of(c.output)
         down = next((k for k in reversed(kids) if holds(tensor_of(k.output), out) == 0.0
                      and not isinstance(self.modules[k.path], torch.nn.Dropout)), None)
-        act = next((k for k in kids if ACT_CLASSES.search(k.cls) and not isinstance(self.modules[k.path], torch.nn.Linear)), None)
+        # (an activation module shared by every block, called once per block, cannot be read per block: its op is)
+        act = next((k for k in kids if ACT_CLASSES.search(k.cls) and not isinstance(self.modules[k.path], torch.nn.Linear)
+                    and sum(x.path == k.path for x in rec.calls) == 1), None)
         act_ref = None
         if act is not None:
             aname = self.name_in(c.path, self.child(act.path, c.path), "act_fn", hpath)
@@ -741,7 +743,11 @@ class Matcher:
             self.seen.add(router.path)
             if isinstance(self.modules[router.path], torch.nn.Linear):
                 logits = tensor_of(router.output)
-                v["router_logits"] = Value(f"{rname}.output", view=view_of(logits), sure="sure: the router's linear")
+                first = "output" if isinstance(router.output, torch.Tensor) else "output[0]"  # a Linear that returns more
+                # one that routes inside its own forward has used the logits before they are returned: not editable there
+                v["router_logits"] = Value(f"{rname}.{first}", view=view_of(logits), edit=None if first == "output" else "none",
+                                           sure="sure: the router's linear" + ("" if first == "output" else
+                                                                              ", which routes in its own forward"))
             else:
                 lin = next((o for o in rec.ops_in(router.path) if o.name == "linear"), None)
                 if lin is not None:
