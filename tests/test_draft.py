@@ -15,6 +15,7 @@ from nnatlas.compiler import OWNED, compile_atlas, default_root, files
 from nnatlas.compiler.cli import main
 from nnatlas.compiler.draft import DraftError, draft, recorder, sweep, tiny, writer
 from nnatlas.compiler.draft.check import compare, compile_draft, parse_summary, run_tests
+from nnatlas.compiler.draft.proposal import Proposal
 
 ATLAS = compile_atlas(default_root() / "specs")
 
@@ -227,3 +228,12 @@ def test_reads_of_modules_that_return_more_or_are_shared() -> None:
     assert gpt.hosts["layers[i].mlp"].values["mlp_neurons"].read == "down_proj.input"
     router = draft("phimoe").proposal.hosts["layers[i].mlp"].values["router_logits"]
     assert (router.read, router.edit) == ("router.output[0]", "none")
+
+
+def test_a_composite_config_drafts_its_text_model() -> None:
+    """qwen3_5_moe's config holds a text and a vision config; its causal-LM class takes the text one:
+    the draft is of that, loaded by both model types."""
+    plan = tiny.plan("qwen3_5_moe")
+    assert (plan.model_type, plan.config_class, plan.also) == ("qwen3_5_moe_text", "Qwen3_5MoeTextConfig", ["qwen3_5_moe"])
+    text = writer.write(Proposal("qwen3_5_moe_text", plan.model_type, plan.model_class, "Qwen3.5 MoE", plan), "5.24.0")
+    assert yaml.safe_load(text)["loads"]["model_types"] == ["qwen3_5_moe_text", "qwen3_5_moe"]

@@ -55,6 +55,7 @@ class Tiny:
     draw: dict[str, Any]  # drawn entries: a list of options or an expression of earlier ones
     notes: list[str] = field(default_factory=list)  # a comment per choice the spec should explain
     names: dict[str, str] = field(default_factory=dict)  # role (layers, heads, ...) -> config attribute
+    also: list[str] = field(default_factory=list)  # the composite model type asked for, whose text config this is
 
     def first(self) -> dict[str, Any]:
         """The first option of every draw (the most layers), evaluated: the config the drafter records."""
@@ -109,8 +110,14 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     import transformers
 
     base = base_config(model_type, path)
+    asked = model_type
     model_type = base.model_type
     model_class = causal_lm_class(model_type)
+    text = getattr(getattr(transformers, model_class, None), "config_class", None)
+    if isinstance(text, type) and not isinstance(base, text) and isinstance(getattr(base, "text_config", None), text):
+        # a composite config (text and vision ...) whose causal-LM class takes the text config alone
+        base = text() if path is None else base.text_config
+        model_type = base.model_type
     config_class = type(base).__name__
     for cls in (model_class, config_class):
         if not hasattr(transformers, cls):
@@ -150,6 +157,7 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
             tiny_notes.append(f"{name}: false keeps the drawn sizes as they are (the checkpoints' config says true: "
                               "the model rounds them)")
     tiny = Tiny(model_type, model_class, config_class, fixed, {}, tiny_notes)
+    tiny.also = [asked] if asked != model_type and path is None else []
     listed = base.to_dict()
     layers, heads, kv, hidden = _first(base, LAYERS), _first(base, HEADS), _first(base, KV_HEADS), _first(base, HIDDEN)
     kv = kv or next((n for n in KV_HEADS if n in listed), None)  # None by default: as many as the heads

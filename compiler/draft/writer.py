@@ -129,7 +129,7 @@ def write(p: Proposal, transformers_version: str) -> str:
         "  the standard values below were found in the recorded dataflow and checked on it.",
         f"traits: {flow(traits)}",
         "loads:",
-        f"  model_types: {flow([p.model_type])}",
+        f"  model_types: {flow([p.model_type, *p.tiny.also])}",
         f"  classes: {flow([p.model_class])}",
         "",
         "rename:",
