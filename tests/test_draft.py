@@ -237,3 +237,8 @@ def test_a_composite_config_drafts_its_text_model() -> None:
     assert (plan.model_type, plan.config_class, plan.also) == ("qwen3_5_moe_text", "Qwen3_5MoeTextConfig", ["qwen3_5_moe"])
     text = writer.write(Proposal("qwen3_5_moe_text", plan.model_type, plan.model_class, "Qwen3.5 MoE", plan), "5.24.0")
     assert yaml.safe_load(text)["loads"]["model_types"] == ["qwen3_5_moe_text", "qwen3_5_moe"]
+
+
+def test_multi_query_attention_has_one_key_head() -> None:
+    """gpt_bigcode: the config says multi_query, not a key-head count; the draft's matches the hand-written spec's."""
+    assert draft("gpt_bigcode").proposal.config["num_kv_heads"] == "1 if multi_query else n_head"

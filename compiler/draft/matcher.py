@@ -532,7 +532,8 @@ class Matcher:
         t = self.tiny.names
         heads, hidden = t["heads"], t["hidden"]
         self.fit("num_heads", H, [heads, "num_attention_heads", "n_head", "num_heads"], where)
-        self.fit("num_kv_heads", kv, [t.get("kv_heads", heads), "num_key_value_heads", heads, "multi_query_group_num"], where)
+        self.fit("num_kv_heads", kv, [t.get("kv_heads", heads), "num_key_value_heads", heads, "multi_query_group_num",
+                                      f"1 if multi_query else {heads}"], where)  # (multi-query: one key head)
         per_head = [f"head_dim or {hidden} // {heads}", "head_dim", "v_head_dim", f"{hidden} // {heads}", "kv_channels",
                     "qk_head_dim", "qk_nope_head_dim + qk_rope_head_dim", "attention_head_dim"]
         v_dim = int(val.shape[-1]) if isinstance(val, torch.Tensor) and val.dim() == 4 else None
