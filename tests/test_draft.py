@@ -240,5 +240,5 @@ def test_a_composite_config_drafts_its_text_model() -> None:
 
 
 def test_multi_query_attention_has_one_key_head() -> None:
-    """gpt_bigcode: the config says multi_query, not a key-head count; the draft's matches the hand-written spec's."""
-    assert draft("gpt_bigcode").proposal.config["num_kv_heads"] == "1 if multi_query else n_head"
+    """gpt_bigcode: the config says multi_query, not a key-head count; as the hand-written spec says (n_head is num_attention_heads)."""
+    assert draft("gpt_bigcode").proposal.config["num_kv_heads"] == "1 if multi_query else num_attention_heads"
