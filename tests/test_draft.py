@@ -242,3 +242,17 @@ def test_a_composite_config_drafts_its_text_model() -> None:
 def test_multi_query_attention_has_one_key_head() -> None:
     """gpt_bigcode: the config says multi_query, not a key-head count; as the hand-written spec says (n_head is num_attention_heads)."""
     assert draft("gpt_bigcode").proposal.config["num_kv_heads"] == "1 if multi_query else num_attention_heads"
+
+
+def test_a_state_space_stack() -> None:
+    """mamba: no attention heads in the config (presets: [no_attention]); each block a norm and a
+    mixer whose output is added to the stream, both checked on the tiny model."""
+    d = draft("mamba")
+    assert "heads" not in d.proposal.tiny.names and "num_heads" not in d.proposal.config
+    assert yaml.safe_load(d.text)["presets"] == ["no_attention"]
+    block = d.proposal.hosts["layers[i]"]
+    assert block.values["mixer_norm_output"].read == "norm.output"
+    assert [x.check for x in block.identities] == ["layer_input + mixer.mixer_output == layer_output",
+                                                   "mixer_norm_output == mixer.input"]
+    assert d.proposal.hosts["layers[i].mixer"].values["mixer_output"].read == "output"
+    assert compile_draft(d.text, "mamba").family is not None

@@ -74,6 +74,7 @@ def ident(check: str, atol: float | None, sure: str) -> Identity:
 
 NORM = re.compile(r"norm", re.I)
 MLP = re.compile(r"mlp|moe|sparse|feedforward|ffn|expert|feed_forward", re.I)
+SSM = re.compile(r"mixer|mamba|ssm", re.I)
 ACT_CLASSES = re.compile(r"activation|gelu|silu|relu|tanh|sigmoid|swish|quickgelu|mish", re.I)
 ACT_OPS = ("silu", "gelu", "relu", "tanh", "sigmoid", "gelu_new", "relu2", "mish", "softplus")
 
@@ -120,12 +121,12 @@ class Matcher:
         p, rec = self.p, self.rec
         t = self.tiny.names
         hd = "head_dim or " if "head_dim" in t else ""
-        p.config = {
-            "num_layers": t["layers"], "hidden_size": t["hidden"], "num_heads": t["heads"],
-            "num_kv_heads": t.get("kv_heads", t["heads"]),
-            "head_dim": f"{hd}{t['hidden']} // {t['heads']}", "qk_head_dim": f"{hd}{t['hidden']} // {t['heads']}",
-            "vocab_size": "vocab_size", "intermediate_size": t.get("intermediate", "intermediate_size"),
-        }
+        p.config = {"num_layers": t["layers"], "hidden_size": t["hidden"]}
+        if "heads" in t:  # (none in a state-space stack)
+            p.config.update({
+                "num_heads": t["heads"], "num_kv_heads": t.get("kv_heads", t["heads"]),
+                "head_dim": f"{hd}{t['hidden']} // {t['heads']}", "qk_head_dim": f"{hd}{t['hidden']} // {t['heads']}"})
+        p.config.update({"vocab_size": "vocab_size", "intermediate_size": t.get("intermediate", "intermediate_size")})
         if t.get("intermediate_default") == "none":
             p.config["intermediate_size"] = f"{t['intermediate']} or 4 * {t['hidden']}"
             p.todos.append(f"config.intermediate_size: {t['intermediate']} is None by default; the draft assumes the "
@@ -214,8 +215,8 @@ class Matcher:
             h.identities = list({x.check: x for x in h.identities}.values())
         p.todos = list(dict.fromkeys(p.todos))
         defaults = type(self.config)()
-        heads, kv = self.tiny.names["heads"], self.tiny.names.get("kv_heads")
-        if kv and "Grouped-query attention" not in p.traits and isinstance(getattr(defaults, kv, None), int) \
+        heads, kv = self.tiny.names.get("heads", ""), self.tiny.names.get("kv_heads")
+        if kv and heads and "Grouped-query attention" not in p.traits and isinstance(getattr(defaults, kv, None), int) \
                 and getattr(defaults, kv) < getattr(defaults, heads):
             p.traits.append("Grouped-query attention")
         return p
@@ -318,6 +319,10 @@ class Matcher:
         mixer_paths = {c.path for c, _ in mixers}
         mlps = [c for c in kids if c.path not in mixer_paths and MLP.search(c.cls) and not NORM.search(c.cls)]
         norms = [c for c in kids if NORM.search(c.cls)]
+        if not mixers and not mlps:  # a state-space block (Mamba): a norm, then a mixer whose output is added
+            done = self.ssm_block(bpath, kids, norms, x, out, values, identities)
+            if done:
+                return values, identities
         if not mixers:
             p.todos.append(f"no mixer found in {bpath} ({call.cls}): its children "
                            + ", ".join(f"{self.child(c.path, bpath)} ({c.cls})" for c in kids))
@@ -391,6 +396,37 @@ class Matcher:
             if c.path not in self.seen and c.path not in mixer_paths and c.path not in {m.path for m in mlps}:
                 p.todos.append(f"{self.child(c.path, bpath)} ({c.cls}) in {bpath} is not mapped")
         return values, identities
+
+    def ssm_block(self, bpath: str, kids: list[ModuleCall], norms: list[ModuleCall], x: torch.Tensor | None,
+                  out: torch.Tensor | None, values: dict[str, Value], identities: list[Identity]) -> bool:
+        """A block of a norm and one mixer that is neither attention nor an MLP (a Mamba mixer): its
+        output added to the block's input is the block's output. Only the mixer's output is mapped."""
+        p = self.p
+        if x is None or out is None:
+            return False
+        mixer = next((c for c in kids if not NORM.search(c.cls) and SSM.search(c.cls) and tensor_of(c.output) is not None
+                      and tensor_of(c.output).shape == x.shape), None)  # type: ignore[union-attr]
+        if mixer is None:
+            return False
+        mixer_out = tensor_of(mixer.output)
+        e = holds(lambda: x + mixer_out, out, 1e-5)  # type: ignore[operator]
+        if e is None:
+            return False
+        name = self.name_in(bpath, self.child(mixer.path, bpath), "mixer", "layers[i]")
+        host = p.host(f"layers[i].{name}", mixer.cls, "the block's state-space mixer (its output is added to the stream)")
+        host.values["mixer_output"] = Value("output" if isinstance(mixer.output, torch.Tensor) else "output[0]",
+                                            sure="sure: what the mixer returns, added to the block's input")
+        self.seen.update({bpath, mixer.path, *(k.path for k in self.rec.children_calls(mixer.path))})
+        p.todos.append(f"{mixer.path} ({mixer.cls}): a state-space mixer: only its output is mapped (its scan's "
+                       "inputs, gates and states are not)")
+        identities.append(ident(f"layer_input + {name}.mixer_output == layer_output", e, "held on the tiny model"))
+        pre = next((nm for nm in norms if holds(tensor_of(nm.output), hidden_in(mixer)) == 0.0), None)
+        if pre is not None:
+            values["mixer_norm_output"] = Value(f"{self.child(pre.path, bpath)}.output",
+                                                sure="sure: its output is what the mixer is called with")
+            identities.append(ident(f"mixer_norm_output == {name}.input", 0.0, "held on the tiny model"))
+            self.seen.add(pre.path)
+        return True
 
     def mixer_kind(self, c: ModuleCall) -> str | None:
         for f in self.rec.fns_in(c.path):

@@ -162,12 +162,17 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     layers, heads, kv, hidden = _first(base, LAYERS), _first(base, HEADS), _first(base, KV_HEADS), _first(base, HIDDEN)
     kv = kv or next((n for n in KV_HEADS if n in listed), None)  # None by default: as many as the heads
     inter = _first(base, INTERMEDIATE) or next((n for n in INTERMEDIATE if n in base.to_dict()), None)
-    if layers is None or heads is None or hidden is None:
+    if layers is None or hidden is None or (heads is None and not _attention_free(base)):
         raise DraftError(f"{config_class} has no layer, head or width size the drafter knows "
                          f"(looked for {LAYERS[0]}, {HEADS[0]}, {HIDDEN[0]} and their aliases)")
-    tiny.names = {"layers": layers, "heads": heads, "hidden": hidden}
+    tiny.names = {"layers": layers, "hidden": hidden}
     draw = tiny.draw
     draw[layers] = _layer_options(type(base), layers, fixed)
+    if heads is None:  # a state-space stack without attention (Mamba): widths drawn as they are, the rest derived
+        draw[hidden] = [16, 32]
+        tiny.notes.append(f"{hidden}: no attention heads (a state-space stack): the mixer's widths follow from it")
+        return tiny
+    tiny.names["heads"] = heads
     kinds = getattr(base, "mlp_layer_types", None)
     if isinstance(kinds, list) and len(set(kinds)) > 1:  # per-block MLP kinds: every tiny block the commonest
         common = max(set(kinds), key=kinds.count)
@@ -216,6 +221,15 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     if getattr(base, "layer_types", None) is not None and len(set(base.layer_types)) > 1:
         tiny.notes.append(f"{layers}: enough blocks that the default layer_types has every kind of block")
     return tiny
+
+
+def _attention_free(base: Any) -> bool:
+    """A model type with no attention at all: its causal-LM class refuses sdpa, and its config names
+    no head count (a Mamba stack)."""
+    import transformers
+
+    cls = getattr(transformers, causal_lm_class(base.model_type), None)
+    return cls is not None and not getattr(cls, "_supports_sdpa", True) and _first(base, HEADS + KV_HEADS) is None
 
 
 def _layer_options(config_cls: Any, layers: str, fixed: dict[str, Any]) -> list[int]:

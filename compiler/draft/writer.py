@@ -120,6 +120,8 @@ def write(p: Proposal, transformers_version: str) -> str:
     lines += [f"family: {p.family}"]
     if p.extends:
         lines.append(f"extends: {p.extends}")
+    if "heads" not in t.names:  # a state-space stack: the attention sizes do not apply
+        lines.append("presets: [no_attention]")
     traits = list(dict.fromkeys(p.traits))
     lines += [
         f"title: {scalar(p.title)}",
