@@ -168,6 +168,11 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     tiny.names = {"layers": layers, "hidden": hidden}
     draw = tiny.draw
     draw[layers] = _layer_options(type(base), layers, fixed)
+    pattern = getattr(base, "attention_types", None)  # GPT-Neo's [[kinds, repeats]]: the kinds once each
+    if isinstance(pattern, list) and pattern and isinstance(pattern[0], list) and isinstance(pattern[0][0], list):
+        fixed["attention_types"] = [[pattern[0][0], 1]]
+        draw[layers] = [len(pattern[0][0])]
+        tiny.notes.append(f"attention_types: each kind of block once ({', '.join(map(str, pattern[0][0]))})")
     if heads is None:  # a state-space stack without attention (Mamba): widths drawn as they are, the rest derived
         draw[hidden] = [16, 32]
         tiny.notes.append(f"{hidden}: no attention heads (a state-space stack): the mixer's widths follow from it")
