@@ -205,6 +205,9 @@ def test_tiny_configs_keep_their_own_invariants() -> None:
     assert mla.draw["num_key_value_heads"] == "num_attention_heads"
     assert (mla.config["head_dim"], mla.config["qk_head_dim"]) == (4, 12)
     assert mla.first()["hidden_size"] == 2 * 16  # a head width unlike v_head_dim's 8
+    granite = tiny.plan("granitemoehybrid")  # a hybrid whose default stack is all Mamba, by layer_types
+    assert granite.config["layer_types"] == ["linear_attention", "full_attention", "linear_attention"]
+    assert granite.draw["num_hidden_layers"] == [3]
     neo = tiny.plan("gpt_neo")  # [[kinds, repeats]] of the default's 24 blocks: each kind once
     assert neo.config["attention_types"] == [[["global", "local"], 1]] and neo.draw["num_hidden_layers"] == [2]
     zamba2 = tiny.plan("zamba2")  # layer_types given at the default stack's length: one block per kind

@@ -3,6 +3,7 @@ the generated tests will pick from (what goes into the spec's ``tiny:``)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -243,6 +244,16 @@ def _layer_options(config_cls: Any, layers: str, fixed: dict[str, Any]) -> list[
     base = config_cls()
     default = list(getattr(base, "layer_types", None) or ())
     kinds = set(default)
+    if len(kinds) == 1 and re.search(r"linear|mamba", default[0]) and getattr(base, "num_attention_heads", None):
+        # a hybrid whose default stack has no attention block: one in the middle of three
+        hybrid = [default[0], "full_attention", default[0]]
+        try:
+            config_cls(**{layers: 3, "layer_types": hybrid})  # (the default sizes: the fixed ones are not matched yet)
+        except Exception:  # noqa: BLE001 - no such block kind here: keep the default's
+            pass
+        else:
+            fixed["layer_types"] = hybrid
+            return [3]
     if len(kinds) <= 1 and not _explicit_types(config_cls, layers, fixed, 3, default):
         return [2, 3]
     for n in range(2, 13):
