@@ -185,6 +185,7 @@ def test_the_sweep_table_is_its_own_state() -> None:
     assert sweep.order(types, kept, [], None, {"opt", "llama"}) == ["gpt2", "mistral", "opt"]
     assert sweep.order(types, kept, ["llama"], None) == ["gpt2", "mistral", "llama"]
     assert sweep.order(types, kept, [], "failing") == ["gpt2", "mistral", "bamba", "opt"]
+    assert sweep.order(types, kept, ["opt"], "failing") == ["gpt2", "mistral", "opt", "bamba"]
 
 
 def test_the_sweep_kills_a_type_at_its_timeout() -> None:

@@ -195,12 +195,13 @@ def sweep_one(t: str, timeout: float) -> dict[str, Any]:
 def order(types: list[str], kept: dict[str, dict[str, Any]], named: list[str], redo: str | None,
           hand: set[str] | frozenset[str] = frozenset()) -> list[str]:
     """What to sweep, in order: the types the table lacks, the rows of a type with a hand-written spec
-    and no hand share (the spec is newer than the row), then those named or to redo."""
+    and no hand share (the spec is newer than the row), those named, then those to redo."""
     lacking = [t for t in types if t not in kept]
     unscored = [t for t in types if t in kept and t in hand and kept[t].get("share") is None]
-    again = [t for t in types if t in kept and t not in unscored and (
-        t in named or redo == "all" or (redo == "failing" and not kept[t]["tests"]))]
-    return lacking + unscored + again
+    first = [t for t in types if t in kept and t not in unscored and t in named]
+    again = [t for t in types if t in kept and t not in unscored and t not in named and (
+        redo == "all" or (redo == "failing" and not kept[t]["tests"]))]
+    return lacking + unscored + first + again
 
 
 def main(argv: list[str] | None = None) -> int:
