@@ -14,10 +14,16 @@ _MISSING = object()
 
 
 def cfg(config: Any, name: str) -> Any:
-    """``config.a.b`` or None when an attribute is missing (so ``head_dim or ...`` falls back)."""
+    """``config.a.b`` (``config.a[0].b``: an item of a sequence) or None when an attribute is missing
+    (so ``head_dim or ...`` falls back)."""
     node = config
     for part in name.split("."):
-        node = node.get(part, None) if isinstance(node, Mapping) else getattr(node, part, None)
+        key, _, rest = part.partition("[")
+        node = node.get(key, None) if isinstance(node, Mapping) else getattr(node, key, None)
+        for index in rest.rstrip("]").split("][") if rest else ():
+            if node is None:
+                return None
+            node = node[int(index)]
         if node is None:
             return None
     return node

@@ -303,3 +303,19 @@ def test_selective_scan_reproduces_a_tiny_mamba_forward() -> None:
         torch.testing.assert_close(lhs, rhs, atol=1e-5, rtol=1e-5)
         lhs, rhs = evaluate("selective_scan(x, softplus(dt + bias), A, B, C, D, z)[1] == state", values)
         torch.testing.assert_close(lhs, rhs, atol=1e-5, rtol=1e-5)
+
+
+def test_cfg_reads_an_item_of_a_sequence_between_attributes() -> None:
+    # gemma4_text: head_dim is a per-layer attribute whose global value the config refuses to give;
+    # config.per_layer_config[0].head_dim is block 0's
+    from transformers import Gemma4TextConfig
+
+    config = Gemma4TextConfig(vocab_size=32, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                              num_key_value_heads=1, head_dim=4, global_head_dim=8,
+                              layer_types=["sliding_attention", "full_attention"])
+    with pytest.raises(RuntimeError, match="per-layer attribute"):
+        config.head_dim  # noqa: B018
+    assert functions.cfg(config, "per_layer_config[0].head_dim") == 4
+    assert functions.cfg(config, "per_layer_config[1].head_dim") == 8
+    assert functions.cfg({"a": [[1, 2]]}, "a[0][1]") == 2
+    assert functions.cfg(config, "missing[0].head_dim") is None
