@@ -18,6 +18,7 @@ from markupsafe import Markup
 
 from . import markdown, names, site, status
 from .ir import Atlas, FamilyIR, ValueIR
+from .names import class_name
 from .readpoint import ReadIR
 
 HEADER_RE = re.compile(r"sha256 ([0-9a-f]{64})")
@@ -25,11 +26,6 @@ HEADER_RE = re.compile(r"sha256 ([0-9a-f]{64})")
 
 class EmitError(ValueError):
     """Something the resolver should have refused reached a template (a bug, never written out)."""
-
-
-# the names a family adapter imports or defines at module level: no host class may take one
-RESERVED_CLASSES = frozenset({"Any", "AtlasModel", "Condition", "Family", "FunctionGroup", "Host", "HostList",
-                              "HostSpec", "Identity", "Layout", "ReadPoint", "Value", "ValueSpec", "ViewOp"})
 
 
 def checked_name(text: Any) -> str:
@@ -111,14 +107,6 @@ def env() -> jinja2.Environment:
     if _ENV is None:
         _ENV = _env()
     return _ENV
-
-
-def class_name(path: str) -> str:
-    if path == "model":
-        return "Model"
-    parts = [p.replace("[i]", "") for p in path.split(".")]
-    parts[0] = parts[0].rstrip("s") if parts[0].endswith("layers") else parts[0]
-    return "".join(w.capitalize() for p in parts for w in p.split("_"))
 
 
 @dataclass

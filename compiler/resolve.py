@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import emit, expr, names, readpoint, site
+from . import expr, names, readpoint, site
 from .errors import Problem, Problems, SpecError
 from .ir import (
     DEFAULT_BLOCK,
@@ -687,8 +687,8 @@ class _Family:
         for path in r.hosts:
             if not _HOST_PATH.fullmatch(path) or names.path_problem(path):
                 continue  # host() says so
-            cls = emit.class_name(path)
-            if cls in emit.RESERVED_CLASSES:
+            cls = names.class_name(path)
+            if cls in names.RESERVED_CLASSES:
                 self.err(("hosts", path), f"host '{path}': its class would be named {cls}, which the adapter "
                          "uses already", key=True)
             elif cls in classes:

@@ -25,6 +25,7 @@ from typing import Any
 
 from .errors import UserError
 from .ir import Atlas, FamilyIR
+from .resolve import resolve
 
 PATH = "generated/docs/status.json"
 VENVS = ".venv-status"
@@ -186,8 +187,6 @@ def run(root: Path, chosen: Iterable[str] | None = None, timeout: float = 3600.0
     The tests run in a snapshot of the checkout (``.venv-status/checkout``: the files git tracks or
     would track, as they are now), with nnatlas installed from it into each version's venv, so the
     run sees one state of the specs however long it takes and whatever is edited meanwhile."""
-    from . import compile_atlas
-
     wanted = list(chosen) if chosen is not None else versions(root)
     snapshot = _snapshot(root, root / VENVS / "checkout")
     runs: list[tuple[str, Mapping[str, Any] | None, str | None]] = []
@@ -213,7 +212,7 @@ def run(root: Path, chosen: Iterable[str] | None = None, timeout: float = 3600.0
         else:
             runs.append((version, None, f"pytest wrote no record: {_last_line(proc.stdout + proc.stderr)}"))
         print(f"nnatlas status: transformers {version}: {_last_line(proc.stdout)}", file=sys.stderr, flush=True)
-    status = fold(compile_atlas(snapshot / "specs", snapshot), runs)
+    status = fold(resolve(snapshot / "specs", snapshot), runs)
     (root / PATH).write_text(dumps(status), encoding="utf-8")
     return status
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .errors import InputError, NnatlasError, NotReached, OutOfOrderError, SpecError, Unavailable, UnknownName
+from .errors import InputError, NnatlasError, NotReached, OutOfOrderError, Unavailable, UnknownName
 
 if TYPE_CHECKING:
     from .cache import Cache
@@ -36,6 +36,5 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = ["AtlasModel", "Box", "Cache", "InputError", "NnatlasError", "NotReached", "OutOfOrderError", "SpecError",
-           "Unavailable",
+__all__ = ["AtlasModel", "Box", "Cache", "InputError", "NnatlasError", "NotReached", "OutOfOrderError", "Unavailable",
            "UnknownName", "all_families", "load", "route_kernels", "wrap"]

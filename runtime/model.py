@@ -100,20 +100,25 @@ class AtlasModel(Host):
         out = {}
         for name in self._family.config:
             try:
-                out[name] = self._config_value(name)
+                out[name] = self.config_value(name)
             except Unavailable:
                 continue
         return out
 
-    def _config_value(self, name: str) -> Any:
+    def config_value(self, name: str) -> Any:
+        """The normalized config entry ``name`` (``num_layers``, ``head_dim`` …) for this load; raises
+        Unavailable when this load has no such size (a state-space model's head_dim) and KeyError when
+        the family names no such entry."""
         fn = self._family.config.get(name)
         if fn is None:
             raise KeyError(f"{self.family} has no config entry '{name}'")
         return fn(self._config_view)
 
+    _config_value = config_value
+
     def __getattr__(self, name: str) -> Any:
         if not name.startswith("_") and name in self._family.config:
-            return self._config_value(name)
+            return self.config_value(name)
         if not name.startswith("_") and name.endswith("_layers"):
             found = self._kind_layers(name.removesuffix("_layers"))
             if found is not None:
@@ -201,13 +206,17 @@ class AtlasModel(Host):
         return kinds
 
     # ---- hosts ----
-    def _specs_for(self, pattern: str, index: int | None) -> list[HostSpec]:
+    def specs_at(self, pattern: str, index: int | None) -> list[HostSpec]:
+        """The host specs that apply at a spec path (``layers[i].self_attn``) on block ``index`` (None
+        for a path without a block index): on a hybrid stack, the specs whose ``when`` holds there."""
         key = (pattern, index)
         cache = self._hosts_cache
         if key not in cache:
             specs = [h for h in self._family.hosts if h.path == pattern]
             cache[key] = [h for h in specs if h.when is None or (index is not None and h.when(self._config_view, index))]
         return cache[key]  # type: ignore[no-any-return]
+
+    _specs_for = specs_at
 
     def live_hosts(self, path: str) -> Iterator[tuple[str, Host]]:
         """Every live host at a spec path (``layers[i].self_attn`` → one per block that has it),
@@ -240,7 +249,7 @@ class AtlasModel(Host):
         names = self._value_specs.get(key)
         if names is None:
             names = {}
-            for spec in self._specs_for(pattern, index):
+            for spec in self.specs_at(pattern, index):
                 for v in spec.values:
                     names.setdefault(v.name, v)
             self._value_specs[key] = names
@@ -404,7 +413,7 @@ class AtlasModel(Host):
             return tuple(self._view_arg(x) for x in a)
         if a in CALL_DIMS:
             return CallDim(a)
-        return self._config_value(a) if isinstance(a, str) else a
+        return self.config_value(a) if isinstance(a, str) else a
 
     # ---- tracing ----
     def trace(self, inputs: Any = None, *, order: str = "strict", grad: bool = False, **kwargs: Any) -> Tracer:
@@ -522,11 +531,13 @@ def route_kernels(family: str | AtlasModel, kernels: str = "torch") -> Iterator[
         _KERNEL_ROUTES.reset(token)
 
 
-def wrap(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None, family: str | None = None) -> AtlasModel:
-    """Wrap an already-built transformers model with its family's adapter."""
+def wrap(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None,
+         family: str | Family | None = None) -> AtlasModel:
+    """Wrap an already-built transformers model with its family's adapter (``family``: a family's name, or
+    its adapter's ``FAMILY``; by default picked from the model's config)."""
     if isinstance(model, AtlasModel):
         return model
-    fam = _families.get(family) if family else _families.pick(model)
+    fam = family if isinstance(family, Family) else _families.get(family) if family else _families.pick(model)
     if tokenizer is None and processor is not None:
         tokenizer = getattr(processor, "tokenizer", None)
     return AtlasModel(model, fam, tokenizer=tokenizer, processor=processor)

@@ -1,0 +1,79 @@
+"""One direction: specs → compiler → generated → runtime. The runtime never imports the compiler,
+``import nnatlas`` loads neither the compiler nor its dependencies, and the import graph has no circles
+where it has been untangled. Read from the source (``tests/imports.py``) and checked in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from bench import sizes
+
+from . import imports as I  # the import graph, read from the source
+
+# the runtime's one door to the compiler: ``python -m nnatlas generate ...`` hands the command line to
+# the compiler's CLI (the program's entry point; nothing imports it)
+ENTRY = "nnatlas.__main__"
+
+
+def _fresh(code: str) -> dict[str, list[str]]:
+    """Run ``code`` in a fresh interpreter; the modules it left loaded, grouped as the tests ask."""
+    probe = code + "\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"compiler": [m for m in loaded if m == "nnatlas.compiler" or m.startswith("nnatlas.compiler.")],
+            "deps": [m for m in loaded if m.split(".")[0] in ("jinja2", "pydantic", "markupsafe", "yaml")],
+            "torch": [m for m in loaded if m == "torch"]}
+
+
+def test_import_nnatlas_loads_no_compiler_no_torch() -> None:
+    loaded = _fresh("import nnatlas")
+    assert loaded == {"compiler": [], "deps": [], "torch": []}
+
+
+def test_wrapping_and_tracing_load_no_compiler() -> None:
+    """The whole runtime at work (every family adapter, a wrap, a trace) never loads the compiler (transformers
+    itself loads jinja2 for chat templates, so only the compiler's own modules are counted here)."""
+    loaded = _fresh("import nnatlas, torch\n"
+                    "from nnatlas import testing\n"
+                    "nnatlas.all_families()\n"
+                    "model = testing.build('llama')\n"
+                    "with model.trace('a b c'):\n"
+                    "    out = model.layers[0].layer_output.save()\n"
+                    "assert out.shape[-1] == model.hidden_size")
+    assert loaded["compiler"] == []
+
+
+def test_the_runtime_never_imports_the_compiler() -> None:
+    """Not at module level, not inside a function: only the program's entry point hands over to it."""
+    g = I.graph("nnatlas", "nnatlas.compiler", "nnatlas.families")
+    runtime = [m for m in I.modules("nnatlas") if not m.startswith(("nnatlas.compiler", "nnatlas.families"))]
+    found = [f"{i.source}:{i.line} imports {i.target}" for m in runtime if m != ENTRY for i in g[m]
+             if i.target.startswith("nnatlas.compiler")]
+    assert found == []
+    text = [f"{m}: {i.target}" for m in runtime if m != ENTRY
+            for i in I.imports(I.modules("nnatlas")[m]) if i.target.split(".")[0] in ("jinja2", "pydantic")]
+    assert text == []
+
+
+def test_generated_adapters_import_the_runtime_only() -> None:
+    g = I.graph("nnatlas", "nnatlas.compiler", "nnatlas.families")
+    for name in I.modules("nnatlas.families"):
+        bad = [i.target for i in g[name] if i.target.startswith("nnatlas.compiler")]
+        assert bad == [], name
+
+
+def test_compiler_has_no_import_circles() -> None:
+    assert I.circles(I.graph("nnatlas.compiler")) == []
+
+
+def test_the_size_report_names_the_largest_modules_and_classes() -> None:
+    mods = sizes.modules()
+    assert mods == sorted(mods, key=lambda s: (-s.lines, s.name))
+    biggest = mods[0]
+    assert biggest.lines == len((I.ROOT / biggest.name).read_text().splitlines())
+    text = sizes.report(3)
+    assert text.splitlines()[0].startswith("largest modules") and biggest.name in text
+    cls = sizes.classes()[0]
+    assert cls.methods > 0 and f"{cls.lines:5d}  {cls.methods:3d}  {cls.name}" in text
