@@ -264,7 +264,7 @@ def _classes(f: FamilyIR) -> list[dict[str, Any]]:
         attrs: dict[str, str] = {}
         for h in f.hosts_at(path):
             for v in h.values:
-                attrs.setdefault(v.name, "Value")
+                attrs.setdefault(v.name, "ValueSlot")
         prefix = "" if path == "model" else path + "."
         for child in paths:
             if child != path and child.startswith(prefix) and "." not in child[len(prefix):].replace("[i]", ""):
@@ -275,10 +275,15 @@ def _classes(f: FamilyIR) -> list[dict[str, Any]]:
                     attrs[rest] = class_name(child)
         for std, _ in f.rename:
             if std.startswith(prefix) and "." not in std[len(prefix):] and "[" not in std[len(prefix):]:
-                attrs.setdefault(std[len(prefix):], "Host")
+                attrs.setdefault(std[len(prefix):], "TypedHost")
+        if path == "model":  # the normalized config and the blocks of each kind of a hybrid stack
+            for name, _, _ in f.config:
+                attrs.setdefault(name, "Any")
+            for kind in dict.fromkeys(h.kind for h in f.hosts if h.kind and h.when is not None):
+                attrs.setdefault(f"{kind}_layers", "list[int]")
         hosts = f.hosts_at(path)
         doc = f"{path}: {', '.join(dict.fromkeys(h.cls for h in hosts))}" if hosts else path
-        out.append({"name": class_name(path), "base": "AtlasModel" if path == "model" else "Host",
+        out.append({"name": class_name(path), "base": "TypedModel" if path == "model" else "TypedHost",
                     "attrs": list(attrs.items()), "doc": _docline(doc.replace('"', "'"))})
     # a class must be defined before it is named in an annotation string? (annotations are lazy)
     return out

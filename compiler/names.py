@@ -63,7 +63,8 @@ def is_name(name: object) -> bool:
 
 # the names a family adapter imports or defines at module level: no host class may take one
 RESERVED_CLASSES = frozenset({"Any", "AtlasModel", "Condition", "Family", "FunctionGroup", "Host", "HostList",
-                              "HostSpec", "Identity", "Layout", "ReadPoint", "Value", "ValueSpec", "ViewOp"})
+                              "HostSpec", "Identity", "Layout", "Loader", "ReadPoint", "TypedHost", "TypedModel",
+                              "Value", "ValueSlot", "ValueSpec", "ViewOp", "Wrapper"})
 
 
 def class_name(path: str) -> str:

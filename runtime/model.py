@@ -6,7 +6,7 @@ import contextlib
 import threading
 import weakref
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -533,14 +533,48 @@ def route_kernels(family: str | AtlasModel, kernels: str = "torch") -> Iterator[
 
 def wrap(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None,
          family: str | Family | None = None) -> AtlasModel:
-    """Wrap an already-built transformers model with its family's adapter (``family``: a family's name, or
-    its adapter's ``FAMILY``; by default picked from the model's config)."""
+    """Wrap an already-built transformers model with its family's adapter: an instance of the family's
+    generated class (``nnatlas.families.<family>.Model``; ``<family>.wrap`` says so to a type checker)."""
     if isinstance(model, AtlasModel):
         return model
     fam = family if isinstance(family, Family) else _families.get(family) if family else _families.pick(model)
+    return _new(_families.model_class(fam) or AtlasModel, fam, model, tokenizer, processor)
+
+
+M = TypeVar("M", bound=AtlasModel)
+
+
+def _new(cls: type[M], family: Family, model: torch.nn.Module, tokenizer: Any, processor: Any) -> M:
     if tokenizer is None and processor is not None:
         tokenizer = getattr(processor, "tokenizer", None)
-    return AtlasModel(model, fam, tokenizer=tokenizer, processor=processor)
+    return cls(model, family, tokenizer=tokenizer, processor=processor)
+
+
+class Wrapper(Generic[M]):
+    """``nnatlas.families.<family>.wrap``: :func:`wrap` as that family, typed with its generated class."""
+
+    def __init__(self, cls: type[M], family: Family):
+        self.cls, self.family = cls, family
+
+    def __call__(self, model: torch.nn.Module, tokenizer: Any = None, processor: Any = None) -> M:
+        if isinstance(model, self.cls):
+            return model
+        if isinstance(model, AtlasModel):
+            raise NnatlasError(f"this model is already wrapped as {model.family}; wrap its .native as "
+                               f"{self.family.name}")
+        return _new(self.cls, self.family, model, tokenizer, processor)
+
+
+class Loader(Generic[M]):
+    """``nnatlas.families.<family>.load``: :func:`load` as that family, typed with its generated class."""
+
+    def __init__(self, cls: type[M], family: Family):
+        self.cls, self.family = cls, family
+
+    def __call__(self, name_or_path: str, *, task: str = "text-generation", tokenizer: Any = True,
+                 **kwargs: Any) -> M:
+        hf, tok, processor = _from_pretrained(name_or_path, task, tokenizer, kwargs)
+        return _new(self.cls, self.family, hf, tok, processor)
 
 
 def _check_path(name: Any) -> None:
@@ -569,7 +603,14 @@ def load(name_or_path: str, *, task: str = "text-generation", tokenizer: Any = T
     ``task="image-text-to-text"`` loads the wrapper (``AutoModelForImageTextToText``) with its
     processor (built without torchvision when torchvision is missing: images only, no videos).
     Keyword arguments (``dtype``, ``attn_implementation``, ``device_map`` …) go to ``from_pretrained``.
+    ``nnatlas.families.<family>.load`` does the same as one family, typed with its generated class.
     """
+    hf, tok, processor = _from_pretrained(name_or_path, task, tokenizer, kwargs)
+    return wrap(hf, tokenizer=tok, processor=processor)
+
+
+def _from_pretrained(name_or_path: str, task: str, tokenizer: Any, kwargs: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """(the transformers model, its tokenizer, its processor) as :func:`load` builds them."""
     import transformers
 
     if task not in ("text-generation", "image-text-to-text"):
@@ -580,7 +621,8 @@ def load(name_or_path: str, *, task: str = "text-generation", tokenizer: Any = T
         hf.eval()
         from .processing import load_processor
 
-        return wrap(hf, processor=load_processor(name_or_path))
+        processor = load_processor(name_or_path)
+        return hf, getattr(processor, "tokenizer", None), processor
     try:
         hf = transformers.AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
     except ValueError as e:  # no causal-LM class for this config: a multimodal wrapper, text only
@@ -600,4 +642,4 @@ def load(name_or_path: str, *, task: str = "text-generation", tokenizer: Any = T
             tok = None
     elif tokenizer not in (None, False):
         tok = tokenizer
-    return wrap(hf, tokenizer=tok)
+    return hf, tok, None

@@ -8,8 +8,9 @@ from typing import Any
 
 from nnatlas import functions as _fn
 from nnatlas.adapter import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas.envoy import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,66 +21,80 @@ SPEC_SHA256 = '56b4d39f2923f577c6af37e1730477d5d9583bc349bd4073d447f6463cba102d'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: Ernie4_5_MoeForCausalLM"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
     layers: HostList[Layer]
-    embed_tokens: Host
-    norm: Host
-    lm_head: Host
+    embed_tokens: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
+    vocab_size: Any
+    intermediate_size: Any
+    num_experts: Any
+    top_k: Any
+    norm_topk_prob: Any
+    shared_expert_intermediate_size: Any
+    moe_layers: list[int]
+    dense_layers: list[int]
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: Ernie4_5_MoeDecoderLayer"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
     self_attn: LayerSelfAttn
     mlp: LayerMlp
 
 
-class LayerSelfAttn(Host):
+class LayerSelfAttn(TypedHost):
     """layers[i].self_attn: Ernie4_5_MoeAttention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
 
 
-class LayerMlp(Host):
+class LayerMlp(TypedHost):
     """layers[i].mlp: Ernie4_5_MoeSparseMoeBlock"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
-    router_logits: Value
-    expert_weights: Value
-    expert_indices: Value
-    expert_outputs: Value
-    routed_output: Value
-    shared_expert_output: Value
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
+    router_logits: ValueSlot
+    expert_weights: ValueSlot
+    expert_indices: ValueSlot
+    expert_outputs: ValueSlot
+    routed_output: ValueSlot
+    shared_expert_output: ValueSlot
     shared_experts: LayerMlpSharedExperts
-    router: Host
+    router: TypedHost
 
 
-class LayerMlpSharedExperts(Host):
+class LayerMlpSharedExperts(TypedHost):
     """layers[i].mlp.shared_experts: Ernie4_5_MoeMLP"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
 
 # ---- normalized config ----
 
@@ -649,6 +664,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {

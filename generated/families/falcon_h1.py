@@ -8,8 +8,9 @@ from typing import Any
 
 from nnatlas import functions as _fn
 from nnatlas.adapter import Condition, Family, FunctionGroup, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas.envoy import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,68 +21,90 @@ SPEC_SHA256 = 'b4ae494691087ccbab7308b1402c8f8d916dbd3ce459c4dbf31608b967b21910'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: FalconH1ForCausalLM"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
     layers: HostList[Layer]
-    embed_tokens: Host
-    norm: Host
-    lm_head: Host
+    embed_tokens: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
+    vocab_size: Any
+    intermediate_size: Any
+    ssm_channels: Any
+    ssm_heads: Any
+    ssm_head_dim: Any
+    ssm_groups: Any
+    ssm_state_size: Any
+    conv_kernel: Any
+    chunk_size: Any
+    embedding_multiplier: Any
+    lm_head_multiplier: Any
+    attention_in_multiplier: Any
+    attention_out_multiplier: Any
+    ssm_out_multiplier: Any
+    mlp_gate_multiplier: Any
+    mlp_down_multiplier: Any
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: FalconH1DecoderLayer"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
-    mixer_output: Value
-    attention_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
+    mixer_output: ValueSlot
+    attention_output: ValueSlot
     self_attn: LayerSelfAttn
     mlp: LayerMlp
     mamba: LayerMamba
 
 
-class LayerSelfAttn(Host):
+class LayerSelfAttn(TypedHost):
     """layers[i].self_attn: FalconH1Attention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
 
 
-class LayerMlp(Host):
+class LayerMlp(TypedHost):
     """layers[i].mlp: FalconH1MLP"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
 
 
-class LayerMamba(Host):
+class LayerMamba(TypedHost):
     """layers[i].mamba: FalconH1Mixer"""
-    ssm_inputs: Value
-    state_decays: Value
-    state_writes: Value
-    state_reads: Value
-    skip_weights: Value
-    time_steps: Value
-    state_output: Value
-    ssm_outputs: Value
-    ssm_gates: Value
-    mixer_output: Value
+    ssm_inputs: ValueSlot
+    state_decays: ValueSlot
+    state_writes: ValueSlot
+    state_reads: ValueSlot
+    skip_weights: ValueSlot
+    time_steps: ValueSlot
+    state_output: ValueSlot
+    ssm_outputs: ValueSlot
+    ssm_gates: ValueSlot
+    mixer_output: ValueSlot
 
 # ---- normalized config ----
 
@@ -663,6 +686,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {

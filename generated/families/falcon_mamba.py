@@ -8,8 +8,9 @@ from typing import Any
 
 from nnatlas import functions as _fn
 from nnatlas.adapter import Condition, Family, FunctionGroup, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas.envoy import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,42 +21,54 @@ SPEC_SHA256 = '4767ceb614d5a03f954d6f2c7034fc237ed8a5ba2f7dd47be4cbbd861899fa81'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: FalconMambaForCausalLM"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
     layers: HostList[Layer]
-    embed_tokens: Host
-    norm: Host
-    lm_head: Host
+    embed_tokens: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    vocab_size: Any
+    intermediate_size: Any
+    ssm_channels: Any
+    ssm_state_size: Any
+    time_step_rank: Any
+    conv_kernel: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: FalconMambaBlock"""
-    layer_input: Value
-    mixer_norm_output: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    mixer_norm_output: ValueSlot
+    layer_output: ValueSlot
     mixer: LayerMixer
 
 
-class LayerMixer(Host):
+class LayerMixer(TypedHost):
     """layers[i].mixer: FalconMambaMixer"""
-    ssm_inputs: Value
-    ssm_gates: Value
-    time_steps: Value
-    state_decays: Value
-    state_writes: Value
-    state_reads: Value
-    skip_weights: Value
-    ssm_outputs: Value
-    state_output: Value
-    mixer_output: Value
+    ssm_inputs: ValueSlot
+    ssm_gates: ValueSlot
+    time_steps: ValueSlot
+    state_decays: ValueSlot
+    state_writes: ValueSlot
+    state_reads: ValueSlot
+    skip_weights: ValueSlot
+    ssm_outputs: ValueSlot
+    state_output: ValueSlot
+    mixer_output: ValueSlot
 
 # ---- normalized config ----
 
@@ -394,6 +407,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {

@@ -8,8 +8,9 @@ from typing import Any
 
 from nnatlas import functions as _fn
 from nnatlas.adapter import Condition, Family, FunctionGroup, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas.envoy import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,42 +21,57 @@ SPEC_SHA256 = '0bfeb665b5a9a4e30c1182cf21a39c3d52d72f8f97da2ae60eafe07b0198fcee'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: Mamba2ForCausalLM"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
     layers: HostList[Layer]
-    embed_tokens: Host
-    norm: Host
-    lm_head: Host
+    embed_tokens: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    vocab_size: Any
+    intermediate_size: Any
+    ssm_channels: Any
+    ssm_heads: Any
+    ssm_head_dim: Any
+    ssm_groups: Any
+    ssm_state_size: Any
+    conv_kernel: Any
+    chunk_size: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: Mamba2Block"""
-    layer_input: Value
-    mixer_norm_output: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    mixer_norm_output: ValueSlot
+    layer_output: ValueSlot
     mixer: LayerMixer
 
 
-class LayerMixer(Host):
+class LayerMixer(TypedHost):
     """layers[i].mixer: Mamba2Mixer"""
-    ssm_inputs: Value
-    state_decays: Value
-    state_writes: Value
-    state_reads: Value
-    skip_weights: Value
-    time_steps: Value
-    state_output: Value
-    ssm_outputs: Value
-    ssm_gates: Value
-    mixer_output: Value
+    ssm_inputs: ValueSlot
+    state_decays: ValueSlot
+    state_writes: ValueSlot
+    state_reads: ValueSlot
+    skip_weights: ValueSlot
+    time_steps: ValueSlot
+    state_output: ValueSlot
+    ssm_outputs: ValueSlot
+    ssm_gates: ValueSlot
+    mixer_output: ValueSlot
 
 # ---- normalized config ----
 
@@ -405,6 +421,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {

@@ -8,8 +8,9 @@ from typing import Any
 
 from nnatlas import functions as _fn
 from nnatlas.adapter import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas.envoy import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,98 +21,117 @@ SPEC_SHA256 = 'b30a409448e5b9c9f21bd2f7f35d501e7bb5b7c9a08c6c099d04ec7512d94729'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: Qwen2_5_VLForConditionalGeneration"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
-    position_ids: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
+    position_ids: ValueSlot
     layers: HostList[Layer]
     vision: Vision
-    embed_tokens: Host
-    norm: Host
-    lm_head: Host
-    language_model: Host
-    projector: Host
+    embed_tokens: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    language_model: TypedHost
+    projector: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
+    vocab_size: Any
+    intermediate_size: Any
+    mrope_axes: Any
+    vision_hidden_size: Any
+    vision_head_dim: Any
+    vision_intermediate_size: Any
+    vision_num_layers: Any
+    vision_num_heads: Any
+    vision_patch_size: Any
+    vision_image_size: Any
+    vision_spatial_merge_size: Any
+    vision_window_size: Any
+    image_token_id: Any
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: Qwen2_5_VLDecoderLayer"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
     self_attn: LayerSelfAttn
     mlp: LayerMlp
 
 
-class LayerSelfAttn(Host):
+class LayerSelfAttn(TypedHost):
     """layers[i].self_attn: Qwen2_5_VLAttention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
 
 
-class LayerMlp(Host):
+class LayerMlp(TypedHost):
     """layers[i].mlp: Qwen2MLP"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
 
 
-class Vision(Host):
+class Vision(TypedHost):
     """vision: Qwen2_5_VisionTransformerPretrainedModel"""
-    image_token_mask: Value
-    patch_embeddings: Value
-    tower_output: Value
-    image_features: Value
+    image_token_mask: ValueSlot
+    patch_embeddings: ValueSlot
+    tower_output: ValueSlot
+    image_features: ValueSlot
     layers: HostList[VisionLayers]
 
 
-class VisionLayersMlp(Host):
+class VisionLayersMlp(TypedHost):
     """vision.layers[i].mlp: Qwen2_5_VLMLP"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
 
 
-class VisionLayers(Host):
+class VisionLayers(TypedHost):
     """vision.layers[i]: Qwen2_5_VLVisionBlock"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
     mlp: VisionLayersMlp
     self_attn: VisionLayersSelfAttn
-    input_layernorm: Host
-    post_attention_layernorm: Host
+    input_layernorm: TypedHost
+    post_attention_layernorm: TypedHost
 
 
-class VisionLayersSelfAttn(Host):
+class VisionLayersSelfAttn(TypedHost):
     """vision.layers[i].self_attn: Qwen2_5_VLVisionAttention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
-    o_proj: Host
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
+    o_proj: TypedHost
 
 # ---- normalized config ----
 
@@ -862,6 +882,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {

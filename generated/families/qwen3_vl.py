@@ -8,8 +8,9 @@ from typing import Any
 
 from nnatlas import functions as _fn
 from nnatlas.adapter import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas.envoy import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,101 +21,123 @@ SPEC_SHA256 = '2c5d6df34fa5a7e7b697ee4350450d15111e265f6833bc284deebf2b5efe52e1'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: Qwen3VLForConditionalGeneration"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
-    position_ids: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
+    position_ids: ValueSlot
     layers: HostList[Layer]
     vision: Vision
-    embed_tokens: Host
-    norm: Host
-    lm_head: Host
-    language_model: Host
-    projector: Host
+    embed_tokens: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    language_model: TypedHost
+    projector: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
+    vocab_size: Any
+    intermediate_size: Any
+    vision_deepstack_layers: Any
+    mrope_axes: Any
+    vision_num_layers: Any
+    vision_hidden_size: Any
+    vision_num_heads: Any
+    vision_head_dim: Any
+    vision_intermediate_size: Any
+    vision_patch_size: Any
+    vision_image_size: Any
+    vision_spatial_merge_size: Any
+    vision_window_size: Any
+    image_token_id: Any
+    deepstack_layers: list[int]
+    plain_layers: list[int]
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: Qwen3VLTextDecoderLayer"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
-    deepstack_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
+    deepstack_output: ValueSlot
     self_attn: LayerSelfAttn
     mlp: LayerMlp
 
 
-class LayerSelfAttn(Host):
+class LayerSelfAttn(TypedHost):
     """layers[i].self_attn: Qwen3VLTextAttention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
 
 
-class LayerMlp(Host):
+class LayerMlp(TypedHost):
     """layers[i].mlp: Qwen3VLTextMLP"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
 
 
-class Vision(Host):
+class Vision(TypedHost):
     """vision: Qwen3VLVisionModel"""
-    image_token_mask: Value
-    patch_embeddings: Value
-    position_embeddings: Value
-    tower_output: Value
-    image_features: Value
+    image_token_mask: ValueSlot
+    patch_embeddings: ValueSlot
+    position_embeddings: ValueSlot
+    tower_output: ValueSlot
+    image_features: ValueSlot
     layers: HostList[VisionLayers]
 
 
-class VisionLayers(Host):
+class VisionLayers(TypedHost):
     """vision.layers[i]: Qwen3VLVisionBlock"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
     self_attn: VisionLayersSelfAttn
     mlp: VisionLayersMlp
-    input_layernorm: Host
-    post_attention_layernorm: Host
+    input_layernorm: TypedHost
+    post_attention_layernorm: TypedHost
 
 
-class VisionLayersSelfAttn(Host):
+class VisionLayersSelfAttn(TypedHost):
     """vision.layers[i].self_attn: Qwen3VLVisionAttention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
-    o_proj: Host
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
+    o_proj: TypedHost
 
 
-class VisionLayersMlp(Host):
+class VisionLayersMlp(TypedHost):
     """vision.layers[i].mlp: Qwen3VLVisionMLP"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
-    down_proj: Host
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
+    down_proj: TypedHost
 
 # ---- normalized config ----
 
@@ -979,6 +1002,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {

@@ -8,8 +8,9 @@ from typing import Any
 
 from nnatlas import functions as _fn
 from nnatlas.adapter import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas.envoy import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,51 +21,60 @@ SPEC_SHA256 = 'c8b0784fb2d79066a2282c8ea0a729e345497af9e6f0305d50e9c0cd0de21669'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: StableLmForCausalLM"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
     layers: HostList[Layer]
-    embed_tokens: Host
-    norm: Host
-    lm_head: Host
+    embed_tokens: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
+    vocab_size: Any
+    intermediate_size: Any
+    rotary_dim: Any
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: StableLmDecoderLayer"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
     self_attn: LayerSelfAttn
     mlp: LayerMlp
 
 
-class LayerSelfAttn(Host):
+class LayerSelfAttn(TypedHost):
     """layers[i].self_attn: StableLmAttention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
 
 
-class LayerMlp(Host):
+class LayerMlp(TypedHost):
     """layers[i].mlp: StableLmMLP"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
 
 # ---- normalized config ----
 
@@ -445,6 +455,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {
