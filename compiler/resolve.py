@@ -20,6 +20,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from nnatlas import conditions
+from nnatlas.spec import Condition, Layout
+
 from . import expr, names, readpoint, site
 from .errors import Problem, Problems, SpecError
 from .ir import (
@@ -28,14 +31,12 @@ from .ir import (
     REQUIRED_CONFIG,
     Atlas,
     CheckpointIR,
-    ConditionIR,
     DiagramIR,
     DrawIR,
     FamilyIR,
     FunctionIR,
     HostIR,
     IdentityIR,
-    LayoutIR,
     NoteIR,
     TinyIR,
     ValueIR,
@@ -423,7 +424,7 @@ def _shared_notes(src: Source | None, found: Problems) -> dict[str, list[NoteRaw
     return out
 
 
-def _check_vocabulary(vocab: Vocabulary, src: Source, found: Problems) -> dict[str, LayoutIR]:
+def _check_vocabulary(vocab: Vocabulary, src: Source, found: Problems) -> dict[str, Layout]:
     tables: list[tuple[DataPath, str, Any]] = [
         (("dims",), "dim", vocab.dims), (("layouts",), "layout", vocab.layouts), (("values",), "value", vocab.values),
         (("streams",), "stream", vocab.streams), (("conditions",), "condition", vocab.conditions),
@@ -436,7 +437,12 @@ def _check_vocabulary(vocab: Vocabulary, src: Source, found: Problems) -> dict[s
     for cname, cond in vocab.conditions.items():
         if cond.attribute is not None and (bad := names.problem(cond.attribute, "attribute")):
             found.add(src.rel, src.located.pos(("conditions", cname, "attribute")), f"condition {cname}: {bad}")
-    layouts: dict[str, LayoutIR] = {}
+        elif cond.attribute is None and not cond.never and not conditions.decided_here(cname, cond.kind):
+            known = conditions.LOAD if cond.kind == "load" else conditions.CALL
+            found.add(src.rel, src.located.pos(("conditions", cname), key=True),
+                      f"condition {cname}: the runtime decides no {cond.kind} condition of that name (it decides "
+                      f"{', '.join(known)}); name a config attribute and its values, or mark it never: true")
+    layouts: dict[str, Layout] = {}
     for name, lay in vocab.layouts.items():
         dims = tuple(lay.dims.split())
         line, col = src.located.pos(("layouts", name, "dims"))
@@ -446,7 +452,7 @@ def _check_vocabulary(vocab: Vocabulary, src: Source, found: Problems) -> dict[s
                 found.add(src.rel, (line, col + max(offset, 0)), f"layout {name}: unknown dim '{d}'" + suggest(d, vocab.dims))
         if lay.dtype not in ("float", "long", "bool", "object"):
             found.add(src.rel, src.located.pos(("layouts", name, "dtype")), f"layout {name}: dtype is float, long, bool or object")
-        layouts[name] = LayoutIR(name, dims, lay.dtype, lay.optional)
+        layouts[name] = Layout(name, dims, lay.dtype, lay.optional)
     value_tables: list[tuple[DataPath, Any]] = [(("values",), vocab.values)] + [(("streams", s), t) for s, t in vocab.streams.items()]
     for path, table in value_tables:
         for vname, v in table.items():
@@ -570,7 +576,7 @@ class _Family:
     """Checks one merged family and builds its IR; problems go to ``found``."""
 
     def __init__(self, src: Source, merged: Merged, raw: FamilyRaw, vocab: Vocabulary,
-                 layouts: dict[str, LayoutIR], found: Problems, shared: dict[str, list[NoteRaw]] | None = None):
+                 layouts: dict[str, Layout], found: Problems, shared: dict[str, list[NoteRaw]] | None = None):
         self.src, self.merged, self.raw, self.vocab, self.layouts, self.found = src, merged, raw, vocab, layouts, found
         self.shared = shared or {}
         self.ok = True
@@ -947,9 +953,9 @@ class _Family:
             elif cond.kind != kind:
                 self.err((*at, field_name), f"{name}: '{cname}' is a {cond.kind} condition; '{field_name}' takes a {kind} condition")
             elif kind == "load":
-                needs = ConditionIR(cname, cond.says, cond.fix, cond.attribute, tuple(cond.values), cond.kind, cond.never)
+                needs = Condition(cname, cond.says, cond.fix, cond.attribute, tuple(cond.values), cond.kind, cond.never)
             else:
-                reached = ConditionIR(cname, cond.says, cond.fix, kind=cond.kind)
+                reached = Condition(cname, cond.says, cond.fix, kind=cond.kind)
         if v.edit not in _EDITS:
             self.err((*at, "edit"), f"{name}: edit is one of {', '.join(_EDITS)} (what an edit of the value reaches)")
         layout = self.layouts.get(vocab_value.layout)

@@ -5,17 +5,21 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
 import torch
 
+from . import conditions
 from . import registry as _families
-from .adapter import Family, HostSpec, ValueSpec
+from .cache import cache as cache_values
 from .envoy import Host, HostList, Value, resolve_native
 from .errors import InputError, NnatlasError, Unavailable
 from .inputs import prepare
-from .sites import kernel_route
+from .printout import render, support
+from .processing import PromptProcessor, load_processor
+from .sites import _KERNEL_ROUTES, kernel_route
+from .spec import Condition, Family, HostSpec, ValueSpec
 from .trace import CallDim, Target, Tracer
 
 CALL_DIMS = ("batch", "seq")  # view arguments bound per call, from the model's input ids (or embeddings)
@@ -85,8 +89,6 @@ class AtlasModel(Host):
         prompt without image tokens, it puts one placeholder per image in front, as trace does."""
         if self._processor is None:
             return None
-        from .processing import PromptProcessor
-
         return PromptProcessor(self._processor)
 
     @property
@@ -302,29 +304,19 @@ class AtlasModel(Host):
             except NnatlasError:
                 pass
         tracer = self._tracer
+        cfg = getattr(module, "config", None) or self.config
         met: bool | None
         if tracer is None:
             met = conditions_met(spec.needs.name, self, module, spec.needs)
         else:  # a load condition holds for the whole trace body: asked once per config it reads
-            cfg = getattr(module, "config", None) or self.config
             key = (id(cfg), id(spec.needs))
             met = tracer.conditions.get(key)
             if met is None:
                 met = tracer.conditions[key] = conditions_met(spec.needs.name, self, module, spec.needs)
         if met:
             return None
-        if spec.needs.attribute:
-            attr = spec.needs.attribute
-            impl = getattr(getattr(module, "config", None) or self.config, attr, None)
-            under = f"under this load ({attr.lstrip('_')}={impl!r})"
-        elif spec.needs.name == "eager":
-            impl = getattr(getattr(value._host._module, "config", self.config), "_attn_implementation", None)
-            under = f"under this load (attn_implementation={impl!r})"
-        elif spec.needs.name == "processor":
-            proc = type(self._processor).__name__ if self._processor is not None else None
-            under = f"under this load ({type(self._module).__name__}, processor={proc})"
-        else:
-            under = "here"
+        under = conditions.under(spec.needs, cfg, getattr(value._host._module, "config", self.config),
+                                 type(self._module).__name__, self._processor)
         return Unavailable(f"{value.label} is unavailable {under}: it {spec.needs.says}. Fix: {spec.needs.fix}")
 
     def _scope_module(self, host: Host, read: Any, label: str) -> torch.nn.Module:
@@ -451,19 +443,13 @@ class AtlasModel(Host):
     def cache(self, inputs: Any = None, values: Any = None, layers: Any = None, **kwargs: Any) -> Any:
         """One traced forward; the values ``values`` x ``layers`` name, as an :class:`nnatlas.Cache`
         keyed by standard path (``layers[3].layer_output``). See :mod:`nnatlas.cache`."""
-        from .cache import cache
-
-        return cache(self, inputs, values, layers, **kwargs)
+        return cache_values(self, inputs, values, layers, **kwargs)
 
     # ---- introspection ----
     def support(self) -> Any:
-        from .printout import support
-
         return support(self)
 
     def __repr__(self) -> str:
-        from .printout import render
-
         return render(self)
 
     def __str__(self) -> str:
@@ -478,28 +464,14 @@ def _names_call_dims(view: Any) -> bool:
     return False
 
 
-def conditions_met(name: str, model: AtlasModel, module: torch.nn.Module, condition: Any = None) -> bool:
-    """Whether this load serves a value with load condition ``name`` read in ``module``."""
-    if condition is not None and getattr(condition, "attribute", None):
-        cfg = getattr(module, "config", None) or model.config
-        return getattr(cfg, condition.attribute, None) in condition.values
-    if name == "eager":
-        cfg = getattr(module, "config", None) or model.config
-        return getattr(cfg, "_attn_implementation", None) == "eager"
-    if name == "processor":
-        return model._processor is not None and getattr(model._processor, "image_processor", None) is not None
-    if name == "torch_kernels":
-        return model._kernel_route() == "torch"
-    raise NnatlasError(f"unknown load condition '{name}'")
+def conditions_met(name: str, model: AtlasModel, module: torch.nn.Module, condition: Condition | None = None) -> bool:
+    """Whether this load serves a value with load condition ``name`` read in ``module`` (decided by
+    :mod:`nnatlas.conditions`)."""
+    cfg = getattr(module, "config", None) or model.config
+    return conditions.load_met(condition or Condition(name, "", ""), cfg, model._processor, model._kernel_route())
 
 
-def call_condition_met(name: str, inputs: Mapping[str, Any]) -> bool:
-    """Call conditions (kind call), decided by the inputs of one call before its forward runs."""
-    if name == "images":
-        return inputs.get("pixel_values") is not None
-    if name == "cached":  # a recurrent mixer returns its final state only on a call that keeps a cache
-        return inputs.get("use_cache") is not False
-    raise NnatlasError(f"unknown call condition '{name}'")
+call_condition_met = conditions.call_met  # (the tracer's name for it)
 
 
 @contextlib.contextmanager
@@ -513,13 +485,10 @@ def route_kernels(family: str | AtlasModel, kernels: str = "torch") -> Iterator[
 
     Nothing global is touched: the routing lives in a ContextVar reset when the block ends.
     """
-    from . import registry
-    from .sites import _KERNEL_ROUTES
-
     name = family.family if isinstance(family, AtlasModel) else family
     if kernels != "torch":
         raise NnatlasError(f"route_kernels routes to 'torch' only, not {kernels!r}")
-    fam = registry.get(name)
+    fam = _families.get(name)
     if not any(g.route for g in fam.functions.values()):
         raise NnatlasError(f"{name} has no kernel to route: route_kernels is for families with a recurrent kernel")
     current = dict(_KERNEL_ROUTES.get() or {})
@@ -619,8 +588,6 @@ def _from_pretrained(name_or_path: str, task: str, tokenizer: Any, kwargs: dict[
     if task == "image-text-to-text":
         hf = transformers.AutoModelForImageTextToText.from_pretrained(name_or_path, **kwargs)
         hf.eval()
-        from .processing import load_processor
-
         processor = load_processor(name_or_path)
         return hf, getattr(processor, "tokenizer", None), processor
     try:

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .adapter import HostSpec, ValueSpec
 from .envoy import Host, resolve_native
+from .spec import HostSpec, ValueSpec
 
 if TYPE_CHECKING:
     from .model import AtlasModel

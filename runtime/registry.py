@@ -6,8 +6,8 @@ import importlib
 from functools import cache
 from typing import Any
 
-from .adapter import Family
 from .errors import NnatlasError
+from .spec import Family
 
 
 @cache

@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from bench import sizes
 
@@ -77,3 +80,65 @@ def test_the_size_report_names_the_largest_modules_and_classes() -> None:
     assert text.splitlines()[0].startswith("largest modules") and biggest.name in text
     cls = sizes.classes()[0]
     assert cls.methods > 0 and f"{cls.lines:5d}  {cls.methods:3d}  {cls.name}" in text
+
+
+# ---- one data model: the compiler builds the runtime's own ----
+
+# what the compiler's core (resolve, emit, the IR, expressions, read points) may import of the runtime
+DATA_MODEL = {"nnatlas.spec", "nnatlas.conditions"}
+# the compiler's tools that run models with the runtime, and what each uses of it
+TOOLS = {"nnatlas.compiler.printouts": {"nnatlas"},  # nnatlas.wrap, on the meta device
+         "nnatlas.compiler.treecheck": {"nnatlas.model", "nnatlas.envoy", "nnatlas.testing"},
+         "nnatlas.compiler.cli": {"nnatlas.cache_cli"}}  # the `nnatlas cache` command
+
+
+def test_the_compiler_imports_the_runtimes_data_model_only() -> None:
+    g = I.graph("nnatlas", "nnatlas.compiler", "nnatlas.families")
+    for name in I.modules("nnatlas.compiler"):
+        used = {i.target for i in g[name] if not i.target.startswith("nnatlas.compiler")}
+        if name.startswith("nnatlas.compiler.draft"):  # the drafter renders an adapter and loads it like the runtime
+            used -= {"nnatlas.registry", "nnatlas.families"}
+        assert used <= DATA_MODEL | TOOLS.get(name, set()), f"{name} imports {sorted(used)}"
+
+
+def test_generated_adapters_hold_what_the_compiler_built() -> None:
+    """The adapter written for llama holds exactly the ValueSpecs, Layouts and Conditions the compiler
+    resolved: one data model, written out, not a second one kept in step by hand."""
+    from nnatlas.compiler import compile_atlas, emit, readpoint
+    from nnatlas.families import llama
+    from nnatlas.spec import Condition, Layout, ReadPoint
+
+    atlas = compile_atlas(I.ROOT / "specs", I.ROOT)
+    f = next(x for x in atlas.families if x.name == "llama")
+    assert isinstance(readpoint.parse("call:attention > op:softmax.output"), ReadPoint)
+    written = [v for h in llama.FAMILY.hosts for v in h.values]
+    resolved = [v for h in f.hosts for v in h.values]
+    assert len(written) == len(resolved)
+    for v, ir in zip(written, resolved, strict=True):
+        assert isinstance(ir.layout, Layout) and (ir.needs is None or isinstance(ir.needs, Condition))
+        built = emit.value_spec(ir, "derive" if ir.derived is not None else None)
+        assert built == v, v.name  # (a derive function is compared by name of its read, not identity)
+
+
+def test_every_vocabulary_condition_is_decided_by_the_runtime(spec_root: Path) -> None:
+    from nnatlas import conditions
+    from nnatlas.compiler import SpecError, compile_atlas
+
+    atlas = compile_atlas(I.ROOT / "specs", I.ROOT)
+    named = {c.name: c for f in atlas.families for h in f.hosts for v in h.values for c in (v.needs, v.reached) if c}
+    for c in named.values():
+        assert c.attribute or c.never or conditions.decided_here(c.name, c.kind), c
+    vocab = spec_root / "specs" / "_vocabulary.yaml"
+    vocab.write_text(vocab.read_text().replace("conditions:\n", "conditions:\n  sunny:\n    says: needs sun\n"
+                                                                   "    fix: wait\n", 1))
+    with pytest.raises(SpecError, match="condition sunny: the runtime decides no load condition of that name "
+                                        r"\(it decides eager, processor, torch_kernels\)"):
+        compile_atlas(spec_root / "specs", spec_root)
+
+
+def test_one_expression_whitelist() -> None:
+    from nnatlas import functions, spec
+    from nnatlas.compiler import expr
+
+    assert expr.FUNCTIONS is spec.FUNCTIONS and expr.VIEW_OPS is spec.VIEW_OPS
+    assert functions.unimplemented() == []
