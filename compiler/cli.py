@@ -1,5 +1,5 @@
 """``nnatlas generate [--check]`` and ``nnatlas docs [--out DIR] [--serve [--port N]]``, ``nnatlas new FAMILY --from
-BASE``, ``nnatlas status [--versions V,...]`` (make status); ``nnatlas cache`` is the runtime's (``nnatlas.cache_cli``), handed its arguments whole.
+BASE``, ``nnatlas status [--versions V,...] [--families F,... | --stale]`` (make status); ``nnatlas cache`` is the runtime's (``nnatlas.cache_cli``), handed its arguments whole.
 
 Every subcommand runs through ``user_errors``: a mistake of the user's (a broken spec, a bad path
 or port, a folder that is not nnatlas's) is one line on stderr and exit status 2, never a
@@ -82,16 +82,27 @@ def _add_status(sub: Any) -> None:
                         "pyproject.toml ([tool.nnatlas] status-transformers), write generated/docs/status.json, regenerate")
     st.add_argument("--versions", default=None,
                     help="comma-separated transformers versions instead of pyproject's list (the first is the pinned one)")
+    which = st.add_mutually_exclusive_group()
+    which.add_argument("--families", default=None,
+                       help="comma-separated families to run (the others keep their last runs from status.json)")
+    which.add_argument("--stale", action="store_true",
+                       help="run only the families whose last run is missing or saw another spec or other tests")
     st.add_argument("--root", type=Path, default=None, help="the checkout (default: the one nnatlas is installed from)")
-    st.set_defaults(handler=lambda a: _status(a.root, a.versions))
+    st.set_defaults(handler=lambda a: _status(a.root, a.versions, a.families, a.stale))
 
 
-def _status(root: Path | None, chosen: str | None) -> int:
+def _status(root: Path | None, chosen: str | None, families: str | None = None, only_stale: bool = False) -> int:
     """``nnatlas status``: the runs (one venv per version under .venv-status/), status.json, then generate."""
-    from . import status
+    from . import compile_atlas, status
 
     root = checkout(root)
-    result = status.run(root, [v.strip() for v in chosen.split(",") if v.strip()] if chosen else None)
+    wanted = [v.strip() for v in chosen.split(",") if v.strip()] if chosen else None
+    picked = [f.strip() for f in families.split(",") if f.strip()] if families else None
+    if only_stale:
+        atlas, previous = compile_atlas(root / "specs", root), status.read(root)
+        picked = sorted({f for v in (wanted or status.versions(root)) for f in status.stale(atlas, previous, root, v)})
+        print(f"nnatlas: stale: {', '.join(picked) or 'none'}")
+    result = status.run(root, wanted, families=picked)
     for v in result["versions"]:
         said = (f"{v['passed']} passed, {v['failed']} failed, {v['collection_errors']} files not collected"
                 if v["ran"] else f"did not run: {v['why']}")

@@ -40,6 +40,13 @@ class ValueIR:
     at: At = field(default=None, compare=False)
 
     @property
+    def recomputed(self) -> bool:
+        """Read inside eager attention (``call:attention > op:...``): the runtime recomputes it under sdpa
+        and flex attention from the call's queries and keys (runtime/patterns.py); edits need eager."""
+        return bool(self.needs and self.needs.name == "eager" and self.read is not None
+                    and self.read.kind == "op" and self.read.call == "attention")
+
+    @property
     def readonly(self) -> bool:
         return self.derived is not None or self.edit == "none" or self.readonly_why is not None
 

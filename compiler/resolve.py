@@ -67,6 +67,9 @@ MAX_TINY_RANGE = 4096  # the largest batch or sequence a generated test may draw
 _HOST_PATH = re.compile(r"model|[a-z_][a-z0-9_]*(\[i\])?(\.[a-z_][a-z0-9_]*(\[i\])?)*")
 _FAMILY_NAME = re.compile(r"[a-z][a-z0-9_]*")
 _CODE_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
+# the note every family's page ends with (its examples run in every family's generated tests)
+GRADIENTS_BODY = (Path(__file__).resolve().parent / "templates" / "note_gradients.md").read_text(encoding="utf-8")
+GRADIENTS_NOTE = NoteIR("Gradients", GRADIENTS_BODY.strip(), tuple(_CODE_BLOCK.findall(GRADIENTS_BODY)))
 
 
 def suggest(name: str, options: Any) -> str:
@@ -1145,7 +1148,7 @@ class _Family:
                     continue
                 examples.append(block)
             out.append(NoteIR(note.title, note.body.strip(), tuple(examples), shared, note.load))
-        return tuple(out)
+        return (*out, GRADIENTS_NOTE)
 
 
 def _term_value(host: str, term: str) -> tuple[str, str]:

@@ -125,9 +125,14 @@ def _fallback_config(f: FamilyIR) -> list[dict[str, Any]]:
     return [*configs, tiny]
 
 
+# the words beside a pattern read inside eager attention (ValueIR.recomputed; runtime/patterns.py)
+RECOMPUTED_WORDS = ("read in eager attention, recomputed under sdpa and flex attention from the call's queries "
+                    "and keys; edits need attn_implementation='eager'")
+
+
 def _card(h: HostIR, v: ValueIR, f: FamilyIR) -> Card:
-    return Card(v.name, v.layout.text, v.meaning, v.words, v.where, v.needs.says if v.needs else "",
-                value_anchor(h, v, f), v.needs.name if v.needs else "")
+    return Card(v.name, v.layout.text, v.meaning, v.words, v.where,
+                "" if v.recomputed or not v.needs else v.needs.says, value_anchor(h, v, f), v.needs.name if v.needs else "")
 
 
 def _native(f: FamilyIR, std_path: str) -> str:
@@ -427,8 +432,16 @@ class PageModel:
 
     def page_serves(self, v: ValueIR) -> bool:
         """Whether the load this page is built on serves ``v`` although it needs a load (the image-text
-        one builds the vision encoder, so a value needing the processor is unconditional here)."""
-        return bool(v.needs and v.needs.name == "processor" and self.serves_processor())
+        one builds the vision encoder, so a value needing the processor is unconditional here; a pattern
+        read inside eager attention is recomputed under sdpa and flex attention)."""
+        return bool(v.needs and ((v.needs.name == "processor" and self.serves_processor()) or v.recomputed))
+
+    @staticmethod
+    def served_words(v: ValueIR) -> str:
+        """How the loads serve a conditional value the page serves."""
+        if v.recomputed:
+            return RECOMPUTED_WORDS
+        return v.needs.says.replace("needs ", "served by ", 1) if v.needs else ""
 
     def warn(self, v: ValueIR) -> bool:
         return bool(v.needs) and not self.page_serves(v)

@@ -92,6 +92,8 @@ def fold(atlas: Atlas, runs: list[tuple[str, Mapping[str, Any] | None, str | Non
         for name, fam in families.items():
             fam["runs"][version] = _family_run(by_family.get(name, []), errors.get(name),
                                                record.get("specs", {}).get(name), fam["spec_sha256"])
+            if name in record.get("test_files", {}):
+                fam["runs"][version].update(tests_sha256=record["test_files"][name], date=record.get("date"))
             if version == runs[0][0] and name in by_family:  # the pinned run says which checks and loads exist
                 fam["oracle_checks"] = sorted(p for fn, p, _ in by_family[name] if fn == "test_oracle")
                 fam["loads"] = sorted(p for fn, p, _ in by_family[name] if fn == "test_support_agrees_with_trace")
@@ -147,6 +149,52 @@ def _family_run(tests: list[tuple[str, str, str]], error: str | None, ran_sha: s
     return run
 
 
+def merge(previous: Mapping[str, Any] | None, new: dict[str, Any], ran: Iterable[str]) -> dict[str, Any]:
+    """``new`` (a run of the families in ``ran`` only) with every other family's runs kept from
+    ``previous`` (per version, where ``previous`` ran that version); each version's counts are then
+    the sums over the families' runs, and its date the newest one's."""
+    ran = set(ran)
+    old_families = (previous or {}).get("families", {})
+    old_versions = {v["transformers"]: v for v in (previous or {}).get("versions", [])}
+    ran_now = {v["transformers"] for v in new["versions"] if v.get("ran")}
+    for name, fam in new["families"].items():
+        old = old_families.get(name) or {}
+        for version in (v["transformers"] for v in new["versions"]):
+            if (version not in ran_now or name not in ran) and version in old.get("runs", {}):
+                fam["runs"][version] = old["runs"][version]
+        if name not in ran and old:
+            fam["oracle_checks"], fam["loads"] = old.get("oracle_checks", []), old.get("loads", [])
+    for entry in new["versions"]:
+        version = entry["transformers"]
+        runs = [f["runs"][version] for f in new["families"].values() if f["runs"].get(version, {}).get("total")]
+        if not entry.get("ran"):
+            if version in old_versions and runs:  # this version did not run now: keep what it said before
+                entry.clear()
+                entry.update(old_versions[version])
+            continue
+        entry["passed"] = sum(r["passed"] for r in runs)
+        entry["failed"] = sum(len(r["failed"]) + r.get("more_failed", 0) for r in runs)
+        entry["collection_errors"] = sum(1 for r in runs if r["result"] == "error")
+        entry["date"] = max([entry.get("date") or "", *(r.get("date") or "" for r in runs)])
+    return new
+
+
+def stale(atlas: Atlas, status: Mapping[str, Any] | None, root: Path, version: str) -> list[str]:
+    """The families whose last run under ``version`` is missing, or saw another spec or other tests
+    than the ones now in ``root`` (what ``nnatlas status --stale`` reruns)."""
+    import hashlib
+
+    out = []
+    for f in atlas.families:
+        run = (status or {}).get("families", {}).get(f.name, {}).get("runs", {}).get(version) or {}
+        path = root / "generated" / "tests" / f"test_{f.name}.py"
+        tests = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+        if (run.get("result") in (None, "not run") or run.get("spec_sha256") != f.sha256
+                or run.get("tests_sha256") != tests):
+            out.append(f.name)
+    return out
+
+
 def dumps(status: Mapping[str, Any]) -> str:
     return json.dumps(status, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
@@ -181,14 +229,25 @@ def row(f: FamilyIR, status: Mapping[str, Any] | None) -> dict[str, Any]:
 
 # ---- the run ---------------------------------------------------------------------------------
 
-def run(root: Path, chosen: Iterable[str] | None = None, timeout: float = 3600.0) -> dict[str, Any]:
-    """Run every family's generated tests under each transformers version, write status.json.
+def run(root: Path, chosen: Iterable[str] | None = None, timeout: float = 3600.0,
+        families: Iterable[str] | None = None) -> dict[str, Any]:
+    """Run every family's generated tests (or only ``families``'s, keeping the others' last runs
+    from the committed status.json) under each transformers version, write status.json.
 
     The tests run in a snapshot of the checkout (``.venv-status/checkout``: the files git tracks or
     would track, as they are now), with nnatlas installed from it into each version's venv, so the
     run sees one state of the specs however long it takes and whatever is edited meanwhile."""
     wanted = list(chosen) if chosen is not None else versions(root)
     snapshot = _snapshot(root, root / VENVS / "checkout")
+    atlas = resolve(snapshot / "specs", snapshot)
+    names = [f.name for f in atlas.families]
+    picked = names if families is None else list(families)
+    unknown = sorted(set(picked) - set(names))
+    if unknown:
+        raise UserError(f"nnatlas status: no family {', '.join(unknown)} (families: {', '.join(names)})")
+    if not picked:
+        return read(root) or fold(atlas, [])
+    targets = ["generated/tests"] if families is None else [f"generated/tests/test_{f}.py" for f in picked]
     runs: list[tuple[str, Mapping[str, Any] | None, str | None]] = []
     for version in wanted:
         venv = root / VENVS / version
@@ -202,7 +261,7 @@ def run(root: Path, chosen: Iterable[str] | None = None, timeout: float = 3600.0
         record = venv / "status-run.json"
         record.unlink(missing_ok=True)
         print(f"nnatlas status: transformers {version}: running generated/tests", file=sys.stderr, flush=True)
-        proc = subprocess.run([str(python), "-m", "pytest", "generated/tests", "-p", "nnatlas.compiler.status_plugin",
+        proc = subprocess.run([str(python), "-m", "pytest", *targets, "-p", "nnatlas.compiler.status_plugin",
                                f"--nnatlas-status={record}", "-q", "--no-header", "-rN",
                                "--continue-on-collection-errors"],
                               cwd=snapshot, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
@@ -212,7 +271,7 @@ def run(root: Path, chosen: Iterable[str] | None = None, timeout: float = 3600.0
         else:
             runs.append((version, None, f"pytest wrote no record: {_last_line(proc.stdout + proc.stderr)}"))
         print(f"nnatlas status: transformers {version}: {_last_line(proc.stdout)}", file=sys.stderr, flush=True)
-    status = fold(resolve(snapshot / "specs", snapshot), runs)
+    status = merge(read(root), fold(atlas, runs), picked)
     (root / PATH).write_text(dumps(status), encoding="utf-8")
     return status
 

@@ -12,6 +12,7 @@ each generated test file came from (its header), so a later spec change marks th
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import platform
 import re
@@ -34,7 +35,7 @@ _CONFIG: list[Any] = []  # the session's config (a report hook is not handed it)
 
 def pytest_configure(config: Any) -> None:
     if config.getoption("--nnatlas-status"):
-        config.stash[_STATE] = {"tests": {}, "errors": {}, "specs": {}}
+        config.stash[_STATE] = {"tests": {}, "errors": {}, "specs": {}, "test_files": {}}
         _CONFIG[:] = [config]
 
 
@@ -70,10 +71,12 @@ def _state(report: Any) -> dict[str, Any] | None:
 
 
 def _spec_of(state: dict[str, Any], path: str) -> None:
-    """Record the spec sha256 in a generated test file's header, under its family."""
+    """Record the spec sha256 in a generated test file's header, and the file's own, under its family."""
     family = _family_of(path)
     if family and family not in state["specs"] and Path(path).is_file():
-        first = Path(path).read_text().splitlines()[:1]
+        text = Path(path).read_text()
+        state["test_files"][family] = hashlib.sha256(text.encode()).hexdigest()
+        first = text.splitlines()[:1]
         found = HEADER.match(first[0]) if first else None
         if found:
             state["specs"][family] = found.group(2)
@@ -92,6 +95,7 @@ def pytest_sessionfinish(session: Any) -> None:
         _spec_of(state, str(item.path))
     record = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), "transformers": transformers.__version__, "torch": torch.__version__,
               "python": platform.python_version(), "tests": dict(sorted(state["tests"].items())),
-              "errors": dict(sorted(state["errors"].items())), "specs": dict(sorted(state["specs"].items()))}
+              "errors": dict(sorted(state["errors"].items())), "specs": dict(sorted(state["specs"].items())),
+              "test_files": dict(sorted(state["test_files"].items()))}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")

@@ -351,8 +351,8 @@ class Value(_Lazy):
         model = self._host._model
         return model._tracer or model._active_tracer(self.label)
 
-    def _target(self) -> Target:
-        return self._host._model._target(self)
+    def _target(self, edit: bool = False) -> Target:
+        return self._host._model._target(self, edit)
 
     def _node(self) -> Request:
         tracer = self._tracer()
@@ -436,13 +436,13 @@ class Value(_Lazy):
         self._writable()
         tracer = self._tracer()
         value = check_edit(self, tracer, value)
-        tracer.add(self.label, "replace", self._target(), _node(value))
+        tracer.add(self.label, "replace", self._target(edit=True), _node(value))
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self._writable()
         tracer = self._tracer()
         value = check_edit(self, tracer, value, key, setitem=True)
-        tracer.add(self.label, "setitem", self._target(), (key, _node(value)))
+        tracer.add(self.label, "setitem", self._target(edit=True), (key, _node(value)))
 
     def __getitem__(self, key: Any) -> Value:
         spec = self._spec

@@ -10,7 +10,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from . import conditions
+from . import conditions, patterns, sites
 from . import registry as _families
 from .cache import cache as cache_values
 from .envoy import Host, HostList, Value, resolve_native
@@ -288,7 +288,8 @@ class AtlasModel(Host):
             raise NnatlasError(f"{label} is read inside `with model.trace(...)` (or model.generate(...))")
         return tracer
 
-    def _why_unavailable(self, value: Value) -> Unavailable | None:
+    def _why_unavailable(self, value: Value, edit: bool = False) -> Unavailable | None:
+        """Why this load cannot serve ``value`` (or, with ``edit``, cannot edit it), or None."""
         spec = value._spec
         if spec is None or (spec.needs is None and spec.read.kind != "missing"):
             return None
@@ -303,6 +304,12 @@ class AtlasModel(Host):
                 module = self._scope_module(value._host, value._read, value.label)
             except NnatlasError:
                 pass
+        if spec.needs.name == "eager" and recomputed(value._read, module, self.config):
+            if not edit:
+                return None
+            impl = sites.attention_implementation(getattr(module, "config", None) or self.config)
+            return Unavailable(f"{value.label} cannot be edited under this load (attn_implementation={impl!r}): it is "
+                               f"{patterns.RECOMPUTED_WORDS}, and {patterns.EDIT_WORDS}. Fix: {spec.needs.fix}")
         tracer = self._tracer
         cfg = getattr(module, "config", None) or self.config
         met: bool | None
@@ -327,10 +334,10 @@ class AtlasModel(Host):
             return start._module
         return start._resolve_module(tuple(read.module), label)
 
-    def _target(self, value: Value) -> Target:
+    def _target(self, value: Value, edit: bool = False) -> Target:
         spec = value._spec
         if spec is not None and (spec.needs is not None or spec.read.kind == "missing"):
-            why = self._why_unavailable(value)
+            why = self._why_unavailable(value, edit)
             if why is not None:
                 raise why
         # resolved once per (module, value): a cached target is used while its module is still the
@@ -462,6 +469,13 @@ def _names_call_dims(view: Any) -> bool:
     if isinstance(view, tuple):
         return any(_names_call_dims(x) for x in view)
     return False
+
+
+def recomputed(read: Any, module: torch.nn.Module, config: Any) -> bool:
+    """Whether a read inside eager attention (``call:attention > op:...``) is served by recomputing the
+    pattern under this load (sdpa, flex attention: ``patterns``)."""
+    return read.kind == "op" and read.call == "attention" and \
+        sites.attention_implementation(getattr(module, "config", None) or config) in patterns.RECOMPUTED
 
 
 def conditions_met(name: str, model: AtlasModel, module: torch.nn.Module, condition: Condition | None = None) -> bool:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .envoy import Host, resolve_native
+from .patterns import RECOMPUTED_WORDS
 from .spec import HostSpec, ValueSpec
 
 if TYPE_CHECKING:
@@ -193,8 +194,10 @@ def support(model: AtlasModel) -> Support:
                 handle = Value(host, v.name, v, v.read)
                 why = model._why_unavailable(handle)
                 missing = v.read.kind == "missing"
+                says = v.read.words if missing else v.needs.says if v.needs else ""
+                if why is None and v.needs is not None and model._why_unavailable(handle, edit=True) is not None:
+                    says = f"{RECOMPUTED_WORDS}; an edit {v.needs.says}"  # read, but not editable, under this load
                 rows.append(Row(label, type(host._module).__name__, v.name, v.layout.text,
                                 "available" if why is None else "missing" if missing else "unavailable",
-                                v.read.words if missing else v.needs.says if v.needs else "",
-                                v.needs is not None))
+                                says, v.needs is not None))
     return Support(model.family, rows)

@@ -88,6 +88,17 @@ def _original(interface: str, impl: str | None, module: torch.nn.Module) -> Call
     return ALL_ATTENTION_FUNCTIONS[impl]  # type: ignore[no-any-return]
 
 
+def eager_attention(module: torch.nn.Module) -> Callable[..., Any]:
+    """The eager attention function of ``module``'s family (its modeling module's ``eager_attention_forward``)."""
+    return _original("attention", "eager", module)
+
+
+def attention_implementation(config: Any) -> str | None:
+    """The attention implementation a config names (the one a running trace routes through included)."""
+    impl = getattr(config, "_attn_implementation", None)
+    return impl.removeprefix(_PREFIX) if isinstance(impl, str) else impl
+
+
 def _router(interface: str, impl: str | None) -> Callable[..., Any]:
     def route(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         routes = _ROUTES.get()

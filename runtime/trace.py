@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import interrupts, sites
+from . import interrupts, patterns, sites
 from .errors import InputError, NnatlasError, NotReached, OutOfOrderError
 
 if TYPE_CHECKING:
@@ -387,6 +387,13 @@ def save_with_grad(target: Target, holder: Any, payload: Any, value: Any, label:
         view = target.grad_view()
     else:
         native, view = value, _same
+    base = native._base
+    if base is not None and base.requires_grad:
+        # the tensor read is a view of one the forward also uses directly (Mamba's scan gets
+        # x.transpose(1, 2) while x_proj reads x): a hook on the view would see only the view's uses;
+        # the base's sees them all, and the view's elements are read off its gradient
+        view = functools.partial(grad_through_base, base=Geometry(base), native=Geometry(native), then=view)
+        native = base
 
     def keep(g: torch.Tensor) -> None:
         g = view(g)
@@ -395,6 +402,29 @@ def save_with_grad(target: Target, holder: Any, payload: Any, value: Any, label:
             before = holder.grad
         holder.grad = g if before is None else before + g
     native.register_hook(keep)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """A tensor's geometry, without the tensor (a backward hook must not keep its storage alive)."""
+
+    size: torch.Size
+    stride: tuple[int, ...]
+    offset: int
+
+    def __init__(self, t: torch.Tensor):
+        object.__setattr__(self, "size", t.size())
+        object.__setattr__(self, "stride", t.stride())
+        object.__setattr__(self, "offset", t.storage_offset())
+
+
+def grad_through_base(g: torch.Tensor, base: Geometry, native: Geometry,
+                      then: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """The gradient of a view (``native``) read off its base's gradient ``g`` (laid out as the base is)."""
+    laid = torch.empty_strided(base.size, base.stride, dtype=g.dtype, device=g.device)
+    laid.copy_(g)
+    seen = laid.as_strided(native.size, native.stride, native.offset - base.offset)
+    return seen if then is None else then(seen)
 
 
 class Expr:
@@ -1003,11 +1033,18 @@ class Tracer:
         if ops:
             swapped, fallback = self._op_swaps(installed).split(ops)
 
+        def scoped(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            return sites.run_scoped(fn, args, kwargs, swapped, fallback, serve)
+
         def handler(original: Callable[..., Any], module: torch.nn.Module, args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> Any:
             full_args, kwargs = self.serve(("call_in", mid, interface), ((module, *args), kwargs))
-            if ops:
-                out = sites.run_scoped(original, full_args, kwargs, swapped, fallback, serve)
+            if ops and interface == "attention" and sites.attention_implementation(getattr(module, "config", None)) in patterns.RECOMPUTED:
+                # sdpa / flex: the fused call gives the output, eager's function the reads (patterns)
+                out = original(*full_args, **kwargs)
+                patterns.recompute(sites.eager_attention(module), full_args, kwargs, scoped)
+            elif ops:
+                out = scoped(original, full_args, kwargs)
             else:
                 out = original(*full_args, **kwargs)
             return self.serve(("call_out", mid, interface), out)

@@ -127,14 +127,22 @@ def test_not_reached(llama: nnatlas.AtlasModel, inputs: dict) -> None:
 
 
 def test_unavailable_says_which_load(inputs: dict) -> None:
-    sdpa = testing.build("llama", attn_implementation="sdpa")
+    # falcon's attention is its module's own code: under sdpa no pattern is formed, nor recomputed
+    falcon = testing.build("falcon", attn_implementation="sdpa")
+    with pytest.raises(Unavailable) as info:
+        with falcon.trace(inputs):
+            falcon.layers[0].self_attn.attention_probabilities.save()
+    assert "attn_implementation='eager'" in str(info.value) and 'attn_implementation="eager"' in str(info.value)
+    assert_clean(falcon, "sdpa")
+    sdpa = testing.build("llama", attn_implementation="sdpa")  # llama's is recomputed, but not editable
     with pytest.raises(Unavailable) as info:
         with sdpa.trace(inputs):
-            sdpa.layers[0].self_attn.attention_probabilities.save()
-    assert "attn_implementation='eager'" in str(info.value) and 'attn_implementation="eager"' in str(info.value)
+            sdpa.layers[0].self_attn.attention_probabilities[:] = 0
+    assert "attn_implementation='sdpa'" in str(info.value) and 'attn_implementation="eager"' in str(info.value)
     with sdpa.trace(inputs):
         q = sdpa.layers[0].self_attn.attention_queries.save()
-    assert q.shape[1] == sdpa.num_heads
+        p = sdpa.layers[0].self_attn.attention_probabilities.save()
+    assert q.shape[1] == sdpa.num_heads == p.shape[1]
     assert_clean(sdpa, "sdpa")
 
 
@@ -240,6 +248,10 @@ def test_printout_and_support(llama: nnatlas.AtlasModel) -> None:
     assert "(layers/h): ModuleList(" in str(gpt2) and "(self_attn/attn): GPT2Attention(" in str(gpt2)
     sdpa = testing.build("llama", attn_implementation="sdpa")
     table = sdpa.support()
+    assert ("layers[0].self_attn", "attention_probabilities") in table.available()
+    assert "(conditional: read in eager attention, recomputed under sdpa" in repr(table)
+    falcon = testing.build("falcon", attn_implementation="sdpa")
+    table = falcon.support()
     assert ("layers[0].self_attn", "attention_probabilities", "needs attn_implementation='eager'") in table.unavailable()
     assert "⚠︎ attention_scores" in repr(table)
 

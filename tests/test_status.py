@@ -3,6 +3,7 @@ the index's status row, and generate's determinism with a committed status.json.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -104,4 +105,36 @@ def test_plugin_records_outcomes_errors_and_spec_hashes(tmp_path: Path) -> None:
                                "generated/tests/test_good.py::test_c": "failed"}
     assert "NoSuchModel" in record["errors"]["generated/tests/test_bad.py"]
     assert record["specs"] == {"good": SHA}
+    assert record["test_files"]["good"] == hashlib.sha256((tests / "test_good.py").read_bytes()).hexdigest()
     assert record["transformers"] and record["torch"]
+
+
+def test_a_partial_run_keeps_the_other_families_runs_and_sums_each_version() -> None:
+    atlas = compile_atlas(ROOT / "specs", ROOT)
+    first = json.loads(status.dumps(status.fold(atlas, [("5.24.0", _record(atlas), None)])))
+    gpt2 = _record(atlas, "gpt2")
+    gpt2["errors"] = {}
+    gpt2["test_files"] = {"gpt2": SHA}
+    gpt2["date"] = "2026-12-02 09:00 UTC"
+    merged = status.merge(first, status.fold(atlas, [("5.24.0", gpt2, None)]), ["gpt2"])
+    assert merged["families"]["llama"] == first["families"]["llama"]  # kept whole
+    run = merged["families"]["gpt2"]["runs"]["5.24.0"]
+    assert run["result"] == "fail" and run["tests_sha256"] == SHA and run["date"] == "2026-12-02 09:00 UTC"
+    version = merged["versions"][0]
+    assert (version["passed"], version["failed"], version["collection_errors"]) == (10, 4, 0)
+    assert version["date"] == "2026-12-02 09:00 UTC"
+    # a version that did not run now keeps what it said before
+    again = status.merge(merged, status.fold(atlas, [("5.24.0", None, "could not install")]), ["gpt2"])
+    assert again["versions"][0]["passed"] == 10
+
+
+def test_stale_names_the_families_whose_spec_or_tests_changed_since_their_run() -> None:
+    atlas = compile_atlas(ROOT / "specs", ROOT)
+    record = _record(atlas)
+    record["test_files"] = {"llama": hashlib.sha256((ROOT / "generated/tests/test_llama.py").read_bytes()).hexdigest()}
+    st = json.loads(status.dumps(status.fold(atlas, [("5.24.0", record, None)])))
+    stale = status.stale(atlas, st, ROOT, "5.24.0")
+    assert "llama" not in stale and "gpt2" in stale and len(stale) == len(atlas.families) - 1
+    st["families"]["llama"]["runs"]["5.24.0"]["tests_sha256"] = SHA  # its tests changed since
+    assert "llama" in status.stale(atlas, st, ROOT, "5.24.0")
+    assert status.stale(atlas, st, ROOT, "5.23.0") == [f.name for f in atlas.families]

@@ -22,7 +22,7 @@ HOST_PATHS = ('model', 'layers[i]', 'layers[i].self_attn', 'layers[i].mlp')
 IDENTITIES = (('model', 0), ('model', 1), ('layers[i]', 0), ('layers[i]', 1), ('layers[i]', 2), ('layers[i].self_attn', 0), ('layers[i].self_attn', 1), ('layers[i].self_attn', 2), ('layers[i].self_attn', 3), ('layers[i].self_attn', 4), ('layers[i].self_attn', 5), ('layers[i].self_attn', 6), ('layers[i].mlp', 0), ('layers[i].mlp', 1))
 WRITABLE = (('model', 'token_embeddings'), ('model', 'final_norm_output'), ('model', 'lm_head_output'), ('model', 'logits'), ('layers[i]', 'layer_input'), ('layers[i]', 'attention_norm_output'), ('layers[i]', 'layer_mid'), ('layers[i]', 'mlp_norm_output'), ('layers[i]', 'mlp_input'), ('layers[i]', 'layer_output'), ('layers[i].self_attn', 'attention_queries'), ('layers[i].self_attn', 'attention_keys'), ('layers[i].self_attn', 'attention_values'), ('layers[i].self_attn', 'attention_scores'), ('layers[i].self_attn', 'attention_probabilities'), ('layers[i].self_attn', 'attention_head_outputs'), ('layers[i].self_attn', 'attention_premix'), ('layers[i].self_attn', 'attention_output'), ('layers[i].mlp', 'mlp_activation'), ('layers[i].mlp', 'mlp_neurons'), ('layers[i].mlp', 'mlp_output'))
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'))
-EXAMPLES = (("Llama's block, query and key norms", 0, 'attn = model.layers[0].self_attn\nwith model.trace(prompt):\n    normed = attn.q_norm.output.save()\n    q = attn.attention_queries.save()\ntorch.testing.assert_close(q.norm(dim=-1), normed.transpose(1, 2).norm(dim=-1))\n', None),)
+EXAMPLES = (("Llama's block, query and key norms", 0, 'attn = model.layers[0].self_attn\nwith model.trace(prompt):\n    normed = attn.q_norm.output.save()\n    q = attn.attention_queries.save()\ntorch.testing.assert_close(q.norm(dim=-1), normed.transpose(1, 2).norm(dim=-1))\n', None), ('Gradients', 0, 'clean = model.tokenizer(prompt, return_tensors="pt")["input_ids"]\ncorrupt = clean.flip(-1)\nn = model.num_layers\nwith model.trace(corrupt):\n    corrupt_out = [model.layers[i].layer_output.save() for i in range(n)]\nwith model.trace(clean, grad=True):\n    clean_out = [model.layers[i].layer_output.save() for i in range(n)]\n    logits = model.logits.save()\nmetric = logits[0, -1, 1] - logits[0, -1, 2]          # a logit difference\nmetric.backward()\nattribution = torch.stack([((c - k) * k.grad).sum() for c, k in zip(corrupt_out, clean_out)])\nassert attribution.shape == (n,) and bool(attribution.isfinite().all())\nif n > 1:  # the next block\'s input is the same tensor as this block\'s output: the same gradient\n    with model.trace(clean, grad=True):\n        out0 = model.layers[0].layer_output.save()\n        in1 = model.layers[1].layer_input.save()\n        logits = model.logits.save()\n    (logits[0, -1, 1] - logits[0, -1, 2]).backward()\n    torch.testing.assert_close(out0.grad, in1.grad)\n    torch.testing.assert_close(out0.grad, clean_out[0].grad)\n', None), ('Gradients', 1, 'steer = torch.zeros(model.hidden_size, requires_grad=True)\noptimizer = torch.optim.Adam([steer], lr=0.01)\nlosses = []\nfor _ in range(3):\n    with model.trace(prompt, grad=True):\n        model.layers[0].layer_output = model.layers[0].layer_output + steer\n        logits = model.logits.save()\n    loss = -logits[0, -1].log_softmax(-1)[1]           # make token 1 likelier\n    optimizer.zero_grad()\n    loss.backward()\n    optimizer.step()\n    losses.append(float(loss.detach()))\nassert steer.grad is not None and losses[-1] < losses[0]\n', None))
 ATTENTION = T.attention_loads(FAMILY)  # the attention implementations the class accepts (read from it), on CPU
 ORACLE = T.oracle_checks(FAMILY)  # (check, load): transformers' own outputs the values are compared with
 
@@ -76,6 +76,11 @@ def test_oracle(check: str, attn: str) -> None:
 
 def test_gradient_oracle() -> None:
     T.check_gradients(FAMILY)
+
+
+@pytest.mark.parametrize("attn", T.recomputed_pattern_loads(FAMILY))
+def test_pattern_recomputed_equals_eager(attn: str) -> None:
+    T.check_recomputed_patterns(FAMILY, attn)
 
 
 

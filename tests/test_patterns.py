@@ -1,0 +1,133 @@
+"""Attention patterns under sdpa and flex attention (runtime/patterns.py): recomputed only when read,
+not editable, in the autograd graph of the queries and keys; flex attention's BlockMask in eager's
+form. (Every family's generated tests compare the recomputed pattern with eager's under sdpa.)"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import nnatlas
+from nnatlas import patterns
+from nnatlas import testing as T
+
+
+def _inputs(model: nnatlas.AtlasModel) -> dict[str, torch.Tensor]:
+    return T.draw_inputs(model.vocab_size, 2, 6, [0, 2], seed=3)
+
+
+def _count_eager(monkeypatch: pytest.MonkeyPatch, model: nnatlas.AtlasModel) -> list[int]:
+    """Count the calls of the family's eager attention function (looked up at each call)."""
+    module = sys.modules[type(model.native.model.layers[0].self_attn).__module__]
+    original = module.eager_attention_forward
+    calls = [0]
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, "eager_attention_forward", counted)
+    return calls
+
+
+def test_recomputed_only_when_a_pattern_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = T.build("llama", attn_implementation="sdpa")
+    calls = _count_eager(monkeypatch, model)
+    with model.trace(_inputs(model)):
+        model.layers[0].self_attn.attention_queries.save()
+        model.logits.save()
+    assert calls[0] == 0
+    with model.trace(_inputs(model)):
+        p = model.layers[1].self_attn.attention_probabilities.save()
+    assert calls[0] == 1 and p.shape[-2:] == (6, 6)  # block 1 only
+    torch.testing.assert_close(p.sum(-1), torch.ones(p.shape[:-1]))
+    assert float(p[1, :, 3, :2].abs().max()) == 0.0  # the second row's two pad tokens are masked
+
+
+def test_edit_under_sdpa_names_eager_and_support_says_recomputed() -> None:
+    model = T.build("llama", attn_implementation="sdpa")
+    attn = model.layers[0].self_attn
+    with pytest.raises(nnatlas.Unavailable, match="attn_implementation='sdpa'.*attn_implementation=\"eager\""):
+        with model.trace(_inputs(model)):
+            attn.attention_probabilities[:] = 0
+    assert attn.attention_scores.unavailable() is None
+    rows = {r.value: r for r in model.support().rows if r.host == "layers[0].self_attn"}
+    assert rows["attention_scores"].status == "available"
+    assert rows["attention_scores"].why.startswith(patterns.RECOMPUTED_WORDS)
+    assert "recomputed under sdpa" in repr(model.support())
+    eager = T.build("llama", attn_implementation="eager")
+    with eager.trace(_inputs(eager)):  # under eager the same edit is the forward's
+        eager.layers[0].self_attn.attention_probabilities[:] = 0
+        logits = eager.logits.save()
+    assert logits.isfinite().all()
+
+
+def test_gradients_flow_through_the_recomputed_pattern() -> None:
+    """Under grad=True a backward from the recomputed pattern reaches the queries and keys: the same
+    gradients as from eager's pattern of the same block (block 0: the same queries and keys)."""
+    grads = {}
+    for impl in ("eager", "sdpa"):
+        model = T.build("llama", attn_implementation=impl)
+        attn = model.layers[0].self_attn
+        with model.trace(_inputs(model), grad=True):
+            q = attn.attention_queries.save()
+            k = attn.attention_keys.save()
+            p = attn.attention_probabilities.save()
+        assert p.grad_fn is not None
+        (p[:, :, -1] * torch.arange(6.0)).sum().backward()
+        assert q.grad is not None and k.grad is not None and q.grad.abs().sum() > 0
+        grads[impl] = (q.grad, k.grad)
+    torch.testing.assert_close(grads["sdpa"], grads["eager"], rtol=0, atol=1e-6)
+
+
+def test_flex_block_mask_in_eager_form() -> None:
+    """A flex attention BlockMask (causal, with left padding) becomes eager's additive mask."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    pad = torch.tensor([[True] * 6, [False, False, True, True, True, True]])
+
+    def mask_mod(b, h, q_idx, kv_idx):  # type: ignore[no-untyped-def]
+        return (kv_idx <= q_idx) & pad[b, kv_idx]
+
+    block = create_block_mask(mask_mod, 2, None, 6, 6, device="cpu")
+    query, key = torch.zeros(2, 3, 6, 4), torch.zeros(2, 1, 6, 4)
+    ours = patterns.eager_mask(block, query, key, torch.nn.Module(), None)
+    assert ours is not None and ours.shape == (2, 3, 6, 6)
+    allowed = torch.ones(6, 6, dtype=torch.bool).tril() & pad[:, None, None, :]
+    expected = torch.zeros(2, 1, 6, 6).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    assert torch.equal(ours, expected.expand(2, 3, 6, 6))
+
+
+def test_sdpa_masks_in_eager_form() -> None:
+    """None (causal when the call has several queries and the module is causal), boolean, additive."""
+    q, k = torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 5, 4)
+    causal = torch.nn.Module()
+    lowest = torch.finfo(torch.float32).min
+    got = patterns.eager_mask(None, q, k, causal, None)
+    assert got is not None and torch.equal(got == 0, torch.ones(3, 5, dtype=torch.bool).tril()[None, None])
+    assert patterns.eager_mask(None, q[:, :, :1], k, causal, None) is None  # one query: sdpa masks nothing
+    assert patterns.eager_mask(None, q, k, causal, False) is None  # is_causal=False (an encoder)
+    boolean = torch.tensor([[[[True, False, True, True, False]]]])
+    assert torch.equal(patterns.eager_mask(boolean, q, k, causal, None), torch.where(boolean, 0.0, lowest))
+    additive = torch.randn(1, 1, 3, 5)
+    assert patterns.eager_mask(additive, q, k, causal, None) is additive
+
+
+def test_vision_pattern_recomputed_under_sdpa() -> None:
+    """A vision encoder's attention (no mask, not causal: CLIP in LLaVA) is recomputed too: equal to
+    eager's on the same images (block 0: the same queries and keys)."""
+    from PIL import Image
+
+    images = [Image.new("RGB", (16, 16), (255, 0, 0)), Image.new("RGB", (32, 16), (0, 0, 255))]
+    got = {}
+    for impl in ("eager", "sdpa"):
+        model = T.build("llava", attn_implementation=impl)
+        attn = model.vision.layers[0].self_attn  # type: ignore[attr-defined]
+        with torch.no_grad(), model.trace(T.PROMPT, images=images):
+            scores = attn.attention_scores.save()
+            probs = attn.attention_probabilities.save()
+        got[impl] = (scores, probs)
+    assert got["sdpa"][1].shape[0] == 2
+    torch.testing.assert_close(got["sdpa"], got["eager"], rtol=0, atol=1e-6)
