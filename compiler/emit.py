@@ -451,3 +451,7 @@ def render_llms(atlas: Atlas) -> str:
 
 def render_registry(atlas: Atlas) -> str:
     return env().get_template("families_init.py.j2").render(atlas=atlas)
+
+
+def render_tests_conftest(atlas: Atlas) -> str:
+    return env().get_template("tests_conftest.py.j2").render(atlas=atlas)

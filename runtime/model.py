@@ -485,8 +485,6 @@ def conditions_met(name: str, model: AtlasModel, module: torch.nn.Module, condit
     return conditions.load_met(condition or Condition(name, "", ""), cfg, model._processor, model._kernel_route())
 
 
-call_condition_met = conditions.call_met  # (the tracer's name for it)
-
 
 @contextlib.contextmanager
 def route_kernels(family: str | AtlasModel, kernels: str = "torch") -> Iterator[None]:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .envoy import Host, resolve_native
+from .envoy import Host, Value, resolve_native
 from .patterns import RECOMPUTED_WORDS
 from .spec import HostSpec, ValueSpec
 
@@ -185,8 +185,6 @@ def _example_hosts(model: AtlasModel) -> list[tuple[str, Host, list[HostSpec]]]:
 
 
 def support(model: AtlasModel) -> Support:
-    from .envoy import Value
-
     rows = []
     for label, host, specs in _example_hosts(model):
         for spec in specs:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import interrupts, patterns, sites
+from . import conditions, interrupts, patterns, sites
 from .errors import InputError, NnatlasError, NotReached, OutOfOrderError
 
 if TYPE_CHECKING:
@@ -670,12 +670,10 @@ class Tracer:
     def _check_reached(self, sited: list[Request]) -> None:
         """A value whose call condition these inputs do not meet is never computed: say so now,
         before the forward, rather than let a later request wait on it."""
-        from .model import call_condition_met
-
         missing = []
         for r in sited:
             cond = r.target.reached if r.target is not None else None
-            if cond is not None and not call_condition_met(cond.name, self.inputs):
+            if cond is not None and not conditions.call_met(cond.name, self.inputs):
                 label = r.owner.label if r.owner is not None else r.label
                 if (label, cond) not in missing:
                     missing.append((label, cond))

@@ -5,6 +5,7 @@ where it has been untangled. Read from the source (``tests/imports.py``) and che
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -69,6 +70,37 @@ def test_generated_adapters_import_the_runtime_only() -> None:
 
 def test_compiler_has_no_import_circles() -> None:
     assert I.circles(I.graph("nnatlas.compiler")) == []
+
+
+def test_the_runtime_has_no_import_circles() -> None:
+    assert I.circles(I.graph("nnatlas")) == []
+
+
+# the command lines load the model only when a command runs (``nnatlas cache --help`` stays quick)
+DEFERRED = {"nnatlas.__main__", "nnatlas.cache_cli"}
+
+
+def test_the_runtime_imports_its_modules_at_module_level() -> None:
+    """No import inside a function hides a circle: each module's imports of nnatlas are at its top."""
+    g = I.graph("nnatlas")
+    local = [f"{i.source}:{i.line} imports {i.target}" for m, imps in g.items() if m not in DEFERRED
+             for i in imps if i.local]
+    assert local == []
+
+
+def test_nnatlas_testing_imports_the_runtime_and_is_never_imported_by_it() -> None:
+    g = I.graph("nnatlas")
+    runtime = [m for m in g if not m.startswith("nnatlas.testing")]
+    assert [f"{m} imports {i.target}" for m in runtime for i in g[m] if i.target.startswith("nnatlas.testing")] == []
+    assert any(i.target == "nnatlas.model" for m in g if m.startswith("nnatlas.testing") for i in g[m])
+
+
+def test_no_global_torch_setting_at_import() -> None:
+    """Importing nnatlas, its test helpers and every family adapter leaves torch's thread count alone."""
+    code = ("import torch\nbefore = torch.get_num_threads()\nimport nnatlas, nnatlas.testing\n"
+            "nnatlas.all_families()\nassert torch.get_num_threads() == before == 2, torch.get_num_threads()\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300, env=env)
 
 
 def test_the_size_report_names_the_largest_modules_and_classes() -> None:
