@@ -20,7 +20,7 @@ from markupsafe import Markup
 
 from nnatlas.spec import Condition, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
 
-from . import markdown, names, site, status
+from . import markdown, names, page_model, status
 from .ir import Atlas, FamilyIR, ValueIR
 from .names import class_name
 
@@ -84,15 +84,15 @@ def _env() -> jinja2.Environment:
     env.tests["startingwith"] = lambda value, prefix: isinstance(value, str) and value.startswith(prefix)
     env.filters["md"] = markdown.render
     env.filters["json"] = script_json
-    env.filters["cfgtext"] = site.config_text
+    env.filters["cfgtext"] = page_model.config_text
     env.filters["mdtext"] = markdown.inline_text
     env.filters["mdcell"] = markdown.cell
     env.filters["mdcode"] = markdown.code_span
     env.filters["mdcodecell"] = markdown.code_cell
     env.filters["mdbody"] = markdown.body
     env.filters["mdinline"] = markdown.inline
-    env.filters["cfglabel"] = site.config_label
-    env.filters["params"] = site.param_text
+    env.filters["cfglabel"] = page_model.config_label
+    env.filters["params"] = page_model.param_text
     return env
 
 
@@ -369,7 +369,7 @@ def page_context(f: FamilyIR, atlas: Atlas, printout: str | None = None) -> dict
     from . import printouts
 
     head = printouts.parse_header(printout)
-    model = site.PageModel(f, head.facts if head else None)
+    model = page_model.PageModel(f, head.facts if head else None)
     notes = [{"id": model.uid(f"note-{n.title}"), "title": n.title, "body": n.body} for n in f.notes]
     return {"f": f, "atlas": atlas, "model": model, "stacks": model.stacks(), "hosts": model.hosts(),
             "checkpoints": model.checkpoints(), "printouts": printouts.body(printout) if printout else [],
@@ -398,16 +398,16 @@ def _index_data(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> d
     for f in atlas.families:
         text = (printout_texts or {}).get(f.name)
         head = printouts.parse_header(text)
-        page = site.PageModel(f, head.facts if head else None)
+        page = page_model.PageModel(f, head.facts if head else None)
         sizes.extend({"family": f.name, **r} for r in page.sizes())
         matrix[f.name] = {}
         conditional[f.name] = set()
         for h in f.hosts:
             host_label = "model" if h.path == "model" else f"model.{h.path}"
             entries.append({"text": h.cls, "name": h.cls, "kind": "native class", "family": f.name,
-                            "where": host_label, "href": f"{f.name}.html#{site.host_anchor(h, f)}"})
+                            "where": host_label, "href": f"{f.name}.html#{page_model.host_anchor(h, f)}"})
             for v in h.values:
-                anchor = site.value_anchor(h, v, f)
+                anchor = page_model.value_anchor(h, v, f)
                 if f.name not in families_of.setdefault(v.name, []):
                     families_of[v.name].append(f.name)
                 entries.append({"text": v.name, "name": v.name, "kind": "value", "family": f.name,
@@ -417,7 +417,7 @@ def _index_data(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> d
         for h in sorted(f.hosts, key=lambda h: h.path == "vision" or h.path.startswith("vision.")):
             for v in h.values:
                 if v.name not in matrix[f.name] and v.missing is None:
-                    matrix[f.name][v.name] = site.value_anchor(h, v, f)
+                    matrix[f.name][v.name] = page_model.value_anchor(h, v, f)
                     if v.needs and not page.page_serves(v):
                         conditional[f.name].add(v.name)
         for note in f.notes:  # the notes' words are searched too (attn_implementation, sae, resid_post)

@@ -23,7 +23,7 @@ from nnatlas.spec import CONFIG_FUNCTIONS, FUNCTIONS, VIEW_OPS, Function
 from . import names
 
 # The one whitelist of functions a spec expression may call lives with the data model (``nnatlas.spec``):
-# the compiler checks calls against it, the spec reference prints it, ``nnatlas.functions`` implements it.
+# the compiler checks calls against it, the spec reference prints it, ``nnatlas.expressions`` implements it.
 CONTEXT_FUNCTIONS = {n for n, f in FUNCTIONS.items() if f.context}  # these also receive the values mapping
 
 def _check_einsum(equation: str, operands: int) -> str | None:

@@ -31,7 +31,7 @@ from .ir import FamilyIR
 DIR = "generated/docs/printouts"
 # the code a printout is computed by, found by module name (never by where the source tree keeps it):
 # this module, the module tree check, and the runtime's printout
-_CODE = ("nnatlas.compiler.printouts", "nnatlas.compiler.treecheck", "nnatlas.printout")
+_CODE = ("nnatlas.compiler.printouts", "nnatlas.compiler.treecheck", "nnatlas.describe")
 
 
 def _code_bytes(module: str) -> bytes:

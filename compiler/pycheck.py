@@ -2,7 +2,7 @@
 
 The adapter is data and small functions: imports from nnatlas, classes of annotations, functions
 that return one expression, and assignments of literals and of calls to the adapter's own
-constructors (``Layout(...)``, ``HostSpec(...)``, ``Family(...)`` …) or to ``nnatlas.functions``
+constructors (``Layout(...)``, ``HostSpec(...)``, ``Family(...)`` …) or to ``nnatlas.expressions``
 (``_fn.softmax(...)``). Every name it reads is one it defines or imports, or a function's
 parameter; no attribute but ``_fn.NAME``; no lambda, comprehension, import of anything else,
 ``getattr`` or ``__import__``. ``generate`` runs this on every adapter before any is written or
@@ -16,7 +16,7 @@ import ast
 
 from .errors import GenerateError
 
-IMPORTS = {"__future__", "typing", "nnatlas", "nnatlas.spec", "nnatlas.envoy", "nnatlas.model", "nnatlas.typed"}
+IMPORTS = {"__future__", "typing", "nnatlas", "nnatlas.spec", "nnatlas.hosts", "nnatlas.model", "nnatlas.typed"}
 CALLS = {"Condition", "Family", "FunctionGroup", "HostSpec", "Identity", "Layout", "Loader", "ReadPoint", "ValueSpec",
          "ViewOp", "Wrapper", "_cfg"}
 TYPES = {"tuple", "dict", "str", "int", "list", "Any"}  # read in annotations

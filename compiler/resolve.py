@@ -21,9 +21,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from nnatlas import conditions
-from nnatlas.spec import Condition, Layout
+from nnatlas.spec import CALL_DIMS, Condition, Layout
 
-from . import expr, names, readpoint, site
+from . import expr, names, page_model, readpoint
 from .errors import Problem, Problems, SpecError
 from .ir import (
     DEFAULT_BLOCK,
@@ -57,7 +57,6 @@ from .yamlpos import Located, load
 from .yamlpos import Path as DataPath
 
 VOCABULARY = "_vocabulary.yaml"
-CALL_DIMS = ("batch", "seq")  # view arguments bound per call from the model's input ids
 EXPERTS_IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm")  # what transformers runs on CPU
 SHARED_NOTES = "_notes.yaml"  # groups of notes written once, referenced by families as {shared: NAME}
 PARTS = "parts"  # specs/parts/<part>.yaml: fragments families include (no family: nothing generated for one)
@@ -713,16 +712,16 @@ class _Family:
             values = dict(ckpt.config)
 
             def lookup(name: str, values: dict[str, Any] = values) -> Any:
-                return site.config_value(values, name)
+                return page_model.config_value(values, name)
 
             for key, c in stacks:
                 try:
                     n = expr.evaluate(c, lookup)
                 except Exception:  # noqa: BLE001 - the recorded config does not say: transformers' default
                     continue
-                if isinstance(n, int) and not isinstance(n, bool) and n > site.MAX_BLOCKS:
+                if isinstance(n, int) and not isinstance(n, bool) and n > page_model.MAX_BLOCKS:
                     self.err(("checkpoints", k, "config"), f"checkpoint {ckpt.name}: {key} is {n}; at most "
-                             f"{site.MAX_BLOCKS} blocks (the printout builds each one)", key=True)
+                             f"{page_model.MAX_BLOCKS} blocks (the printout builds each one)", key=True)
 
     def diagram(self, hosts: tuple[HostIR, ...]) -> DiagramIR:
         """The optional ``diagram:`` section: every part it names must be a part of the family."""

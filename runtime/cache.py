@@ -24,8 +24,8 @@ import torch
 
 from . import conditions
 from .cache_store import StoredCache
-from .envoy import Host, HostList, Value
 from .errors import NnatlasError, UnknownName
+from .hosts import Host, HostList, Value
 from .spec import Layout
 from .trace import Box
 

@@ -13,16 +13,14 @@ import torch
 from . import conditions, patterns, sites
 from . import registry as _families
 from .cache import cache as cache_values
-from .envoy import Host, HostList, Value, resolve_native
+from .describe import render, support
 from .errors import InputError, NnatlasError, Unavailable
+from .hosts import Host, HostList, Value, resolve_native
 from .inputs import prepare
-from .printout import render, support
 from .processing import PromptProcessor, load_processor
 from .sites import _KERNEL_ROUTES, kernel_route
-from .spec import Condition, Family, HostSpec, ValueSpec
+from .spec import CALL_DIMS, Condition, Family, HostSpec, ValueSpec
 from .trace import CallDim, Target, Tracer
-
-CALL_DIMS = ("batch", "seq")  # view arguments bound per call, from the model's input ids (or embeddings)
 
 _LOCKS: weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
 _LOCKS_GUARD = threading.Lock()

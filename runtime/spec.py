@@ -5,7 +5,7 @@ The compiler resolves each spec into these dataclasses (``Layout``, ``Condition`
 (``nnatlas.families.<family>``), which builds one :class:`Family`; the runtime reads nothing else
 about a family. The functions a spec expression may call (``FUNCTIONS``, ``CONFIG_FUNCTIONS``,
 ``VIEW_OPS``) are listed here once: the compiler checks expressions against them and
-``nnatlas.functions`` implements each. Nothing here imports torch or transformers, so the compiler
+``nnatlas.expressions`` implements each. Nothing here imports torch or transformers, so the compiler
 and the generated modules stay cheap to import.
 """
 
@@ -14,6 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+# the view arguments bound per call (from the model's input ids, or its input embeddings), not by the config
+CALL_DIMS = ("batch", "seq")
 
 ReadKind = Literal["module", "call", "op", "method", "fn", "derived", "missing"]
 Side = Literal["input", "output", "inputs", "args", "fn_args", "fn_output", "fn_step", "fn_steps"]
@@ -223,7 +226,7 @@ def _f(arity: Arity, signature: str, doc: str, **kw: Any) -> Function:
     return Function(arity, signature, doc, **kw)
 
 
-# Functions identities and derived values may call; each compiles to ``nnatlas.functions.<name>``.
+# Functions identities and derived values may call; each compiles to ``nnatlas.expressions.<name>``.
 # This table is the one list: the compiler checks calls against it and the spec reference
 # (docs/spec.md) prints it.
 FUNCTIONS: dict[str, Function] = {

@@ -29,8 +29,10 @@ if TYPE_CHECKING:
     from .model import AtlasModel
 
 SiteKey = tuple[Any, ...]
-# [batch, seq] of each dims module's current call, for views that name them (the trace's own dict)
-CALL_DIMS: ContextVar[dict[int, tuple[int, int]] | None] = ContextVar("nnatlas_call_dims", default=None)
+# the trace whose forward runs in this context, as its own dict: [batch, seq] of each dims module's
+# current call (for views that name them); a hook that finds another dict here (another thread's or
+# context's forward of the same model) leaves the call alone
+RUNNING_TRACE: ContextVar[dict[int, tuple[int, int]] | None] = ContextVar("nnatlas_running_trace", default=None)
 FN_SITES = ("fn_args", "fn_output", "fn_step", "fn_steps")
 PER_CALL_SITES = ("fn_step",)  # sites that fire once per token of a call: tracer.iter picks the token
 # the sides of a site whose values a module (or function) receives: the only ones that can be the
@@ -206,7 +208,7 @@ class Target:
     def _bind(self, a: Any) -> Any:
         if isinstance(a, CallDim):
             assert self.dims_module is not None
-            dims = (CALL_DIMS.get() or {}).get(id(self.dims_module))
+            dims = (RUNNING_TRACE.get() or {}).get(id(self.dims_module))
             if dims is None:
                 raise NnatlasError(f"{self.label}: the call's {a.name} is not known yet")
             return dims[0] if a.name == "batch" else dims[1]
@@ -721,14 +723,14 @@ class Tracer:
                 root = self.model._module
 
                 def count_step(mod: Any, args: Any, kwargs: Any) -> None:
-                    if CALL_DIMS.get() is not self.call_dims:
+                    if RUNNING_TRACE.get() is not self.call_dims:
                         return  # another thread's forward of the same model
                     self.step = self._calls
                     self._calls += 1
 
                 self._calls = 0
                 installed.append(root.register_forward_pre_hook(count_step, with_kwargs=True))
-            tokens.append(CALL_DIMS.set(self.call_dims))
+            tokens.append(RUNNING_TRACE.set(self.call_dims))
             self.grad_live = self.grad and grad
             torch._C._set_grad_enabled(self.grad_live)  # (torch.set_grad_enabled, without its object)
             if interrupts.pending():  # an interrupt while installing: raise it before the forward
@@ -807,7 +809,7 @@ class Tracer:
 
     def _dims_hook(self, mod: torch.nn.Module, args: Any, kwargs: Any) -> None:
         """The call's [batch, seq]: of the model's input ids, or its input embeddings."""
-        if CALL_DIMS.get() is not self.call_dims:
+        if RUNNING_TRACE.get() is not self.call_dims:
             return
         x = kwargs.get("input_ids")
         if x is None:
@@ -822,7 +824,7 @@ class Tracer:
         mid = id(mod)
         original = getattr(mod, name)
 
-        mine, current = self.call_dims, CALL_DIMS.get
+        mine, current = self.call_dims, RUNNING_TRACE.get
 
         def method(*args: Any, **kwargs: Any) -> Any:
             if current() is not mine:  # another thread's (or context's) call: not this trace's
@@ -942,9 +944,9 @@ class Tracer:
         serve = self.serve
         pre_key: SiteKey = ("pre", mid)
         post_key: SiteKey = ("post", mid)
-        # the forward of this trace runs in the context where CALL_DIMS is this trace's own dict: a
+        # the forward of this trace runs in the context where RUNNING_TRACE is this trace's own dict: a
         # call of the module from another thread (a plain forward beside the trace) is left alone
-        mine, current = self.call_dims, CALL_DIMS.get
+        mine, current = self.call_dims, RUNNING_TRACE.get
         forward: Callable[..., Any]
         if pre and post:
             def forward(*args: Any, **kwargs: Any) -> Any:
@@ -990,7 +992,7 @@ class Tracer:
         swapped, fallback = self._op_swaps(installed).split(names)
         running: list[tuple[sites.OpScope | None, sites.OpMode | None]] = []
         original = mod.forward
-        mine, current = self.call_dims, CALL_DIMS.get
+        mine, current = self.call_dims, RUNNING_TRACE.get
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             if current() is not mine:

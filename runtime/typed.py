@@ -2,7 +2,7 @@
 
 ``nnatlas.families.<family>`` declares one class per host path (``Model``, ``Layer``,
 ``LayerSelfAttn`` …) whose annotations name every standard value and child host. At run time
-those names are served by :class:`nnatlas.envoy.Host`'s lookup, as on any host; for a type
+those names are served by :class:`nnatlas.hosts.Host`'s lookup, as on any host; for a type
 checker the bases below hide that lookup, so ``model.layers[0].self_attn.attention_queries`` is a
 ``Value`` and a misspelt name is an error. A value is annotated :class:`ValueSlot`: reading it gives
 a ``Value``, and assigning an edit to it (a tensor, a number, a function of the value, another
@@ -16,7 +16,7 @@ from typing import Any, overload
 
 import torch
 
-from .envoy import Host, Value
+from .hosts import Host, Value
 from .model import AtlasModel
 
 Edit = Value | torch.Tensor | float | int | Callable[[Any], Any]  # what an assignment to a value may be

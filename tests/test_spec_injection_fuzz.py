@@ -23,8 +23,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import nnatlas.expressions  # noqa: F401
 import nnatlas.families  # noqa: F401 - imported before the examples, so an import they cause shows
-import nnatlas.functions  # noqa: F401
 import nnatlas.model  # noqa: F401
 import nnatlas.spec  # noqa: F401
 import nnatlas.testing  # noqa: F401

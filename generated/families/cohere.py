@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnatlas import functions as _fn
-from nnatlas.envoy import HostList
+from nnatlas import expressions as _fn
+from nnatlas.hosts import HostList
 from nnatlas.model import Loader, Wrapper
 from nnatlas.spec import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
 from nnatlas.typed import TypedHost, TypedModel, ValueSlot

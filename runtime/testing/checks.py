@@ -13,8 +13,8 @@ from torch.utils._pytree import tree_flatten
 
 import nnatlas
 
-from ..envoy import Value
 from ..errors import NnatlasError, NotReached, Unavailable
+from ..hosts import Value
 from ..model import AtlasModel
 from ..patterns import RECOMPUTED
 from .tiny import (

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
 
-from .adapter import HostSpec, ReadPoint, ValueSpec
 from .errors import InputError, NnatlasError, Unavailable, UnknownName
+from .spec import HostSpec, ReadPoint, ValueSpec
 from .trace import Box, Expr, Request, Target, Tracer
 from .validate import check_edit
 

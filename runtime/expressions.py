@@ -258,4 +258,4 @@ def unimplemented() -> list[str]:
 
 
 if unimplemented():
-    raise ImportError(f"nnatlas.functions implements no {', '.join(unimplemented())} of nnatlas.spec's whitelist")
+    raise ImportError(f"nnatlas.expressions implements no {', '.join(unimplemented())} of nnatlas.spec's whitelist")

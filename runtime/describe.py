@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .envoy import Host, Value, resolve_native
+from .hosts import Host, Value, resolve_native
 from .patterns import RECOMPUTED_WORDS
 from .spec import HostSpec, ValueSpec
 
