@@ -21,10 +21,10 @@ if TYPE_CHECKING:
     from .cache import Cache
     from .model import AtlasModel, load, route_kernels, wrap
     from .registry import all_families
-    from .trace import Box
+    from .requests import Box
 
 _LAZY = {"AtlasModel": "model", "load": "model", "wrap": "model", "route_kernels": "model",
-         "all_families": "registry", "Box": "trace", "Cache": "cache"}
+         "all_families": "registry", "Box": "requests", "Cache": "cache"}
 
 
 def __getattr__(name: str) -> Any:

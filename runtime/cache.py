@@ -26,8 +26,8 @@ from . import conditions
 from .cache_store import StoredCache
 from .errors import NnatlasError, UnknownName
 from .hosts import Host, HostList, Value
+from .requests import Box
 from .spec import Layout
-from .trace import Box
 
 if TYPE_CHECKING:
     from .model import AtlasModel

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import torch
 
 from .errors import InputError, NnatlasError, Unavailable, UnknownName
+from .requests import Box, Expr, Request, Target
 from .spec import HostSpec, ReadPoint, ValueSpec
-from .trace import Box, Expr, Request, Target, Tracer
+from .trace import Tracer
 from .validate import check_edit
 
 if TYPE_CHECKING:

@@ -18,9 +18,10 @@ from .errors import InputError, NnatlasError, Unavailable
 from .hosts import Host, HostList, Value, resolve_native
 from .inputs import prepare
 from .processing import PromptProcessor, load_processor
+from .requests import CallDim, SiteKey, Target
 from .sites import _KERNEL_ROUTES, kernel_route
 from .spec import CALL_DIMS, Condition, Family, HostSpec, ValueSpec
-from .trace import CallDim, Target, Tracer
+from .trace import Tracer
 
 _LOCKS: weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
 _LOCKS_GUARD = threading.Lock()
@@ -370,21 +371,21 @@ class AtlasModel(Host):
         extra: dict[str, Any] = {"dims_module": dims_module, "copy": bool(value._spec and value._spec.copy),
                                  "reached": value._spec.reached if value._spec else None,
                                  "at": value._spec.at if value._spec else ""}
-        key: tuple[Any, ...]
+        key: SiteKey
         if read.kind == "module":
             start = host._up(read.up, value.label) if read.up else host
             module = start._resolve_module(read.module, value.label)
             side = read.side
-            key = ("pre" if side in ("input", "inputs") else "post", id(module))
+            key = SiteKey("pre" if side in ("input", "inputs") else "post", id(module))
             return Target(value.label, key, module, side, read.param, read.access, view, value._extra, **extra)
         # an interface call, an operation or a method: in the host's own forward, or in another module's
         # (``router > op:...`` from the host, ``model.model > op:...`` from the root)
         module = self._scope_module(host, read, value.label)
         if read.kind == "call":
-            key = ("call_in" if read.side == "args" else "call_out", id(module), read.call)
+            key = SiteKey("call_in" if read.side == "args" else "call_out", id(module), read.call)
             return Target(value.label, key, module, read.side, None, read.access, view, value._extra, **extra)
         if read.kind == "op":
-            key = ("op", id(module), read.call, read.op, read.occurrence, read.side)
+            key = SiteKey("op", id(module), read.call, read.op, read.occurrence, read.side)
             side = "args" if read.side == "input" else "output"
             return Target(value.label, key, module, side, None, read.access, view, value._extra, **extra)
         if read.kind == "method":
@@ -396,12 +397,12 @@ class AtlasModel(Host):
                 if index is None:
                     raise NnatlasError(f"{value.label}: method:{read.method}#i needs a host with a block index")
                 occurrence = index
-            key = ("method_in" if read.side == "args" else "method_out", id(module), read.method)
+            key = SiteKey("method_in" if read.side == "args" else "method_out", id(module), read.method)
             return Target(value.label, key, module, read.side, None, read.access, view, value._extra, call=occurrence,
                           **extra)
         if read.kind == "fn":
             assert read.fn is not None
-            key = (read.side, id(module), read.fn)
+            key = SiteKey(read.side, id(module), read.fn)
             return Target(value.label, key, module, read.side, None, read.access, view, value._extra, **extra)
         raise NnatlasError(f"{value.label} is derived; it has no site of its own")
 

@@ -23,7 +23,7 @@ import torch
 import nnatlas
 from nnatlas import interrupts, sites
 from nnatlas import testing as T
-from nnatlas.trace import RUNNING_TRACE
+from nnatlas.requests import RUNNING_TRACE
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs signal.setitimer (POSIX)")
 

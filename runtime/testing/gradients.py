@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..model import AtlasModel
-from ..trace import Geometry, grad_through_base
+from ..requests import Geometry, grad_through_base
 from .checks import GRAD_BLOCK_VALUES, GRADIENT_COUNTS, GRADIENT_GAPS, _fixed_inputs
 from .tiny import build
 from .values import each_host, standard_values
@@ -107,7 +107,7 @@ def _plain_block_gradients(model: AtlasModel, inputs: Mapping[str, torch.Tensor]
         host_label = label.rsplit(".", 1)[0]
         host = next(h for lab, h in each_host(model, _path_of(host_label)) if lab == host_label)
         target = model._target(getattr(host, name))
-        if target.view or target.extra or target.site[0] not in ("pre", "post"):
+        if target.view or target.extra or target.site.kind not in ("pre", "post"):
             continue
 
         def keep(mod: Any, args: Any, kwargs: Any, out: Any = None, t: Any = target, label: str = label) -> None:
