@@ -1,7 +1,7 @@
 """The mechanisms a read point compiles to, installed for one forward and always removed.
 
 - module boundary: a wrapper of the native module's ``forward``, on the instance for one trace
-  (``Tracer._wrap_forward``: it sees the call's args, kwargs and output as forward hooks would,
+  (``SiteInstaller._wrap_forward``: it sees the call's args, kwargs and output as forward hooks would,
   without sending the module down torch's slow hook path);
 - interface call: transformers' attention and experts interfaces, routed per module through a ContextVar;
 - operation: the torch callables of the op's name swapped for a dispatcher that counts calls only

@@ -81,7 +81,7 @@ LAYERS = (
     ("data model", {"nnatlas.errors", "nnatlas.spec", "nnatlas.conditions", "nnatlas.expressions",
                     "nnatlas.registry", "nnatlas.cache_data", "nnatlas.cache_store"}),
     ("sites", {"nnatlas.interrupts", "nnatlas.sites", "nnatlas.patterns"}),
-    ("requests and the tracer", {"nnatlas.requests", "nnatlas.trace", "nnatlas.validate"}),
+    ("requests and the tracer", {"nnatlas.requests", "nnatlas.installers", "nnatlas.trace", "nnatlas.validate"}),
     ("hosts, values and inputs", {"nnatlas.hosts", "nnatlas.processing", "nnatlas.inputs"}),
     ("model facade and load", {"nnatlas.model", "nnatlas.typed", "nnatlas.describe", "nnatlas.cache"}),
     ("entry points", {"nnatlas", "nnatlas.cache_cli", "nnatlas.__main__"}),
