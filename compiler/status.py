@@ -149,33 +149,40 @@ def _family_run(tests: list[tuple[str, str, str]], error: str | None, ran_sha: s
     return run
 
 
-def merge(previous: Mapping[str, Any] | None, new: dict[str, Any], ran: Iterable[str]) -> dict[str, Any]:
-    """``new`` (a run of the families in ``ran`` only) with every other family's runs kept from
-    ``previous`` (per version, where ``previous`` ran that version); each version's counts are then
-    the sums over the families' runs, and its date the newest one's."""
+def merge(previous: Mapping[str, Any] | None, new: dict[str, Any], ran: Iterable[str],
+          order: Iterable[str] | None = None) -> dict[str, Any]:
+    """``new`` (a run of the families in ``ran`` only, under some versions) with everything else kept
+    from ``previous``: the other families' runs, and every version the run did not reach (``order``:
+    every version, the pinned one first; default the run's own). Each version's counts are then the
+    sums over the families' runs, and its date the newest one's."""
     ran = set(ran)
     old_families = (previous or {}).get("families", {})
     old_versions = {v["transformers"]: v for v in (previous or {}).get("versions", [])}
-    ran_now = {v["transformers"] for v in new["versions"] if v.get("ran")}
+    new_versions = {v["transformers"]: v for v in new["versions"]}
+    order = list(order) if order is not None else list(new_versions)
+    ran_now = {v for v, entry in new_versions.items() if entry.get("ran")}
     for name, fam in new["families"].items():
         old = old_families.get(name) or {}
-        for version in (v["transformers"] for v in new["versions"]):
+        for version in order:
             if (version not in ran_now or name not in ran) and version in old.get("runs", {}):
                 fam["runs"][version] = old["runs"][version]
         if name not in ran and old:
             fam["oracle_checks"], fam["loads"] = old.get("oracle_checks", []), old.get("loads", [])
-    for entry in new["versions"]:
-        version = entry["transformers"]
+    out_versions = []
+    for version in order:
+        entry = dict(new_versions.get(version) or {"transformers": version, "ran": False, "why": "not run yet"})
         runs = [f["runs"][version] for f in new["families"].values() if f["runs"].get(version, {}).get("total")]
         if not entry.get("ran"):
             if version in old_versions and runs:  # this version did not run now: keep what it said before
-                entry.clear()
-                entry.update(old_versions[version])
+                entry = dict(old_versions[version])
+            out_versions.append(entry)
             continue
         entry["passed"] = sum(r["passed"] for r in runs)
         entry["failed"] = sum(len(r["failed"]) + r.get("more_failed", 0) for r in runs)
         entry["collection_errors"] = sum(1 for r in runs if r["result"] == "error")
         entry["date"] = max([entry.get("date") or "", *(r.get("date") or "" for r in runs)])
+        out_versions.append(entry)
+    new["versions"], new["pinned"] = out_versions, order[0] if order else new.get("pinned")
     return new
 
 
@@ -271,7 +278,7 @@ def run(root: Path, chosen: Iterable[str] | None = None, timeout: float = 3600.0
         else:
             runs.append((version, None, f"pytest wrote no record: {_last_line(proc.stdout + proc.stderr)}"))
         print(f"nnatlas status: transformers {version}: {_last_line(proc.stdout)}", file=sys.stderr, flush=True)
-    status = merge(read(root), fold(atlas, runs), picked)
+    status = merge(read(root), fold(atlas, runs), picked, versions(root))
     (root / PATH).write_text(dumps(status), encoding="utf-8")
     return status
 

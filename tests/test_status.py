@@ -126,6 +126,15 @@ def test_a_partial_run_keeps_the_other_families_runs_and_sums_each_version() -> 
     # a version that did not run now keeps what it said before
     again = status.merge(merged, status.fold(atlas, [("5.24.0", None, "could not install")]), ["gpt2"])
     assert again["versions"][0]["passed"] == 10
+    # a run of another version alone keeps the pinned version's column, first
+    older = _record(atlas, "gpt2")
+    older.update(transformers="5.23.0", errors={})
+    both = status.merge(merged, status.fold(atlas, [("5.23.0", older, None)]), ["llama", "gpt2"],
+                        ["5.24.0", "5.23.0", "5.22.2"])
+    assert both["pinned"] == "5.24.0" and [v["transformers"] for v in both["versions"]] == ["5.24.0", "5.23.0", "5.22.2"]
+    assert both["versions"][0] == merged["versions"][0] and both["versions"][2]["ran"] is False
+    assert both["families"]["gpt2"]["runs"]["5.24.0"] == run and both["families"]["gpt2"]["runs"]["5.23.0"]["total"] == 7
+    assert both["versions"][1]["passed"] == 5
 
 
 def test_stale_names_the_families_whose_spec_or_tests_changed_since_their_run() -> None:
