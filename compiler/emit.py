@@ -9,6 +9,7 @@ stops the render instead of becoming code.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -454,4 +455,6 @@ def render_registry(atlas: Atlas) -> str:
 
 
 def render_tests_conftest(atlas: Atlas) -> str:
-    return env().get_template("tests_conftest.py.j2").render(atlas=atlas)
+    """The generated tests' conftest (one torch thread), headed with its template's sha256."""
+    source = env().loader.get_source(env(), "tests_conftest.py.j2")[0]  # type: ignore[union-attr]
+    return env().get_template("tests_conftest.py.j2").render(sha256=hashlib.sha256(source.encode()).hexdigest())

@@ -120,3 +120,22 @@ def test_wrap_returns_the_familys_generated_class() -> None:
     assert type(again) is llama.Model and again.family == "llama"
     assert llama.wrap(again) is again
     assert type(nnatlas.wrap(model.native, family="llama")) is llama.Model
+
+
+def test_a_family_load_returns_its_model_from_a_checkpoint(tmp_path: Path) -> None:
+    """llama.load on a saved tiny llama: from_pretrained, the tokenizer beside it, the family's Model;
+    and nnatlas.load picks the same class from the config."""
+    import torch
+
+    import nnatlas
+    from nnatlas.families import llama
+
+    built = build("llama")
+    built.native.save_pretrained(tmp_path)
+    built.tokenizer.save_pretrained(tmp_path)
+    model = llama.load(str(tmp_path))
+    assert type(model) is llama.Model and model.tokenizer is not None
+    assert type(nnatlas.load(str(tmp_path))) is llama.Model
+    with model.trace("the eiffel tower"):
+        out = model.layers[0].layer_output.save()
+    assert out.shape[-1] == model.hidden_size and isinstance(out, torch.Tensor)
