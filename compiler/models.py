@@ -102,10 +102,23 @@ class IdentityRaw(Strict):
 
 
 class KindRaw(Strict):
-    """One block kind of a hybrid stack: the blocks ``when`` selects, with their own values and identities."""
+    """One block kind of a hybrid stack: the blocks ``when`` selects, with their own values and identities, and,
+    where the kinds of one host path are different modules, their own class (and stream, dims, conditions).
+    A kind that names the same kind of an enclosing host (a kind of ``layers[i]`` on ``layers[i].mixer``) may
+    leave out ``when``: it takes that kind's. A host that exists on one kind's blocks only says ``kind: NAME``."""
 
-    when: StrictStr = Field(description="a block condition over the config and the block index i: layer_types[i] == 'full_attention'")
-    values: dict[StrictStr, StrictStr | ValueRaw | None] = Field(default={}, description="the kind's own values, beside the host's")
+    when: StrictStr | None = Field(
+        default=None, description="a block condition over the config and the block index i: layer_types[i] == "
+        "'full_attention'; left out, the when of the kind of the same name on the nearest enclosing host")
+    cls: StrictStr | None = Field(
+        default=None, alias="class", description="the native class on this kind's blocks, where it differs from the "
+        "host's (jamba's layers[i].mlp: JambaSparseMoeBlock on moe blocks, JambaMLP on dense ones)")
+    stream: StrictStr | None = Field(default=None, description="the stream of this kind's values, where it differs from the host's")
+    dims: dict[StrictStr, StrictStr] = Field(default={}, description="dims sized by another config entry on this kind, beside the host's")
+    needs: StrictStr | None = Field(default=None, description="the load condition of this kind's values, unless a value says its own")
+    reached: StrictStr | None = Field(default=None, description="the call condition of this kind's values, unless a value says its own")
+    values: dict[StrictStr, StrictStr | ValueRaw | None] = Field(
+        default={}, description="the kind's own values, beside the host's (null drops one of the host's on this kind)")
     identities: list[StrictStr | IdentityRaw] = Field(default=[], description="the kind's own identities, beside the host's")
 
 
@@ -114,6 +127,9 @@ class HostRaw(Strict):
 
     cls: StrictStr | None = Field(default=None, alias="class", description="the native class (required once, here or in a base)")
     when: StrictStr | None = Field(default=None, description="a block condition: the host exists only on the blocks it selects")
+    kind: StrictStr | None = Field(
+        default=None, description="the host exists only on the blocks of this kind, declared under kinds: by an "
+        "enclosing host (nemotron_h's layers[i].mixer.shared_experts, kind: moe); its when is that kind's")
     stream: StrictStr | None = Field(default=None, description="a stream of the vocabulary whose value meanings apply here")
     dims: dict[StrictStr, StrictStr] = Field(
         default={}, description="dims this host's values are sized by another config entry: "
@@ -125,7 +141,8 @@ class HostRaw(Strict):
         "{missing: why}); null drops an inherited one")
     identities: list[StrictStr | IdentityRaw] = Field(default=[], description="equations between the host's values")
     kinds: dict[StrictStr, KindRaw] = Field(
-        default={}, description="hybrid stacks: one entry per block kind, each with its when (model.<kind>_layers lists its blocks)")
+        default={}, description="hybrid stacks: one entry per block kind, each with its when (model.<kind>_layers lists "
+        "its blocks) and, where the kinds are different modules here, its class")
 
 
 class RouteRaw(Strict):

@@ -26,6 +26,11 @@
                                             parent's own output. What a sandwich-normed block adds to the
                                             stream is the post-norm's output, a sibling of the mixer.
 
+    ^.op:mul#0.output                       an operation of the parent's own forward: what the
+                                            parent makes of the host's output before the stream
+                                            receives it (a block's residual multiplier, InternVL's
+                                            layer scale lambda_1)
+
 NAME is a global of the host's modeling module, or a group the family declares under ``functions:``
 (several kernels, whichever the call runs).
 
@@ -240,11 +245,15 @@ def _parse_up(text: str, groups: dict[str, str] | None) -> ReadPoint:
         if not rest.startswith("^."):
             raise ExprError(f"'{text}': write ^. before the sibling's name (^.post_attention_layernorm.output)", text.find("^"))
         up, rest = up + 1, rest[2:]
-    if rest.startswith(("fn:", "call:", "op:", "method:")):
-        raise ExprError(f"'{text}': ^. names a module of the parent (^.NAME.output, or ^.NAME > op:...); "
-                        "functions, calls and ops are read in the host's own forward without ^.")
+    if rest.startswith(("fn:", "call:", "method:")):
+        raise ExprError(f"'{text}': ^. names a module of the parent (^.NAME.output, ^.NAME > op:...) or an "
+                        "operation of the parent's own forward (^.op:NAME#K.output); functions, calls and methods "
+                        "are read in the host's own forward without ^.")
     ir = parse(rest, groups)
     parent = "the parent" if up == 1 else f"the host {up} levels up"
+    if ir.kind == "op" and not ir.module and not ir.call:  # an operation of the parent's own forward
+        return dataclasses.replace(ir, text=text, up=up, words=ir.words.replace(
+            "inside the forward", f"inside {parent}'s own forward", 1))
     name = ".".join(ir.module)
     if ir.kind == "module" and ir.module:
         owner = f"the sibling module {name}'s" if up == 1 else f"the module {name}'s"

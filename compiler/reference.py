@@ -254,6 +254,7 @@ READ_EXAMPLES = (
     "experts > call:experts > op:view.output", "model.model > op:masked_scatter.input[2]",
     "method:_deepstack_process#i.args[2]", "fn:delta_rule.args[0]", "fn:delta_rule.kwargs.g",
     "fn:delta_rule.output[1]", "fn:delta_rule.step.output[1]", "fn:delta_rule.steps.output[1]",
+    "^.post_attention_layernorm.output", "^.op:mul#0.output",
 )
 KIND_WORDS = {
     "module": "a module boundary (the host's or a child's input or output)",

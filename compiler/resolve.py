@@ -624,6 +624,7 @@ class _Family:
             return None
         hosts_ir = tuple(h for h in hosts if h is not None)
         self.check_identities(hosts_ir, {k for k, _, _ in config})
+        self.check_kind_whens(hosts_ir)
         self.check_checkpoint_sizes(config)
         self.check_positional_reads(hosts_ir)
         diagram = self.diagram(hosts_ir)
@@ -664,6 +665,9 @@ class _Family:
         for path, h in r.hosts.items():
             if h.cls is not None:
                 check(("hosts", path, "class"), names.problem(h.cls, "class"))
+            for kname, kind in h.kinds.items():
+                if kind.cls is not None:
+                    check(("hosts", path, "kinds", kname, "class"), names.problem(kind.cls, "class"))
         if r.loads is not None:
             for k, cls in enumerate(r.loads.classes):
                 check(("loads", "classes", k), names.problem(cls, "class"))
@@ -812,10 +816,22 @@ class _Family:
         if path != "model" and path.split(".")[0].removesuffix("[i]") not in self.raw.rename:
             first = path.split(".")[0].removesuffix("[i]")
             self.err(at, f"host '{path}': '{first}' is not in rename (say which native module it is)" + suggest(first, self.raw.rename), key=True)
-        if h.cls is None:
-            self.err(at, f"host '{path}': 'class' (the native class) is required", key=True)
+        if h.cls is None and not (h.kinds and all(k.cls is not None for k in h.kinds.values())):
+            self.err(at, f"host '{path}': 'class' (the native class) is required" +
+                     (" (here, or on every one of its kinds)" if h.kinds else ""), key=True)
         common_v: list[tuple[DataPath, str, Any]] = [((*at, "values", k), k, v) for k, v in h.values.items()]
         common_i: list[tuple[DataPath, Any]] = [((*at, "identities", k), x) for k, x in enumerate(h.identities)]
+        if h.kind is not None:
+            for other in ("when", "kinds"):
+                if getattr(h, other):
+                    self.err((*at, "kind"), f"host '{path}': give either 'kind' (the blocks of a kind of an enclosing "
+                             f"host) or '{other}'")
+                    return []
+            when_text = self.enclosing_kind_when(path, h.kind, (*at, "kind"))
+            if when_text is None:
+                return []
+            built = self.host_kind(path, h, config, when_text, (*at, "kind"), common_v, common_i, h.kind)
+            return [built] if built is not None else []
         if not h.kinds:
             built = self.host_kind(path, h, config, h.when, (*at, "when"), common_v, common_i, None)
             return [built] if built is not None else []
@@ -826,17 +842,68 @@ class _Family:
             kat = (*at, "kinds", kname)
             if not re.fullmatch(r"[a-z][a-z0-9_]*", kname) or not names.is_name(kname):
                 self.err(kat, f"kind '{kname}' must be a lowercase name (model.{kname}_layers lists its blocks)", key=True)
-            kv = common_v + [((*kat, "values", k), k, v) for k, v in kind.values.items()]
+            when_text = kind.when if kind.when is not None else self.enclosing_kind_when(path, kname, kat)
+            if when_text is None:
+                continue
+            dropped = {k for k, v in kind.values.items() if v is None}
+            kv = [x for x in common_v if x[1] not in dropped] + [((*kat, "values", k), k, v) for k, v in kind.values.items()]
             ki = common_i + [((*kat, "identities", k), x) for k, x in enumerate(kind.identities)]
-            built = self.host_kind(path, h, config, kind.when, (*kat, "when"), kv, ki, kname)
+            own = {f: getattr(kind, f) for f in ("cls", "stream", "needs", "reached") if getattr(kind, f) is not None}
+            eff = h.model_copy(update={**own, "dims": {**h.dims, **kind.dims}}) if own or kind.dims else h
+            built = self.host_kind(path, eff, config, when_text, (*kat, "when") if kind.when is not None else kat,
+                                   kv, ki, kname, own=kat,
+                                   own_keys={*("class" if f == "cls" else f for f in own), *(f"dims.{d}" for d in kind.dims)})
             if built is not None:
                 out.append(built)
         return out
 
+    def enclosing_kind_when(self, path: str, kname: str, at: DataPath) -> str | None:
+        """The when of kind ``kname`` of the nearest host enclosing ``path`` that declares it (following a
+        when left out there too); None, with the problem said at ``at``, when none does."""
+        p, seen = path, []
+        while "." in p:
+            p = p.rsplit(".", 1)[0]
+            host = self.raw.hosts.get(p)
+            if host is None:
+                continue
+            seen += [k for k in host.kinds if k not in seen]
+            kind = host.kinds.get(kname)
+            if kind is not None:
+                return kind.when if kind.when is not None else self.enclosing_kind_when(p, kname, at)
+        self.err(at, f"host '{path}': kind '{kname}' has no when, and no host enclosing it declares a kind "
+                 f"'{kname}' to take it from (" + (f"their kinds: {', '.join(seen)}" if seen else "none declares kinds")
+                 + "): give when: here, or declare the kind on the host whose blocks it selects (layers[i])"
+                 + suggest(kname, seen), key=at[-1] != "kind")
+        return None
+
+    def check_kind_whens(self, hosts: tuple[HostIR, ...]) -> None:
+        """One kind name selects one set of blocks (model.<kind>_layers lists them): the same kind on
+        two host paths with two different whens is an error at the second."""
+        first: dict[str, HostIR] = {}
+        for h in hosts:
+            if h.kind is None or h.when_text is None:
+                continue
+            prev = first.setdefault(h.kind, h)
+            if prev.when_text != h.when_text:
+                file, line, col = h.at or (self.src.rel, 1, 1)
+                pfile, pline, _ = prev.at or (self.src.rel, 1, 1)
+                self.found.add(file, (line, col), (
+                    f"{h.path}: kind '{h.kind}' selects the blocks where {h.when_text}, but on {prev.path} "
+                    f"({pfile}:{pline}) kind '{h.kind}' selects those where {prev.when_text}: model.{h.kind}_layers "
+                    f"lists one set of blocks. Give the kind one when (leave when out below {prev.path} to take its), "
+                    "or name the kinds apart"))
+                self.ok = False
+
     def host_kind(self, path: str, h: HostRaw, config: list[tuple[str, expr.Compiled, str]], when_text: str | None,
                   when_at: DataPath, value_items: Sequence[tuple[DataPath, str, Any]],
-                  identity_items: Sequence[tuple[DataPath, Any]], kind: str | None) -> HostIR | None:
+                  identity_items: Sequence[tuple[DataPath, Any]], kind: str | None, own: DataPath | None = None,
+                  own_keys: set[str] | frozenset[str] = frozenset()) -> HostIR | None:
         at = ("hosts", path)
+
+        def where(key: str) -> DataPath:
+            """The position of a host key: on the kind when the kind gives it, else on the host."""
+            return (*own, *key.split(".")) if own is not None and key in own_keys else (*at, *key.split("."))
+
         when = None
         if when_text is not None:
             try:
@@ -846,15 +913,15 @@ class _Family:
         table = self.vocab.values
         if h.stream is not None:
             if h.stream not in self.vocab.streams:
-                self.err((*at, "stream"), f"unknown stream '{h.stream}'" + suggest(h.stream, self.vocab.streams))
+                self.err(where("stream"), f"unknown stream '{h.stream}'" + suggest(h.stream, self.vocab.streams))
             else:
                 table = {**table, **self.vocab.streams[h.stream]}
         config_names = {k for k, _, _ in config}
         for dim, entry in h.dims.items():
             if dim not in self.vocab.dims:
-                self.err((*at, "dims", dim), f"host '{path}': unknown dim '{dim}'" + suggest(dim, self.vocab.dims), key=True)
+                self.err(where(f"dims.{dim}"), f"host '{path}': unknown dim '{dim}'" + suggest(dim, self.vocab.dims), key=True)
             if entry not in config_names:
-                self.err((*at, "dims", dim), f"host '{path}': dim {dim} sized by '{entry}', which is not a config entry"
+                self.err(where(f"dims.{dim}"), f"host '{path}': dim {dim} sized by '{entry}', which is not a config entry"
                          + suggest(entry, config_names))
         values: list[ValueIR] = []
         for vat, vname, v in value_items:
@@ -897,7 +964,7 @@ class _Family:
                 continue
             identities.append(IdentityIR(item.check, op, lhs, rhs, float(item.atol), float(item.rtol), at=self.at(iat)))
         return HostIR(path, h.cls or "", when, when_text, tuple(values), tuple(identities), dims=tuple(h.dims.items()),
-                      at=self.at((*at, "class")),
+                      at=self.at(where("class")),
                       kind=kind)
 
     def value(self, name: str, v: ValueRaw, vocab_value: Any, at: DataPath, config_names: set[str]) -> ValueIR | None:

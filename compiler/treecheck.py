@@ -98,12 +98,14 @@ class _Checker:
     def run(self) -> list[Problem]:
         builds = list(self.builds())
         seen_hosts: set[int] = set()
+        live_paths: set[str] = set()  # paths with a live module in some build (a kind may select none of them)
         parents_seen: set[str] = set()
         renamed: set[str] = set()
         for what, model in builds:
             self.renames(model, parents_seen, renamed)
             for k, (ir, spec) in enumerate(zip(self.f.hosts, self.family.hosts, strict=True)):
                 for label, host in _live(model, ir.path):
+                    live_paths.add(ir.path)
                     applies = model._specs_for("model", None) if host is model else host._specs()
                     if spec not in applies:
                         continue
@@ -120,7 +122,12 @@ class _Checker:
             for k, ir in enumerate(self.f.hosts):
                 if k not in seen_hosts and not any(ir.path.replace("[i]", "").startswith(b) for b in bad):
                     where = " or ".join(w for w, _ in builds)
-                    self.add(("host", k), ir.at, f"{ir.path}: no module here in {where}"
+                    if ir.when_text is not None and ir.path in live_paths:
+                        self.add(("host", k), ir.at, f"{_host_words(ir)}: no block of {where} is one where "
+                                 f"{ir.when_text}, so its class and reads are checked on none: draw a tiny config whose "
+                                 "first draw has such a block (or record a checkpoint that has one)")
+                        continue
+                    self.add(("host", k), ir.at, f"{_host_words(ir)}: no module here in {where}"
                              + self.nearest_host(ir.path, builds))
         return sorted(self.problems.values())
 
@@ -153,7 +160,7 @@ class _Checker:
         if ir.path == "model":
             accepted |= set(self.f.classes) | {t["model_class"] for t in (self.tiny, self.tiny.get("image_text")) if t}
         if name not in accepted:
-            self.add(("class", k), ir.at, f"{ir.path}: class {ir.cls}: the module here is {name} ({label} of {what})")
+            self.add(("class", k), ir.at, f"{_host_words(ir)}: class {ir.cls}: the module here is {name} ({label} of {what})")
         for v_ir, v in zip(ir.values, spec.values, strict=True):
             read = v.read
             if read.kind not in ("module", "call", "op", "method") or not (read.module or read.up or read.method):
@@ -170,7 +177,7 @@ class _Checker:
                     methods = [m for m in dir(type(mod)) if not m.startswith("__") and callable(getattr(type(mod), m))]
                     msg = f"{type(mod).__name__} has no method '{read.method}'" + suggest(read.method or "", methods)
             if msg:
-                self.add(("value", k, v.name), v_ir.at, f"{ir.path}: {v.name}: '{read.text}': {msg} ({label} of {what})")
+                self.add(("value", k, v.name), v_ir.at, f"{_host_words(ir)}: {v.name}: '{read.text}': {msg} ({label} of {what})")
         for i_ir, ident in zip(ir.identities, spec.identities, strict=True):
             for term in ident.terms:
                 parts = term.split(".")
@@ -178,7 +185,7 @@ class _Checker:
                     continue
                 msg = self.walk(host, tuple(parts[:-1]), host, term)
                 if msg:
-                    self.add(("identity", k, term), i_ir.at, f"{ir.path}: identity term '{term}': {msg} ({label} of {what})")
+                    self.add(("identity", k, term), i_ir.at, f"{_host_words(ir)}: identity term '{term}': {msg} ({label} of {what})")
 
     @staticmethod
     def walk(start: Any, path: tuple[str, ...], host: Any, text: str) -> str | None:
@@ -211,6 +218,11 @@ class _Checker:
                 return f": {label} ({type(host._module).__name__}) has no child '{last}'" + _children(kids) \
                     + suggest(last, kids)
         return ""
+
+
+def _host_words(ir: Any) -> str:
+    """``layers[i].mlp``, or ``layers[i].mlp (kind moe)`` for one kind of a hybrid stack's host."""
+    return f"{ir.path} (kind {ir.kind})" if ir.kind else ir.path
 
 
 def _names(node: Any) -> list[str]:

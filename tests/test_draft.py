@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from nnatlas.compiler import OWNED, compile_atlas, default_root, files
 from nnatlas.compiler.cli import main
 from nnatlas.compiler.draft import DraftError, draft, recorder, sweep, tiny, writer
 from nnatlas.compiler.draft.check import compare, compile_draft, parse_summary, run_tests
+from nnatlas.compiler.draft.proposal import Proposal
 
 ATLAS = compile_atlas(default_root() / "specs")
 
@@ -161,3 +163,102 @@ def test_draft_from_a_local_config(tmp_path: Path) -> None:
     assert d.proposal.tiny.config["rms_norm_eps"] == 1e-5
     assert "hidden_size" not in d.proposal.tiny.config  # drawn, not copied
     assert compile_draft(d.text, "mistral").family is not None
+
+
+def test_the_sweep_table_is_its_own_state() -> None:
+    """A rerun reads the rows the table has (swept time and hand share too) and sweeps first the
+    types it lacks, then the rows of a type whose hand-written spec is newer, then the named ones."""
+    rows: list[dict[str, Any]] = [{"type": "llama", "built": True, "drafted": True, "generate": True, "tests": True, "values": 25, "todos": 0,
+             "share": 1.0, "hand": "llama", "why": "", "swept": "12-01 13:00"},
+            {"type": "bamba", "built": True, "drafted": False, "generate": False, "tests": None, "values": 0, "todos": 0,
+             "share": 0.0, "hand": "bamba", "why": "forward failed: a | b", "swept": "12-01 13:01"},
+            {"type": "opt", "built": True, "drafted": True, "generate": True, "tests": False, "values": 20, "todos": 1,
+             "share": None, "why": "tests: test_opt.py::test_value_shapes"}]
+    text = sweep.table(rows, 5, "now")
+    back = sweep.read_table(text)
+    assert back == sorted(rows, key=lambda r: r["type"])  # sorted by type, each row whole
+    assert "| bamba | yes | no | — | — |  |  | 0% (bamba) | forward failed: a \\| b | 12-01 13:01 |" in text
+    assert "rows swept from 12-01 13:00 to 12-01 13:01 UTC" in text
+    assert "3 of 5 types swept; 3 build; 1 pass" in text and "2 have a hand-written spec" in text
+    kept = {r["type"]: r for r in back}
+    types = ["bamba", "gpt2", "llama", "mistral", "opt"]
+    assert sweep.order(types, kept, [], None, {"opt", "llama"}) == ["gpt2", "mistral", "opt"]
+    assert sweep.order(types, kept, ["llama"], None) == ["gpt2", "mistral", "llama"]
+    assert sweep.order(types, kept, [], "failing") == ["gpt2", "mistral", "bamba", "opt"]
+    assert sweep.order(types, kept, ["opt"], "failing") == ["gpt2", "mistral", "opt", "bamba"]
+
+
+def test_the_sweep_kills_a_type_at_its_timeout() -> None:
+    row = sweep.sweep_one("llama", timeout=0.5)
+    assert row["why"] == "timed out after 0 s" and row["built"] is None and row["tests"] is None
+
+
+def test_tiny_configs_keep_their_own_invariants() -> None:
+    """Sizes shrunk without breaking what the config or the model requires of them."""
+    assert tiny.plan("lfm2").config["block_auto_adjust_ff_dim"] is False  # the MLP width stays the drawn one
+    assert tiny.plan("jamba").config["expert_layer_period"] == 1  # every block a mixture
+    bamba = tiny.plan("bamba")  # a hybrid whose default stack is all Mamba: one attention block
+    assert bamba.config["attn_layer_indices"] == [1]
+    assert bamba.draw["mamba_d_head"] == "2 * hidden_size // 4"  # heads * head width == expand * hidden
+    model = tiny.build(bamba)
+    assert hasattr(model.model.layers[1], "self_attn") and not hasattr(model.model.layers[0], "self_attn")
+    mla = tiny.plan("deepseek_v3")  # latent attention: keys and values per query head
+    assert mla.draw["num_key_value_heads"] == "num_attention_heads"
+    assert (mla.config["head_dim"], mla.config["qk_head_dim"]) == (4, 12)
+    assert mla.first()["hidden_size"] == 2 * 16  # a head width unlike v_head_dim's 8
+    granite = tiny.plan("granitemoehybrid")  # a hybrid whose default stack is all Mamba, by layer_types
+    assert granite.config["layer_types"] == ["linear_attention", "full_attention", "linear_attention"]
+    assert granite.draw["num_hidden_layers"] == [3]
+    neo = tiny.plan("gpt_neo")  # [[kinds, repeats]] of the default's 24 blocks: each kind once
+    assert neo.config["attention_types"] == [[["global", "local"], 1]] and neo.draw["num_hidden_layers"] == [2]
+    zamba2 = tiny.plan("zamba2")  # layer_types given at the default stack's length: one block per kind
+    assert zamba2.config["layer_types"] == ["linear_attention", "hybrid"] and zamba2.draw["num_hidden_layers"] == [2]
+
+
+def test_positions_per_sequence() -> None:
+    """OPT counts each sequence's real tokens: its learned positions are one row per sequence."""
+    p = draft("opt").proposal
+    values = p.hosts["model"].values
+    assert "token_position_embeddings" in values and "position_embeddings" not in values
+    assert any(x.check == "token_embeddings + token_position_embeddings == layers[0].layer_input"
+               for x in p.hosts["model"].identities)
+
+
+def test_reads_of_modules_that_return_more_or_are_shared() -> None:
+    """openai-gpt: the attention returns a list (its first element read), one activation module
+    shared by every block (not read: it runs once per block); phimoe: a router that is a Linear
+    returning (logits, weights, experts), routing in its own forward (its logits not editable there)."""
+    gpt = draft("openai-gpt").proposal
+    assert gpt.hosts["layers[i].self_attn"].values["attention_output"].read == "output[0]"
+    assert "mlp_activation" not in gpt.hosts["layers[i].mlp"].values
+    assert gpt.hosts["layers[i].mlp"].values["mlp_neurons"].read == "down_proj.input"
+    router = draft("phimoe").proposal.hosts["layers[i].mlp"].values["router_logits"]
+    assert (router.read, router.edit) == ("router.output[0]", "none")
+
+
+def test_a_composite_config_drafts_its_text_model() -> None:
+    """qwen3_5_moe's config holds a text and a vision config; its causal-LM class takes the text one:
+    the draft is of that, loaded by both model types."""
+    plan = tiny.plan("qwen3_5_moe")
+    assert (plan.model_type, plan.config_class, plan.also) == ("qwen3_5_moe_text", "Qwen3_5MoeTextConfig", ["qwen3_5_moe"])
+    text = writer.write(Proposal("qwen3_5_moe_text", plan.model_type, plan.model_class, "Qwen3.5 MoE", plan), "5.24.0")
+    assert yaml.safe_load(text)["loads"]["model_types"] == ["qwen3_5_moe_text", "qwen3_5_moe"]
+
+
+def test_multi_query_attention_has_one_key_head() -> None:
+    """gpt_bigcode: the config says multi_query, not a key-head count; as the hand-written spec says (n_head is num_attention_heads)."""
+    assert draft("gpt_bigcode").proposal.config["num_kv_heads"] == "1 if multi_query else num_attention_heads"
+
+
+def test_a_state_space_stack() -> None:
+    """mamba: no attention heads in the config (presets: [no_attention]); each block a norm and a
+    mixer whose output is added to the stream, both checked on the tiny model."""
+    d = draft("mamba")
+    assert "heads" not in d.proposal.tiny.names and "num_heads" not in d.proposal.config
+    assert yaml.safe_load(d.text)["presets"] == ["no_attention"]
+    block = d.proposal.hosts["layers[i]"]
+    assert block.values["mixer_norm_output"].read == "norm.output"
+    assert [x.check for x in block.identities] == ["layer_input + mixer.mixer_output == layer_output",
+                                                   "mixer_norm_output == mixer.input"]
+    assert d.proposal.hosts["layers[i].mixer"].values["mixer_output"].read == "output"
+    assert compile_draft(d.text, "mamba").family is not None

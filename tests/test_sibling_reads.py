@@ -30,10 +30,14 @@ def test_parse_sibling_and_parent_reads() -> None:
     r = readpoint.parse("^.mlp > op:mul.output")
     assert (r.kind, r.module, r.up, r.op) == ("op", ("mlp",), 1, "mul")
     assert r.words.startswith("inside the sibling mlp's forward")
+    r = readpoint.parse("^.op:mul#1.output")  # an operation of the parent's own forward
+    assert (r.kind, r.module, r.up, r.op, r.occurrence) == ("op", (), 1, "mul", 1)
+    assert r.words == "the output of mul (second call) inside the parent's own forward"
 
 
 @pytest.mark.parametrize("text,says", [("^post.output", "write ^. before"), ("^.fn:f.output", "^. names a module"),
-                                       ("^.op:mul.output", "^. names a module")])
+                                       ("^.call:attention.output[0]", "^. names a module"),
+                                       ("^.method:_f.output", "^. names a module")])
 def test_parse_refuses_malformed_climbs(text: str, says: str) -> None:
     with pytest.raises(ExprError, match=re.escape(says)):
         readpoint.parse(text)
@@ -90,3 +94,50 @@ def test_a_climb_from_a_host_without_a_parent_says_so() -> None:
     host.__dict__["_parent"] = None  # as a host made by hand, not reached from the model, would be
     with pytest.raises(NnatlasError, match="has no parent host"):
         host._up(1, "layers[0].x")
+
+
+def test_a_parent_op_read_serves_what_the_parent_makes_of_the_host_output(tmp_path: Path) -> None:
+    """``^.op:mul#0.output``: granitemoehybrid's attention block multiplies the attention's output by
+    residual_multiplier in the block's forward; read from the attention host, that product is its
+    attention_output (the same tensor as the block's), and an edit there reaches the logits as the
+    block-level edit does."""
+    import types
+
+    import transformers
+
+    from nnatlas.compiler import emit
+    from nnatlas.model import AtlasModel
+
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    for name in ("_vocabulary.yaml", "llama.yaml"):
+        (specs / name).write_text((ROOT / "specs" / name).read_text())
+    old = ("      attention_output: {missing: \"the block scales the attention's output by residual_multiplier before "
+           "adding it: read layers[i].attention_output\"}\n    identities+:\n")
+    text = (ROOT / "specs" / "granitemoehybrid.yaml").read_text()
+    assert old in text
+    (specs / "granitemoehybrid.yaml").write_text(text.replace(old, (
+        "      attention_output: ^.op:mul#0.output\n    identities+:\n"
+        "      - attention_output == o_proj.output * residual_multiplier\n")))
+    family = next(f for f in compile_atlas(specs, tmp_path).families if f.name == "granitemoehybrid")
+    module = types.ModuleType("parent_op_granitemoehybrid")
+    exec(compile(emit.render_family(family), "<parent op>", "exec"), module.__dict__)
+    config = transformers.GraniteMoeHybridConfig(**T.first_params("granitemoehybrid"))
+    model = AtlasModel(transformers.GraniteMoeHybridForCausalLM(config).eval(), module.FAMILY)
+    i = model.attention_layers[0]
+    inputs = T.draw_inputs(96, 2, 5, [0, 1])
+    with model.trace(inputs):
+        proj = model.layers[i].self_attn.o_proj.output.save()
+        mine = model.layers[i].self_attn.attention_output.save()
+        block = model.layers[i].attention_output.save()
+        base = model.logits.save()
+    torch.testing.assert_close(mine, block, atol=0, rtol=0)
+    torch.testing.assert_close(mine, proj * model.residual_multiplier, atol=0, rtol=0)
+    with model.trace(inputs):
+        model.layers[i].self_attn.attention_output[:] = 0
+        edited = model.logits.save()
+    with model.trace(inputs):
+        model.layers[i].attention_output[:] = 0
+        edited_block = model.logits.save()
+    assert not torch.equal(edited, base)
+    torch.testing.assert_close(edited, edited_block, atol=0, rtol=0)

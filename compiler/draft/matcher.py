@@ -74,6 +74,7 @@ def ident(check: str, atol: float | None, sure: str) -> Identity:
 
 NORM = re.compile(r"norm", re.I)
 MLP = re.compile(r"mlp|moe|sparse|feedforward|ffn|expert|feed_forward", re.I)
+SSM = re.compile(r"mixer|mamba|ssm", re.I)
 ACT_CLASSES = re.compile(r"activation|gelu|silu|relu|tanh|sigmoid|swish|quickgelu|mish", re.I)
 ACT_OPS = ("silu", "gelu", "relu", "tanh", "sigmoid", "gelu_new", "relu2", "mish", "softplus")
 
@@ -120,12 +121,12 @@ class Matcher:
         p, rec = self.p, self.rec
         t = self.tiny.names
         hd = "head_dim or " if "head_dim" in t else ""
-        p.config = {
-            "num_layers": t["layers"], "hidden_size": t["hidden"], "num_heads": t["heads"],
-            "num_kv_heads": t.get("kv_heads", t["heads"]),
-            "head_dim": f"{hd}{t['hidden']} // {t['heads']}", "qk_head_dim": f"{hd}{t['hidden']} // {t['heads']}",
-            "vocab_size": "vocab_size", "intermediate_size": t.get("intermediate", "intermediate_size"),
-        }
+        p.config = {"num_layers": t["layers"], "hidden_size": t["hidden"]}
+        if "heads" in t:  # (none in a state-space stack)
+            p.config.update({
+                "num_heads": t["heads"], "num_kv_heads": t.get("kv_heads", t["heads"]),
+                "head_dim": f"{hd}{t['hidden']} // {t['heads']}", "qk_head_dim": f"{hd}{t['hidden']} // {t['heads']}"})
+        p.config.update({"vocab_size": "vocab_size", "intermediate_size": t.get("intermediate", "intermediate_size")})
         if t.get("intermediate_default") == "none":
             p.config["intermediate_size"] = f"{t['intermediate']} or 4 * {t['hidden']}"
             p.todos.append(f"config.intermediate_size: {t['intermediate']} is None by default; the draft assumes the "
@@ -163,11 +164,16 @@ class Matcher:
                 p.rename["embed_positions"] = pos.path
                 p.rename_sure["embed_positions"] = "likely: an nn.Embedding whose output is added to the tokens'"
                 self.seen.add(pos.path)
-                v["position_embeddings"] = Value("embed_positions.output", sure="likely")
+                pos_out = tensor_of(pos.output)
+                # one row for the batch, or one per sequence (positions that count each sequence's real tokens)
+                name = "token_position_embeddings" if pos_out is not None and pos_out.dim() == 3 and \
+                    pos_out.shape[0] == self.batch > 1 else "position_embeddings"
+                v[name] = Value("embed_positions.output", sure="likely" if name == "position_embeddings" else
+                                "likely: one row per sequence (its positions depend on the attention mask)")
                 p.traits.append("Learned positions")
-                e = holds(lambda: tensor_of(embed.output) + tensor_of(pos.output), first_in)  # type: ignore[operator]
+                e = holds(lambda: tensor_of(embed.output) + pos_out, first_in)  # type: ignore[operator]
                 if e is not None:
-                    host.identities.append(ident("token_embeddings + position_embeddings == layers[0].layer_input", e,
+                    host.identities.append(ident(f"token_embeddings + {name} == layers[0].layer_input", e,
                                                  "held on the tiny model"))
             elif holds(tensor_of(embed.output), first_in) is not None:
                 host.identities.append(ident("layers[0].layer_input == token_embeddings", 0.0, "held on the tiny model"))
@@ -209,8 +215,8 @@ class Matcher:
             h.identities = list({x.check: x for x in h.identities}.values())
         p.todos = list(dict.fromkeys(p.todos))
         defaults = type(self.config)()
-        heads, kv = self.tiny.names["heads"], self.tiny.names.get("kv_heads")
-        if kv and "Grouped-query attention" not in p.traits and isinstance(getattr(defaults, kv, None), int) \
+        heads, kv = self.tiny.names.get("heads", ""), self.tiny.names.get("kv_heads")
+        if kv and heads and "Grouped-query attention" not in p.traits and isinstance(getattr(defaults, kv, None), int) \
                 and getattr(defaults, kv) < getattr(defaults, heads):
             p.traits.append("Grouped-query attention")
         return p
@@ -313,6 +319,10 @@ class Matcher:
         mixer_paths = {c.path for c, _ in mixers}
         mlps = [c for c in kids if c.path not in mixer_paths and MLP.search(c.cls) and not NORM.search(c.cls)]
         norms = [c for c in kids if NORM.search(c.cls)]
+        if not mixers and not mlps:  # a state-space block (Mamba): a norm, then a mixer whose output is added
+            done = self.ssm_block(bpath, kids, norms, x, out, values, identities)
+            if done:
+                return values, identities
         if not mixers:
             p.todos.append(f"no mixer found in {bpath} ({call.cls}): its children "
                            + ", ".join(f"{self.child(c.path, bpath)} ({c.cls})" for c in kids))
@@ -386,6 +396,37 @@ class Matcher:
             if c.path not in self.seen and c.path not in mixer_paths and c.path not in {m.path for m in mlps}:
                 p.todos.append(f"{self.child(c.path, bpath)} ({c.cls}) in {bpath} is not mapped")
         return values, identities
+
+    def ssm_block(self, bpath: str, kids: list[ModuleCall], norms: list[ModuleCall], x: torch.Tensor | None,
+                  out: torch.Tensor | None, values: dict[str, Value], identities: list[Identity]) -> bool:
+        """A block of a norm and one mixer that is neither attention nor an MLP (a Mamba mixer): its
+        output added to the block's input is the block's output. Only the mixer's output is mapped."""
+        p = self.p
+        if x is None or out is None:
+            return False
+        mixer = next((c for c in kids if not NORM.search(c.cls) and SSM.search(c.cls) and tensor_of(c.output) is not None
+                      and tensor_of(c.output).shape == x.shape), None)  # type: ignore[union-attr]
+        if mixer is None:
+            return False
+        mixer_out = tensor_of(mixer.output)
+        e = holds(lambda: x + mixer_out, out, 1e-5)  # type: ignore[operator]
+        if e is None:
+            return False
+        name = self.name_in(bpath, self.child(mixer.path, bpath), "mixer", "layers[i]")
+        host = p.host(f"layers[i].{name}", mixer.cls, "the block's state-space mixer (its output is added to the stream)")
+        host.values["mixer_output"] = Value("output" if isinstance(mixer.output, torch.Tensor) else "output[0]",
+                                            sure="sure: what the mixer returns, added to the block's input")
+        self.seen.update({bpath, mixer.path, *(k.path for k in self.rec.children_calls(mixer.path))})
+        p.todos.append(f"{mixer.path} ({mixer.cls}): a state-space mixer: only its output is mapped (its scan's "
+                       "inputs, gates and states are not)")
+        identities.append(ident(f"layer_input + {name}.mixer_output == layer_output", e, "held on the tiny model"))
+        pre = next((nm for nm in norms if holds(tensor_of(nm.output), hidden_in(mixer)) == 0.0), None)
+        if pre is not None:
+            values["mixer_norm_output"] = Value(f"{self.child(pre.path, bpath)}.output",
+                                                sure="sure: its output is what the mixer is called with")
+            identities.append(ident(f"mixer_norm_output == {name}.input", 0.0, "held on the tiny model"))
+            self.seen.add(pre.path)
+        return True
 
     def mixer_kind(self, c: ModuleCall) -> str | None:
         for f in self.rec.fns_in(c.path):
@@ -464,8 +505,8 @@ class Matcher:
             elif pin is not None and out is not None:
                 p.todos.append(f"{c.path}: the output projection's input is not the heads' output side by side "
                                "(a gate or another step between them): check attention_premix")
-        v["attention_output"] = Value("output[0]" if isinstance(c.output, tuple) else "output",
-                                      sure="sure: what the module returns" + (", first" if isinstance(c.output, tuple) else ""))
+        v["attention_output"] = Value("output[0]" if isinstance(c.output, (tuple, list)) else "output",
+                                      sure="sure: what the module returns" + (", first" if isinstance(c.output, (tuple, list)) else ""))
         if probs is not None:
             e = holds(probs.sum(-1), torch.ones_like(probs.sum(-1)), 1e-5)
             if e is not None:
@@ -493,7 +534,7 @@ class Matcher:
         queries, keys, values and pattern live inside its own forward, unmapped."""
         host = self.p.host(hpath, c.cls, "likely: an attention module by its class name")
         self.seen.add(c.path)
-        host.values["attention_output"] = Value("output[0]" if isinstance(c.output, tuple) else "output",
+        host.values["attention_output"] = Value("output[0]" if isinstance(c.output, (tuple, list)) else "output",
                                                 sure="sure: what the module returns")
         self.p.todos.append(f"{c.path} ({c.cls}) computes its attention in its own forward (no attention function "
                             "call): its queries, keys, values, pattern and head outputs are not mapped")
@@ -527,7 +568,8 @@ class Matcher:
         t = self.tiny.names
         heads, hidden = t["heads"], t["hidden"]
         self.fit("num_heads", H, [heads, "num_attention_heads", "n_head", "num_heads"], where)
-        self.fit("num_kv_heads", kv, [t.get("kv_heads", heads), "num_key_value_heads", heads, "multi_query_group_num"], where)
+        self.fit("num_kv_heads", kv, [t.get("kv_heads", heads), "num_key_value_heads", heads, "multi_query_group_num",
+                                      f"1 if multi_query else {heads}"], where)  # (multi-query: one key head)
         per_head = [f"head_dim or {hidden} // {heads}", "head_dim", "v_head_dim", f"{hidden} // {heads}", "kv_channels",
                     "qk_head_dim", "qk_nope_head_dim + qk_rope_head_dim", "attention_head_dim"]
         v_dim = int(val.shape[-1]) if isinstance(val, torch.Tensor) and val.dim() == 4 else None
@@ -639,7 +681,9 @@ class Matcher:
         out = tensor_of(c.output)
         down = next((k for k in reversed(kids) if holds(tensor_of(k.output), out) == 0.0
                      and not isinstance(self.modules[k.path], torch.nn.Dropout)), None)
-        act = next((k for k in kids if ACT_CLASSES.search(k.cls) and not isinstance(self.modules[k.path], torch.nn.Linear)), None)
+        # (an activation module shared by every block, called once per block, cannot be read per block: its op is)
+        act = next((k for k in kids if ACT_CLASSES.search(k.cls) and not isinstance(self.modules[k.path], torch.nn.Linear)
+                    and sum(x.path == k.path for x in rec.calls) == 1), None)
         act_ref = None
         if act is not None:
             aname = self.name_in(c.path, self.child(act.path, c.path), "act_fn", hpath)
@@ -736,7 +780,11 @@ class Matcher:
             self.seen.add(router.path)
             if isinstance(self.modules[router.path], torch.nn.Linear):
                 logits = tensor_of(router.output)
-                v["router_logits"] = Value(f"{rname}.output", view=view_of(logits), sure="sure: the router's linear")
+                first = "output" if isinstance(router.output, torch.Tensor) else "output[0]"  # a Linear that returns more
+                # one that routes inside its own forward has used the logits before they are returned: not editable there
+                v["router_logits"] = Value(f"{rname}.{first}", view=view_of(logits), edit=None if first == "output" else "none",
+                                           sure="sure: the router's linear" + ("" if first == "output" else
+                                                                              ", which routes in its own forward"))
             else:
                 lin = next((o for o in rec.ops_in(router.path) if o.name == "linear"), None)
                 if lin is not None:

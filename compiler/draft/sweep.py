@@ -1,13 +1,17 @@
 """``make draft-sweep``: the drafter on every decoder-only causal-LM model type of transformers.
 
-    python -m nnatlas.compiler.draft.sweep [--out generated/docs/draft_sweep.md] [--timeout 300] [TYPE ...]
+    python -m nnatlas.compiler.draft.sweep [--out generated/docs/draft_sweep.md] [--timeout 300]
+        [--limit N] [--redo failing|all] [TYPE ...]
     python -m nnatlas.compiler.draft.sweep --one TYPE      (one type, in this process; prints JSON)
 
-Each type runs in its own process (one thread, a timeout): draft, generate in memory, the
-generated tests (stopping at the first failure), and, for a type a hand-written spec loads, the
-share of that spec's standard values the draft finds at the same hosts. The table is rewritten
-after every type, so an interrupted sweep leaves the rows it has. The file is not one
-``nnatlas generate`` writes (it carries no generated-file mark), so generate keeps it.
+Each type runs in its own process (one thread, its own process group, killed whole at the
+timeout): draft, generate in memory, the generated tests (stopping at the first failure), and,
+for a type a hand-written spec loads, the share of that spec's standard values the draft finds at
+the same hosts (0 when there is no draft to compare). The table is rewritten after every type and
+is its own state: a rerun reads the rows it has and keeps them (each with the time it was swept),
+sweeping first the types it lacks, then the ones named (or ``--redo failing``: every row that does
+not pass; ``--redo all``); ``--limit N`` stops after N types, so a sweep can run in chunks. The
+file is not one ``nnatlas generate`` writes (it carries no generated-file mark), so generate keeps it.
 """
 
 from __future__ import annotations
@@ -47,14 +51,23 @@ def model_types() -> list[str]:
     return out
 
 
+def hand_family(model_type: str) -> Any:
+    """The hand-written family that loads this model type, or None."""
+    from .. import compile_atlas, default_root
+
+    return next((f for f in compile_atlas(default_root() / "specs").families if model_type in f.model_types), None)
+
+
 def one(model_type: str) -> dict[str, Any]:
     """Every column of one row, measured in this process."""
-    from .. import compile_atlas, default_root
     from . import DraftError, draft
     from .check import compare, compile_draft, run_tests
 
     row: dict[str, Any] = {"type": model_type, "built": False, "drafted": False, "generate": False, "tests": None,
                            "values": 0, "todos": 0, "share": None, "why": ""}
+    hand = hand_family(model_type)
+    if hand is not None:  # no draft compiled finds none of the spec's values
+        row.update(share=0.0, hand=hand.name)
     start = time.perf_counter()
     try:
         d = draft(model_type)
@@ -73,11 +86,8 @@ def one(model_type: str) -> dict[str, Any]:
         row["why"] = "generate: " + compiled.error.splitlines()[0][:160]
         return row
     row["generate"] = True
-    hand = next((f for f in compile_atlas(default_root() / "specs").families if model_type in f.model_types), None)
     if hand is not None:
-        cmp = compare(compiled.family, hand)
-        row["share"] = round(cmp.share, 3)
-        row["hand"] = hand.name
+        row["share"] = round(compare(compiled.family, hand).share, 3)
     run = run_tests(compiled.family, fail_fast=True, in_process=True)
     row["tests"] = run.ok
     row["passed"] = run.passed
@@ -87,44 +97,123 @@ def one(model_type: str) -> dict[str, Any]:
     return row
 
 
+COLUMNS = "| model type | built | drafted | generate | tests | values | TODO | hand | why not | swept |"
+
+
+def summary(rows: list[dict[str, Any]], total: int) -> str:
+    done = len(rows)
+    built = [r for r in rows if r["built"]]
+    passing = [r for r in rows if r["tests"]]
+    hand = [r for r in rows if r.get("share") is not None]
+    line = (f"{done} of {total} types swept; {len(built)} build; {len(passing)} pass generate and their generated "
+            f"tests unedited ({100 * len(passing) / max(len(built), 1):.0f}% of those that build, "
+            f"{100 * len(passing) / max(done, 1):.0f}% of all swept).")
+    if hand:
+        mean = sum(r["share"] for r in hand) / len(hand)
+        line += (f" {len(hand)} have a hand-written spec: their drafts find {100 * mean:.0f}% of its standard values "
+                 f"on average ({sum(1 for r in hand if r['share'] == 1)} all of them).")
+    return line
+
+
 def table(rows: list[dict[str, Any]], total: int, started: str) -> str:
     def yn(x: Any) -> str:
         return "—" if x is None else ("yes" if x else "no")
 
+    swept = sorted(r["swept"] for r in rows if r.get("swept"))
+    when = f"rows swept from {swept[0]} to {swept[-1]} UTC" if swept else f"started {started}"
     lines = [
         "# The drafter on every decoder-only causal-LM model type",
         "",
         "Written by `make draft-sweep` (`python -m nnatlas.compiler.draft.sweep`), not by `nnatlas generate`;",
-        f"started {started}. Each type's draft is used unedited: built (the tiny model builds on CPU and runs",
-        "a forward), drafted (a spec was written), generate (it compiles), tests (its generated tests pass),",
-        "values (standard values proposed), TODO (modules it could not map), hand (the share of a",
-        "hand-written spec's standard values found at the same hosts with an equal read point).",
+        f"{when} (last run started {started}). Each type's draft is used unedited: built (the tiny model builds",
+        "on CPU and runs a forward), drafted (a spec was written), generate (it compiles), tests (its generated",
+        "tests pass), values (standard values proposed), TODO (modules it could not map), hand (the share of a",
+        "hand-written spec's standard values found at the same hosts with an equal read point; 0% where the",
+        "type has a spec and no draft compiled), swept (when the row was measured: a rerun keeps the rows it has).",
         "",
+        summary(rows, total),
+        "",
+        COLUMNS,
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    done = len(rows)
-    built = [r for r in rows if r["built"]]
-    passing = [r for r in rows if r["tests"]]
-    lines.append(f"{done} of {total} types swept; {len(built)} build; {len(passing)} pass generate and their generated "
-                 f"tests unedited ({100 * len(passing) / max(len(built), 1):.0f}% of those that build, "
-                 f"{100 * len(passing) / max(done, 1):.0f}% of all swept).")
-    lines += ["", "| model type | built | drafted | generate | tests | values | TODO | hand | why not |",
-              "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
+    for r in sorted(rows, key=lambda r: r["type"]):
         share = f"{100 * r['share']:.0f}% ({r.get('hand')})" if r.get("share") is not None else ""
         why = r.get("why", "").replace("|", "\\|")
         lines.append(f"| {r['type']} | {yn(r['built'])} | {yn(r['drafted'])} | {yn(r['generate'] if r['drafted'] else None)} "
-                     f"| {yn(r['tests'])} | {r['values'] or ''} | {r['todos'] or ''} | {share} | {why} |")
+                     f"| {yn(r['tests'])} | {r['values'] or ''} | {r['todos'] or ''} | {share} | {why} | {r.get('swept', '')} |")
     return "\n".join(lines) + "\n"
+
+
+def read_table(text: str) -> list[dict[str, Any]]:
+    """The rows of a table ``table`` wrote (an older one without the swept column too)."""
+    import re
+
+    def flag(x: str) -> bool | None:
+        return None if x == "—" else x == "yes"
+
+    rows = []
+    for line in text.splitlines():
+        if not line.startswith("| ") or line.startswith("| model type"):
+            continue
+        cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+        if len(cells) < 9:
+            continue
+        t, built, drafted, generate, tests, values, todos, hand, why = cells[:9]
+        m = re.match(r"(\d+)% \((.+)\)$", hand)
+        row: dict[str, Any] = {"type": t, "built": flag(built), "drafted": flag(drafted), "generate": bool(flag(generate)),
+                               "tests": flag(tests), "values": int(values or 0), "todos": int(todos or 0),
+                               "share": int(m.group(1)) / 100 if m else None, "why": why}
+        if m:
+            row["hand"] = m.group(2)
+        if len(cells) > 9 and cells[9]:
+            row["swept"] = cells[9]
+        rows.append(row)
+    return rows
+
+
+def sweep_one(t: str, timeout: float) -> dict[str, Any]:
+    """One type's row, measured in a process of its own (a process group, killed whole at the timeout)."""
+    import signal
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen([sys.executable, "-m", "nnatlas.compiler.draft.sweep", "--one", t], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return {"type": t, "built": None, "drafted": False, "generate": False, "tests": None, "values": 0, "todos": 0,
+                "why": f"timed out after {timeout:.0f} s"}
+    line = next((x for x in out.splitlines() if x.startswith("NNATLAS-ROW ")), None)
+    if line:
+        return json.loads(line[len("NNATLAS-ROW "):])  # type: ignore[no-any-return]
+    return {"type": t, "built": False, "drafted": False, "generate": False, "tests": None, "values": 0, "todos": 0,
+            "why": f"crashed (exit {proc.returncode}): " + ((err.strip().splitlines() or ["?"])[-1])[:160]}
+
+
+def order(types: list[str], kept: dict[str, dict[str, Any]], named: list[str], redo: str | None,
+          hand: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """What to sweep, in order: the types the table lacks, the rows of a type with a hand-written spec
+    and no hand share (the spec is newer than the row), those named, then those to redo."""
+    lacking = [t for t in types if t not in kept]
+    unscored = [t for t in types if t in kept and t in hand and kept[t].get("share") is None]
+    first = [t for t in types if t in kept and t not in unscored and t in named]
+    again = [t for t in types if t in kept and t not in unscored and t not in named and (
+        redo == "all" or (redo == "failing" and not kept[t]["tests"]))]
+    return lacking + unscored + first + again
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nnatlas.compiler.draft.sweep")
-    parser.add_argument("types", nargs="*", help="model types (default: every decoder-only causal-LM type)")
+    parser.add_argument("types", nargs="*", help="model types to sweep again (the table's other rows are kept)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per model type")
+    parser.add_argument("--limit", type=int, default=None, help="sweep at most this many types, then stop")
+    parser.add_argument("--redo", choices=("failing", "all"), default=None,
+                        help="sweep again every row that does not pass (failing) or every row (all)")
+    parser.add_argument("--fresh", action="store_true", help="start a new table (the rows there are dropped)")
     parser.add_argument("--one", default=None, help="run one type in this process and print its row as JSON")
-    parser.add_argument("--rows", type=Path, default=None,
-                        help="a JSON file of rows: read first (the types it has are kept, unless named), written after each type")
     args = parser.parse_args(argv)
     if args.one:
         print("NNATLAS-ROW " + json.dumps(one(args.one)), flush=True)
@@ -132,35 +221,27 @@ def main(argv: list[str] | None = None) -> int:
     from .. import default_root
 
     out = args.out or default_root() / OUT
-    types = args.types or model_types()
+    types = model_types()
+    unknown = [t for t in args.types if t not in types]
+    if unknown:
+        parser.error(f"not decoder-only causal-LM model types: {', '.join(unknown)}")
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    rows: list[dict[str, Any]] = []
     kept: dict[str, dict[str, Any]] = {}
-    if args.rows is not None and args.rows.exists():
-        kept = {r["type"]: r for r in json.loads(args.rows.read_text())}
-    if args.types and kept:  # rerun the named types, keep every other row
-        types = sorted(set(kept) | set(args.types))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    for t in types:
-        if t in kept and t not in args.types:
-            rows.append(kept[t])
-            continue
-        try:
-            proc = subprocess.run([sys.executable, "-m", "nnatlas.compiler.draft.sweep", "--one", t], capture_output=True,
-                                  text=True, timeout=args.timeout, env=env)
-            line = next((x for x in proc.stdout.splitlines() if x.startswith("NNATLAS-ROW ")), None)
-            row = json.loads(line[len("NNATLAS-ROW "):]) if line else {
-                "type": t, "built": False, "drafted": False, "generate": False, "tests": None, "values": 0, "todos": 0,
-                "why": "crashed: " + ((proc.stderr.strip().splitlines() or ["?"])[-1])[:160]}
-        except subprocess.TimeoutExpired:
-            row = {"type": t, "built": None, "drafted": False, "generate": False, "tests": None, "values": 0,
-                   "todos": 0, "why": f"timed out after {args.timeout:.0f} s"}
-        rows.append(row)
+    if out.exists() and not args.fresh:
+        kept = {r["type"]: r for r in read_table(out.read_text(encoding="utf-8")) if r["type"] in types}
+    from .. import compile_atlas
+
+    hand = {t for f in compile_atlas(default_root() / "specs").families for t in f.model_types}
+    todo = order(types, kept, args.types, args.redo, hand)[:args.limit]
+    print(f"{len(kept)} rows kept; sweeping {len(todo)}: {' '.join(todo)}", flush=True)
+    for t in todo:
+        row = sweep_one(t, args.timeout)
+        row["swept"] = time.strftime("%m-%d %H:%M", time.gmtime())
+        kept[t] = row
         print(f"{t}: {row.get('why') or 'ok'}", flush=True)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(table(rows, len(types), started), encoding="utf-8")
-        if args.rows is not None:
-            args.rows.write_text(json.dumps(rows, indent=1), encoding="utf-8")
+        out.write_text(table(list(kept.values()), len(types), started), encoding="utf-8")
+    print(summary(list(kept.values()), len(types)), flush=True)
     return 0
 
 

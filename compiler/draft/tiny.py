@@ -3,6 +3,7 @@ the generated tests will pick from (what goes into the spec's ``tiny:``)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,13 +29,18 @@ FIXED: dict[str, Any] = {
     "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
     "state_size": 8, "ssm_state_size": 8, "mamba_d_state": 8, "mamba_n_heads": 4, "mamba_d_head": 8,
     "time_step_rank": 4, "kv_lora_rank": 8, "q_lora_rank": 16, "qk_rope_head_dim": 4, "qk_nope_head_dim": 8,
-    "v_head_dim": 8, "n_group": 1, "topk_group": 1,
+    "v_head_dim": 8, "n_group": 1, "topk_group": 1, "n_groups": 1, "mamba_n_groups": 1, "mamba_ngroups": 1,
     "sliding_window": 16, "attention_chunk_size": 16, "rotary_dim": 4,
 }
 # a mixture's dense blocks: the tiny config makes every block a mixture (one MLP class per host path)
 ALL_SPARSE: dict[str, Any] = {"first_k_dense_replace": 0, "num_dense_layers": 0, "first_dense_layers": 0,
                               "moe_layer_start_index": 0, "n_dense_layers": 0, "decoder_sparse_step": 1,
-                              "moe_layer_freq": 1, "moe_every_n_layers": 1, "mlp_only_layers": []}
+                              "moe_layer_freq": 1, "moe_every_n_layers": 1, "mlp_only_layers": [],
+                              "expert_layer_period": 1, "expert_layer_offset": 0}
+# (head width, heads, expansion) of a Mamba mixer: heads * head width == expansion * hidden size
+SSM_HEADS = (("mamba_d_head", "mamba_n_heads", "mamba_expand"), ("mamba_head_dim", "mamba_num_heads", "expand"),
+             ("mamba_headdim", "n_mamba_heads", "mamba_expand"))
+ATTENTION_AT = ("attn_layer_indices", "attention_layer_indices")
 DROPOUTS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout",
             "hidden_dropout_prob", "attention_probs_dropout_prob")
 
@@ -50,6 +56,7 @@ class Tiny:
     draw: dict[str, Any]  # drawn entries: a list of options or an expression of earlier ones
     notes: list[str] = field(default_factory=list)  # a comment per choice the spec should explain
     names: dict[str, str] = field(default_factory=dict)  # role (layers, heads, ...) -> config attribute
+    also: list[str] = field(default_factory=list)  # the composite model type asked for, whose text config this is
 
     def first(self) -> dict[str, Any]:
         """The first option of every draw (the most layers), evaluated: the config the drafter records."""
@@ -83,6 +90,11 @@ def _first(cfg: Any, names: tuple[str, ...]) -> str | None:
     return None
 
 
+def listed_flags(cfg: Any, word: str) -> list[tuple[str, bool]]:
+    """The config's boolean entries whose name holds ``word``."""
+    return [(k, v) for k, v in cfg.to_dict().items() if word in k and isinstance(v, bool)]
+
+
 def base_config(model_type: str, path: str | None = None) -> Any:
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -99,8 +111,14 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     import transformers
 
     base = base_config(model_type, path)
+    asked = model_type
     model_type = base.model_type
     model_class = causal_lm_class(model_type)
+    text = getattr(getattr(transformers, model_class, None), "config_class", None)
+    if isinstance(text, type) and not isinstance(base, text) and isinstance(getattr(base, "text_config", None), text):
+        # a composite config (text and vision ...) whose causal-LM class takes the text config alone
+        base = text() if path is None else base.text_config
+        model_type = base.model_type
     config_class = type(base).__name__
     for cls in (model_class, config_class):
         if not hasattr(transformers, cls):
@@ -130,17 +148,37 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     for name in DROPOUTS:
         if isinstance(getattr(base, name, None), float):
             fixed[name] = 0.0
+    for name in ATTENTION_AT:  # a hybrid whose default stack has no attention block: one at block 1
+        if name in base.to_dict() and not getattr(base, name, None):
+            fixed[name] = [1]
+            tiny_notes.append(f"{name}: [1] puts an attention block in the tiny stack (the default config has none)")
+    for name, value in listed_flags(base, "auto_adjust"):  # sizes the model rounds itself (lfm2's MLP width)
+        if value:
+            fixed[name] = False
+            tiny_notes.append(f"{name}: false keeps the drawn sizes as they are (the checkpoints' config says true: "
+                              "the model rounds them)")
     tiny = Tiny(model_type, model_class, config_class, fixed, {}, tiny_notes)
+    tiny.also = [asked] if asked != model_type and path is None else []
     listed = base.to_dict()
     layers, heads, kv, hidden = _first(base, LAYERS), _first(base, HEADS), _first(base, KV_HEADS), _first(base, HIDDEN)
     kv = kv or next((n for n in KV_HEADS if n in listed), None)  # None by default: as many as the heads
     inter = _first(base, INTERMEDIATE) or next((n for n in INTERMEDIATE if n in base.to_dict()), None)
-    if layers is None or heads is None or hidden is None:
+    if layers is None or hidden is None or (heads is None and not _attention_free(base)):
         raise DraftError(f"{config_class} has no layer, head or width size the drafter knows "
                          f"(looked for {LAYERS[0]}, {HEADS[0]}, {HIDDEN[0]} and their aliases)")
-    tiny.names = {"layers": layers, "heads": heads, "hidden": hidden}
+    tiny.names = {"layers": layers, "hidden": hidden}
     draw = tiny.draw
     draw[layers] = _layer_options(type(base), layers, fixed)
+    pattern = getattr(base, "attention_types", None)  # GPT-Neo's [[kinds, repeats]]: the kinds once each
+    if isinstance(pattern, list) and pattern and isinstance(pattern[0], list) and isinstance(pattern[0][0], list):
+        fixed["attention_types"] = [[pattern[0][0], 1]]
+        draw[layers] = [len(pattern[0][0])]
+        tiny.notes.append(f"attention_types: each kind of block once ({', '.join(map(str, pattern[0][0]))})")
+    if heads is None:  # a state-space stack without attention (Mamba): widths drawn as they are, the rest derived
+        draw[hidden] = [16, 32]
+        tiny.notes.append(f"{hidden}: no attention heads (a state-space stack): the mixer's widths follow from it")
+        return tiny
+    tiny.names["heads"] = heads
     kinds = getattr(base, "mlp_layer_types", None)
     if isinstance(kinds, list) and len(set(kinds)) > 1:  # per-block MLP kinds: every tiny block the commonest
         common = max(set(kinds), key=kinds.count)
@@ -151,17 +189,36 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     draw[heads] = [2, 4]
     if kv is not None:
         tiny.names["kv_heads"] = kv
-        draw["_groups"] = [1, 2]
-        draw[kv] = f"{heads} // _groups"
+        if isinstance(getattr(base, "kv_lora_rank", None), int):  # MLA: a key and a value per query head
+            draw[kv] = heads
+        else:
+            draw["_groups"] = [1, 2]
+            draw[kv] = f"{heads} // _groups"
     # a latent-attention config (MLA) derives its head widths from the qk_*/v_* sizes: leave head_dim to it
     has_head_dim = (isinstance(getattr(base, "head_dim", None), int) or "head_dim" in listed) \
         and getattr(base, "qk_rope_head_dim", None) is None \
         and not isinstance(getattr(type(base), "head_dim", None), property)
-    draw["_head_dim"] = [8, 16]
+    if getattr(base, "qk_rope_head_dim", None) is not None:  # MLA: the rotary part is head_dim's, the query's sum
+        if "head_dim" in listed:
+            fixed["head_dim"] = fixed.get("qk_rope_head_dim", FIXED["qk_rope_head_dim"])
+        if "qk_head_dim" in listed:
+            fixed["qk_head_dim"] = FIXED["qk_nope_head_dim"] + FIXED["qk_rope_head_dim"]
+    # (MLA: a width per head unlike v_head_dim's on the drafted model, so that no expression of the
+    # width matches the heads' sizes by chance)
+    draw["_head_dim"] = [16, 8] if getattr(base, "qk_rope_head_dim", None) is not None else [8, 16]
     if has_head_dim:
         draw["head_dim"] = "_head_dim"
         tiny.names["head_dim"] = "head_dim"
     draw[hidden] = f"{heads} * _head_dim"
+    for d_head, n_heads, expand in SSM_HEADS:  # a Mamba mixer's heads tile its expanded width exactly
+        ints = [getattr(base, n, None) for n in (d_head, n_heads, expand)]
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in ints):
+            fixed.pop(d_head, None)
+            fixed[n_heads] = FIXED.get(n_heads, 4)
+            draw[d_head] = f"{ints[2]} * {hidden} // {fixed[n_heads]}"
+            if isinstance(getattr(base, "mamba_d_ssm", None), int):
+                fixed.pop("mamba_d_ssm", None)
+                draw["mamba_d_ssm"] = f"{ints[2]} * {hidden}"
     if inter is not None:
         tiny.names["intermediate"] = inter
         if getattr(base, inter, None) is None:  # None by default: the model picks a multiple of the width
@@ -172,21 +229,66 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     return tiny
 
 
+def _attention_free(base: Any) -> bool:
+    """A model type with no attention at all: its causal-LM class refuses sdpa, and its config names
+    no head count (a Mamba stack)."""
+    import transformers
+
+    cls = getattr(transformers, causal_lm_class(base.model_type), None)
+    return cls is not None and not getattr(cls, "_supports_sdpa", True) and _first(base, HEADS + KV_HEADS) is None
+
+
 def _layer_options(config_cls: Any, layers: str, fixed: dict[str, Any]) -> list[int]:
     """[2, 3], or, on a stack of several block kinds (config.layer_types), the fewest blocks that
     hold every kind the default config has."""
     base = config_cls()
-    kinds = set(getattr(base, "layer_types", None) or ())
-    if len(kinds) <= 1:
+    default = list(getattr(base, "layer_types", None) or ())
+    kinds = set(default)
+    if len(kinds) == 1 and re.search(r"linear|mamba", default[0]) and getattr(base, "num_attention_heads", None):
+        # a hybrid whose default stack has no attention block: one in the middle of three
+        hybrid = [default[0], "full_attention", default[0]]
+        try:
+            config_cls(**{layers: 3, "layer_types": hybrid})  # (the default sizes: the fixed ones are not matched yet)
+        except Exception:  # noqa: BLE001 - no such block kind here: keep the default's
+            pass
+        else:
+            fixed["layer_types"] = hybrid
+            return [3]
+    if len(kinds) <= 1 and not _explicit_types(config_cls, layers, fixed, 3, default):
         return [2, 3]
     for n in range(2, 13):
         try:
             types = getattr(config_cls(**{**fixed, layers: n}), "layer_types", None) or ()
         except Exception:  # noqa: BLE001 - a size this config refuses: try the next one
             continue
-        if set(types) == kinds:
+        if len(types) == n and set(types) == kinds:
             return [n]
+    # layer_types is a list of the default stack's length, not derived from the layer count: the
+    # tiny stack takes the blocks of the default's first occurrence of each kind, in order
+    first = sorted({default.index(k) for k in kinds})
+    tiny_types = [default[i] for i in first] if len(first) > 1 else [default[0]] * 2
+    n = len(tiny_types)
+    if _explicit_types(config_cls, layers, fixed, n, tiny_types):
+        fixed["layer_types"] = tiny_types
+        return [n]
     return [2, 3]
+
+
+def _explicit_types(config_cls: Any, layers: str, fixed: dict[str, Any], n: int, types: list[str]) -> bool:
+    """The config builds with these n layer types given, and refuses n blocks without them."""
+    if not types:
+        return False
+    try:
+        cfg = config_cls(**{**fixed, layers: n})
+        if len(getattr(cfg, "layer_types", None) or ()) == n:
+            return False
+    except Exception:  # noqa: BLE001 - refused: layer_types must be given
+        pass
+    try:
+        config_cls(**{**fixed, layers: n, "layer_types": list(types[:n]) + [types[-1]] * (n - len(types))})
+    except Exception:  # noqa: BLE001 - refused even so
+        return False
+    return True
 
 
 def build(tiny: Tiny, params: dict[str, Any] | None = None, attn_implementation: str = "eager", seed: int = 0) -> Any:

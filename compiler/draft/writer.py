@@ -120,6 +120,8 @@ def write(p: Proposal, transformers_version: str) -> str:
     lines += [f"family: {p.family}"]
     if p.extends:
         lines.append(f"extends: {p.extends}")
+    if "heads" not in t.names:  # a state-space stack: the attention sizes do not apply
+        lines.append("presets: [no_attention]")
     traits = list(dict.fromkeys(p.traits))
     lines += [
         f"title: {scalar(p.title)}",
@@ -129,7 +131,7 @@ def write(p: Proposal, transformers_version: str) -> str:
         "  the standard values below were found in the recorded dataflow and checked on it.",
         f"traits: {flow(traits)}",
         "loads:",
-        f"  model_types: {flow([p.model_type])}",
+        f"  model_types: {flow([p.model_type, *p.tiny.also])}",
         f"  classes: {flow([p.model_class])}",
         "",
         "rename:",

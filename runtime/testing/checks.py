@@ -201,16 +201,19 @@ def check_identity(case: Case, path: str, index: int, experts: str | None = None
     assume(checked > 0)  # a block kind this drawn config lacks: draw another (none at all fails the test)
 
 
-def _first_host(model: AtlasModel, path: str, name: str | None = None) -> tuple[str, Any]:
+def _first_host(model: AtlasModel, path: str, name: str | None = None, missing: bool | None = None
+                ) -> tuple[str, Any]:
+    """The first live host at ``path`` (with value ``name``; read, or marked missing, as ``missing`` asks:
+    one value may be read on some block kinds of a path and missing on others)."""
     for label, host in each_host(model, path):
-        if name is None or any(s.value(name) for s in host_specs(model, host)):
+        values = [v for s in host_specs(model, host) if (v := s.value(name or "")) is not None]
+        if name is None or any(missing is None or (v.read.kind == "missing") == missing for v in values):
             return label, host
     raise AssertionError(f"no live host at {path}" + (f" with {name}" if name else ""))
 
 
 def check_native_class(family: str, path: str, variant: str | None = None) -> None:
     model = build(family, variant=variant)
-    specs = [h for h in model._family.hosts if h.path == path]
     found = list(each_host(model, path))
     assert found, f"{path}: no native module found (check rename)"
     for label, host in found:
@@ -218,7 +221,8 @@ def check_native_class(family: str, path: str, variant: str | None = None) -> No
         if not kinds:
             continue
         names = {type(host._module).__name__}
-        assert any(s.cls in names for s in specs), f"{label}: native class {names}, spec says {[s.cls for s in specs]}"
+        # the class of the kinds that apply to this block (a path may hold one class per block kind)
+        assert any(s.cls in names for s in kinds), f"{label}: native class {names}, spec says {[s.cls for s in kinds]}"
 
 
 FIXED_SIZES = [(16, 16), (24, 16)]
@@ -246,7 +250,7 @@ def check_edit(family: str, path: str, name: str, experts: str | None = None, va
 
 def _check_edit(model: AtlasModel, path: str, name: str) -> None:
     inputs = _fixed_inputs(model)
-    label, host = _first_host(model, path, name)
+    label, host = _first_host(model, path, name, missing=False)
     why = getattr(host, name).unavailable()
     if why is not None:
         # the value names the load it needs; under this one, reading or editing it says so
@@ -277,7 +281,7 @@ def _check_edit(model: AtlasModel, path: str, name: str) -> None:
 
 def check_readonly(family: str, path: str, name: str, variant: str | None = None) -> None:
     model = build(family, variant=variant)
-    _, host = _first_host(model, path, name)
+    _, host = _first_host(model, path, name, missing=False)
     try:
         with model.trace(dict(_fixed_inputs(model))):
             setattr(host, name, 0)
@@ -290,7 +294,7 @@ def check_readonly(family: str, path: str, name: str, variant: str | None = None
 def check_missing(family: str, path: str, name: str) -> None:
     """A value the family marks missing: support() and a trace both say why."""
     model = build(family)
-    label, host = _first_host(model, path, name)
+    label, host = _first_host(model, path, name, missing=True)
     spec = next(s.value(name) for s in host_specs(model, host) if s.value(name) is not None)
     reason = spec.read.words
     rows = [r for r in model.support().rows if r.value == name and r.host == label]
