@@ -15,9 +15,12 @@ TINY_SEQ = 16
 MID_SEQ = 64
 
 
-def tiny(family: str) -> tuple[AtlasModel, AtlasModel, dict[str, torch.Tensor]]:
-    """``family`` on its fixed tiny config: under sdpa (the default load) and under eager."""
+def tiny(family: str, layers: int | None = None) -> tuple[AtlasModel, AtlasModel, dict[str, torch.Tensor]]:
+    """``family`` on its fixed tiny config (``layers`` blocks instead of its few, when given): under sdpa
+    (the default load) and under eager."""
     params = first_params(family)
+    if layers is not None:
+        params["num_hidden_layers"] = layers
     model = build(family, params, attn_implementation="sdpa")
     eager = build(family, params, attn_implementation="eager")
     vocab = int(model.normalized_config["vocab_size"])

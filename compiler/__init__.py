@@ -43,7 +43,8 @@ def render(atlas: Atlas, printout_texts: dict[str, str] | None = None,
     status.html and the index's status row show; without it they say no run is recorded.
     """
     printout_texts = printout_texts or {}
-    out: dict[str, str] = {"generated/families/__init__.py": emit.render_registry(atlas)}
+    out: dict[str, str] = {"generated/families/__init__.py": emit.render_registry(atlas),
+                           "generated/tests/conftest.py": emit.render_tests_conftest(atlas)}
     for f in atlas.families:
         printout = printout_texts.get(f.name)
         out[f"generated/families/{f.name}.py"] = emit.render_family(f)

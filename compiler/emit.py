@@ -8,28 +8,28 @@ stops the render instead of becoming code.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import jinja2
 from markupsafe import Markup
 
-from . import markdown, names, site, status
+from nnatlas.spec import Condition, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
+
+from . import markdown, names, page_model, status
 from .ir import Atlas, FamilyIR, ValueIR
-from .readpoint import ReadIR
+from .names import class_name
 
 HEADER_RE = re.compile(r"sha256 ([0-9a-f]{64})")
 
 
 class EmitError(ValueError):
     """Something the resolver should have refused reached a template (a bug, never written out)."""
-
-
-# the names a family adapter imports or defines at module level: no host class may take one
-RESERVED_CLASSES = frozenset({"Any", "AtlasModel", "Condition", "Family", "FunctionGroup", "Host", "HostList",
-                              "HostSpec", "Identity", "Layout", "ReadPoint", "Value", "ValueSpec", "ViewOp"})
 
 
 def checked_name(text: Any) -> str:
@@ -85,15 +85,15 @@ def _env() -> jinja2.Environment:
     env.tests["startingwith"] = lambda value, prefix: isinstance(value, str) and value.startswith(prefix)
     env.filters["md"] = markdown.render
     env.filters["json"] = script_json
-    env.filters["cfgtext"] = site.config_text
+    env.filters["cfgtext"] = page_model.config_text
     env.filters["mdtext"] = markdown.inline_text
     env.filters["mdcell"] = markdown.cell
     env.filters["mdcode"] = markdown.code_span
     env.filters["mdcodecell"] = markdown.code_cell
     env.filters["mdbody"] = markdown.body
     env.filters["mdinline"] = markdown.inline
-    env.filters["cfglabel"] = site.config_label
-    env.filters["params"] = site.param_text
+    env.filters["cfglabel"] = page_model.config_label
+    env.filters["params"] = page_model.param_text
     return env
 
 
@@ -113,14 +113,6 @@ def env() -> jinja2.Environment:
     return _ENV
 
 
-def class_name(path: str) -> str:
-    if path == "model":
-        return "Model"
-    parts = [p.replace("[i]", "") for p in path.split(".")]
-    parts[0] = parts[0].rstrip("s") if parts[0].endswith("layers") else parts[0]
-    return "".join(w.capitalize() for p in parts for w in p.split("_"))
-
-
 @dataclass
 class _Fn:
     name: str
@@ -128,36 +120,75 @@ class _Fn:
     body: str
 
 
-def _read_args(v: ValueIR, derive: str | None) -> str:
+@dataclass(frozen=True)
+class Ref:
+    """A name of the generated module (a function it defines) standing where the runtime's data model
+    holds that object: ``construct`` writes the name."""
+
+    name: str
+
+    def __call__(self, *args: Any) -> Any:
+        raise EmitError(f"{self.name} is a name of the generated source; nothing calls it while generating")
+
+
+def construct(obj: Any, names: Mapping[Any, str] | None = None, indent: int = 0,
+              multiline: tuple[type, ...] = ()) -> str:
+    """An object of the runtime's data model (``nnatlas.spec``: frozen dataclasses, tuples, mappings,
+    literals) as the Python expression that builds it: required fields by position, the others by keyword
+    where they differ from their default. ``names``: objects the module names once (a shared ``Layout``);
+    a :class:`Ref` is written as its name. Instances of ``multiline`` classes take one line per field."""
+    names = names or {}
+    if isinstance(obj, Ref):
+        return checked_name(obj.name)
+    if isinstance(obj, Layout | Condition) and obj in names:
+        return names[obj]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        args: list[str] = []
+        inner = indent + 4 if isinstance(obj, multiline) else indent
+        for fld in dataclasses.fields(obj):
+            value = getattr(obj, fld.name)
+            if fld.default is not dataclasses.MISSING:
+                default: Any = fld.default
+            elif fld.default_factory is not dataclasses.MISSING:
+                default = fld.default_factory()
+            else:
+                args.append(construct(value, names, inner, multiline))
+                continue
+            if type(value) is not type(default) or value != default:
+                args.append(f"{fld.name}={construct(value, names, inner, multiline)}")
+        return _call(type(obj).__name__, args, indent, isinstance(obj, multiline))
+    if isinstance(obj, tuple | list):
+        items = [construct(v, names, indent + 4, multiline) for v in obj]
+        inline = f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+        if any("\n" in it for it in items) or (len(items) > 1 and len(inline) > 100):
+            return _call("", items, indent, True)
+        return inline
+    if isinstance(obj, Mapping):
+        return "{" + ", ".join(f"{pylit(k)}: {construct(v, names, indent, multiline)}" for k, v in obj.items()) + "}"
+    return pylit(obj)
+
+
+def _call(name: str, args: list[str], indent: int, multiline: bool) -> str:
+    if not multiline:
+        return f"{name}({', '.join(args)})"
+    pad = " " * (indent + 4)
+    return f"{name}(\n" + "".join(f"{pad}{a},\n" for a in args) + " " * indent + ")"
+
+
+def value_spec(v: ValueIR, derive: str | None) -> ValueSpec:
+    """The runtime's ``ValueSpec`` of a resolved value (its derive function named by ``derive``)."""
     if v.missing is not None:
-        return f"'missing', '', {v.missing!r}"
-    if v.derived is not None:
-        return (f"'derived', {v.derived_text!r}, {v.words!r}, deps={pylit(v.derived.names)}, derive={derive}")
-    r: ReadIR | None = v.read
-    assert r is not None
-    args = [repr(r.kind), repr(r.text), repr(r.words)]
-    if r.module:
-        args.append(f"module={pylit(r.module)}")
-    args.append(f"side={r.side!r}")
-    if r.param:
-        args.append(f"param={r.param!r}")
-    if r.access:
-        args.append(f"access={pylit(r.access)}")
-    if r.call:
-        args.append(f"call={r.call!r}")
-    if r.op:
-        args.append(f"op={r.op!r}")
-        args.append(f"occurrence={r.occurrence}")
-    if r.method:
-        args.append(f"method={r.method!r}")
-        args.append(f"occurrence={r.occurrence}" if not r.per_index else "per_index=True")
-    if r.scope_root:
-        args.append("scope_root=True")
-    if r.fn:
-        args.append(f"fn={r.fn!r}")
-    if r.up:
-        args.append(f"up={r.up}")
-    return ", ".join(args)
+        read = ReadPoint("missing", "", v.missing)
+    elif v.derived is not None:
+        assert derive is not None
+        read = ReadPoint("derived", v.derived_text or "", v.words, deps=v.derived.names, derive=Ref(derive))
+    else:
+        assert v.read is not None
+        read = v.read
+    view = tuple(ViewOp(cast(Any, op), tuple(args)) for op, args in v.view)
+    return ValueSpec(v.name, v.layout, v.meaning, read, view=view, needs=v.needs, readonly=v.readonly,
+                     readonly_why=v.readonly_why, reached=v.reached, edit=cast(Any, v.edit), copy=v.copy,
+                     at=f"{v.at[0]}:{v.at[1]}:{v.at[2]}" if v.at else "")
 
 
 def _ident(text: str) -> str:
@@ -187,47 +218,39 @@ class _Names:
 def family_context(f: FamilyIR) -> dict[str, Any]:
     functions: list[_Fn] = []
     fn_name = _Names()
-    layouts: dict[str, dict[str, Any]] = {}
-    conditions: dict[str, dict[str, Any]] = {}
+    shared: dict[Any, str] = {}  # each layout and condition, built once under a module-level name
+    layouts: list[tuple[str, str]] = []
+    conditions: list[tuple[str, str]] = []
     hosts = []
     for hi, h in enumerate(f.hosts):
         values = []
         for v in h.values:
-            lay_key = v.layout.name + ("_or_none" if v.layout.optional else "")
-            lay = layouts.get(lay_key) or layouts.setdefault(lay_key, {
-                "var": fn_name(f"_L_{_ident(lay_key)}"), "name": v.layout.name, "dims": v.layout.dims,
-                "dtype": v.layout.dtype, "optional": v.layout.optional})
-            needs_var = reached_var = None
+            if v.layout not in shared:
+                key = v.layout.name + ("_or_none" if v.layout.optional else "")
+                shared[v.layout] = fn_name(f"_L_{_ident(key)}")
+                layouts.append((shared[v.layout], construct(v.layout)))
             for c in (v.needs, v.reached):
-                if c is not None and c.name not in conditions:
-                    conditions.setdefault(c.name, {"var": fn_name(f"_C_{_ident(c.name)}"), "name": c.name,
-                                                   "says": c.says, "fix": c.fix, "kind": c.kind, "never": c.never,
-                                                   "attribute": c.attribute, "values": c.values})
-            if v.needs:
-                needs_var = conditions[v.needs.name]["var"]
-            if v.reached:
-                reached_var = conditions[v.reached.name]["var"]
+                if c is not None and c not in shared:
+                    shared[c] = fn_name(f"_C_{_ident(c.name)}")
+                    conditions.append((shared[c], construct(c)))
             derive = None
             if v.derived is not None:
                 derive = fn_name(f"_derive_{_ident(h.ident)}_{_ident(v.name)}")
                 functions.append(_Fn(derive, "v: Any", v.derived.source))
-            values.append({"name": v.name, "layout_var": lay["var"], "meaning": v.meaning,
-                           "read_args": _read_args(v, derive), "view": v.view, "needs_var": needs_var, "reached_var": reached_var,
-                           "readonly": v.readonly, "readonly_why": v.readonly_why, "edit": v.edit, "served_copy": v.copy,
-                           "at": f"{v.at[0]}:{v.at[1]}:{v.at[2]}" if v.at else ""})
+            values.append(value_spec(v, derive))
         identities = []
         for k, ident in enumerate(h.identities):
             fn = fn_name(f"_identity_{_ident(h.ident)}_{k}")
             functions.append(_Fn(fn, "v: Any", f"({ident.lhs.source}, {ident.rhs.source})"))
-            identities.append({"text": ident.text, "terms": ident.terms, "fn": fn, "op": ident.op,
-                               "atol": ident.atol, "rtol": ident.rtol,
-                               "at": f"{ident.at[0]}:{ident.at[1]}:{ident.at[2]}" if ident.at else ""})
+            identities.append(Identity(ident.text, ident.terms, Ref(fn), ident.op, ident.atol, ident.rtol,
+                                       at=f"{ident.at[0]}:{ident.at[1]}:{ident.at[2]}" if ident.at else ""))
         when_fn = None
         if h.when is not None:
             when_fn = fn_name(f"_when_{_ident(h.ident)}_{hi}")
             functions.append(_Fn(when_fn, "c: Any, i: int", h.when.source))
-        hosts.append({"path": h.path, "cls": h.cls, "values": values, "identities": identities,
-                      "when_fn": when_fn, "when_text": h.when_text, "kind": h.kind, "dims": h.dims})
+        spec = HostSpec(h.path, h.cls, tuple(values), tuple(identities), when=Ref(when_fn) if when_fn else None,
+                        when_text=h.when_text if when_fn else None, kind=h.kind, dims=h.dims)
+        hosts.append(construct(spec, shared, 4, multiline=(HostSpec, ValueSpec)))
     draw_fns: dict[str, str] = {}
     for d in f.tiny.draw:
         if d.expr is not None:
@@ -237,8 +260,8 @@ def family_context(f: FamilyIR) -> dict[str, Any]:
         "f": f,
         "classes": _classes(f),
         "functions": functions,
-        "layouts": list(layouts.values()),
-        "conditions": list(conditions.values()),
+        "layouts": layouts,
+        "conditions": conditions,
         "hosts": hosts,
         "trait_names": tuple(t for t, _ in f.traits),
         "rename": {k: v for k, v in f.rename},
@@ -276,7 +299,7 @@ def _classes(f: FamilyIR) -> list[dict[str, Any]]:
         attrs: dict[str, str] = {}
         for h in f.hosts_at(path):
             for v in h.values:
-                attrs.setdefault(v.name, "Value")
+                attrs.setdefault(v.name, "ValueSlot")
         prefix = "" if path == "model" else path + "."
         for child in paths:
             if child != path and child.startswith(prefix) and "." not in child[len(prefix):].replace("[i]", ""):
@@ -287,10 +310,15 @@ def _classes(f: FamilyIR) -> list[dict[str, Any]]:
                     attrs[rest] = class_name(child)
         for std, _ in f.rename:
             if std.startswith(prefix) and "." not in std[len(prefix):] and "[" not in std[len(prefix):]:
-                attrs.setdefault(std[len(prefix):], "Host")
+                attrs.setdefault(std[len(prefix):], "TypedHost")
+        if path == "model":  # the normalized config and the blocks of each kind of a hybrid stack
+            for name, _, _ in f.config:
+                attrs.setdefault(name, "Any")
+            for kind in dict.fromkeys(h.kind for h in f.hosts if h.kind and h.when is not None):
+                attrs.setdefault(f"{kind}_layers", "list[int]")
         hosts = f.hosts_at(path)
         doc = f"{path}: {', '.join(dict.fromkeys(h.cls for h in hosts))}" if hosts else path
-        out.append({"name": class_name(path), "base": "AtlasModel" if path == "model" else "Host",
+        out.append({"name": class_name(path), "base": "TypedModel" if path == "model" else "TypedHost",
                     "attrs": list(attrs.items()), "doc": _docline(doc.replace('"', "'"))})
     # a class must be defined before it is named in an annotation string? (annotations are lazy)
     return out
@@ -342,7 +370,7 @@ def page_context(f: FamilyIR, atlas: Atlas, printout: str | None = None) -> dict
     from . import printouts
 
     head = printouts.parse_header(printout)
-    model = site.PageModel(f, head.facts if head else None)
+    model = page_model.PageModel(f, head.facts if head else None)
     notes = [{"id": model.uid(f"note-{n.title}"), "title": n.title, "body": n.body} for n in f.notes]
     return {"f": f, "atlas": atlas, "model": model, "stacks": model.stacks(), "hosts": model.hosts(),
             "checkpoints": model.checkpoints(), "printouts": printouts.body(printout) if printout else [],
@@ -371,16 +399,16 @@ def _index_data(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> d
     for f in atlas.families:
         text = (printout_texts or {}).get(f.name)
         head = printouts.parse_header(text)
-        page = site.PageModel(f, head.facts if head else None)
+        page = page_model.PageModel(f, head.facts if head else None)
         sizes.extend({"family": f.name, **r} for r in page.sizes())
         matrix[f.name] = {}
         conditional[f.name] = set()
         for h in f.hosts:
             host_label = "model" if h.path == "model" else f"model.{h.path}"
             entries.append({"text": h.cls, "name": h.cls, "kind": "native class", "family": f.name,
-                            "where": host_label, "href": f"{f.name}.html#{site.host_anchor(h, f)}"})
+                            "where": host_label, "href": f"{f.name}.html#{page_model.host_anchor(h, f)}"})
             for v in h.values:
-                anchor = site.value_anchor(h, v, f)
+                anchor = page_model.value_anchor(h, v, f)
                 if f.name not in families_of.setdefault(v.name, []):
                     families_of[v.name].append(f.name)
                 entries.append({"text": v.name, "name": v.name, "kind": "value", "family": f.name,
@@ -390,7 +418,7 @@ def _index_data(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> d
         for h in sorted(f.hosts, key=lambda h: h.path == "vision" or h.path.startswith("vision.")):
             for v in h.values:
                 if v.name not in matrix[f.name] and v.missing is None:
-                    matrix[f.name][v.name] = site.value_anchor(h, v, f)
+                    matrix[f.name][v.name] = page_model.value_anchor(h, v, f)
                     if v.needs and not page.page_serves(v):
                         conditional[f.name].add(v.name)
         for note in f.notes:  # the notes' words are searched too (attn_implementation, sae, resid_post)
@@ -424,3 +452,9 @@ def render_llms(atlas: Atlas) -> str:
 
 def render_registry(atlas: Atlas) -> str:
     return env().get_template("families_init.py.j2").render(atlas=atlas)
+
+
+def render_tests_conftest(atlas: Atlas) -> str:
+    """The generated tests' conftest (one torch thread), headed with its template's sha256."""
+    source = env().loader.get_source(env(), "tests_conftest.py.j2")[0]  # type: ignore[union-attr]
+    return env().get_template("tests_conftest.py.j2").render(sha256=hashlib.sha256(source.encode()).hexdigest())

@@ -18,94 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from nnatlas.spec import CONFIG_FUNCTIONS, FUNCTIONS, VIEW_OPS, Function
+
 from . import names
 
-Arity = int | tuple[int, int]
-
-
-@dataclass(frozen=True)
-class Function:
-    """One function a spec expression may call: the whitelist, and the spec reference's table."""
-
-    arity: Arity  # positional arguments: n, or (fewest, most)
-    signature: str  # how a spec writes the call
-    doc: str  # what it computes, one sentence (the spec reference shows it)
-    # keyword arguments it takes: name -> the string literals allowed there, or None for any expression
-    keywords: tuple[tuple[str, tuple[str, ...] | None], ...] = ()
-    strings: tuple[int, ...] = ()  # positional arguments that are string literals (checked: ``check``)
-    context: bool = False  # also receives the values mapping (the call's attention mask, the config)
-
-
-def _f(arity: Arity, signature: str, doc: str, **kw: Any) -> Function:
-    return Function(arity, signature, doc, **kw)
-
-
-# Functions identities and derived values may call; each compiles to ``nnatlas.functions.<name>``.
-# This table is the one list: the compiler checks calls against it and the spec reference
-# (docs/spec.md) prints it.
-FUNCTIONS: dict[str, Function] = {
-    "sigmoid": _f(1, "sigmoid(x)", "1 / (1 + exp(-x)), elementwise."),
-    "tanh": _f(1, "tanh(x)", "The hyperbolic tangent, elementwise."),
-    "silu": _f(1, "silu(x)", "x * sigmoid(x) (SiLU / swish), elementwise."),
-    "gelu": _f(1, "gelu(x, approximate='none')",
-               "GELU, elementwise: exact (erf) by default, or the tanh approximation (gelu_new, gelu_pytorch_tanh) "
-               "with approximate='tanh'.", keywords=(("approximate", ("none", "tanh")),)),
-    "softplus": _f(1, "softplus(x)", "log(1 + exp(x)), elementwise (torch's default threshold 20)."),
-    "exp": _f(1, "exp(x)", "e ** x, elementwise."),
-    "log": _f(1, "log(x)", "The natural logarithm, elementwise."),
-    "abs": _f(1, "abs(x)", "The absolute value, elementwise."),
-    "softmax": _f(2, "softmax(x, dim)", "Softmax along dim, computed in float32 and cast back to x's dtype."),
-    "cumsum": _f(2, "cumsum(x, dim)", "The running sum along dim."),
-    "sum": _f(2, "sum(x, dim)", "The sum along dim."),
-    "einsum": _f((2, 6), "einsum('bhqk,bhkd->bhqd', a, b, ...)",
-                 "torch.einsum; the equation is a string literal, checked when the spec compiles (one subscript "
-                 "group per operand, output letters drawn from the inputs, each at most once).", strings=(0,)),
-    "flatten": _f((1, 2), "flatten(x, start=0)", "x flattened from dim start on."),
-    "unflatten": _f(3, "unflatten(x, dim, [a, b])", "Dim dim of x split into the sizes given."),
-    "transpose": _f(3, "transpose(x, a, b)", "x with dims a and b swapped."),
-    "chunk": _f(3, "chunk(x, n, dim)", "x cut into n equal pieces along dim (index the result: chunk(...)[1])."),
-    "cat": _f(2, "cat([a, b], dim)", "The tensors concatenated along dim."),
-    "shape": _f(1, "shape(x)", "x's sizes, as a list."),
-    "l2norm": _f(1, "l2norm(x)", "x divided by its L2 norm along the last dim (clamped at 1e-6)."),
-    "vnorm": _f(1, "vnorm(x)", "The L2 norm of each vector along the last dim, in float32."),
-    "repeat_kv": _f(2, "repeat_kv(x, groups)", "Each key/value head of a [batch heads seq dim] tensor repeated groups "
-                    "times (grouped-query attention)."),
-    "tokens": _f(1, "tokens(x)", "[batch, seq, ...] flattened to [batch * seq, ...], the tokens a mixture of experts sees."),
-    "topk_weights": _f(3, "topk_weights(probs, k, normalize)",
-                       "The k largest probabilities of each row, divided by their sum when normalize is true."),
-    "topk_indices": _f(2, "topk_indices(probs, k)", "The indices of the k largest entries of each row, largest first."),
-    "masked": _f(1, "masked(pattern, window=None, chunk=None, sinks=0)",
-                 "The entries of a [batch heads query key] attention pattern that the model's mask hides, as a flat "
-                 "tensor: causal and padding always; with window=W also the keys W or more positions behind the query "
-                 "(sliding window, as transformers' sliding_window_overlay); with chunk=C the keys outside the query's "
-                 "chunk of C positions, counted from the first real token (attention_chunk_size); with sinks=N the "
-                 "pattern's last N columns are sinks (gpt-oss), never hidden. Rows of padding queries are left out. "
-                 "window or chunk None means none.",
-                 keywords=(("window", None), ("chunk", None), ("sinks", None)), context=True),
-    "delta_rule": _f((5, 6), "delta_rule(q, k, v, g, beta, state=None)",
-                     "The gated delta rule token by token (DeltaNet; transformers' torch_recurrent_gated_delta_rule "
-                     "with the kernel's l2 norm and 1/sqrt(key_dim) scale): q, k [batch seq key_heads key_dim], v "
-                     "[batch seq heads value_dim], g (log decay) and beta [batch seq heads]; returns (outputs [batch "
-                     "seq heads value_dim], final state [batch heads key_dim value_dim])."),
-    "selective_scan": _f((5, 7), "selective_scan(x, dt, A, B, C, D=None, z=None)",
-                         "Mamba's selective scan token by token (transformers' mamba_selective_scan, recurrent path): "
-                         "x, dt (already softplus-ed), z [batch seq channels], A [channels state], B, C [batch seq "
-                         "state], D [channels]: h = exp(dt A) h + dt B x; y = C h + D x, times silu(z) when given. "
-                         "Returns (y [batch seq channels], final state [batch channels state])."),
-}
-CONFIG_FUNCTIONS: dict[str, Function] = {
-    "len": _f(1, "len(xs)", "The length of a list (config.layer_types ...)."),
-    "min": _f(2, "min(a, b)", "The smaller of two numbers."),
-    "max": _f(2, "max(a, b)", "The larger of two numbers."),
-    "count": _f(2, "count(xs, item)", "How many times item occurs in the list xs."),
-    "int": _f(1, "int(x)", "x rounded toward zero to an integer."),
-}
-VIEW_OPS: dict[str, Function] = {
-    "unflatten": _f(2, "unflatten(dim, [a, b])", "Split dim into the sizes given (config names or integers)."),
-    "unsqueeze": _f(1, "unsqueeze(dim)", "Add a dim of size 1."),
-    "transpose": _f(2, "transpose(a, b)", "Swap two dims."),
-    "flatten": _f((1, 2), "flatten(start, end=-1)", "Merge dims start..end into one."),
-}
+# The one whitelist of functions a spec expression may call lives with the data model (``nnatlas.spec``):
+# the compiler checks calls against it, the spec reference prints it, ``nnatlas.expressions`` implements it.
 CONTEXT_FUNCTIONS = {n for n, f in FUNCTIONS.items() if f.context}  # these also receive the values mapping
 
 def _check_einsum(equation: str, operands: int) -> str | None:

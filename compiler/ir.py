@@ -1,12 +1,18 @@
-"""The resolved, frozen family IR the templates render from."""
+"""The resolved, frozen family IR the templates render from.
+
+Its parts that the runtime also holds are the runtime's own data model (``nnatlas.spec``: ``Layout``,
+``Condition``, ``ReadPoint``), the only runtime module the compiler's core imports; what is here besides
+is what only the compiler knows (compiled expressions, the spec's positions, the pages' inputs).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from nnatlas.spec import Condition, Layout, ReadPoint
+
 from .expr import Compiled
-from .readpoint import ReadIR
 
 # where a spec item stands, for problems found after resolving (the module tree check): file, line, col
 At = tuple[str, int, int] | None
@@ -16,42 +22,18 @@ REQUIRED_CONFIG = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "he
 
 
 @dataclass(frozen=True)
-class LayoutIR:
-    name: str
-    dims: tuple[str, ...]
-    dtype: str
-    optional: bool
-
-    @property
-    def text(self) -> str:
-        name = f"{self.name} | None" if self.optional else self.name
-        return f"{name} [{' '.join(self.dims)}]" if self.dims else name
-
-
-@dataclass(frozen=True)
-class ConditionIR:
-    name: str
-    says: str
-    fix: str
-    attribute: str | None = None
-    values: tuple[str, ...] = ()
-    kind: str = "load"
-    never: bool = False
-
-
-@dataclass(frozen=True)
 class ValueIR:
     name: str
-    layout: LayoutIR
+    layout: Layout
     meaning: str
-    read: ReadIR | None
+    read: ReadPoint | None
     derived: Compiled | None
     derived_text: str | None
     view: tuple[tuple[str, tuple[Any, ...]], ...]
     view_text: str | None
-    needs: ConditionIR | None
+    needs: Condition | None
     missing: str | None = None
-    reached: ConditionIR | None = None
+    reached: Condition | None = None
     readonly_why: str | None = None  # a read value whose edit would reach nothing: why
     edit: str = "logits"  # what an edit reaches: logits | later | none
     copy: bool = False  # served as a copy put in the native's place
@@ -221,7 +203,7 @@ class Atlas:
     """Every family, resolved, with the vocabulary they share."""
 
     families: tuple[FamilyIR, ...]
-    layouts: tuple[LayoutIR, ...]
+    layouts: tuple[Layout, ...]
     dims: tuple[tuple[str, str], ...]
     vocabulary_file: str
     vocabulary_sha256: str

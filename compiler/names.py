@@ -1,4 +1,6 @@
-"""The names a spec may give: the only spec text that reaches generated Python as code.
+"""The names a spec may give: the only spec text that reaches generated Python as code; and the names
+of the classes an adapter declares for its hosts (``class_name``), none of which may take a name the
+adapter itself uses (``RESERVED_CLASSES``).
 
 Everything else a spec says is emitted as a string literal (``repr``) or a checked number.
 A name is ASCII ``[A-Za-z_][A-Za-z0-9_]*``, not a Python keyword (soft keywords included),
@@ -57,3 +59,17 @@ def _shown(text: str) -> str:
 
 def is_name(name: object) -> bool:
     return problem(name) is None
+
+
+# the names a family adapter imports or defines at module level: no host class may take one
+RESERVED_CLASSES = frozenset({"Any", "AtlasModel", "Condition", "Family", "FunctionGroup", "Host", "HostList",
+                              "HostSpec", "Identity", "Layout", "Loader", "ReadPoint", "TypedHost", "TypedModel",
+                              "Value", "ValueSlot", "ValueSpec", "ViewOp", "Wrapper"})
+
+
+def class_name(path: str) -> str:
+    if path == "model":
+        return "Model"
+    parts = [p.replace("[i]", "") for p in path.split(".")]
+    parts[0] = parts[0].rstrip("s") if parts[0].endswith("layers") else parts[0]
+    return "".join(w.capitalize() for p in parts for w in p.split("_"))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import types
 from dataclasses import dataclass
@@ -28,8 +29,16 @@ from typing import Any
 from .ir import FamilyIR
 
 DIR = "generated/docs/printouts"
-_HERE = Path(__file__).resolve().parent
-_CODE = (_HERE / "printouts.py", _HERE / "treecheck.py", _HERE.parent / "runtime" / "printout.py")
+# the code a printout is computed by, found by module name (never by where the source tree keeps it):
+# this module, the module tree check, and the runtime's printout
+_CODE = ("nnatlas.compiler.printouts", "nnatlas.compiler.treecheck", "nnatlas.describe")
+
+
+def _code_bytes(module: str) -> bytes:
+    """The source of ``module``, located by the import system without running it (no torch imported)."""
+    spec = importlib.util.find_spec(module)
+    origin = spec.origin if spec is not None else None
+    return Path(origin).read_bytes() if origin and Path(origin).exists() else b"-"
 
 
 def path_for(family: str) -> str:
@@ -49,7 +58,8 @@ def input_key(f: FamilyIR, adapter_source: str, chain_texts: list[str]) -> str:
     for text in (*chain_texts, adapter_source):
         h.update(hashlib.sha256(text.encode()).digest())
     for code in _CODE:
-        h.update(hashlib.sha256(code.read_bytes()).digest() if code.exists() else b"-")
+        data = _code_bytes(code)
+        h.update(hashlib.sha256(data).digest() if data != b"-" else b"-")
     return h.hexdigest()
 
 
@@ -88,7 +98,7 @@ def compute(f: FamilyIR, adapter_source: str, key: str) -> str:
     import torch
     import transformers
 
-    from nnatlas.model import AtlasModel
+    import nnatlas
 
     module = types.ModuleType(f"nnatlas.families._printout_{f.name}")
     exec(compile(adapter_source, f"<generated adapter {f.name}>", "exec"), module.__dict__)  # our own output
@@ -103,15 +113,15 @@ def compute(f: FamilyIR, adapter_source: str, key: str) -> str:
         cls = getattr(transformers, archs[0] if archs else f.classes[0])
         with torch.device("meta"):
             hf = cls(config)
-        model = AtlasModel(hf, family)
+        model = nnatlas.wrap(hf, family=family)
         normalized = {}
         for name in family.config:
             try:
-                value = model._config_value(name)
+                value = model.config_value(name)
             except Exception as e:  # noqa: BLE001 - shown on the page as what it is
                 value = f"error: {type(e).__name__}"
             normalized[name] = value if isinstance(value, int | float | str | bool | type(None)) else str(value)
-        blocks = _blocks(f, model)
+        blocks = _blocks(family, model)
         parameters = sum(p.numel() for p in hf.parameters())  # shared (tied) tensors once
         facts["checkpoints"].append({"name": ckpt.name, "class": type(hf).__name__,
                                      "normalized": normalized, "blocks": blocks, "parameters": parameters})
@@ -123,36 +133,32 @@ def compute(f: FamilyIR, adapter_source: str, key: str) -> str:
     return head + "\n" + "\n".join(bodies)
 
 
-def _blocks(f: FamilyIR, model: Any) -> dict[str, list[list[int]]]:
-    """For each stack (``layers``, ``vision.layers`` …): per block, the indices of the hosts that apply."""
+def _blocks(family: Any, model: Any) -> dict[str, list[list[int]]]:
+    """For each stack (``layers``, ``vision.layers`` …): per block, the indices of the hosts that apply
+    there (the spec's ``when`` holds and the block has the module the host path names)."""
     out: dict[str, list[list[int]]] = {}
-    stacks = sorted({h.path.split("[i]")[0] for h in f.hosts if "[i]" in h.path})
+    stacks = sorted({h.path.split("[i]")[0] for h in family.hosts if "[i]" in h.path})
     for stack in stacks:
         try:
-            lst: Any = model
-            for part in stack.split("."):
-                lst = getattr(lst, part)
-            n = len(lst)
+            n = len(getattr_path(model, stack))
         except Exception:  # noqa: BLE001 - a stack this class does not build
             continue
-        view = model._config_view
-        rows = []
-        for i in range(n):
-            rows.append([k for k, h in enumerate(model._family.hosts)
-                         if h.path.startswith(f"{stack}[i]") and (h.when is None or bool(h.when(view, i)))
-                         and _reaches(lst[i], h.path[len(stack) + 3:])])
+        rows: list[list[int]] = [[] for _ in range(n)]
+        for k, h in enumerate(family.hosts):
+            if not h.path.startswith(f"{stack}[i]"):
+                continue
+            built = {label for label, _ in model.live_hosts(h.path)}
+            for i in range(n):
+                if h in model.specs_at(h.path, i) and h.path.replace("[i]", f"[{i}]", 1) in built:
+                    rows[i].append(k)
         out[stack] = rows
     return out
 
 
-def _reaches(block: Any, rest: str) -> bool:
-    """Whether this block has the child a host path names (a DeltaNet block has no self_attn)."""
-    node = block
-    for part in [p for p in rest.split(".") if p]:
-        node = node._child(part) if hasattr(node, "_child") else None
-        if node is None:
-            return False
-    return True
+def getattr_path(node: Any, path: str) -> Any:
+    for part in path.split("."):
+        node = getattr(node, part)
+    return node
 
 
 def body(text: str) -> list[tuple[str, str]]:

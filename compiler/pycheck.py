@@ -2,7 +2,7 @@
 
 The adapter is data and small functions: imports from nnatlas, classes of annotations, functions
 that return one expression, and assignments of literals and of calls to the adapter's own
-constructors (``Layout(...)``, ``HostSpec(...)``, ``Family(...)`` …) or to ``nnatlas.functions``
+constructors (``Layout(...)``, ``HostSpec(...)``, ``Family(...)`` …) or to ``nnatlas.expressions``
 (``_fn.softmax(...)``). Every name it reads is one it defines or imports, or a function's
 parameter; no attribute but ``_fn.NAME``; no lambda, comprehension, import of anything else,
 ``getattr`` or ``__import__``. ``generate`` runs this on every adapter before any is written or
@@ -16,10 +16,10 @@ import ast
 
 from .errors import GenerateError
 
-IMPORTS = {"__future__", "typing", "nnatlas", "nnatlas.adapter", "nnatlas.envoy", "nnatlas.model"}
-CALLS = {"Condition", "Family", "FunctionGroup", "HostSpec", "Identity", "Layout", "ReadPoint", "ValueSpec", "ViewOp",
-         "_cfg"}
-TYPES = {"tuple", "dict", "str", "int", "Any"}  # read in annotations
+IMPORTS = {"__future__", "typing", "nnatlas", "nnatlas.spec", "nnatlas.hosts", "nnatlas.model", "nnatlas.typed"}
+CALLS = {"Condition", "Family", "FunctionGroup", "HostSpec", "Identity", "Layout", "Loader", "ReadPoint", "ValueSpec",
+         "ViewOp", "Wrapper", "_cfg"}
+TYPES = {"tuple", "dict", "str", "int", "list", "Any"}  # read in annotations
 _EXPR = (ast.Constant, ast.Tuple, ast.List, ast.Dict, ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Slice,
          ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.IfExp, ast.keyword, ast.Load, ast.operator,
          ast.unaryop, ast.boolop, ast.cmpop, ast.expr_context)

@@ -37,14 +37,15 @@ NAME is a global of the host's modeling module, or a group the family declares u
 A read point may start with a child module (``CHILD > ...``): the scope the interface call or the
 operation is looked for in, instead of the host's own forward.
 
-Each parses into the fields of ``nnatlas.adapter.ReadPoint`` plus a sentence for the pages.
+Each parses into a ``nnatlas.spec.ReadPoint`` (the runtime's data model), its ``words`` the sentence the pages show.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass
+
+from nnatlas.spec import ReadPoint
 
 from .expr import MAX_TEXT, ExprError
 
@@ -54,30 +55,6 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _OP = re.compile(r"op:([A-Za-z_][A-Za-z0-9_]*)(?:#([0-9]{1,6}))?\.(input|output)")
 _METHOD = re.compile(r"method:([A-Za-z_][A-Za-z0-9_]*)(?:#([0-9]{1,6}|i))?\.(args|output)")
 _SIDES = ("input", "inputs", "output", "args")
-
-
-@dataclass(frozen=True)
-class ReadIR:
-    kind: str
-    text: str
-    words: str
-    module: tuple[str, ...] = ()
-    side: str = "output"
-    param: str | None = None
-    access: tuple[int | str, ...] = ()
-    call: str | None = None
-    op: str | None = None
-    occurrence: int = 0
-    scope_root: bool = False  # for call/op/method reads: ``module`` is a path from the root, not the host
-    method: str | None = None
-    per_index: bool = False  # the occurrence is the host's block index (#i)
-    fn: str | None = None
-    up: int = 0  # ``^.`` levels: the read starts at the host's parent (1), grandparent (2), ...
-
-    @property
-    def by_position(self) -> bool:
-        """Read by its position among calls (``op:add#5``, ``method:f#i``): a shift reads another tensor."""
-        return "#" in self.text
 
 
 def _accessors(rest: str, offset: int) -> tuple[int | str, ...]:
@@ -118,7 +95,7 @@ _FN = re.compile(r"fn:([A-Za-z_][A-Za-z0-9_]*)((?:\.steps?)?)\.(args|kwargs|outp
 FN_SIDES = {"": ("fn_args", "fn_output"), ".step": (None, "fn_step"), ".steps": (None, "fn_steps")}
 
 
-def _parse_fn(text: str, groups: dict[str, str] | None) -> ReadIR:
+def _parse_fn(text: str, groups: dict[str, str] | None) -> ReadPoint:
     m = _FN.match(text)
     if not m:
         raise ExprError(f"'{text}': write fn:NAME.args[N], fn:NAME.kwargs.NAME, fn:NAME.output[...], "
@@ -136,7 +113,7 @@ def _parse_fn(text: str, groups: dict[str, str] | None) -> ReadIR:
         a0 = access[0]
         arg = f"element {a0}" if isinstance(a0, int) else f"argument {a0}"
         words = f"inside the forward: the arguments of {what}, {arg}{_access_words(access[1:])}"
-        return ReadIR("fn", text, words, side="fn_args", access=access, fn=name)
+        return ReadPoint("fn", text, words, side="fn_args", access=access, fn=name)
     kind = FN_SIDES[steps][1]
     assert kind is not None
     if kind == "fn_output":
@@ -146,10 +123,10 @@ def _parse_fn(text: str, groups: dict[str, str] | None) -> ReadIR:
     else:
         words = (f"inside the forward: every token's step of {what} routed token by token, stacked along the "
                  f"sequence{_access_words(access)}")
-    return ReadIR("fn", text, words, side=kind, access=access, fn=name)
+    return ReadPoint("fn", text, words, side=kind, access=access, fn=name)
 
 
-def parse(text: str, groups: dict[str, str] | None = None) -> ReadIR:
+def parse(text: str, groups: dict[str, str] | None = None) -> ReadPoint:
     """``groups``: the family's declared function groups, name → words (for the pages)."""
     if not isinstance(text, str) or not text.strip():
         raise ExprError("a read point is a non-empty string")
@@ -204,7 +181,7 @@ def parse(text: str, groups: dict[str, str] | None = None) -> ReadIR:
             if side == "args" and (not access or not isinstance(access[0], int)):
                 raise ExprError(f"'{text}': name the argument, e.g. .args[1]")
             what = "the arguments of" if side == "args" else "the output of"
-            return ReadIR("call", text, f"inside the forward: {what} {CALLS[call]}{_access_words(access)}",
+            return ReadPoint("call", text, f"inside the forward: {what} {CALLS[call]}{_access_words(access)}",
                           side=side, access=access, call=call)
     m = _OP.match(body)
     if m:
@@ -214,7 +191,7 @@ def parse(text: str, groups: dict[str, str] | None = None) -> ReadIR:
         if side == "input" and not access:
             access = (0,)
         words = f"the {side} of {op} ({_ordinal(k)} call){where}{_access_words(access)}"
-        return ReadIR("op", text, words, side=side, access=access, call=call, op=op, occurrence=k)
+        return ReadPoint("op", text, words, side=side, access=access, call=call, op=op, occurrence=k)
     if call:
         raise ExprError(f"'{body}': inside a call, read an operation: op:NAME.input[N] or op:NAME.output")
     parts: list[str] = []
@@ -241,10 +218,10 @@ def parse(text: str, groups: dict[str, str] | None = None) -> ReadIR:
     owner = f"the child module {'.'.join(parts)}'s" if parts else "the module's own"
     noun = {"input": "input", "inputs": "inputs (args, kwargs)", "output": "output"}[side]
     words = f"{owner} {noun}" + (f" {param}" if param else "") + _access_words(access)
-    return ReadIR("module", text, words, module=tuple(parts), side=side, param=param, access=access)
+    return ReadPoint("module", text, words, module=tuple(parts), side=side, param=param, access=access)
 
 
-def _method(text: str, inner: str) -> ReadIR:
+def _method(text: str, inner: str) -> ReadPoint:
     m = _METHOD.match(inner)
     if not m:
         raise ExprError(f"'{inner}': a method call is read at method:NAME#K.args[N] or method:NAME#K.output")
@@ -257,11 +234,11 @@ def _method(text: str, inner: str) -> ReadIR:
     owner = "the module"
     what = "the arguments of" if side == "args" else "the output of"
     words = f"{what} {owner}'s method {name} ({which}){_access_words(access)}"
-    return ReadIR("method", text, words, side=side, access=access, method=name,
+    return ReadPoint("method", text, words, side=side, access=access, method=name,
                   occurrence=0 if per_index else int(k), per_index=per_index)
 
 
-def _parse_up(text: str, groups: dict[str, str] | None) -> ReadIR:
+def _parse_up(text: str, groups: dict[str, str] | None) -> ReadPoint:
     """``^.`` (repeated): the read starts above the host, at a sibling's or the parent's boundary."""
     up, rest = 0, text
     while rest.startswith("^"):

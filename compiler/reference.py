@@ -236,7 +236,7 @@ def expression_sections() -> list[Section]:
             "chains name values (`mlp.mlp_output`, `layers[i+1].layer_input`, `model.logits`); methods, lambdas, "
             "comprehensions, dunder names and every function not listed below are refused with the list of allowed ones.")
     funcs = Section("Functions of identities and derived values", "functions", level=3)
-    funcs.p("The one whitelist (`expr.FUNCTIONS`); each compiles to `nnatlas.functions.NAME`. Keyword arguments are "
+    funcs.p("The one whitelist (`nnatlas.spec.FUNCTIONS`); each compiles to `nnatlas.expressions.NAME`. Keyword arguments are "
             "accepted only where the signature shows them.")
     funcs.table(("function", "computes"), [(f"`{f.signature}`", f.doc) for f in expr.FUNCTIONS.values()])
     config = Section("Functions of config expressions and block conditions", "config-functions", level=3)
@@ -272,7 +272,7 @@ def readpoint_section() -> Section:
     grammar, _, after = rest.partition("\n\n")
     sec.code(textwrap.dedent(grammar))
     for para in after.split("\n\n"):
-        if para.strip() and "nnatlas.adapter" not in para:
+        if para.strip() and "nnatlas.spec" not in para:
             sec.p(para)
     sec.p("Each read point is of one kind, which decides how the runtime serves it:")
     sec.table(("kind", "reads"), [(f"`{k}`", v) for k, v in KIND_WORDS.items()])

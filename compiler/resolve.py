@@ -20,7 +20,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import emit, expr, names, readpoint, site
+from nnatlas import conditions
+from nnatlas.spec import CALL_DIMS, Condition, Layout
+
+from . import expr, names, page_model, readpoint
 from .errors import Problem, Problems, SpecError
 from .ir import (
     DEFAULT_BLOCK,
@@ -28,14 +31,12 @@ from .ir import (
     REQUIRED_CONFIG,
     Atlas,
     CheckpointIR,
-    ConditionIR,
     DiagramIR,
     DrawIR,
     FamilyIR,
     FunctionIR,
     HostIR,
     IdentityIR,
-    LayoutIR,
     NoteIR,
     TinyIR,
     ValueIR,
@@ -56,7 +57,6 @@ from .yamlpos import Located, load
 from .yamlpos import Path as DataPath
 
 VOCABULARY = "_vocabulary.yaml"
-CALL_DIMS = ("batch", "seq")  # view arguments bound per call from the model's input ids
 EXPERTS_IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm")  # what transformers runs on CPU
 SHARED_NOTES = "_notes.yaml"  # groups of notes written once, referenced by families as {shared: NAME}
 PARTS = "parts"  # specs/parts/<part>.yaml: fragments families include (no family: nothing generated for one)
@@ -426,7 +426,7 @@ def _shared_notes(src: Source | None, found: Problems) -> dict[str, list[NoteRaw
     return out
 
 
-def _check_vocabulary(vocab: Vocabulary, src: Source, found: Problems) -> dict[str, LayoutIR]:
+def _check_vocabulary(vocab: Vocabulary, src: Source, found: Problems) -> dict[str, Layout]:
     tables: list[tuple[DataPath, str, Any]] = [
         (("dims",), "dim", vocab.dims), (("layouts",), "layout", vocab.layouts), (("values",), "value", vocab.values),
         (("streams",), "stream", vocab.streams), (("conditions",), "condition", vocab.conditions),
@@ -439,7 +439,12 @@ def _check_vocabulary(vocab: Vocabulary, src: Source, found: Problems) -> dict[s
     for cname, cond in vocab.conditions.items():
         if cond.attribute is not None and (bad := names.problem(cond.attribute, "attribute")):
             found.add(src.rel, src.located.pos(("conditions", cname, "attribute")), f"condition {cname}: {bad}")
-    layouts: dict[str, LayoutIR] = {}
+        elif cond.attribute is None and not cond.never and not conditions.decided_here(cname, cond.kind):
+            known = conditions.LOAD if cond.kind == "load" else conditions.CALL
+            found.add(src.rel, src.located.pos(("conditions", cname), key=True),
+                      f"condition {cname}: the runtime decides no {cond.kind} condition of that name (it decides "
+                      f"{', '.join(known)}); name a config attribute and its values, or mark it never: true")
+    layouts: dict[str, Layout] = {}
     for name, lay in vocab.layouts.items():
         dims = tuple(lay.dims.split())
         line, col = src.located.pos(("layouts", name, "dims"))
@@ -449,7 +454,7 @@ def _check_vocabulary(vocab: Vocabulary, src: Source, found: Problems) -> dict[s
                 found.add(src.rel, (line, col + max(offset, 0)), f"layout {name}: unknown dim '{d}'" + suggest(d, vocab.dims))
         if lay.dtype not in ("float", "long", "bool", "object"):
             found.add(src.rel, src.located.pos(("layouts", name, "dtype")), f"layout {name}: dtype is float, long, bool or object")
-        layouts[name] = LayoutIR(name, dims, lay.dtype, lay.optional)
+        layouts[name] = Layout(name, dims, lay.dtype, lay.optional)
     value_tables: list[tuple[DataPath, Any]] = [(("values",), vocab.values)] + [(("streams", s), t) for s, t in vocab.streams.items()]
     for path, table in value_tables:
         for vname, v in table.items():
@@ -573,7 +578,7 @@ class _Family:
     """Checks one merged family and builds its IR; problems go to ``found``."""
 
     def __init__(self, src: Source, merged: Merged, raw: FamilyRaw, vocab: Vocabulary,
-                 layouts: dict[str, LayoutIR], found: Problems, shared: dict[str, list[NoteRaw]] | None = None):
+                 layouts: dict[str, Layout], found: Problems, shared: dict[str, list[NoteRaw]] | None = None):
         self.src, self.merged, self.raw, self.vocab, self.layouts, self.found = src, merged, raw, vocab, layouts, found
         self.shared = shared or {}
         self.ok = True
@@ -694,8 +699,8 @@ class _Family:
         for path in r.hosts:
             if not _HOST_PATH.fullmatch(path) or names.path_problem(path):
                 continue  # host() says so
-            cls = emit.class_name(path)
-            if cls in emit.RESERVED_CLASSES:
+            cls = names.class_name(path)
+            if cls in names.RESERVED_CLASSES:
                 self.err(("hosts", path), f"host '{path}': its class would be named {cls}, which the adapter "
                          "uses already", key=True)
             elif cls in classes:
@@ -711,16 +716,16 @@ class _Family:
             values = dict(ckpt.config)
 
             def lookup(name: str, values: dict[str, Any] = values) -> Any:
-                return site.config_value(values, name)
+                return page_model.config_value(values, name)
 
             for key, c in stacks:
                 try:
                     n = expr.evaluate(c, lookup)
                 except Exception:  # noqa: BLE001 - the recorded config does not say: transformers' default
                     continue
-                if isinstance(n, int) and not isinstance(n, bool) and n > site.MAX_BLOCKS:
+                if isinstance(n, int) and not isinstance(n, bool) and n > page_model.MAX_BLOCKS:
                     self.err(("checkpoints", k, "config"), f"checkpoint {ckpt.name}: {key} is {n}; at most "
-                             f"{site.MAX_BLOCKS} blocks (the printout builds each one)", key=True)
+                             f"{page_model.MAX_BLOCKS} blocks (the printout builds each one)", key=True)
 
     def diagram(self, hosts: tuple[HostIR, ...]) -> DiagramIR:
         """The optional ``diagram:`` section: every part it names must be a part of the family."""
@@ -1017,9 +1022,9 @@ class _Family:
             elif cond.kind != kind:
                 self.err((*at, field_name), f"{name}: '{cname}' is a {cond.kind} condition; '{field_name}' takes a {kind} condition")
             elif kind == "load":
-                needs = ConditionIR(cname, cond.says, cond.fix, cond.attribute, tuple(cond.values), cond.kind, cond.never)
+                needs = Condition(cname, cond.says, cond.fix, cond.attribute, tuple(cond.values), cond.kind, cond.never)
             else:
-                reached = ConditionIR(cname, cond.says, cond.fix, kind=cond.kind)
+                reached = Condition(cname, cond.says, cond.fix, kind=cond.kind)
         if v.edit not in _EDITS:
             self.err((*at, "edit"), f"{name}: edit is one of {', '.join(_EDITS)} (what an edit of the value reaches)")
         layout = self.layouts.get(vocab_value.layout)

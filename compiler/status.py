@@ -25,6 +25,7 @@ from typing import Any
 
 from .errors import UserError
 from .ir import Atlas, FamilyIR
+from .resolve import resolve
 
 PATH = "generated/docs/status.json"
 VENVS = ".venv-status"
@@ -243,11 +244,9 @@ def run(root: Path, chosen: Iterable[str] | None = None, timeout: float = 3600.0
     The tests run in a snapshot of the checkout (``.venv-status/checkout``: the files git tracks or
     would track, as they are now), with nnatlas installed from it into each version's venv, so the
     run sees one state of the specs however long it takes and whatever is edited meanwhile."""
-    from . import compile_atlas
-
     wanted = list(chosen) if chosen is not None else versions(root)
     snapshot = _snapshot(root, root / VENVS / "checkout")
-    atlas = compile_atlas(snapshot / "specs", snapshot)
+    atlas = resolve(snapshot / "specs", snapshot)
     names = [f.name for f in atlas.families]
     picked = names if families is None else list(families)
     unknown = sorted(set(picked) - set(names))

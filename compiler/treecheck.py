@@ -132,7 +132,7 @@ class _Checker:
         return sorted(self.problems.values())
 
     def renames(self, model: Any, parents_seen: set[str], renamed: set[str]) -> None:
-        from nnatlas.envoy import resolve_native
+        from nnatlas.hosts import resolve_native
 
         for std, natives in self.family.rename.items():
             parent_path = std.rsplit(".", 1)[0] if "." in std else "model"

@@ -15,16 +15,16 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .errors import InputError, NnatlasError, NotReached, OutOfOrderError, SpecError, Unavailable, UnknownName
+from .errors import InputError, NnatlasError, NotReached, OutOfOrderError, Unavailable, UnknownName
 
 if TYPE_CHECKING:
     from .cache import Cache
     from .model import AtlasModel, load, route_kernels, wrap
     from .registry import all_families
-    from .trace import Box
+    from .requests import Box
 
 _LAZY = {"AtlasModel": "model", "load": "model", "wrap": "model", "route_kernels": "model",
-         "all_families": "registry", "Box": "trace", "Cache": "cache"}
+         "all_families": "registry", "Box": "requests", "Cache": "cache"}
 
 
 def __getattr__(name: str) -> Any:
@@ -36,6 +36,5 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = ["AtlasModel", "Box", "Cache", "InputError", "NnatlasError", "NotReached", "OutOfOrderError", "SpecError",
-           "Unavailable",
+__all__ = ["AtlasModel", "Box", "Cache", "InputError", "NnatlasError", "NotReached", "OutOfOrderError", "Unavailable",
            "UnknownName", "all_families", "load", "route_kernels", "wrap"]

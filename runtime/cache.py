@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .adapter import Layout
-from .envoy import Host, HostList, Value
+from . import conditions
+from .cache_store import StoredCache
 from .errors import NnatlasError, UnknownName
-from .trace import Box
+from .hosts import Host, HostList, Value
+from .requests import Box
+from .spec import Layout
 
 if TYPE_CHECKING:
-    from .cache_store import StoredCache
     from .model import AtlasModel
 
 _INDEXED = re.compile(r"^(?P<head>.*?)\[(?P<i>\d+)\]$")
@@ -97,8 +98,6 @@ class Cache(Mapping[str, Any]):
     @staticmethod
     def load(folder: str | Any) -> StoredCache:
         """What ``nnatlas cache`` wrote to ``folder``: shards memory-mapped, read in batches of rows."""
-        from .cache_store import StoredCache
-
         return StoredCache(folder)
 
     def __repr__(self) -> str:
@@ -198,8 +197,6 @@ def _named(model: AtlasModel, name: str, blocks: list[int]) -> list[Value]:
 
 
 def _every_value(model: AtlasModel, blocks: list[int], inputs: Mapping[str, Any] | None) -> list[Value]:
-    from .model import call_condition_met
-
     keep = {f"layers[{i}]" for i in blocks}
     handles = []
     for path in dict.fromkeys(h.path for h in model._family.hosts):
@@ -210,7 +207,7 @@ def _every_value(model: AtlasModel, blocks: list[int], inputs: Mapping[str, Any]
             specs = host._specs() if host is not model else model._specs_for("model", None)
             for spec in specs:
                 for v in spec.values:
-                    if v.reached is not None and not call_condition_met(v.reached.name, inputs or {}):
+                    if v.reached is not None and not conditions.call_met(v.reached.name, inputs or {}):
                         continue
                     handle = getattr(host, v.name)
                     if handle.unavailable() is None:

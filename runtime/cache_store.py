@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from .adapter import Layout
 from .cache_data import CacheError
+from .spec import Layout
 
 RUN = "run.json"
 MANIFEST = "manifest.json"

@@ -1,8 +1,10 @@
-"""The errors a researcher meets, each saying what went wrong and what fixes it."""
+"""The errors a researcher meets, each saying what went wrong and what fixes it.
+
+The runtime's own: a spec's problems are the compiler's (``nnatlas.compiler.SpecError``), which the
+runtime never raises and never imports.
+"""
 
 from __future__ import annotations
-
-from nnatlas.compiler.errors import SpecError
 
 
 class NnatlasError(Exception):
@@ -35,4 +37,4 @@ class UnknownName(NnatlasError, AttributeError):
     """A standard or native name that does not exist on this host; names the nearest ones."""
 
 
-__all__ = ["InputError", "NnatlasError", "Unavailable", "OutOfOrderError", "NotReached", "UnknownName", "SpecError"]
+__all__ = ["InputError", "NnatlasError", "Unavailable", "OutOfOrderError", "NotReached", "UnknownName"]

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .errors import InputError, NnatlasError
+from .processing import image_prompt
 from .validate import accepted_kwargs, check_ids, check_inputs
 
 if TYPE_CHECKING:
@@ -118,7 +119,5 @@ def _with_images(model: AtlasModel, text: Any, images: Any) -> Mapping[str, Any]
     if not isinstance(text, str):
         raise NnatlasError("images=[...] goes with one prompt (a string); pass pixel_values, image_grid_thw and "
                            "mm_token_type_ids in a dict for anything else")
-    from .processing import image_prompt
-
     text = image_prompt(proc, text, len(images))
     return proc(text=text, images=images, return_tensors="pt")  # type: ignore[no-any-return]

@@ -5,21 +5,23 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Generic, TypeVar
 
 import torch
 
-from . import patterns, sites
+from . import conditions, patterns, sites
 from . import registry as _families
-from .adapter import Family, HostSpec, ValueSpec
-from .envoy import Host, HostList, Value, resolve_native
+from .cache import cache as cache_values
+from .describe import render, support
 from .errors import InputError, NnatlasError, Unavailable
+from .hosts import Host, HostList, Value, resolve_native
 from .inputs import prepare
-from .sites import kernel_route
-from .trace import CallDim, Target, Tracer
-
-CALL_DIMS = ("batch", "seq")  # view arguments bound per call, from the model's input ids (or embeddings)
+from .processing import PromptProcessor, load_processor
+from .requests import CallDim, SiteKey, Target
+from .sites import _KERNEL_ROUTES, kernel_route
+from .spec import CALL_DIMS, Condition, Family, HostSpec, ValueSpec
+from .trace import Tracer
 
 _LOCKS: weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
 _LOCKS_GUARD = threading.Lock()
@@ -86,8 +88,6 @@ class AtlasModel(Host):
         prompt without image tokens, it puts one placeholder per image in front, as trace does."""
         if self._processor is None:
             return None
-        from .processing import PromptProcessor
-
         return PromptProcessor(self._processor)
 
     @property
@@ -101,20 +101,25 @@ class AtlasModel(Host):
         out = {}
         for name in self._family.config:
             try:
-                out[name] = self._config_value(name)
+                out[name] = self.config_value(name)
             except Unavailable:
                 continue
         return out
 
-    def _config_value(self, name: str) -> Any:
+    def config_value(self, name: str) -> Any:
+        """The normalized config entry ``name`` (``num_layers``, ``head_dim`` …) for this load; raises
+        Unavailable when this load has no such size (a state-space model's head_dim) and KeyError when
+        the family names no such entry."""
         fn = self._family.config.get(name)
         if fn is None:
             raise KeyError(f"{self.family} has no config entry '{name}'")
         return fn(self._config_view)
 
+    _config_value = config_value
+
     def __getattr__(self, name: str) -> Any:
         if not name.startswith("_") and name in self._family.config:
-            return self._config_value(name)
+            return self.config_value(name)
         if not name.startswith("_") and name.endswith("_layers"):
             found = self._kind_layers(name.removesuffix("_layers"))
             if found is not None:
@@ -202,13 +207,17 @@ class AtlasModel(Host):
         return kinds
 
     # ---- hosts ----
-    def _specs_for(self, pattern: str, index: int | None) -> list[HostSpec]:
+    def specs_at(self, pattern: str, index: int | None) -> list[HostSpec]:
+        """The host specs that apply at a spec path (``layers[i].self_attn``) on block ``index`` (None
+        for a path without a block index): on a hybrid stack, the specs whose ``when`` holds there."""
         key = (pattern, index)
         cache = self._hosts_cache
         if key not in cache:
             specs = [h for h in self._family.hosts if h.path == pattern]
             cache[key] = [h for h in specs if h.when is None or (index is not None and h.when(self._config_view, index))]
         return cache[key]  # type: ignore[no-any-return]
+
+    _specs_for = specs_at
 
     def live_hosts(self, path: str) -> Iterator[tuple[str, Host]]:
         """Every live host at a spec path (``layers[i].self_attn`` → one per block that has it),
@@ -241,7 +250,7 @@ class AtlasModel(Host):
         names = self._value_specs.get(key)
         if names is None:
             names = {}
-            for spec in self._specs_for(pattern, index):
+            for spec in self.specs_at(pattern, index):
                 for v in spec.values:
                     names.setdefault(v.name, v)
             self._value_specs[key] = names
@@ -301,29 +310,19 @@ class AtlasModel(Host):
             return Unavailable(f"{value.label} cannot be edited under this load (attn_implementation={impl!r}): it is "
                                f"{patterns.RECOMPUTED_WORDS}, and {patterns.EDIT_WORDS}. Fix: {spec.needs.fix}")
         tracer = self._tracer
+        cfg = getattr(module, "config", None) or self.config
         met: bool | None
         if tracer is None:
             met = conditions_met(spec.needs.name, self, module, spec.needs)
         else:  # a load condition holds for the whole trace body: asked once per config it reads
-            cfg = getattr(module, "config", None) or self.config
             key = (id(cfg), id(spec.needs))
             met = tracer.conditions.get(key)
             if met is None:
                 met = tracer.conditions[key] = conditions_met(spec.needs.name, self, module, spec.needs)
         if met:
             return None
-        if spec.needs.attribute:
-            attr = spec.needs.attribute
-            impl = getattr(getattr(module, "config", None) or self.config, attr, None)
-            under = f"under this load ({attr.lstrip('_')}={impl!r})"
-        elif spec.needs.name == "eager":
-            impl = getattr(getattr(value._host._module, "config", self.config), "_attn_implementation", None)
-            under = f"under this load (attn_implementation={impl!r})"
-        elif spec.needs.name == "processor":
-            proc = type(self._processor).__name__ if self._processor is not None else None
-            under = f"under this load ({type(self._module).__name__}, processor={proc})"
-        else:
-            under = "here"
+        under = conditions.under(spec.needs, cfg, getattr(value._host._module, "config", self.config),
+                                 type(self._module).__name__, self._processor)
         return Unavailable(f"{value.label} is unavailable {under}: it {spec.needs.says}. Fix: {spec.needs.fix}")
 
     def _scope_module(self, host: Host, read: Any, label: str) -> torch.nn.Module:
@@ -372,21 +371,21 @@ class AtlasModel(Host):
         extra: dict[str, Any] = {"dims_module": dims_module, "copy": bool(value._spec and value._spec.copy),
                                  "reached": value._spec.reached if value._spec else None,
                                  "at": value._spec.at if value._spec else ""}
-        key: tuple[Any, ...]
+        key: SiteKey
         if read.kind == "module":
             start = host._up(read.up, value.label) if read.up else host
             module = start._resolve_module(read.module, value.label)
             side = read.side
-            key = ("pre" if side in ("input", "inputs") else "post", id(module))
+            key = SiteKey("pre" if side in ("input", "inputs") else "post", id(module))
             return Target(value.label, key, module, side, read.param, read.access, view, value._extra, **extra)
         # an interface call, an operation or a method: in the host's own forward, or in another module's
         # (``router > op:...`` from the host, ``model.model > op:...`` from the root)
         module = self._scope_module(host, read, value.label)
         if read.kind == "call":
-            key = ("call_in" if read.side == "args" else "call_out", id(module), read.call)
+            key = SiteKey("call_in" if read.side == "args" else "call_out", id(module), read.call)
             return Target(value.label, key, module, read.side, None, read.access, view, value._extra, **extra)
         if read.kind == "op":
-            key = ("op", id(module), read.call, read.op, read.occurrence, read.side)
+            key = SiteKey("op", id(module), read.call, read.op, read.occurrence, read.side)
             side = "args" if read.side == "input" else "output"
             return Target(value.label, key, module, side, None, read.access, view, value._extra, **extra)
         if read.kind == "method":
@@ -398,12 +397,12 @@ class AtlasModel(Host):
                 if index is None:
                     raise NnatlasError(f"{value.label}: method:{read.method}#i needs a host with a block index")
                 occurrence = index
-            key = ("method_in" if read.side == "args" else "method_out", id(module), read.method)
+            key = SiteKey("method_in" if read.side == "args" else "method_out", id(module), read.method)
             return Target(value.label, key, module, read.side, None, read.access, view, value._extra, call=occurrence,
                           **extra)
         if read.kind == "fn":
             assert read.fn is not None
-            key = (read.side, id(module), read.fn)
+            key = SiteKey(read.side, id(module), read.fn)
             return Target(value.label, key, module, read.side, None, read.access, view, value._extra, **extra)
         raise NnatlasError(f"{value.label} is derived; it has no site of its own")
 
@@ -412,7 +411,7 @@ class AtlasModel(Host):
             return tuple(self._view_arg(x) for x in a)
         if a in CALL_DIMS:
             return CallDim(a)
-        return self._config_value(a) if isinstance(a, str) else a
+        return self.config_value(a) if isinstance(a, str) else a
 
     # ---- tracing ----
     def trace(self, inputs: Any = None, *, order: str = "strict", grad: bool = False, **kwargs: Any) -> Tracer:
@@ -450,19 +449,13 @@ class AtlasModel(Host):
     def cache(self, inputs: Any = None, values: Any = None, layers: Any = None, **kwargs: Any) -> Any:
         """One traced forward; the values ``values`` x ``layers`` name, as an :class:`nnatlas.Cache`
         keyed by standard path (``layers[3].layer_output``). See :mod:`nnatlas.cache`."""
-        from .cache import cache
-
-        return cache(self, inputs, values, layers, **kwargs)
+        return cache_values(self, inputs, values, layers, **kwargs)
 
     # ---- introspection ----
     def support(self) -> Any:
-        from .printout import support
-
         return support(self)
 
     def __repr__(self) -> str:
-        from .printout import render
-
         return render(self)
 
     def __str__(self) -> str:
@@ -484,28 +477,12 @@ def recomputed(read: Any, module: torch.nn.Module, config: Any) -> bool:
         sites.attention_implementation(getattr(module, "config", None) or config) in patterns.RECOMPUTED
 
 
-def conditions_met(name: str, model: AtlasModel, module: torch.nn.Module, condition: Any = None) -> bool:
-    """Whether this load serves a value with load condition ``name`` read in ``module``."""
-    if condition is not None and getattr(condition, "attribute", None):
-        cfg = getattr(module, "config", None) or model.config
-        return getattr(cfg, condition.attribute, None) in condition.values
-    if name == "eager":
-        cfg = getattr(module, "config", None) or model.config
-        return getattr(cfg, "_attn_implementation", None) == "eager"
-    if name == "processor":
-        return model._processor is not None and getattr(model._processor, "image_processor", None) is not None
-    if name == "torch_kernels":
-        return model._kernel_route() == "torch"
-    raise NnatlasError(f"unknown load condition '{name}'")
+def conditions_met(name: str, model: AtlasModel, module: torch.nn.Module, condition: Condition | None = None) -> bool:
+    """Whether this load serves a value with load condition ``name`` read in ``module`` (decided by
+    :mod:`nnatlas.conditions`)."""
+    cfg = getattr(module, "config", None) or model.config
+    return conditions.load_met(condition or Condition(name, "", ""), cfg, model._processor, model._kernel_route())
 
-
-def call_condition_met(name: str, inputs: Mapping[str, Any]) -> bool:
-    """Call conditions (kind call), decided by the inputs of one call before its forward runs."""
-    if name == "images":
-        return inputs.get("pixel_values") is not None
-    if name == "cached":  # a recurrent mixer returns its final state only on a call that keeps a cache
-        return inputs.get("use_cache") is not False
-    raise NnatlasError(f"unknown call condition '{name}'")
 
 
 @contextlib.contextmanager
@@ -519,13 +496,10 @@ def route_kernels(family: str | AtlasModel, kernels: str = "torch") -> Iterator[
 
     Nothing global is touched: the routing lives in a ContextVar reset when the block ends.
     """
-    from . import registry
-    from .sites import _KERNEL_ROUTES
-
     name = family.family if isinstance(family, AtlasModel) else family
     if kernels != "torch":
         raise NnatlasError(f"route_kernels routes to 'torch' only, not {kernels!r}")
-    fam = registry.get(name)
+    fam = _families.get(name)
     if not any(g.route for g in fam.functions.values()):
         raise NnatlasError(f"{name} has no kernel to route: route_kernels is for families with a recurrent kernel")
     current = dict(_KERNEL_ROUTES.get() or {})
@@ -537,14 +511,50 @@ def route_kernels(family: str | AtlasModel, kernels: str = "torch") -> Iterator[
         _KERNEL_ROUTES.reset(token)
 
 
-def wrap(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None, family: str | None = None) -> AtlasModel:
-    """Wrap an already-built transformers model with its family's adapter."""
+def wrap(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None,
+         family: str | Family | None = None) -> AtlasModel:
+    """Wrap an already-built transformers model with its family's adapter: an instance of the family's
+    generated class (``nnatlas.families.<family>.Model``; ``<family>.wrap`` says so to a type checker)."""
     if isinstance(model, AtlasModel):
         return model
-    fam = _families.get(family) if family else _families.pick(model)
+    fam = family if isinstance(family, Family) else _families.get(family) if family else _families.pick(model)
+    return _new(_families.model_class(fam) or AtlasModel, fam, model, tokenizer, processor)
+
+
+M = TypeVar("M", bound=AtlasModel)
+
+
+def _new(cls: type[M], family: Family, model: torch.nn.Module, tokenizer: Any, processor: Any) -> M:
     if tokenizer is None and processor is not None:
         tokenizer = getattr(processor, "tokenizer", None)
-    return AtlasModel(model, fam, tokenizer=tokenizer, processor=processor)
+    return cls(model, family, tokenizer=tokenizer, processor=processor)
+
+
+class Wrapper(Generic[M]):
+    """``nnatlas.families.<family>.wrap``: :func:`wrap` as that family, typed with its generated class."""
+
+    def __init__(self, cls: type[M], family: Family):
+        self.cls, self.family = cls, family
+
+    def __call__(self, model: torch.nn.Module, tokenizer: Any = None, processor: Any = None) -> M:
+        if isinstance(model, self.cls):
+            return model
+        if isinstance(model, AtlasModel):
+            raise NnatlasError(f"this model is already wrapped as {model.family}; wrap its .native as "
+                               f"{self.family.name}")
+        return _new(self.cls, self.family, model, tokenizer, processor)
+
+
+class Loader(Generic[M]):
+    """``nnatlas.families.<family>.load``: :func:`load` as that family, typed with its generated class."""
+
+    def __init__(self, cls: type[M], family: Family):
+        self.cls, self.family = cls, family
+
+    def __call__(self, name_or_path: str, *, task: str = "text-generation", tokenizer: Any = True,
+                 **kwargs: Any) -> M:
+        hf, tok, processor = _from_pretrained(name_or_path, task, tokenizer, kwargs)
+        return _new(self.cls, self.family, hf, tok, processor)
 
 
 def _check_path(name: Any) -> None:
@@ -573,7 +583,14 @@ def load(name_or_path: str, *, task: str = "text-generation", tokenizer: Any = T
     ``task="image-text-to-text"`` loads the wrapper (``AutoModelForImageTextToText``) with its
     processor (built without torchvision when torchvision is missing: images only, no videos).
     Keyword arguments (``dtype``, ``attn_implementation``, ``device_map`` …) go to ``from_pretrained``.
+    ``nnatlas.families.<family>.load`` does the same as one family, typed with its generated class.
     """
+    hf, tok, processor = _from_pretrained(name_or_path, task, tokenizer, kwargs)
+    return wrap(hf, tokenizer=tok, processor=processor)
+
+
+def _from_pretrained(name_or_path: str, task: str, tokenizer: Any, kwargs: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """(the transformers model, its tokenizer, its processor) as :func:`load` builds them."""
     import transformers
 
     if task not in ("text-generation", "image-text-to-text"):
@@ -582,9 +599,8 @@ def load(name_or_path: str, *, task: str = "text-generation", tokenizer: Any = T
     if task == "image-text-to-text":
         hf = transformers.AutoModelForImageTextToText.from_pretrained(name_or_path, **kwargs)
         hf.eval()
-        from .processing import load_processor
-
-        return wrap(hf, processor=load_processor(name_or_path))
+        processor = load_processor(name_or_path)
+        return hf, getattr(processor, "tokenizer", None), processor
     try:
         hf = transformers.AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
     except ValueError as e:  # no causal-LM class for this config: a multimodal wrapper, text only
@@ -604,4 +620,4 @@ def load(name_or_path: str, *, task: str = "text-generation", tokenizer: Any = T
             tok = None
     elif tokenizer not in (None, False):
         tok = tokenizer
-    return wrap(hf, tokenizer=tok)
+    return hf, tok, None

@@ -70,20 +70,7 @@ def _load_tokenizer(path: str | Path) -> Any:
     return transformers.AutoTokenizer.from_pretrained(path)
 
 
-def tiny_processor(spec: dict[str, Any], vocab_size: int) -> Any:
-    """The processor a family's ``tiny.processor`` describes, over the in-memory tiny tokenizer."""
-    import transformers
-
-    from .testing import tiny_tokenizer
-
-    tok = tiny_tokenizer(vocab_size, extra_specials=tuple(spec["tokens"]), names=dict(spec.get("token_names", {})))
-    ip_cls = _image_processor_class(spec["image_processor"])
-    image_processor = ip_cls(**dict(spec["image_processor_config"]))
-    cls = getattr(transformers, spec["class"])
-    return images_only(cls)(image_processor=image_processor, tokenizer=tok, **dict(spec.get("config", {})))
-
-
-def _image_processor_class(name: str) -> type:
+def image_processor_class(name: str) -> type:
     import transformers
 
     cls = getattr(transformers, name, None)

@@ -6,8 +6,8 @@ import importlib
 from functools import cache
 from typing import Any
 
-from .adapter import Family
 from .errors import NnatlasError
+from .spec import Family
 
 
 @cache
@@ -15,6 +15,17 @@ def all_families() -> dict[str, Family]:
     from nnatlas.families import FAMILIES
 
     return {name: importlib.import_module(f"nnatlas.families.{name}").FAMILY for name in FAMILIES}
+
+
+def model_class(family: Family) -> type[Any] | None:
+    """The generated class a model of ``family`` is wrapped as (``nnatlas.families.<name>.Model``), or
+    None for a family built elsewhere (an adapter the compiler runs before writing it)."""
+    try:
+        module = importlib.import_module(f"nnatlas.families.{family.name}")
+    except ImportError:
+        return None
+    cls = getattr(module, "Model", None)
+    return cls if getattr(module, "FAMILY", None) is family and isinstance(cls, type) else None
 
 
 def get(name: str) -> Family:

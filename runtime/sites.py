@@ -1,7 +1,7 @@
 """The mechanisms a read point compiles to, installed for one forward and always removed.
 
 - module boundary: a wrapper of the native module's ``forward``, on the instance for one trace
-  (``Tracer._wrap_forward``: it sees the call's args, kwargs and output as forward hooks would,
+  (``SiteInstaller._wrap_forward``: it sees the call's args, kwargs and output as forward hooks would,
   without sending the module down torch's slow hook path);
 - interface call: transformers' attention and experts interfaces, routed per module through a ContextVar;
 - operation: the torch callables of the op's name swapped for a dispatcher that counts calls only
@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from contextvars import ContextVar, Token
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,10 +34,54 @@ from torch.overrides import TorchFunctionMode
 # registered for that module in a ContextVar, or to the original function. Everything is
 # undone in the trace's ``finally``.
 
+# ---- shared places: one refcounted patcher for every registry entry, torch callable and global ----
+#
+# A place every trace in the process shares (a registry entry, an attribute of a torch module or
+# class, a global of a modeling module) is changed by the first trace that needs it, through an
+# ``install() -> undo`` function, and put back by the last one out.
+
+@dataclass
+class _Held:
+    users: int
+    undo: Callable[[], None]
+    label: str
+
+
+class SharedPatches:
+    """The places one kind of patch has changed now, each with its users and its undo."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[Hashable, _Held] = {}
+
+    def acquire(self, key: Hashable, install: Callable[[], Callable[[], None]], label: str = "") -> None:
+        """Count one more user of the place ``key``; the first runs ``install()`` (which returns the undo)."""
+        with self._lock:
+            held = self._held.get(key)
+            if held is None:
+                self._held[key] = _Held(1, install(), label)
+            else:
+                held.users += 1
+
+    def release(self, key: Hashable) -> None:
+        """One user fewer; the last runs the undo."""
+        with self._lock:
+            held = self._held[key]
+            held.users -= 1
+            if held.users == 0:
+                del self._held[key]
+                held.undo()
+
+    def labels(self, kind: str) -> list[str]:
+        """What of ``kind`` (a key's first element) is patched now (empty outside a trace)."""
+        with self._lock:
+            return [h.label for key, h in self._held.items() if isinstance(key, tuple) and key[0] == kind]
+
+
+_PATCHES = SharedPatches()  # keys: ("registry", interface, name), ("op", id(holder), attr), ("fn", id(globals), name)
+
 _ROUTES: ContextVar[dict[tuple[str, int], Callable[..., Any]] | None] = ContextVar("nnatlas_routes", default=None)
 _PREFIX = "nnatlas_"
-_registry_lock = threading.Lock()
-_registry_users: dict[tuple[str, str], int] = {}
 
 
 _REGISTRIES: dict[str, list[Any]] = {}
@@ -119,29 +164,28 @@ def routed_name(interface: str, impl: str | None) -> str:
 def acquire(interface: str, impl: str | None) -> str:
     """Register the routing function of ``interface`` for ``impl`` (refcounted); returns its name."""
     name = routed_name(interface, impl)
-    key = (interface, name)
-    with _registry_lock:
-        if _registry_users.get(key, 0) == 0:
-            own, *others = _registries(interface)
-            own.register(name, _router(interface, impl))
-            if interface == "attention":
-                # without a mask function of its own the model silently drops the causal mask
-                from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
-                for reg in others:
-                    reg.register(name, ALL_MASK_ATTENTION_FUNCTIONS[impl])
-        _registry_users[key] = _registry_users.get(key, 0) + 1
+    def install() -> Callable[[], None]:
+        own, *others = _registries(interface)
+        own.register(name, _router(interface, impl))
+        if interface == "attention":
+            # without a mask function of its own the model silently drops the causal mask
+            from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+            for reg in others:
+                reg.register(name, ALL_MASK_ATTENTION_FUNCTIONS[impl])
+
+        def undo() -> None:
+            for reg in _registries(interface):
+                reg._global_mapping.pop(name, None)
+        return undo
+
+    _PATCHES.acquire(("registry", interface, name), install, name)
     return name
 
 
 def release(interface: str, name: str) -> None:
-    key = (interface, name)
-    with _registry_lock:
-        _registry_users[key] -= 1
-        if _registry_users[key] == 0:
-            del _registry_users[key]
-            for reg in _registries(interface):
-                reg._global_mapping.pop(name, None)
+    _PATCHES.release(("registry", interface, name))
 
 
 def registered_names() -> set[str]:
@@ -234,8 +278,6 @@ class OpScope:
 
 
 _OP_SCOPES: ContextVar[tuple[OpScope, ...]] = ContextVar("nnatlas_op_scopes", default=())
-_op_lock = threading.Lock()
-_op_users: dict[tuple[int, str], list[Any]] = {}  # (id(holder), attr) -> [count, holder, had, original]
 _TARGETS: dict[str, list[tuple[Any, str]]] = {}  # name -> its (holder, attribute) pairs, found once
 _NESTS: dict[Any, bool] = {}  # code object -> whether it calls handle_torch_function
 
@@ -383,38 +425,35 @@ def acquire_op(name: str) -> bool:
     targets = _op_targets(name)
     if not targets:
         return False
-    with _op_lock:
-        for holder, attr in targets:
-            key = (id(holder), attr)
-            entry = _op_users.get(key)
-            if entry is None:
-                had = attr in holder.__dict__
-                original = getattr(holder, attr)
-                setattr(holder, attr, _op_dispatcher(name, original))
-                _op_users[key] = [1, holder, had, original]
-            else:
-                entry[0] += 1
+    for holder, attr in targets:
+        _PATCHES.acquire(("op", id(holder), attr), _op_swap(name, holder, attr),
+                         f"{getattr(holder, '__name__', '?')}.{attr}")
     return True
 
 
+def _op_swap(name: str, holder: Any, attr: str) -> Callable[[], Callable[[], None]]:
+    def install() -> Callable[[], None]:
+        had = attr in holder.__dict__
+        original = getattr(holder, attr)
+        setattr(holder, attr, _op_dispatcher(name, original))
+
+        def undo() -> None:
+            if had:
+                setattr(holder, attr, original)
+            else:
+                delattr(holder, attr)
+        return undo
+    return install
+
+
 def release_op(name: str) -> None:
-    with _op_lock:
-        for holder, attr in _op_targets(name):
-            key = (id(holder), attr)
-            entry = _op_users[key]
-            entry[0] -= 1
-            if entry[0] == 0:
-                if entry[2]:
-                    setattr(holder, attr, entry[3])
-                else:
-                    delattr(holder, attr)
-                del _op_users[key]
+    for holder, attr in _op_targets(name):
+        _PATCHES.release(("op", id(holder), attr))
 
 
 def patched_ops() -> list[str]:
     """The torch callables nnatlas has swapped right now (empty outside a trace)."""
-    with _op_lock:
-        return [f"{getattr(entry[1], '__name__', '?')}.{key[1]}" for key, entry in _op_users.items()]
+    return _PATCHES.labels("op")
 
 
 class OpSwaps:
@@ -490,8 +529,6 @@ def pop_scope(scope: OpScope) -> None:
 
 _FN_ROUTES: ContextVar[dict[tuple[int, str], Callable[..., Any]] | None] = ContextVar("nnatlas_fn_routes", default=None)
 _FN_HOST: ContextVar[int | None] = ContextVar("nnatlas_fn_host", default=None)
-_fn_lock = threading.Lock()
-_fn_users: dict[tuple[int, str], list[Any]] = {}  # (id(globals dict), name) -> [count, original, globals]
 
 
 def forward_globals(module: torch.nn.Module) -> dict[str, Any]:
@@ -519,27 +556,21 @@ def _fn_dispatcher(name: str, original: Callable[..., Any]) -> Callable[..., Any
 
 def acquire_function(namespace: dict[str, Any], name: str) -> None:
     """Swap the global ``name`` of ``namespace`` for the dispatcher (refcounted)."""
-    key = (id(namespace), name)
-    with _fn_lock:
-        entry = _fn_users.get(key)
-        if entry is None:
-            original = namespace.get(name)
-            if original is None or not callable(original):
-                raise RuntimeError(f"the modeling module has no function '{name}' to read at")
-            namespace[name] = _fn_dispatcher(name, original)
-            _fn_users[key] = [1, original, namespace]
-        else:
-            entry[0] += 1
+    def install() -> Callable[[], None]:
+        original = namespace.get(name)
+        if original is None or not callable(original):
+            raise RuntimeError(f"the modeling module has no function '{name}' to read at")
+        namespace[name] = _fn_dispatcher(name, original)
+
+        def undo() -> None:
+            namespace[name] = original
+        return undo
+
+    _PATCHES.acquire(("fn", id(namespace), name), install, f"{namespace.get('__name__', '?')}.{name}")
 
 
 def release_function(namespace: dict[str, Any], name: str) -> None:
-    key = (id(namespace), name)
-    with _fn_lock:
-        entry = _fn_users[key]
-        entry[0] -= 1
-        if entry[0] == 0:
-            namespace[name] = entry[1]
-            del _fn_users[key]
+    _PATCHES.release(("fn", id(namespace), name))
 
 
 def original_function(namespace: dict[str, Any], name: str) -> Callable[..., Any]:
@@ -550,8 +581,7 @@ def original_function(namespace: dict[str, Any], name: str) -> Callable[..., Any
 
 def patched_functions() -> list[str]:
     """The globals nnatlas has swapped right now (empty outside a trace)."""
-    with _fn_lock:
-        return [f"{entry[2].get('__name__', '?')}.{key[1]}" for key, entry in _fn_users.items()]
+    return _PATCHES.labels("fn")
 
 
 # ---- route_kernels: which families run their kernels token by token ----------------------

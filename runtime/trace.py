@@ -12,443 +12,31 @@ still waiting raises :class:`OutOfOrderError` naming both, as an interleaved tra
 
 from __future__ import annotations
 
-import functools
-import inspect
-import warnings
 from collections.abc import Callable, Iterator, Mapping
-from contextvars import ContextVar, Token
-from dataclasses import dataclass, field
+from contextvars import Token
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import interrupts, patterns, sites
+from . import conditions, interrupts, sites
 from .errors import InputError, NnatlasError, NotReached, OutOfOrderError
 
 if TYPE_CHECKING:
     from .model import AtlasModel
 
-SiteKey = tuple[Any, ...]
-# [batch, seq] of each dims module's current call, for views that name them (the trace's own dict)
-CALL_DIMS: ContextVar[dict[int, tuple[int, int]] | None] = ContextVar("nnatlas_call_dims", default=None)
-FN_SITES = ("fn_args", "fn_output", "fn_step", "fn_steps")
-PER_CALL_SITES = ("fn_step",)  # sites that fire once per token of a call: tracer.iter picks the token
-# the sides of a site whose values a module (or function) receives: the only ones that can be the
-# caller's own tensors (``input_ids``, or ``inputs_embeds`` handed on as the first block's input)
-INPUT_SIDES = frozenset({"input", "inputs", "args", "fn_args"})
-
-
-# ---- reading and writing inside a payload --------------------------------------------------
-
-def get_item(x: Any, a: Any) -> Any:
-    if isinstance(a, str) and not isinstance(x, Mapping):
-        return getattr(x, a)
-    return x[a]
-
-
-def set_item(x: Any, a: Any, new: Any) -> Any:
-    """``x`` with element ``a`` replaced; tuples are rebuilt, mappings and tensors edited."""
-    if isinstance(x, tuple):
-        items = list(x)
-        items[a] = new
-        return type(x)(items) if type(x) is tuple else type(x)(*items)
-    if isinstance(x, list):
-        items = list(x)
-        items[a] = new
-        return items
-    if isinstance(x, torch.Tensor):
-        x[a] = new
-        return x
-    if isinstance(x, Mapping):
-        x[a] = new  # type: ignore[index]
-        return x
-    setattr(x, a, new)
-    return x
-
-
-_FIRST_PARAMS: dict[type, list[str]] = {}
-
-
-def forward_params(module: torch.nn.Module) -> list[str]:
-    """The named parameters of the class's forward, without ``self`` (a trace may have put a
-    wrapper on the instance, and accelerate puts one there for good: neither says the names)."""
-    cls = type(module)
-    if cls not in _FIRST_PARAMS:
-        params = list(inspect.signature(cls.forward).parameters.values())[1:]
-        _FIRST_PARAMS[cls] = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD,
-                                                                    p.KEYWORD_ONLY)]
-    return _FIRST_PARAMS[cls]
-
-
-@dataclass
-class Target:
-    """A resolved read: the site it fires at, and how to find the value in that site's payload."""
-
-    label: str
-    site: SiteKey
-    module: torch.nn.Module
-    side: str
-    param: str | None
-    access: tuple[Any, ...]
-    view: tuple[tuple[str, tuple[Any, ...]], ...] = ()
-    extra: tuple[Any, ...] = ()
-    # the module whose call gives [batch, seq] to views that name them (the model), and where they land
-    dims_module: torch.nn.Module | None = None  # whose call gives ``batch`` / ``seq`` to the view
-    layout: str | None = None  # the value's declared layout (a tensor layout), for the messages of bad edits
-    copy: bool = False  # a save keeps a copy; an edit is a copy put in the native's place (a buffer the forward overwrites)
-    reached: Any = None  # a call condition (adapter.Condition) checked against the inputs before the forward
-    call: int = 0  # which firing of the site serves it (the K-th call of a method)
-    at: str = ""  # the spec line of the value (a view that does not fit names it)
-    per_call: bool = field(default=False, init=False)  # fires once per token of a call (tracer.iter picks which)
-    fn_site: bool = field(default=False, init=False)  # at a module-level function (fn: read point)
-    _pidx: tuple[int, str | None] | None = field(default=None, init=False, repr=False, compare=False)
-
-    get: Callable[[Any], Any] = field(init=False, repr=False, compare=False)  # payload -> the served value
-
-    def __post_init__(self) -> None:
-        self.per_call = self.site[0] in PER_CALL_SITES
-        self.fn_site = self.site[0] in FN_SITES
-        self.get = self._getter()
-
-    def _getter(self) -> Callable[[Any], Any]:
-        """``served(native(payload))``, specialised once for the common shapes of a read (an output,
-        an element of it, a forward argument by position or name), the general path otherwise."""
-        access = self.access
-        plain = not self.view and not self.extra and all(isinstance(a, int) for a in access)
-        if plain and self.side in ("output", "fn_output", "inputs") and len(access) <= 1:
-            if not access:
-                return _same
-            a0 = access[0]
-            return lambda payload: payload[a0]
-        if plain and self.side == "input" and not access:
-            idx, name = self._param_index()
-
-            def argument(payload: Any) -> Any:
-                args, kwargs = payload
-                return args[idx] if idx < len(args) else kwargs.get(name) if name else None
-            return argument
-        return lambda payload: self.served(self.native(payload))
-
-    def _param_index(self) -> tuple[int, str | None]:
-        if self._pidx is None:
-            self._pidx = self._find_param()
-        return self._pidx
-
-    def _find_param(self) -> tuple[int, str | None]:
-        if self.param is None:
-            names = forward_params(self.module)
-            return 0, names[0] if names else None
-        names = forward_params(self.module)
-        return (names.index(self.param) if self.param in names else 10**6), self.param
-
-    def _fn_param(self, names: tuple[str, ...]) -> str:
-        a0 = self.access[0]
-        if isinstance(a0, int):
-            if a0 >= len(names):
-                raise NnatlasError(f"{self.label}: the function takes {len(names)} named arguments, not {a0 + 1}")
-            return names[a0]
-        return str(a0)
-
-    def native(self, payload: Any) -> Any:
-        side = self.side
-        if side == "output" or side == "fn_output" or side == "inputs":
-            x = payload
-            for a in self.access:
-                x = get_item(x, a)
-            return x
-        if side == "fn_args":
-            names, kw = payload
-            x = kw.get(self._fn_param(names))
-            for a in self.access[1:]:
-                x = get_item(x, a)
-            return x
-        if self.side in ("input", "args"):
-            args, kwargs = payload
-            if self.side == "input":
-                idx, name = self._param_index()
-                x = args[idx] if idx < len(args) else kwargs.get(name) if name else None
-            else:
-                x = args
-        elif self.side == "inputs":
-            x = payload
-        else:
-            x = payload
-        for a in self.access:
-            x = get_item(x, a)
-        return x
-
-    def with_native(self, payload: Any, new: Any) -> Any:
-        def put(x: Any, path: tuple[Any, ...]) -> Any:
-            if not path:
-                return new
-            return set_item(x, path[0], put(get_item(x, path[0]), path[1:]))
-
-        if self.side == "fn_args":
-            names, kw = payload
-            pname = self._fn_param(names)
-            kw = dict(kw)
-            kw[pname] = put(kw.get(pname), self.access[1:])
-            return (names, kw)
-        if self.side == "input":
-            args, kwargs = payload
-            idx, name = self._param_index()
-            if idx < len(args):
-                args = set_item(args, idx, put(args[idx], self.access))
-            else:
-                kwargs = dict(kwargs)
-                kwargs[name] = put(kwargs.get(name), self.access)
-            return (args, kwargs)
-        if self.side == "args":
-            args, kwargs = payload
-            return (put(args, self.access), kwargs)
-        return put(payload, self.access)
-
-    def _bind(self, a: Any) -> Any:
-        if isinstance(a, CallDim):
-            assert self.dims_module is not None
-            dims = (CALL_DIMS.get() or {}).get(id(self.dims_module))
-            if dims is None:
-                raise NnatlasError(f"{self.label}: the call's {a.name} is not known yet")
-            return dims[0] if a.name == "batch" else dims[1]
-        if isinstance(a, tuple):
-            return tuple(self._bind(x) for x in a)
-        return a
-
-    def served(self, native: Any) -> Any:
-        if not self.view and not self.extra:
-            return native
-        x = native
-        for name, args in self.view:
-            if self.dims_module is not None:
-                args = self._bind(args)
-            try:
-                x = getattr(x, name)(*args)
-            except (RuntimeError, IndexError) as e:
-                shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-                view = f"{name}({', '.join(repr(list(a)) if isinstance(a, tuple) else repr(a) for a in args)})"
-                where = f" (the view of {self.at})" if self.at else ""
-                raise NnatlasError(f"{self.label}: the view {view}{where} does not fit the tensor it reads, of shape "
-                                   f"{list(shape) if isinstance(shape, tuple) else shape}: {str(e).splitlines()[0]}") from e
-        for a in self.extra:
-            x = get_item(x, a)
-        return x
-
-    def grad_view(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """What serves the gradient of the native tensor as the gradient of the served value: the
-        value's view and indexing, with ``batch`` / ``seq`` bound now (the backward runs after the call)."""
-        steps = tuple((name, self._bind(args) if self.dims_module is not None else args) for name, args in self.view)
-        extra = self.extra
-
-        def view(g: torch.Tensor) -> torch.Tensor:
-            for name, args in steps:
-                g = getattr(g, name)(*args)
-            for a in extra:
-                g = get_item(g, a)
-            return g
-        return view
-
-    def replace(self, payload: Any, new: Any) -> Any:
-        """Assign a value: written into the tensor the model computed, so every use of it sees the
-        edit (``layer_mid`` is both the MLP's input and the residual added after it); a value of
-        another shape or type is substituted for the native one instead."""
-        native = self.native(payload)
-        served = self.served(native)
-        if isinstance(served, torch.Tensor) and isinstance(new, torch.Tensor):
-            if new.shape == served.shape:
-                if new is not served:
-                    served.copy_(new)
-                return payload
-            if self.layout is not None:  # a tensor of the value's layout: broadcast into it, or refuse
-                try:
-                    served.copy_(new)
-                except RuntimeError as e:
-                    raise InputError(self.edit_error(f"{self.label} = ...", served, new, e)) from e
-                return payload
-        if self.view or self.extra:
-            shape = tuple(served.shape) if isinstance(served, torch.Tensor) else type(served).__name__
-            got = tuple(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
-            raise NnatlasError(f"{self.label}: assigned a value of shape {got} where the model has {shape}")
-        return self.with_native(payload, new)
-
-    def edit_error(self, what: str, current: Any, new: Any, error: BaseException) -> str:
-        """The message of an edit the forward's tensor cannot take (a shape that does not broadcast)."""
-        got = f"a tensor of shape {list(new.shape)}" if isinstance(new, torch.Tensor) else f"a {type(new).__name__}"
-        has = f"shape {list(current.shape)}" if isinstance(current, torch.Tensor) else type(current).__name__
-        layout = f" ({self.layout})" if self.layout else ""
-        first = str(error).splitlines()[0] if str(error) else type(error).__name__
-        return f"{what}: {got} does not fit the value's {has}{layout}: {first}"
-
-
-def _editable(target: Target, payload: Any) -> Any:
-    """Under ``grad=True``, an edit of a tensor that the op which computed it keeps for its own
-    backward (a softmax's, a sigmoid's, an exp's output) is made on a copy put in its place where
-    the value is read: written in place, the backward would refuse the modified tensor."""
-    native = target.native(payload)
-    if isinstance(native, torch.Tensor) and native.grad_fn is not None and hasattr(native.grad_fn, "_saved_result"):
-        return target.with_native(payload, native.clone())
-    return payload
-
-
-def _same(x: Any) -> Any:
-    return x
-
-
-def _seq(r: Request) -> int:
-    return r.seq
-
-
-@dataclass(frozen=True)
-class CallDim:
-    """``batch`` or ``seq`` in a view: the current call's, from the model's input ids (or embeddings)."""
-
-    name: str
-
-
-# ---- requests ------------------------------------------------------------------------------
-
-class Box:
-    """A saved value that is not a tensor (a size, a tuple, a state that may be None): ``.value``."""
-
-    __slots__ = ("value", "filled", "label")
-
-    def __init__(self, label: str):
-        self.value: Any = None
-        self.filled = False
-        self.label = label
-
-    def __repr__(self) -> str:
-        return f"Box({self.value!r})" if self.filled else f"Box(<{self.label}: not computed yet>)"
-
-    def __getitem__(self, k: Any) -> Any:
-        return self.value[k]
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.value)
-
-    def __len__(self) -> int:
-        return len(self.value)
-
-    def __eq__(self, other: object) -> bool:
-        return bool(self.value == (other.value if isinstance(other, Box) else other))
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-@dataclass(eq=False, slots=True)
-class Request:
-    seq: int
-    label: str
-    action: str  # save | capture | setitem | replace | derived
-    target: Target | None
-    payload: Any = None
-    step: int = 0
-    call: int = 0  # which firing of the site within the step; -1: every firing (a per-token site outside tracer.iter)
-    readonly: bool = False
-    done: bool = False
-    owner: Request | None = None
-    deps: list[Request] | None = None  # a derived value's inputs
-    derive: Callable[[Mapping[str, Any]], Any] | None = None
-    value: Any = None  # what a capture holds
-    ordered: bool = True  # derived values and their inputs are served whenever the forward reaches them
-
-
-def fill(holder: Any, value: Any, label: str, grad: bool = False) -> None:
-    if isinstance(holder, Box):
-        holder.value, holder.filled = value, True
-        return
-    if not isinstance(value, torch.Tensor):
-        raise NnatlasError(
-            f"{label} is a {type(value).__name__}, not a tensor: save an element of it (for example "
-            f"{label}[0]), or read a standard value")
-    if grad and value.requires_grad:  # a value computed from saved ones (a derived value): its own node
-        _alias(holder, value)
-        holder.retain_grad()
-        return
-    holder.data = value  # set_data: shares value's storage, keeps none of its autograd history
-
-
-def _alias(holder: torch.Tensor, value: torch.Tensor) -> None:
-    """Make ``holder`` (the tensor the body got) an autograd view of ``value``: the same storage, and a
-    backward from it reaches the forward's graph (``swap_tensors`` gives the holder object the view's
-    whole state; the view made for it is dropped)."""
-    torch.utils.swap_tensors(holder, value.view_as(value))
-
-
-def save_with_grad(target: Target, holder: Any, payload: Any, value: Any, label: str) -> None:
-    """A save under ``trace(grad=True)``: the holder is an autograd view of the value, and a hook on the
-    native tensor the forward goes on with (the one every later use reads) writes its gradient, seen
-    through the value's view, into ``holder.grad`` (summed like autograd's own). No copy is made."""
-    if type(holder) is not torch.Tensor or not isinstance(value, torch.Tensor) or not value.requires_grad:
-        fill(holder, value, label)
-        return
-    _alias(holder, value)
-    native = target.native(payload)
-    if isinstance(native, torch.Tensor) and native.requires_grad and native is not value:
-        view = target.grad_view()
-    else:
-        native, view = value, _same
-    base = native._base
-    if base is not None and base.requires_grad:
-        # the tensor read is a view of one the forward also uses directly (Mamba's scan gets
-        # x.transpose(1, 2) while x_proj reads x): a hook on the view would see only the view's uses;
-        # the base's sees them all, and the view's elements are read off its gradient
-        view = functools.partial(grad_through_base, base=Geometry(base), native=Geometry(native), then=view)
-        native = base
-
-    def keep(g: torch.Tensor) -> None:
-        g = view(g)
-        with warnings.catch_warnings():  # (reading .grad of a non-leaf that has none warns)
-            warnings.simplefilter("ignore")
-            before = holder.grad
-        holder.grad = g if before is None else before + g
-    native.register_hook(keep)
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """A tensor's geometry, without the tensor (a backward hook must not keep its storage alive)."""
-
-    size: torch.Size
-    stride: tuple[int, ...]
-    offset: int
-
-    def __init__(self, t: torch.Tensor):
-        object.__setattr__(self, "size", t.size())
-        object.__setattr__(self, "stride", t.stride())
-        object.__setattr__(self, "offset", t.storage_offset())
-
-
-def grad_through_base(g: torch.Tensor, base: Geometry, native: Geometry,
-                      then: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
-    """The gradient of a view (``native``) read off its base's gradient ``g`` (laid out as the base is)."""
-    laid = torch.empty_strided(base.size, base.stride, dtype=g.dtype, device=g.device)
-    laid.copy_(g)
-    seen = laid.as_strided(native.size, native.stride, native.offset - base.offset)
-    return seen if then is None else then(seen)
-
-
-class Expr:
-    """A deferred computation over values of the same forward: ``layers[1].output * 2``."""
-
-    __slots__ = ("fn", "args", "kwargs")
-
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any] | None = None):
-        self.fn, self.args, self.kwargs = fn, args, kwargs or {}
-
-    def evaluate(self, tracer: Tracer, needed_by: str) -> Any:
-        def ev(x: Any) -> Any:
-            if isinstance(x, Expr):
-                return x.evaluate(tracer, needed_by)
-            if isinstance(x, Request):
-                if not x.done:
-                    raise OutOfOrderError(x.label, needed_by,
-                                          f"{x.label} is used to compute {needed_by} but does not exist yet")
-                return x.value
-            if isinstance(x, list | tuple):
-                return type(x)(ev(i) for i in x)
-            return x
-        return self.fn(*ev(self.args), **{k: ev(v) for k, v in self.kwargs.items()})
-
+from .installers import SiteInstaller
+from .requests import (
+    INPUT_SIDES,
+    RUNNING_TRACE,
+    Expr,
+    Request,
+    SiteKey,
+    Target,
+    _editable,
+    _seq,
+    fill,
+    save_with_grad,
+)
 
 # ---- the tracer ----------------------------------------------------------------------------
 
@@ -670,12 +258,10 @@ class Tracer:
     def _check_reached(self, sited: list[Request]) -> None:
         """A value whose call condition these inputs do not meet is never computed: say so now,
         before the forward, rather than let a later request wait on it."""
-        from .model import call_condition_met
-
         missing = []
         for r in sited:
             cond = r.target.reached if r.target is not None else None
-            if cond is not None and not call_condition_met(cond.name, self.inputs):
+            if cond is not None and not conditions.call_met(cond.name, self.inputs):
                 label = r.owner.label if r.owner is not None else r.label
                 if (label, cond) not in missing:
                     missing.append((label, cond))
@@ -707,15 +293,16 @@ class Tracer:
         installed: list[Any] = []
         restore: list[Callable[[], None]] = []
         tokens: list[Token[Any]] = []
+        installer = SiteInstaller(self.model, self.by_site, self.call_dims, self.serve)
         grad = torch.is_grad_enabled()
         modes = torch._C._len_torch_function_stack()
         try:
             if ordered:  # (an empty trace installs nothing)
-                routes = self._install(installed, restore)
+                routes = installer.install(installed, restore)
                 if routes:
                     tokens.append(sites._ROUTES.set(routes))
             if functions or self.model._kernel_route():
-                fn_routes = self._install_functions(installed, restore)
+                fn_routes = installer.install_functions(installed, restore)
                 if fn_routes:
                     tokens.append(sites._FN_ROUTES.set(fn_routes))
                     tokens.append(sites._FN_HOST.set(None))
@@ -723,14 +310,14 @@ class Tracer:
                 root = self.model._module
 
                 def count_step(mod: Any, args: Any, kwargs: Any) -> None:
-                    if CALL_DIMS.get() is not self.call_dims:
+                    if RUNNING_TRACE.get() is not self.call_dims:
                         return  # another thread's forward of the same model
                     self.step = self._calls
                     self._calls += 1
 
                 self._calls = 0
                 installed.append(root.register_forward_pre_hook(count_step, with_kwargs=True))
-            tokens.append(CALL_DIMS.set(self.call_dims))
+            tokens.append(RUNNING_TRACE.set(self.call_dims))
             self.grad_live = self.grad and grad
             torch._C._set_grad_enabled(self.grad_live)  # (torch.set_grad_enabled, without its object)
             if interrupts.pending():  # an interrupt while installing: raise it before the forward
@@ -759,317 +346,6 @@ class Tracer:
     def _forward(self) -> Any:
         """The model's own forward (or generate): an interrupt here raises at once."""
         return self._run()
-
-    def _install(self, installed: list[Any], restore: list[Callable[[], None]]
-                 ) -> dict[tuple[str, int], Callable[..., Any]]:
-        modules: dict[int, torch.nn.Module] = {}
-        kinds: dict[int, set[str]] = {}
-        fwd_ops: dict[int, set[str]] = {}
-        interfaces: dict[int, set[str]] = {}
-        methods: dict[int, set[str]] = {}
-        dims_modules: dict[int, torch.nn.Module] = {}
-        for key, reqs in self.by_site.items():  # one pass: sites by module
-            assert reqs[0].target is not None
-            mod = reqs[0].target.module
-            mid = id(mod)
-            modules[mid] = mod
-            kinds.setdefault(mid, set()).add(key[0])
-            if key[0] == "op" and key[2] is None:
-                fwd_ops.setdefault(mid, set()).add(key[3])
-            elif key[0] in ("call_in", "call_out") or (key[0] == "op" and key[2] is not None):
-                interfaces.setdefault(mid, set()).add(key[2])
-            elif key[0] in ("method_in", "method_out"):
-                methods.setdefault(mid, set()).add(key[2])
-            for r in reqs:
-                if r.target is not None and r.target.dims_module is not None:
-                    dims_modules[id(r.target.dims_module)] = r.target.dims_module
-        for dm in dims_modules.values():
-            installed.append(dm.register_forward_pre_hook(self._dims_hook, with_kwargs=True, prepend=True))
-        routes: dict[tuple[str, int], Callable[..., Any]] = {}
-        # forward wrappers nest in the order they are put on: a scope of ops innermost (so that a
-        # module's own boundary sites are served outside it), then the boundary sites, then the
-        # depth counters of the scopes' children outermost (a child's boundary sites are no op of
-        # its parent's scope)
-        children: list[Callable[[], None]] = []
-        for mid, names in fwd_ops.items():
-            children.append(self._install_forward_ops(modules[mid], names, installed, restore))
-        for mid, kind in kinds.items():
-            mod = modules[mid]
-            if "pre" in kind or "post" in kind:
-                self._wrap_forward(mod, "pre" in kind, "post" in kind, restore)
-            for interface in sorted(interfaces.get(mid, ())):
-                routes[(interface, mid)] = self._call_handler(mid, interface, installed)
-            for name in sorted(methods.get(mid, ())):
-                self._install_method(mod, name, restore)
-        for count_children in children:
-            count_children()
-        if routes:
-            self._route(modules, routes, restore)
-        return routes
-
-    def _dims_hook(self, mod: torch.nn.Module, args: Any, kwargs: Any) -> None:
-        """The call's [batch, seq]: of the model's input ids, or its input embeddings."""
-        if CALL_DIMS.get() is not self.call_dims:
-            return
-        x = kwargs.get("input_ids")
-        if x is None:
-            x = kwargs.get("inputs_embeds")
-        if x is None and args:
-            x = args[0]
-        if isinstance(x, torch.Tensor) and x.dim() >= 2:
-            self.call_dims[id(mod)] = (int(x.shape[0]), int(x.shape[1]))
-
-    def _install_method(self, mod: torch.nn.Module, name: str, restore: list[Callable[[], None]]) -> None:
-        """Route one module's own method through the tracer (an instance attribute, see ``_shadow``)."""
-        mid = id(mod)
-        original = getattr(mod, name)
-
-        mine, current = self.call_dims, CALL_DIMS.get
-
-        def method(*args: Any, **kwargs: Any) -> Any:
-            if current() is not mine:  # another thread's (or context's) call: not this trace's
-                return original(*args, **kwargs)
-            args, kwargs = self.serve(("method_in", mid, name), (args, kwargs))
-            out = original(*args, **kwargs)
-            return self.serve(("method_out", mid, name), out)
-
-        _shadow(mod, name, method, restore)
-    # -- module-level functions (fn: read points) and route_kernels --
-    def _install_functions(self, installed: list[Any], restore: list[Callable[[], None]]
-                           ) -> dict[tuple[int, str], Callable[..., Any]]:
-        family = self.model._family
-        wanted: dict[int, tuple[torch.nn.Module, set[str]]] = {}
-        for key, reqs in self.by_site.items():
-            if key[0] in FN_SITES:
-                assert reqs[0].target is not None
-                mod = reqs[0].target.module
-                wanted.setdefault(id(mod), (mod, set()))[1].add(key[2])
-        routed = self.model._kernel_route()
-        if routed == "torch":
-            for mod, group in self.model._routed_modules():
-                wanted.setdefault(id(mod), (mod, set()))[1].add(group)
-        routes: dict[tuple[int, str], Callable[..., Any]] = {}
-        for mid, (mod, groups) in wanted.items():
-            namespace = sites.forward_globals(mod)
-            for g in sorted(groups):
-                spec = family.functions.get(g)
-                route = spec.route if (spec is not None and routed == "torch") else None
-                for name in (spec.names if spec is not None else (g,)):
-                    if (mid, name) in routes:
-                        raise NnatlasError(f"{name} is read under two names on {type(mod).__name__}")
-                    sites.acquire_function(namespace, name)
-                    restore.append(functools.partial(sites.release_function, namespace, name))
-                    routes[(mid, name)] = self._fn_handler(mid, g, route, namespace)
-            self._host_functions(mod, restore)
-        return routes
-
-    @staticmethod
-    def _host_functions(mod: torch.nn.Module, restore: list[Callable[[], None]]) -> None:
-        """While ``mod``'s forward runs, the swapped functions it calls are its (``_FN_HOST``)."""
-        mid = id(mod)
-        original = mod.forward
-
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            token = sites._FN_HOST.set(mid)
-            try:
-                return original(*args, **kwargs)
-            finally:
-                sites._FN_HOST.reset(token)
-
-        _shadow(mod, "forward", forward, restore)
-
-    def _fn_handler(self, mid: int, group: str, route: Any, namespace: dict[str, Any]) -> Callable[..., Any]:
-        def handler(original: Callable[..., Any], name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            names = _param_names(original)
-            if len(args) > len(names):
-                raise NnatlasError(f"{name} was called with {len(args)} positional arguments; nnatlas reads "
-                                   f"functions whose parameters are named ({', '.join(names)})")
-            kw = dict(zip(names, args))
-            kw.update(kwargs)
-            names, kw = self.serve(("fn_args", mid, group), (names, kw))
-            if route is not None:
-                out = self._token_by_token(mid, group, route, namespace, kw)
-            else:
-                # called as the forward called it: what was positional stays positional (a wrapper
-                # may hand it to an implementation whose parameters have other names)
-                rest = dict(kw)
-                positional = [rest.pop(n) for n in names[:len(args)]]
-                out = original(*positional, **rest)
-            return self.serve(("fn_output", mid, group), out)
-
-        return handler
-
-    def _token_by_token(self, mid: int, group: str, route: Any, namespace: dict[str, Any], kw: dict[str, Any]) -> Any:
-        """One call of a recurrent kernel, run one token at a time through the pure-torch step."""
-        fn = inspect.unwrap(sites.original_function(namespace, route["torch"]))
-        dim, state_arg, k = route["seq_dim"], route["state_arg"], route["state_output"]
-        flag = route.get("final_state_flag")
-        seqs = [v.shape[dim] for n, v in kw.items() if isinstance(v, torch.Tensor) and n != state_arg and v.dim() > dim]
-        if not seqs:
-            raise NnatlasError(f"{route['torch']}: no sequence argument to step through")
-        seq = seqs[0]
-        accepted = _param_names(fn)
-        takes_any = _takes_kwargs(fn)
-        state = kw.get(state_arg)
-        outs: list[tuple[Any, ...]] = []
-        for t in range(seq):
-            step = {n: (v.narrow(dim, t, 1) if isinstance(v, torch.Tensor) and n != state_arg and v.dim() > dim
-                        and v.shape[dim] == seq else v) for n, v in kw.items() if takes_any or n in accepted}
-            step[state_arg] = state
-            if flag:
-                step[flag] = True
-            out = tuple(fn(**step))
-            out = tuple(self.serve(("fn_step", mid, group), out))
-            state = out[k]
-            outs.append(out)
-        result = []
-        for i in range(len(outs[0]) if outs else 0):
-            if i == k:
-                result.append(state if (not flag or kw.get(flag)) else None)
-            else:
-                result.append(torch.cat([o[i] for o in outs], dim))
-        if ("fn_steps", mid, group) in self.by_site:
-            stacked = tuple(torch.stack([o[i] for o in outs], dim) if i == k else result[i] for i in range(len(result)))
-            self.serve(("fn_steps", mid, group), stacked)
-        return tuple(result)
-
-    def _wrap_forward(self, mod: torch.nn.Module, pre: bool, post: bool, restore: list[Callable[[], None]]) -> None:
-        """Serve a module's boundary sites from its own ``forward``: an instance attribute wraps the
-        forward ``Module.__call__`` would run (the class's, or one accelerate put on the instance)
-        for this trace only, and is taken away afterwards. It sees what forward hooks would see
-        (the call's args and kwargs, the output) inside any hooks on the module, and costs a
-        quarter of a forward hook (which sends every call of the module down torch's slow path)."""
-        mid = id(mod)
-        original = mod.forward
-        serve = self.serve
-        pre_key: SiteKey = ("pre", mid)
-        post_key: SiteKey = ("post", mid)
-        # the forward of this trace runs in the context where CALL_DIMS is this trace's own dict: a
-        # call of the module from another thread (a plain forward beside the trace) is left alone
-        mine, current = self.call_dims, CALL_DIMS.get
-        forward: Callable[..., Any]
-        if pre and post:
-            def forward(*args: Any, **kwargs: Any) -> Any:
-                if current() is not mine:
-                    return original(*args, **kwargs)
-                args, kwargs = serve(pre_key, (args, kwargs))
-                return serve(post_key, original(*args, **kwargs))
-        elif pre:
-            def forward(*args: Any, **kwargs: Any) -> Any:
-                if current() is not mine:
-                    return original(*args, **kwargs)
-                args, kwargs = serve(pre_key, (args, kwargs))
-                return original(*args, **kwargs)
-        else:
-            def forward(*args: Any, **kwargs: Any) -> Any:
-                if current() is not mine:
-                    return original(*args, **kwargs)
-                return serve(post_key, original(*args, **kwargs))
-
-        _shadow(mod, "forward", forward, restore)
-
-    def _op_server(self, mid: int, scope: str | None) -> Callable[[str, int, str, Any], Any]:
-        def serve(name: str, k: int, side: str, payload: Any) -> Any:
-            return self.serve(("op", mid, scope, name, k, side), payload)
-        return serve
-
-    def _op_swaps(self, installed: list[Any]) -> sites.OpSwaps:
-        """This forward's swapped torch callables: one set per trace, undone with its hooks."""
-        for h in installed:
-            if isinstance(h, sites.OpSwaps):
-                return h
-        swaps = sites.OpSwaps()
-        installed.append(swaps)
-        return swaps
-
-    def _install_forward_ops(self, mod: torch.nn.Module, names: set[str], installed: list[Any],
-                             restore: list[Callable[[], None]]) -> Callable[[], None]:
-        """Count ``names`` in ``mod``'s own forward (its children's forwards are not counted): an op
-        scope (``sites.run_scoped``) entered by a wrapper of the instance's forward. Returns what puts
-        the depth counters on the children (called after every other wrapper is on, so that they
-        wrap those too)."""
-        serve = self._op_server(id(mod), None)
-        swapped, fallback = self._op_swaps(installed).split(names)
-        running: list[tuple[sites.OpScope | None, sites.OpMode | None]] = []
-        original = mod.forward
-        mine, current = self.call_dims, CALL_DIMS.get
-
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            if current() is not mine:
-                return original(*args, **kwargs)
-            return sites.run_scoped(original, args, kwargs, swapped, fallback, serve, running)
-
-        _shadow(mod, "forward", forward, restore)
-
-        def count_children() -> None:
-            for child in mod.children():
-                inner = child.forward
-
-                def counted(*args: Any, inner: Callable[..., Any] = inner, **kwargs: Any) -> Any:
-                    if current() is not mine or not running:
-                        return inner(*args, **kwargs)
-                    scope, mode = running[-1]
-                    if scope is not None:
-                        scope.depth += 1
-                    if mode is not None:
-                        mode.depth += 1
-                    try:
-                        return inner(*args, **kwargs)
-                    finally:
-                        if scope is not None:
-                            scope.depth -= 1
-                        if mode is not None:
-                            mode.depth -= 1
-
-                _shadow(child, "forward", counted, restore)
-
-        return count_children
-
-    def _call_handler(self, mid: int, interface: str, installed: list[Any]) -> Callable[..., Any]:
-        ops = {k[3] for k in self.by_site if k[0] == "op" and k[1] == mid and k[2] == interface}
-        serve = self._op_server(mid, interface)
-        swapped: set[str] = set()
-        fallback: set[str] = set()
-        if ops:
-            swapped, fallback = self._op_swaps(installed).split(ops)
-
-        def scoped(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            return sites.run_scoped(fn, args, kwargs, swapped, fallback, serve)
-
-        def handler(original: Callable[..., Any], module: torch.nn.Module, args: tuple[Any, ...],
-                    kwargs: dict[str, Any]) -> Any:
-            full_args, kwargs = self.serve(("call_in", mid, interface), ((module, *args), kwargs))
-            if ops and interface == "attention" and sites.attention_implementation(getattr(module, "config", None)) in patterns.RECOMPUTED:
-                # sdpa / flex: the fused call gives the output, eager's function the reads (patterns)
-                out = original(*full_args, **kwargs)
-                patterns.recompute(sites.eager_attention(module), full_args, kwargs, scoped)
-            elif ops:
-                out = scoped(original, full_args, kwargs)
-            else:
-                out = original(*full_args, **kwargs)
-            return self.serve(("call_out", mid, interface), out)
-
-        return handler
-
-    def _route(self, modules: dict[int, torch.nn.Module], routes: dict[tuple[str, int], Any],
-               restore: list[Callable[[], None]]) -> None:
-        """Point each routed module's config at the nnatlas routing function of its interface."""
-        configs: dict[tuple[str, int], Any] = {}
-        for interface, mid in routes:
-            cfg = getattr(modules[mid], "config", None)
-            if cfg is None:
-                raise NnatlasError(f"{type(modules[mid]).__name__} has no config to route its {interface} through")
-            configs[(interface, id(cfg))] = cfg
-        for (interface, _), cfg in configs.items():
-            impl = getattr(cfg, sites.CONFIG_ATTRIBUTE[interface])
-            name = sites.acquire(interface, impl)
-
-            def undo(cfg: Any = cfg, impl: str = impl, name: str = name, interface: str = interface) -> None:
-                sites.set_implementation(cfg, interface, impl)
-                sites.release(interface, name)
-
-            restore.append(undo)
-            sites.set_implementation(cfg, interface, name)
 
 
 def _teardown(installed: list[Any], restore: list[Callable[[], None]], tokens: list[Token[Any]], grad: bool,
@@ -1103,43 +379,6 @@ def _teardown(installed: list[Any], restore: list[Callable[[], None]], tokens: l
             error = error or e
     if error is not None:
         raise error
-
-
-def _shadow(mod: torch.nn.Module, name: str, fn: Callable[..., Any], restore: list[Callable[[], None]]) -> None:
-    """Put ``fn`` on the module instance as ``name`` (shadowing the class's method, or wrapping what
-    was on the instance) for this trace only: ``restore`` gets what puts the old state back."""
-    d = mod.__dict__
-    had = name in d
-    previous = d.get(name)
-
-    def undo() -> None:
-        if had:
-            d[name] = previous
-        else:
-            d.pop(name, None)
-
-    restore.append(undo)
-    d[name] = fn
-
-
-_PARAMS: dict[int, tuple[tuple[str, ...], bool]] = {}
-
-
-def _signature(fn: Callable[..., Any]) -> tuple[tuple[str, ...], bool]:
-    key = id(fn)
-    if key not in _PARAMS:
-        params = inspect.signature(fn).parameters.values()
-        names = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
-        _PARAMS[key] = (names, any(p.kind == p.VAR_KEYWORD for p in params))
-    return _PARAMS[key]
-
-
-def _param_names(fn: Callable[..., Any]) -> tuple[str, ...]:
-    return _signature(fn)[0]
-
-
-def _takes_kwargs(fn: Callable[..., Any]) -> bool:
-    return _signature(fn)[1]
 
 
 def _show(sl: int | slice) -> str:

@@ -16,7 +16,7 @@ import torch
 from .errors import InputError
 
 if TYPE_CHECKING:
-    from .envoy import Value
+    from .hosts import Value
     from .model import AtlasModel
     from .trace import Tracer
 

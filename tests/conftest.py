@@ -4,9 +4,15 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Tiny models gain nothing from threads, and a batched LAPACK call (the delta rule's solve_triangular)
+# runs ~400x slower with two threads on a loaded two-core machine: the tests set one thread themselves
+# (nnatlas.testing changes no global setting)
+torch.set_num_threads(1)
 
 
 @pytest.fixture

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from bench import models, run
@@ -11,11 +13,14 @@ from nnatlas.testing import standard_values
 
 def test_the_bench_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert run.main(["--families", "llama", "--runs", "3", "--gen-runs", "2", "--mid-layers", "0",
-                     "--no-nnsight", "--cache-docs", "0"]) == 0
+                     "--no-nnsight", "--cache-docs", "0", "--deep", "12"]) == 0
     out = capsys.readouterr().out
     for case in ("(a) empty trace", "(b) save every layer output", "(c) save every standard value",
                  "(d) edit every layer", "(e) generate 16"):
-        assert f"llama tiny (h16 L3)  {case}" in out
+        assert re.search(rf"llama tiny \(h16 L3\) +{re.escape(case)}", out), case
+    for case in ("(a) empty trace", "(b) save every layer output", "(c) save every standard value"):
+        assert re.search(rf"llama tiny \(h16 L12\) +{re.escape(case)}", out), case  # a per-trace cost hides in 3 blocks
+    assert not re.search(r"llama tiny \(h16 L12\) +\(d\)", out)
     assert "traced forward allocated +0 bytes vs plain" in out
     grads = next(line for line in out.splitlines() if line.startswith("  llama tiny") and "autograd keeps" in line)
     assert "(+0 vs a plain forward with grad)" in grads and "(+0 vs plain without)" in grads
@@ -57,3 +62,15 @@ def test_the_cache_row_runs_the_command() -> None:
     rows = cache.cache_rows(30, [1])
     assert len(rows) == 1 and " tokens/s; peak memory " in rows[0] and "MB of shards" in rows[0]
     assert "allocated +0 bytes vs the plain forward" in cache.model_cache_memory()
+
+
+def test_a_missed_row_says_where_its_time_goes() -> None:
+    """A row over its target says its cost over plain: per trace (row a), then per value served."""
+    from bench.timing import Timings
+
+    table = run.Table()
+    plain = {"plain": 1e-3, "ours": 1.01e-3}
+    table.add("m", "deep", "llama", "a", Timings(plain, {"ours": 1.01}))
+    table.add("m", "deep", "llama", "b", Timings({"plain": 1e-3, "ours": 1.2e-3}, {"ours": 1.2}), values=10)
+    assert table.misses == ["m (b) ours/plain 1.200 ≤ 1.05: 200 µs over a 1.00 ms forward; per trace 10 µs "
+                            "(row a), then 19.0 µs for each of 10 values"]

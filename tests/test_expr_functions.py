@@ -11,14 +11,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nnatlas import functions
+from nnatlas import expressions
 from nnatlas.compiler import expr
 
 
 def evaluate(text: str, values: dict[str, Any]) -> tuple[Any, Any]:
     """Both sides of an identity, computed as the generated adapters compute them."""
     _, lhs, rhs = expr.compile_identity(text)
-    scope = {"_fn": functions}
+    scope = {"_fn": expressions}
     return eval(lhs.source, scope, {"v": values}), eval(rhs.source, scope, {"v": values})  # noqa: S307 - compiled spec source
 
 
@@ -58,12 +58,12 @@ def test_function_against_torch(case: str) -> None:
 
 
 def test_functions_are_the_runtime_helpers() -> None:
-    """The one list in expr.py names a helper of nnatlas.functions for every entry, and nothing else."""
+    """The one list in expr.py names a helper of nnatlas.expressions for every entry, and nothing else."""
     for name, fn in expr.FUNCTIONS.items():
-        assert callable(getattr(functions, name, None)), f"nnatlas.functions.{name} is missing"
+        assert callable(getattr(expressions, name, None)), f"nnatlas.expressions.{name} is missing"
         assert fn.doc and fn.signature.startswith(f"{name}(")
     for name in expr.CONFIG_FUNCTIONS:
-        assert callable(getattr(functions, f"cfg_{name}", None)), f"nnatlas.functions.cfg_{name} is missing"
+        assert callable(getattr(expressions, f"cfg_{name}", None)), f"nnatlas.expressions.cfg_{name} is missing"
 
 
 @pytest.mark.parametrize("text,message", [
@@ -210,7 +210,7 @@ def test_masked_matches_transformers_mask_functions() -> None:
                                 for b in range(2)])
         rows = mask.bool()[:, :, None].expand(2, q, k)
         expect = pattern[:, 0][~allowed & rows]
-        got = functions.masked(pattern, {"attention_mask": mask}, window=window, chunk=chunk)
+        got = expressions.masked(pattern, {"attention_mask": mask}, window=window, chunk=chunk)
         assert torch.equal(got, expect), (window, chunk)
 
 

@@ -23,7 +23,7 @@ import torch
 import nnatlas
 from nnatlas import interrupts, sites
 from nnatlas import testing as T
-from nnatlas.trace import CALL_DIMS
+from nnatlas.requests import RUNNING_TRACE
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs signal.setitimer (POSIX)")
 
@@ -57,7 +57,7 @@ def snapshot(model: nnatlas.AtlasModel) -> dict[str, Any]:
         "config": [(getattr(c, "_attn_implementation", None), getattr(c, "_experts_implementation", None))
                    for m in model.native.modules() for c in [getattr(m, "config", None)] if c is not None],
         "ContextVars": (sites._ROUTES.get(), sites._FN_ROUTES.get(), sites._FN_HOST.get(), sites._OP_SCOPES.get(),
-                        CALL_DIMS.get(), sites._KERNEL_ROUTES.get()),
+                        RUNNING_TRACE.get(), sites._KERNEL_ROUTES.get()),
         "grad mode": torch.is_grad_enabled(),
         "torch function modes": torch._C._len_torch_function_stack(),
         "model._tracer": model._tracer,

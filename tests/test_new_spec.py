@@ -41,7 +41,7 @@ def test_new_from_llama_compiles_and_its_generated_tests_collect(spec_root: Path
         "layers[i].mlp": "MistralMLP"}
     assert (fam.tiny.model_class, fam.tiny.config_class) == ("MistralForCausalLM", "MistralConfig")
     assert fam.model_types == ("mistral",) and fam.classes == ("MistralForCausalLM",)
-    assert fam.checkpoints == () and fam.notes == ()  # llama's describe llama
+    assert fam.checkpoints == () and [n.title for n in fam.notes] == ["Gradients"]  # llama's describe llama; every family has Gradients
     llama = next(f for f in atlas.families if f.name == "llama")
     assert [i.text for h in fam.hosts for i in h.identities] == [i.text for h in llama.hosts for i in h.identities]
 

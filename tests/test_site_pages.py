@@ -9,7 +9,7 @@ from html import unescape
 
 import pytest
 
-from nnatlas.compiler import compile_atlas, default_root, emit, site
+from nnatlas.compiler import compile_atlas, default_root, emit, page_model
 from nnatlas.compiler import printouts as P
 
 ROOT = default_root()
@@ -135,14 +135,14 @@ def test_sizes_are_counted_on_the_meta_device_for_every_checkpoint_on_each_page_
             assert f'data-parameters="{c["parameters"]}"' in index
     counts = {c["name"]: c["parameters"] for c in _facts("qwen3_next")["checkpoints"]}
     assert 79e9 < next(iter(counts.values())) < 81e9  # Qwen3-Next-80B, tied tensors once
-    assert site.param_text(752_393_024) == "752.4 M" and site.param_text(79_674_391_296) == "79.67 B"
+    assert page_model.param_text(752_393_024) == "752.4 M" and page_model.param_text(79_674_391_296) == "79.67 B"
 
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_coming_from_maps_transformer_lens_and_nnsight_names_to_values_the_family_serves(name: str) -> None:
     f = _family(name)
     head = P.parse_header(_text(f"printouts/{name}.txt")) if (DOCS / f"printouts/{name}.txt").exists() else None
-    rows = site.PageModel(f, head.facts if head else None).coming_from()
+    rows = page_model.PageModel(f, head.facts if head else None).coming_from()
     served = {(h.path, v.name) for h in f.hosts for v in h.values if v.missing is None}
     assert rows and all(any(r["nnatlas"] == (f"model.{p}.{v}" if p != "model" else f"model.{v}") for p, v in served)
                         for r in rows)
@@ -160,16 +160,16 @@ def test_coming_from_maps_transformer_lens_and_nnsight_names_to_values_the_famil
 
 
 def test_coming_from_rows_follow_the_spec() -> None:
-    llama = {r["tl"]: r for r in site.PageModel(_family("llama"), _facts("llama")).coming_from()}
+    llama = {r["tl"]: r for r in page_model.PageModel(_family("llama"), _facts("llama")).coming_from()}
     assert llama["blocks.{i}.attn.hook_pattern"]["nnatlas"] == "model.layers[i].self_attn.attention_probabilities"
     assert not llama["blocks.{i}.attn.hook_pattern"]["warn"]  # read under eager, recomputed under sdpa
-    falcon = {r["tl"]: r for r in site.PageModel(_family("falcon"), _facts("falcon")).coming_from()}
+    falcon = {r["tl"]: r for r in page_model.PageModel(_family("falcon"), _facts("falcon")).coming_from()}
     assert falcon["blocks.{i}.attn.hook_pattern"]["warn"]  # eager only
     assert llama["blocks.{i}.hook_resid_post"]["nnsight"] == "model.model.layers[i].output"
     assert not llama["blocks.{i}.hook_resid_post"]["warn"]
-    gpt2 = {r["tl"]: r for r in site.PageModel(_family("gpt2"), _facts("gpt2")).coming_from()}
+    gpt2 = {r["tl"]: r for r in page_model.PageModel(_family("gpt2"), _facts("gpt2")).coming_from()}
     assert gpt2["blocks.{i}.hook_resid_post"]["nnsight"] == "model.transformer.h[i].output"
-    vl = site.PageModel(_family("qwen3_vl"), _facts("qwen3_vl")).coming_from()
+    vl = page_model.PageModel(_family("qwen3_vl"), _facts("qwen3_vl")).coming_from()
     assert {r["tl"]: r for r in vl}["blocks.{i}.hook_resid_post"]["nnsight"] == "model.model.language_model.layers[i].output"
 
 
@@ -295,12 +295,12 @@ def test_computing_a_printout_leaves_the_specs_checkpoint_config_as_written() ->
 
 
 def test_transformer_lens_attention_hooks_map_to_softmax_attention_only_and_rotary_rows_to_rotary_families() -> None:
-    q35 = site.PageModel(_family("qwen3_5_text"), _facts("qwen3_5_text")).coming_from()
+    q35 = page_model.PageModel(_family("qwen3_5_text"), _facts("qwen3_5_text")).coming_from()
     pattern = [r["nnatlas"] for r in q35 if r["tl"] == "blocks.{i}.attn.hook_pattern"]
     assert pattern == ["model.layers[i].self_attn.attention_probabilities"]  # not the DeltaNet's
     attn_out = sorted(r["nnatlas"] for r in q35 if r["tl"] == "blocks.{i}.hook_attn_out")
     assert attn_out == ["model.layers[i].linear_attn.attention_output", "model.layers[i].self_attn.attention_output"]
-    gpt2 = {r["tl"] for r in site.PageModel(_family("gpt2"), _facts("gpt2")).coming_from()}
+    gpt2 = {r["tl"] for r in page_model.PageModel(_family("gpt2"), _facts("gpt2")).coming_from()}
     assert "blocks.{i}.attn.hook_q" in gpt2 and "blocks.{i}.attn.hook_rot_q" not in gpt2
-    llama = {r["tl"] for r in site.PageModel(_family("llama"), _facts("llama")).coming_from()}
+    llama = {r["tl"] for r in page_model.PageModel(_family("llama"), _facts("llama")).coming_from()}
     assert "blocks.{i}.attn.hook_rot_q" in llama

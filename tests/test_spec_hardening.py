@@ -214,7 +214,7 @@ def test_generate_parses_every_python_file_before_writing_or_running_it(spec_roo
     ("x = Layout.__init__", "the attribute .__init__"),
     ("x = [y for y in ()]", "a ListComp expression"),
     ("x = (lambda: 0)", "a Lambda expression"),
-    ("class K(Host):\n    def f(self) -> None:\n        pass", "a class body that is not annotations"),
+    ("class K(TypedHost):\n    def f(self) -> None:\n        pass", "a class body that is not annotations"),
     ("def f(c: Any) -> Any:\n    print(c)\n    return c", "a function that does more than return one expression"),
     ("x = HOSTS.count(1)", "a call of HOSTS.count"),
     ("x = HOSTS.count", "the attribute .count"),

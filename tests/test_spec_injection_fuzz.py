@@ -23,10 +23,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import nnatlas.adapter  # noqa: F401 - imported before the examples, so an import they cause shows
-import nnatlas.families  # noqa: F401
-import nnatlas.functions  # noqa: F401
+import nnatlas.expressions  # noqa: F401
+import nnatlas.families  # noqa: F401 - imported before the examples, so an import they cause shows
 import nnatlas.model  # noqa: F401
+import nnatlas.spec  # noqa: F401
 import nnatlas.testing  # noqa: F401
 from nnatlas.compiler import SpecError, compile_texts, render
 from nnatlas.compiler.pycheck import check_adapter

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnatlas import functions as _fn
-from nnatlas.adapter import Condition, Family, FunctionGroup, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas import expressions as _fn
+from nnatlas.hosts import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.spec import Condition, Family, FunctionGroup, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,66 +21,84 @@ SPEC_SHA256 = 'f54427892a1f18c70f209d7b522acd9260a2a42a1030ca7c6deffef90a1f0e32'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: BambaForCausalLM"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
     layers: HostList[Layer]
-    embed_tokens: Host
-    norm: Host
-    lm_head: Host
+    embed_tokens: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
+    vocab_size: Any
+    intermediate_size: Any
+    ssm_channels: Any
+    ssm_heads: Any
+    ssm_head_dim: Any
+    ssm_groups: Any
+    ssm_state_size: Any
+    conv_kernel: Any
+    chunk_size: Any
+    rotary_dim: Any
+    ssm_layers: list[int]
+    attention_layers: list[int]
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: BambaDecoderLayer"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
     self_attn: LayerSelfAttn
     mlp: LayerMlp
     mamba: LayerMamba
 
 
-class LayerSelfAttn(Host):
+class LayerSelfAttn(TypedHost):
     """layers[i].self_attn: BambaAttention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
 
 
-class LayerMlp(Host):
+class LayerMlp(TypedHost):
     """layers[i].mlp: BambaMLP"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
 
 
-class LayerMamba(Host):
+class LayerMamba(TypedHost):
     """layers[i].mamba: BambaMixer"""
-    ssm_inputs: Value
-    state_decays: Value
-    state_writes: Value
-    state_reads: Value
-    skip_weights: Value
-    time_steps: Value
-    state_output: Value
-    ssm_outputs: Value
-    ssm_gates: Value
-    mixer_output: Value
+    ssm_inputs: ValueSlot
+    state_decays: ValueSlot
+    state_writes: ValueSlot
+    state_reads: ValueSlot
+    skip_weights: ValueSlot
+    time_steps: ValueSlot
+    state_output: ValueSlot
+    ssm_outputs: ValueSlot
+    ssm_gates: ValueSlot
+    mixer_output: ValueSlot
 
 # ---- normalized config ----
 
@@ -262,31 +281,31 @@ def _draw_attn_layer_indices(c: Any) -> Any:
 
 # ---- layouts and conditions ----
 
-_L_Tokens = Layout('Tokens', ('batch', 'seq'), 'long', False)
-_L_scalar = Layout('scalar', (), 'object', False)
-_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'), 'float', False)
-_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'), 'float', False)
-_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'), 'float', False)
-_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'), 'float', False)
-_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'), 'float', False)
-_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'), 'float', False)
-_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'), 'float', False)
-_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'), 'float', False)
-_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'), 'float', False)
-_L_SSDHeads = Layout('SSDHeads', ('batch', 'seq', 'ssm_heads', 'ssm_head_dim'), 'float', False)
-_L_SSDHeadWeights = Layout('SSDHeadWeights', ('ssm_heads',), 'float', False)
-_L_SSDStateVectors = Layout('SSDStateVectors', ('batch', 'seq', 'ssm_groups', 'ssm_state_size'), 'float', False)
-_L_SSDSteps = Layout('SSDSteps', ('batch', 'seq', 'ssm_heads'), 'float', False)
-_L_SSDState = Layout('SSDState', ('batch', 'ssm_heads', 'ssm_head_dim', 'ssm_state_size'), 'float', False)
-_L_SSMChannels = Layout('SSMChannels', ('batch', 'seq', 'ssm_channels'), 'float', False)
+_L_Tokens = Layout('Tokens', ('batch', 'seq'), dtype='long')
+_L_scalar = Layout('scalar', (), dtype='object')
+_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'))
+_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'))
+_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'))
+_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'))
+_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'))
+_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'))
+_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'))
+_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'))
+_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'))
+_L_SSDHeads = Layout('SSDHeads', ('batch', 'seq', 'ssm_heads', 'ssm_head_dim'))
+_L_SSDHeadWeights = Layout('SSDHeadWeights', ('ssm_heads',))
+_L_SSDStateVectors = Layout('SSDStateVectors', ('batch', 'seq', 'ssm_groups', 'ssm_state_size'))
+_L_SSDSteps = Layout('SSDSteps', ('batch', 'seq', 'ssm_heads'))
+_L_SSDState = Layout('SSDState', ('batch', 'ssm_heads', 'ssm_head_dim', 'ssm_state_size'))
+_L_SSMChannels = Layout('SSMChannels', ('batch', 'seq', 'ssm_channels'))
 _C_eager = Condition('eager', "needs attn_implementation='eager'", 'load with attn_implementation="eager" (nnatlas.load(..., attn_implementation="eager"))')
 _C_cached = Condition('cached', 'is computed only on a call that keeps a cache (the scan returns its final state only then)', 'trace without use_cache=False (the default keeps a cache)', kind='call')
 
 HOSTS: tuple[HostSpec, ...] = (
     HostSpec(
-        path='model',
-        cls='BambaForCausalLM',
-        values=(
+        'model',
+        'BambaForCausalLM',
+        (
             ValueSpec(
                 'input_ids',
                 _L_Tokens,
@@ -313,28 +332,28 @@ HOSTS: tuple[HostSpec, ...] = (
                 'token_embeddings',
                 _L_Residual,
                 "The embedding module's output; layers[0].input is what enters the first block",
-                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',), side='output'),
+                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',)),
                 at='specs/llama.yaml:36:25',
             ),
             ValueSpec(
                 'final_norm_output',
                 _L_Residual,
                 'The residual stream after the final norm, what lm_head reads',
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/llama.yaml:37:26',
             ),
             ValueSpec(
                 'lm_head_output',
                 _L_Logits,
                 "The head's logits before anything the model does past lm_head (a softcap, a scale)",
-                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',), side='output'),
+                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',)),
                 at='specs/llama.yaml:38:23',
             ),
             ValueSpec(
                 'logits',
                 _L_Logits,
                 'The logits the model returns, after anything it does past lm_head (a softcap, a scale)',
-                ReadPoint('module', 'output.logits', "the module's own output, .logits", side='output', access=('logits',)),
+                ReadPoint('module', 'output.logits', "the module's own output, .logits", access=('logits',)),
                 at='specs/llama.yaml:39:15',
             ),
             ValueSpec(
@@ -347,14 +366,14 @@ HOSTS: tuple[HostSpec, ...] = (
             ),
         ),
         identities=(
-            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, '==', 0.0, 0.0, at='specs/llama.yaml:42:9'),
-            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, '==', 0.0, 0.0, at='specs/llama.yaml:43:9'),
+            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, at='specs/llama.yaml:42:9'),
+            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, at='specs/llama.yaml:43:9'),
         ),
     ),
     HostSpec(
-        path='layers[i]',
-        cls='BambaDecoderLayer',
-        values=(
+        'layers[i]',
+        'BambaDecoderLayer',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -366,7 +385,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Residual,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',), side='output'),
+                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',)),
                 at='specs/llama.yaml:49:30',
             ),
             ValueSpec(
@@ -380,7 +399,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Residual,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'pre_ff_layernorm.output', "the child module pre_ff_layernorm's output", module=('pre_ff_layernorm',), side='output'),
+                ReadPoint('module', 'pre_ff_layernorm.output', "the child module pre_ff_layernorm's output", module=('pre_ff_layernorm',)),
                 at='specs/bamba.yaml:49:24',
             ),
             ValueSpec(
@@ -394,24 +413,24 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/bamba.yaml:50:21',
             ),
         ),
         identities=(
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_layer_types_i______linear_attention_0, '==', 0.0, 0.0, at='specs/bamba.yaml:52:9'),
-            Identity('layer_input + mamba.mixer_output + mlp.mlp_output == layer_output', ('layer_input', 'mamba.mixer_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_layer_types_i______linear_attention_1, '==', 0.0, 0.0, at='specs/bamba.yaml:57:13'),
-            Identity('layer_input + mamba.mixer_output == layer_mid', ('layer_input', 'mamba.mixer_output', 'layer_mid'), _identity_layers_layer_types_i______linear_attention_2, '==', 0.0, 0.0, at='specs/bamba.yaml:58:13'),
-            Identity('attention_norm_output == mamba.input', ('attention_norm_output', 'mamba.input'), _identity_layers_layer_types_i______linear_attention_3, '==', 0.0, 0.0, at='specs/bamba.yaml:59:13'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_layer_types_i______linear_attention_0, at='specs/bamba.yaml:52:9'),
+            Identity('layer_input + mamba.mixer_output + mlp.mlp_output == layer_output', ('layer_input', 'mamba.mixer_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_layer_types_i______linear_attention_1, at='specs/bamba.yaml:57:13'),
+            Identity('layer_input + mamba.mixer_output == layer_mid', ('layer_input', 'mamba.mixer_output', 'layer_mid'), _identity_layers_layer_types_i______linear_attention_2, at='specs/bamba.yaml:58:13'),
+            Identity('attention_norm_output == mamba.input', ('attention_norm_output', 'mamba.input'), _identity_layers_layer_types_i______linear_attention_3, at='specs/bamba.yaml:59:13'),
         ),
         when=_when_layers_layer_types_i______linear_attention_1,
         when_text="layer_types[i] == 'linear_attention'",
         kind='ssm',
     ),
     HostSpec(
-        path='layers[i]',
-        cls='BambaDecoderLayer',
-        values=(
+        'layers[i]',
+        'BambaDecoderLayer',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -423,7 +442,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Residual,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',), side='output'),
+                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',)),
                 at='specs/llama.yaml:49:30',
             ),
             ValueSpec(
@@ -437,7 +456,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Residual,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'pre_ff_layernorm.output', "the child module pre_ff_layernorm's output", module=('pre_ff_layernorm',), side='output'),
+                ReadPoint('module', 'pre_ff_layernorm.output', "the child module pre_ff_layernorm's output", module=('pre_ff_layernorm',)),
                 at='specs/bamba.yaml:49:24',
             ),
             ValueSpec(
@@ -451,23 +470,23 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/bamba.yaml:50:21',
             ),
         ),
         identities=(
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_layer_types_i______full_attention_0, '==', 0.0, 0.0, at='specs/bamba.yaml:52:9'),
-            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_layer_types_i______full_attention_1, '==', 0.0, 0.0, at='specs/bamba.yaml:63:13'),
-            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_layer_types_i______full_attention_2, '==', 0.0, 0.0, at='specs/bamba.yaml:64:13'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_layer_types_i______full_attention_0, at='specs/bamba.yaml:52:9'),
+            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_layer_types_i______full_attention_1, at='specs/bamba.yaml:63:13'),
+            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_layer_types_i______full_attention_2, at='specs/bamba.yaml:64:13'),
         ),
         when=_when_layers_layer_types_i______full_attention_2,
         when_text="layer_types[i] == 'full_attention'",
         kind='attention',
     ),
     HostSpec(
-        path='layers[i].self_attn',
-        cls='BambaAttention',
-        values=(
+        'layers[i].self_attn',
+        'BambaAttention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_Queries,
@@ -493,7 +512,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_Pattern,
                 'The attention scores entering the softmax, masked',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_eager,
                 at='specs/llama.yaml:65:32',
             ),
@@ -501,7 +520,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_Pattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_eager,
                 at='specs/llama.yaml:66:39',
             ),
@@ -509,7 +528,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_HeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', side='output', access=(0,), call='attention'),
+                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', access=(0,), call='attention'),
                 at='specs/llama.yaml:67:31',
             ),
             ValueSpec(
@@ -517,34 +536,34 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_HeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))),),
                 at='specs/llama.yaml:68:32',
             ),
             ValueSpec(
                 'attention_output',
                 _L_Residual,
                 'What the attention adds to the residual stream',
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/llama.yaml:69:25',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_0, '==', 0.0, 0.0, at='specs/llama.yaml:71:9'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_1, '==', 1e-05, 0.0, at='specs/llama.yaml:72:9'),
-            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_2, '==', 0.0, 0.0, at='specs/llama.yaml:73:9'),
-            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_3, '==', 1e-06, 0.0, at='specs/llama.yaml:74:9'),
-            Identity('attention_queries[..., rotary_dim:] == transpose(unflatten(q_proj.output, -1, [num_heads, head_dim]), 1, 2)[..., rotary_dim:]', ('attention_queries', 'rotary_dim', 'q_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_4, '==', 0.0, 0.0, at='specs/bamba.yaml:70:9'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_0, at='specs/llama.yaml:71:9'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_1, atol=1e-05, at='specs/llama.yaml:72:9'),
+            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_2, at='specs/llama.yaml:73:9'),
+            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_3, atol=1e-06, at='specs/llama.yaml:74:9'),
+            Identity('attention_queries[..., rotary_dim:] == transpose(unflatten(q_proj.output, -1, [num_heads, head_dim]), 1, 2)[..., rotary_dim:]', ('attention_queries', 'rotary_dim', 'q_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_4, at='specs/bamba.yaml:70:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].mlp',
-        cls='BambaMLP',
-        values=(
+        'layers[i].mlp',
+        'BambaMLP',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_Neurons,
                 "The activation function's output",
-                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',), side='output'),
+                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',)),
                 at='specs/llama.yaml:79:23',
             ),
             ValueSpec(
@@ -558,19 +577,19 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_output',
                 _L_Residual,
                 'What the MLP adds to the residual stream',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/llama.yaml:81:19',
             ),
         ),
         identities=(
-            Identity('mlp_neurons == mlp_activation * up_proj.output', ('mlp_neurons', 'mlp_activation', 'up_proj.output'), _identity_layers_mlp_0, '==', 0.0, 0.0, at='specs/llama.yaml:83:9'),
-            Identity('mlp_activation == silu(gate_proj.output)', ('mlp_activation', 'gate_proj.output'), _identity_layers_mlp_1, '==', 0.0, 0.0, at='specs/llama.yaml:84:9'),
+            Identity('mlp_neurons == mlp_activation * up_proj.output', ('mlp_neurons', 'mlp_activation', 'up_proj.output'), _identity_layers_mlp_0, at='specs/llama.yaml:83:9'),
+            Identity('mlp_activation == silu(gate_proj.output)', ('mlp_activation', 'gate_proj.output'), _identity_layers_mlp_1, at='specs/llama.yaml:84:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].mamba',
-        cls='BambaMixer',
-        values=(
+        'layers[i].mamba',
+        'BambaMixer',
+        (
             ValueSpec(
                 'ssm_inputs',
                 _L_SSDHeads,
@@ -610,7 +629,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'time_steps',
                 _L_SSDSteps,
                 "The step Δ of each token and head, after dt_bias, the softplus and the clamp to time_step_limit: each token keeps exp(Δ A) of the head's state and writes Δ x B into it",
-                ReadPoint('op', 'op:clamp.output', 'the output of clamp (first call) inside the forward', side='output', op='clamp', occurrence=0),
+                ReadPoint('op', 'op:clamp.output', 'the output of clamp (first call) inside the forward', op='clamp'),
                 at='specs/bamba.yaml:81:19',
             ),
             ValueSpec(
@@ -627,7 +646,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_SSDHeads,
                 "The scan's output y = C h + D x per head, before the gated norm",
                 ReadPoint('module', 'norm.input', "the child module norm's input", module=('norm',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('ssm_heads', 'ssm_head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('ssm_heads', 'ssm_head_dim'))),),
                 at='specs/bamba.yaml:83:27',
             ),
             ValueSpec(
@@ -641,16 +660,37 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mixer_output',
                 _L_Residual,
                 "What the SSM mixer adds to the residual stream (out_proj's output)",
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/bamba.yaml:85:21',
             ),
         ),
         identities=(
-            Identity('selective_scan(flatten(ssm_inputs, 2), flatten(time_steps[..., None] + 0 * ssm_inputs, 2), unflatten(flatten(state_decays[:, None, None] + 0 * state_output[0], 0), 0, [ssm_channels, ssm_state_size]), state_writes[:, :, 0], state_reads[:, :, 0], flatten(skip_weights[:, None] + 0 * state_output[0, :, :, 0], 0))[0] == flatten(ssm_outputs, 2)', ('ssm_inputs', 'time_steps', 'state_decays', 'state_output', 'ssm_channels', 'ssm_state_size', 'state_writes', 'state_reads', 'skip_weights', 'ssm_outputs'), _identity_layers_mamba_0, '==', 1e-05, 0.0001, at='specs/bamba.yaml:88:9'),
-            Identity('flatten(selective_scan(flatten(ssm_inputs, 2), flatten(time_steps[..., None] + 0 * ssm_inputs, 2), unflatten(flatten(state_decays[:, None, None] + 0 * state_output[0], 0), 0, [ssm_channels, ssm_state_size]), state_writes[:, :, 0], state_reads[:, :, 0], flatten(skip_weights[:, None] + 0 * state_output[0, :, :, 0], 0))[1], 1) == flatten(state_output, 1)', ('ssm_inputs', 'time_steps', 'state_decays', 'state_output', 'ssm_channels', 'ssm_state_size', 'state_writes', 'state_reads', 'skip_weights'), _identity_layers_mamba_1, '==', 1e-05, 0.0001, at='specs/bamba.yaml:89:9'),
-            Identity('state_decays < 0', ('state_decays',), _identity_layers_mamba_2, '<', 0.0, 0.0, at='specs/bamba.yaml:90:9'),
-            Identity('time_steps > 0', ('time_steps',), _identity_layers_mamba_3, '>', 0.0, 0.0, at='specs/bamba.yaml:91:9'),
-            Identity('out_proj.input == norm.output', ('out_proj.input', 'norm.output'), _identity_layers_mamba_4, '==', 0.0, 0.0, at='specs/bamba.yaml:92:9'),
+            Identity('selective_scan(flatten(ssm_inputs, 2), flatten(time_steps[..., None] + 0 * ssm_inputs, 2), unflatten(flatten(state_decays[:, None, None] + 0 * state_output[0], 0), 0, [ssm_channels, ssm_state_size]), state_writes[:, :, 0], state_reads[:, :, 0], flatten(skip_weights[:, None] + 0 * state_output[0, :, :, 0], 0))[0] == flatten(ssm_outputs, 2)', (
+                'ssm_inputs',
+                'time_steps',
+                'state_decays',
+                'state_output',
+                'ssm_channels',
+                'ssm_state_size',
+                'state_writes',
+                'state_reads',
+                'skip_weights',
+                'ssm_outputs',
+            ), _identity_layers_mamba_0, atol=1e-05, rtol=0.0001, at='specs/bamba.yaml:88:9'),
+            Identity('flatten(selective_scan(flatten(ssm_inputs, 2), flatten(time_steps[..., None] + 0 * ssm_inputs, 2), unflatten(flatten(state_decays[:, None, None] + 0 * state_output[0], 0), 0, [ssm_channels, ssm_state_size]), state_writes[:, :, 0], state_reads[:, :, 0], flatten(skip_weights[:, None] + 0 * state_output[0, :, :, 0], 0))[1], 1) == flatten(state_output, 1)', (
+                'ssm_inputs',
+                'time_steps',
+                'state_decays',
+                'state_output',
+                'ssm_channels',
+                'ssm_state_size',
+                'state_writes',
+                'state_reads',
+                'skip_weights',
+            ), _identity_layers_mamba_1, atol=1e-05, rtol=0.0001, at='specs/bamba.yaml:89:9'),
+            Identity('state_decays < 0', ('state_decays',), _identity_layers_mamba_2, op='<', at='specs/bamba.yaml:90:9'),
+            Identity('time_steps > 0', ('time_steps',), _identity_layers_mamba_3, op='>', at='specs/bamba.yaml:91:9'),
+            Identity('out_proj.input == norm.output', ('out_proj.input', 'norm.output'), _identity_layers_mamba_4, at='specs/bamba.yaml:92:9'),
         ),
     ),
 )
@@ -689,6 +729,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {

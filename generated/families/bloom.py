@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnatlas import functions as _fn
-from nnatlas.adapter import Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas import expressions as _fn
+from nnatlas.hosts import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.spec import Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,58 +21,66 @@ SPEC_SHA256 = '1916984815f541caa7f8abcf1fcd9510fd1f5045cea2a4c53eb428a204aadb70'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: BloomForCausalLM"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    embedding_norm_output: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    embedding_norm_output: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
     layers: HostList[Layer]
-    embed_tokens: Host
-    embed_norm: Host
-    norm: Host
-    lm_head: Host
+    embed_tokens: TypedHost
+    embed_norm: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
+    vocab_size: Any
+    intermediate_size: Any
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: BloomBlock"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
     self_attn: LayerSelfAttn
     mlp: LayerMlp
 
 
-class LayerSelfAttn(Host):
+class LayerSelfAttn(TypedHost):
     """layers[i].self_attn: BloomAttention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
-    qkv_proj: Host
-    o_proj: Host
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
+    qkv_proj: TypedHost
+    o_proj: TypedHost
 
 
-class LayerMlp(Host):
+class LayerMlp(TypedHost):
     """layers[i].mlp: BloomMLP"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
-    up_proj: Host
-    act_fn: Host
-    down_proj: Host
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
+    up_proj: TypedHost
+    act_fn: TypedHost
+    down_proj: TypedHost
 
 # ---- normalized config ----
 
@@ -178,23 +187,23 @@ def _draw_hidden_size(c: Any) -> Any:
 
 # ---- layouts and conditions ----
 
-_L_Tokens = Layout('Tokens', ('batch', 'seq'), 'long', False)
-_L_scalar = Layout('scalar', (), 'object', False)
-_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'), 'float', False)
-_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'), 'float', False)
-_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'), 'float', False)
-_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'), 'float', False)
-_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'), 'float', False)
-_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'), 'float', False)
-_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'), 'float', False)
-_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'), 'float', False)
-_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'), 'float', False)
+_L_Tokens = Layout('Tokens', ('batch', 'seq'), dtype='long')
+_L_scalar = Layout('scalar', (), dtype='object')
+_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'))
+_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'))
+_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'))
+_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'))
+_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'))
+_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'))
+_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'))
+_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'))
+_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'))
 
 HOSTS: tuple[HostSpec, ...] = (
     HostSpec(
-        path='model',
-        cls='BloomForCausalLM',
-        values=(
+        'model',
+        'BloomForCausalLM',
+        (
             ValueSpec(
                 'input_ids',
                 _L_Tokens,
@@ -221,35 +230,35 @@ HOSTS: tuple[HostSpec, ...] = (
                 'token_embeddings',
                 _L_Residual,
                 "The embedding module's output; layers[0].input is what enters the first block",
-                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',), side='output'),
+                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',)),
                 at='specs/bloom.yaml:44:25',
             ),
             ValueSpec(
                 'embedding_norm_output',
                 _L_Residual,
                 "The token embeddings after the norm the model applies before the first block (BLOOM's word_embeddings_layernorm): what layers[0].input is",
-                ReadPoint('module', 'embed_norm.output', "the child module embed_norm's output", module=('embed_norm',), side='output'),
+                ReadPoint('module', 'embed_norm.output', "the child module embed_norm's output", module=('embed_norm',)),
                 at='specs/bloom.yaml:45:30',
             ),
             ValueSpec(
                 'final_norm_output',
                 _L_Residual,
                 'The residual stream after the final norm, what lm_head reads',
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/bloom.yaml:46:26',
             ),
             ValueSpec(
                 'lm_head_output',
                 _L_Logits,
                 "The head's logits before anything the model does past lm_head (a softcap, a scale)",
-                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',), side='output'),
+                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',)),
                 at='specs/bloom.yaml:47:23',
             ),
             ValueSpec(
                 'logits',
                 _L_Logits,
                 'The logits the model returns, after anything it does past lm_head (a softcap, a scale)',
-                ReadPoint('module', 'output.logits', "the module's own output, .logits", side='output', access=('logits',)),
+                ReadPoint('module', 'output.logits', "the module's own output, .logits", access=('logits',)),
                 at='specs/bloom.yaml:48:15',
             ),
             ValueSpec(
@@ -262,14 +271,14 @@ HOSTS: tuple[HostSpec, ...] = (
             ),
         ),
         identities=(
-            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, '==', 0.0, 0.0, at='specs/bloom.yaml:51:9'),
-            Identity('layers[0].layer_input == embedding_norm_output', ('layers[0].layer_input', 'embedding_norm_output'), _identity_model_1, '==', 0.0, 0.0, at='specs/bloom.yaml:52:9'),
+            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, at='specs/bloom.yaml:51:9'),
+            Identity('layers[0].layer_input == embedding_norm_output', ('layers[0].layer_input', 'embedding_norm_output'), _identity_model_1, at='specs/bloom.yaml:52:9'),
         ),
     ),
     HostSpec(
-        path='layers[i]',
-        cls='BloomBlock',
-        values=(
+        'layers[i]',
+        'BloomBlock',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -281,7 +290,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Residual,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',), side='output'),
+                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',)),
                 at='specs/bloom.yaml:58:30',
             ),
             ValueSpec(
@@ -295,7 +304,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Residual,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',), side='output'),
+                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',)),
                 at='specs/bloom.yaml:60:24',
             ),
             ValueSpec(
@@ -309,61 +318,61 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/bloom.yaml:62:21',
             ),
         ),
         identities=(
-            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_0, '==', 0.0, 0.0, at='specs/bloom.yaml:64:9'),
-            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_1, '==', 0.0, 0.0, at='specs/bloom.yaml:65:9'),
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_2, '==', 0.0, 0.0, at='specs/bloom.yaml:66:9'),
+            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_0, at='specs/bloom.yaml:64:9'),
+            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_1, at='specs/bloom.yaml:65:9'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_2, at='specs/bloom.yaml:66:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].self_attn',
-        cls='BloomAttention',
-        values=(
+        'layers[i].self_attn',
+        'BloomAttention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_Queries,
                 'The queries entering attention',
-                ReadPoint('method', 'method:_reshape.output[0]', "the output of the module's method _reshape (the first call), element 0", side='output', access=(0,), method='_reshape', occurrence=0),
+                ReadPoint('method', 'method:_reshape.output[0]', "the output of the module's method _reshape (the first call), element 0", access=(0,), method='_reshape'),
                 at='specs/bloom.yaml:73:26',
             ),
             ValueSpec(
                 'attention_keys',
                 _L_Keys,
                 'The keys entering attention',
-                ReadPoint('method', 'method:_reshape.output[1]', "the output of the module's method _reshape (the first call), element 1", side='output', access=(1,), method='_reshape', occurrence=0),
+                ReadPoint('method', 'method:_reshape.output[1]', "the output of the module's method _reshape (the first call), element 1", access=(1,), method='_reshape'),
                 at='specs/bloom.yaml:74:23',
             ),
             ValueSpec(
                 'attention_values',
                 _L_Values,
                 'The values entering attention',
-                ReadPoint('method', 'method:_reshape.output[2]', "the output of the module's method _reshape (the first call), element 2", side='output', access=(2,), method='_reshape', occurrence=0),
+                ReadPoint('method', 'method:_reshape.output[2]', "the output of the module's method _reshape (the first call), element 2", access=(2,), method='_reshape'),
                 at='specs/bloom.yaml:75:25',
             ),
             ValueSpec(
                 'attention_scores',
                 _L_Pattern,
                 'The attention scores entering the softmax, masked',
-                ReadPoint('op', 'op:softmax.input[0]', 'the input of softmax (first call) inside the forward, element 0', side='input', access=(0,), op='softmax', occurrence=0),
+                ReadPoint('op', 'op:softmax.input[0]', 'the input of softmax (first call) inside the forward, element 0', side='input', access=(0,), op='softmax'),
                 at='specs/bloom.yaml:76:25',
             ),
             ValueSpec(
                 'attention_probabilities',
                 _L_Pattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('module', 'attention_dropout.output', "the child module attention_dropout's output", module=('attention_dropout',), side='output'),
+                ReadPoint('module', 'attention_dropout.output', "the child module attention_dropout's output", module=('attention_dropout',)),
                 at='specs/bloom.yaml:77:32',
             ),
             ValueSpec(
                 'attention_head_outputs',
                 _L_HeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('method', 'method:_merge_heads.args[0]', "the arguments of the module's method _merge_heads (the first call), element 0", side='args', access=(0,), method='_merge_heads', occurrence=0),
-                view=(ViewOp('unflatten', (0, ('batch', 'num_heads'))), ViewOp('transpose', (1, 2)), ),
+                ReadPoint('method', 'method:_merge_heads.args[0]', "the arguments of the module's method _merge_heads (the first call), element 0", side='args', access=(0,), method='_merge_heads'),
+                view=(ViewOp('unflatten', (0, ('batch', 'num_heads'))), ViewOp('transpose', (1, 2))),
                 at='specs/bloom.yaml:78:38',
             ),
             ValueSpec(
@@ -371,36 +380,36 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_HeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))),),
                 at='specs/bloom.yaml:79:32',
             ),
             ValueSpec(
                 'attention_output',
                 _L_Residual,
                 'What the attention adds to the residual stream',
-                ReadPoint('module', 'o_proj.output', "the child module o_proj's output", module=('o_proj',), side='output'),
+                ReadPoint('module', 'o_proj.output', "the child module o_proj's output", module=('o_proj',)),
                 at='specs/bloom.yaml:80:25',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_0, '==', 0.0, 0.0, at='specs/bloom.yaml:82:9'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_1, '==', 1e-05, 0.0, at='specs/bloom.yaml:83:9'),
-            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_2, '==', 0.0, 0.0, at='specs/bloom.yaml:84:9'),
-            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_3, '==', 1e-06, 0.0, at='specs/bloom.yaml:85:9'),
-            Identity('attention_queries == transpose(unflatten(qkv_proj.output, -1, [num_heads, 3, head_dim])[..., 0, :], 1, 2)', ('attention_queries', 'qkv_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_4, '==', 0.0, 0.0, at='specs/bloom.yaml:87:9'),
-            Identity('attention_keys == transpose(unflatten(qkv_proj.output, -1, [num_heads, 3, head_dim])[..., 1, :], 1, 2)', ('attention_keys', 'qkv_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_5, '==', 0.0, 0.0, at='specs/bloom.yaml:88:9'),
-            Identity('attention_values == transpose(unflatten(qkv_proj.output, -1, [num_heads, 3, head_dim])[..., 2, :], 1, 2)', ('attention_values', 'qkv_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_6, '==', 0.0, 0.0, at='specs/bloom.yaml:89:9'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_0, at='specs/bloom.yaml:82:9'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_1, atol=1e-05, at='specs/bloom.yaml:83:9'),
+            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_2, at='specs/bloom.yaml:84:9'),
+            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_3, atol=1e-06, at='specs/bloom.yaml:85:9'),
+            Identity('attention_queries == transpose(unflatten(qkv_proj.output, -1, [num_heads, 3, head_dim])[..., 0, :], 1, 2)', ('attention_queries', 'qkv_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_4, at='specs/bloom.yaml:87:9'),
+            Identity('attention_keys == transpose(unflatten(qkv_proj.output, -1, [num_heads, 3, head_dim])[..., 1, :], 1, 2)', ('attention_keys', 'qkv_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_5, at='specs/bloom.yaml:88:9'),
+            Identity('attention_values == transpose(unflatten(qkv_proj.output, -1, [num_heads, 3, head_dim])[..., 2, :], 1, 2)', ('attention_values', 'qkv_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_6, at='specs/bloom.yaml:89:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].mlp',
-        cls='BloomMLP',
-        values=(
+        'layers[i].mlp',
+        'BloomMLP',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_Neurons,
                 "The activation function's output",
-                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',), side='output'),
+                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',)),
                 at='specs/bloom.yaml:94:23',
             ),
             ValueSpec(
@@ -414,13 +423,13 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_output',
                 _L_Residual,
                 'What the MLP adds to the residual stream',
-                ReadPoint('module', 'down_proj.output', "the child module down_proj's output", module=('down_proj',), side='output'),
+                ReadPoint('module', 'down_proj.output', "the child module down_proj's output", module=('down_proj',)),
                 at='specs/bloom.yaml:96:19',
             ),
         ),
         identities=(
-            Identity('mlp_neurons == mlp_activation', ('mlp_neurons', 'mlp_activation'), _identity_layers_mlp_0, '==', 0.0, 0.0, at='specs/bloom.yaml:98:9'),
-            Identity("mlp_activation == gelu(up_proj.output, approximate='tanh')", ('mlp_activation', 'up_proj.output'), _identity_layers_mlp_1, '==', 1e-05, 0.0, at='specs/bloom.yaml:100:9'),
+            Identity('mlp_neurons == mlp_activation', ('mlp_neurons', 'mlp_activation'), _identity_layers_mlp_0, at='specs/bloom.yaml:98:9'),
+            Identity("mlp_activation == gelu(up_proj.output, approximate='tanh')", ('mlp_activation', 'up_proj.output'), _identity_layers_mlp_1, atol=1e-05, at='specs/bloom.yaml:100:9'),
         ),
     ),
 )
@@ -448,6 +457,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnatlas import functions as _fn
-from nnatlas.adapter import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas import expressions as _fn
+from nnatlas.hosts import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.spec import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,68 +21,87 @@ SPEC_SHA256 = 'd32394e880d448b9f017b1eaecd4f2401cadc911d5ab763e8776b7627fe7cf8a'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: DeepseekV3ForCausalLM"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
     layers: HostList[Layer]
-    embed_tokens: Host
-    norm: Host
-    lm_head: Host
+    embed_tokens: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
+    vocab_size: Any
+    intermediate_size: Any
+    num_experts: Any
+    top_k: Any
+    norm_topk_prob: Any
+    routed_scaling_factor: Any
+    shared_expert_intermediate_size: Any
+    moe_intermediate_size: Any
+    qk_nope_head_dim: Any
+    q_lora_rank: Any
+    kv_lora_rank: Any
+    moe_layers: list[int]
+    dense_layers: list[int]
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: DeepseekV3DecoderLayer"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
     self_attn: LayerSelfAttn
     mlp: LayerMlp
 
 
-class LayerSelfAttn(Host):
+class LayerSelfAttn(TypedHost):
     """layers[i].self_attn: DeepseekV3Attention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
-    query_latent: Value
-    kv_latent: Value
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
+    query_latent: ValueSlot
+    kv_latent: ValueSlot
 
 
-class LayerMlp(Host):
+class LayerMlp(TypedHost):
     """layers[i].mlp: DeepseekV3MoE"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
-    router_logits: Value
-    expert_weights: Value
-    expert_indices: Value
-    expert_outputs: Value
-    routed_output: Value
-    shared_expert_output: Value
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
+    router_logits: ValueSlot
+    expert_weights: ValueSlot
+    expert_indices: ValueSlot
+    expert_outputs: ValueSlot
+    routed_output: ValueSlot
+    shared_expert_output: ValueSlot
     shared_experts: LayerMlpSharedExperts
-    router: Host
+    router: TypedHost
 
 
-class LayerMlpSharedExperts(Host):
+class LayerMlpSharedExperts(TypedHost):
     """layers[i].mlp.shared_experts: DeepseekV3MLP"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
 
 # ---- normalized config ----
 
@@ -276,31 +296,31 @@ def _draw_num_key_value_heads(c: Any) -> Any:
 
 # ---- layouts and conditions ----
 
-_L_Tokens = Layout('Tokens', ('batch', 'seq'), 'long', False)
-_L_scalar = Layout('scalar', (), 'object', False)
-_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'), 'float', False)
-_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'), 'float', False)
-_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'), 'float', False)
-_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'), 'float', False)
-_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'), 'float', False)
-_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'), 'float', False)
-_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'), 'float', False)
-_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'), 'float', False)
-_L_QueryLatent = Layout('QueryLatent', ('batch', 'seq', 'q_lora_rank'), 'float', False)
-_L_KVLatent = Layout('KVLatent', ('batch', 'seq', 'kv_lora_rank'), 'float', False)
-_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'), 'float', False)
-_L_RouterLogits = Layout('RouterLogits', ('batch', 'seq', 'num_experts'), 'float', False)
-_L_ExpertWeights = Layout('ExpertWeights', ('batch', 'seq', 'top_k'), 'float', False)
-_L_ExpertIndices = Layout('ExpertIndices', ('batch', 'seq', 'top_k'), 'long', False)
-_L_ExpertOutputs = Layout('ExpertOutputs', ('batch', 'seq', 'top_k', 'hidden_size'), 'float', False)
+_L_Tokens = Layout('Tokens', ('batch', 'seq'), dtype='long')
+_L_scalar = Layout('scalar', (), dtype='object')
+_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'))
+_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'))
+_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'))
+_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'))
+_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'))
+_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'))
+_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'))
+_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'))
+_L_QueryLatent = Layout('QueryLatent', ('batch', 'seq', 'q_lora_rank'))
+_L_KVLatent = Layout('KVLatent', ('batch', 'seq', 'kv_lora_rank'))
+_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'))
+_L_RouterLogits = Layout('RouterLogits', ('batch', 'seq', 'num_experts'))
+_L_ExpertWeights = Layout('ExpertWeights', ('batch', 'seq', 'top_k'))
+_L_ExpertIndices = Layout('ExpertIndices', ('batch', 'seq', 'top_k'), dtype='long')
+_L_ExpertOutputs = Layout('ExpertOutputs', ('batch', 'seq', 'top_k', 'hidden_size'))
 _C_eager = Condition('eager', "needs attn_implementation='eager'", 'load with attn_implementation="eager" (nnatlas.load(..., attn_implementation="eager"))')
 _C_experts_mm = Condition('experts_mm', "needs experts_implementation 'grouped_mm' (the default) or 'batched_mm'", 'model.native.set_experts_implementation("grouped_mm") (or load with experts_implementation="grouped_mm")', attribute='_experts_implementation', values=('grouped_mm', 'batched_mm'))
 
 HOSTS: tuple[HostSpec, ...] = (
     HostSpec(
-        path='model',
-        cls='DeepseekV3ForCausalLM',
-        values=(
+        'model',
+        'DeepseekV3ForCausalLM',
+        (
             ValueSpec(
                 'input_ids',
                 _L_Tokens,
@@ -327,28 +347,28 @@ HOSTS: tuple[HostSpec, ...] = (
                 'token_embeddings',
                 _L_Residual,
                 "The embedding module's output; layers[0].input is what enters the first block",
-                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',), side='output'),
+                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',)),
                 at='specs/llama.yaml:36:25',
             ),
             ValueSpec(
                 'final_norm_output',
                 _L_Residual,
                 'The residual stream after the final norm, what lm_head reads',
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/llama.yaml:37:26',
             ),
             ValueSpec(
                 'lm_head_output',
                 _L_Logits,
                 "The head's logits before anything the model does past lm_head (a softcap, a scale)",
-                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',), side='output'),
+                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',)),
                 at='specs/llama.yaml:38:23',
             ),
             ValueSpec(
                 'logits',
                 _L_Logits,
                 'The logits the model returns, after anything it does past lm_head (a softcap, a scale)',
-                ReadPoint('module', 'output.logits', "the module's own output, .logits", side='output', access=('logits',)),
+                ReadPoint('module', 'output.logits', "the module's own output, .logits", access=('logits',)),
                 at='specs/llama.yaml:39:15',
             ),
             ValueSpec(
@@ -361,14 +381,14 @@ HOSTS: tuple[HostSpec, ...] = (
             ),
         ),
         identities=(
-            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, '==', 0.0, 0.0, at='specs/llama.yaml:42:9'),
-            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, '==', 0.0, 0.0, at='specs/llama.yaml:43:9'),
+            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, at='specs/llama.yaml:42:9'),
+            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, at='specs/llama.yaml:43:9'),
         ),
     ),
     HostSpec(
-        path='layers[i]',
-        cls='DeepseekV3DecoderLayer',
-        values=(
+        'layers[i]',
+        'DeepseekV3DecoderLayer',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -380,7 +400,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Residual,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',), side='output'),
+                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',)),
                 at='specs/llama.yaml:49:30',
             ),
             ValueSpec(
@@ -394,7 +414,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Residual,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',), side='output'),
+                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',)),
                 at='specs/llama.yaml:51:24',
             ),
             ValueSpec(
@@ -408,23 +428,23 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/llama.yaml:53:21',
             ),
         ),
         identities=(
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_i____first_k_dense_replace_0, '==', 0.0, 0.0, at='specs/glm4_moe.yaml:31:9'),
-            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_i____first_k_dense_replace_1, '==', 0.0, 0.0, at='specs/glm4_moe.yaml:36:13'),
-            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_i____first_k_dense_replace_2, '==', 0.0, 0.0, at='specs/glm4_moe.yaml:37:13'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_i____first_k_dense_replace_0, at='specs/glm4_moe.yaml:31:9'),
+            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_i____first_k_dense_replace_1, at='specs/glm4_moe.yaml:36:13'),
+            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_i____first_k_dense_replace_2, at='specs/glm4_moe.yaml:37:13'),
         ),
         when=_when_layers_i____first_k_dense_replace_1,
         when_text='i >= first_k_dense_replace',
         kind='moe',
     ),
     HostSpec(
-        path='layers[i]',
-        cls='DeepseekV3DecoderLayer',
-        values=(
+        'layers[i]',
+        'DeepseekV3DecoderLayer',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -436,7 +456,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Residual,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',), side='output'),
+                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',)),
                 at='specs/llama.yaml:49:30',
             ),
             ValueSpec(
@@ -450,7 +470,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Residual,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',), side='output'),
+                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',)),
                 at='specs/llama.yaml:51:24',
             ),
             ValueSpec(
@@ -464,22 +484,22 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/llama.yaml:53:21',
             ),
         ),
         identities=(
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_i___first_k_dense_replace_0, '==', 0.0, 0.0, at='specs/glm4_moe.yaml:31:9'),
-            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_i___first_k_dense_replace_1, '==', 0.0, 0.0, at='specs/glm4_moe.yaml:41:13'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_i___first_k_dense_replace_0, at='specs/glm4_moe.yaml:31:9'),
+            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_i___first_k_dense_replace_1, at='specs/glm4_moe.yaml:41:13'),
         ),
         when=_when_layers_i___first_k_dense_replace_2,
         when_text='i < first_k_dense_replace',
         kind='dense',
     ),
     HostSpec(
-        path='layers[i].self_attn',
-        cls='DeepseekV3Attention',
-        values=(
+        'layers[i].self_attn',
+        'DeepseekV3Attention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_Queries,
@@ -505,7 +525,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_Pattern,
                 'The attention scores entering the softmax, masked',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_eager,
                 at='specs/llama.yaml:65:32',
             ),
@@ -513,7 +533,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_Pattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_eager,
                 at='specs/llama.yaml:66:39',
             ),
@@ -521,7 +541,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_HeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', side='output', access=(0,), call='attention'),
+                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', access=(0,), call='attention'),
                 at='specs/llama.yaml:67:31',
             ),
             ValueSpec(
@@ -529,47 +549,47 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_HeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))),),
                 at='specs/llama.yaml:68:32',
             ),
             ValueSpec(
                 'attention_output',
                 _L_Residual,
                 'What the attention adds to the residual stream',
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/llama.yaml:69:25',
             ),
             ValueSpec(
                 'query_latent',
                 _L_QueryLatent,
                 "The queries' low-rank latent after its norm, which every head's query is projected up from (multi-head latent attention)",
-                ReadPoint('module', 'q_a_layernorm.output', "the child module q_a_layernorm's output", module=('q_a_layernorm',), side='output'),
+                ReadPoint('module', 'q_a_layernorm.output', "the child module q_a_layernorm's output", module=('q_a_layernorm',)),
                 at='specs/deepseek_v3.yaml:29:21',
             ),
             ValueSpec(
                 'kv_latent',
                 _L_KVLatent,
                 "The latent the keys and values share, after its norm: what the cache stores, and what every head's keys (but their rotary part) and values are projected up from (multi-head latent attention)",
-                ReadPoint('module', 'kv_a_layernorm.output', "the child module kv_a_layernorm's output", module=('kv_a_layernorm',), side='output'),
+                ReadPoint('module', 'kv_a_layernorm.output', "the child module kv_a_layernorm's output", module=('kv_a_layernorm',)),
                 at='specs/deepseek_v3.yaml:30:18',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_0, '==', 0.0, 0.0, at='specs/llama.yaml:71:9'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_1, '==', 1e-05, 0.0, at='specs/llama.yaml:72:9'),
-            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_2, '==', 0.0, 0.0, at='specs/llama.yaml:73:9'),
-            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_3, '==', 1e-06, 0.0, at='specs/llama.yaml:74:9'),
-            Identity('q_b_proj.input == query_latent', ('q_b_proj.input', 'query_latent'), _identity_layers_self_attn_4, '==', 0.0, 0.0, at='specs/deepseek_v3.yaml:33:9'),
-            Identity('transpose(unflatten(q_b_proj.output, -1, [num_heads, qk_head_dim]), 1, 2)[..., :qk_nope_head_dim] == attention_queries[..., :qk_nope_head_dim]', ('q_b_proj.output', 'num_heads', 'qk_head_dim', 'qk_nope_head_dim', 'attention_queries'), _identity_layers_self_attn_5, '==', 0.0, 0.0, at='specs/deepseek_v3.yaml:34:9'),
-            Identity('kv_b_proj.input[:, 0] == kv_latent', ('kv_b_proj.input', 'kv_latent'), _identity_layers_self_attn_6, '==', 0.0, 0.0, at='specs/deepseek_v3.yaml:36:9'),
-            Identity('transpose(unflatten(kv_b_proj.output[:, 0], -1, [num_heads, qk_nope_head_dim + head_dim]), 1, 2)[..., :qk_nope_head_dim] == attention_keys[..., :qk_nope_head_dim]', ('kv_b_proj.output', 'num_heads', 'qk_nope_head_dim', 'head_dim', 'attention_keys'), _identity_layers_self_attn_7, '==', 0.0, 0.0, at='specs/deepseek_v3.yaml:37:9'),
-            Identity('transpose(unflatten(kv_b_proj.output[:, 0], -1, [num_heads, qk_nope_head_dim + head_dim]), 1, 2)[..., qk_nope_head_dim:] == attention_values', ('kv_b_proj.output', 'num_heads', 'qk_nope_head_dim', 'head_dim', 'attention_values'), _identity_layers_self_attn_8, '==', 0.0, 0.0, at='specs/deepseek_v3.yaml:38:9'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_0, at='specs/llama.yaml:71:9'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_1, atol=1e-05, at='specs/llama.yaml:72:9'),
+            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_2, at='specs/llama.yaml:73:9'),
+            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_3, atol=1e-06, at='specs/llama.yaml:74:9'),
+            Identity('q_b_proj.input == query_latent', ('q_b_proj.input', 'query_latent'), _identity_layers_self_attn_4, at='specs/deepseek_v3.yaml:33:9'),
+            Identity('transpose(unflatten(q_b_proj.output, -1, [num_heads, qk_head_dim]), 1, 2)[..., :qk_nope_head_dim] == attention_queries[..., :qk_nope_head_dim]', ('q_b_proj.output', 'num_heads', 'qk_head_dim', 'qk_nope_head_dim', 'attention_queries'), _identity_layers_self_attn_5, at='specs/deepseek_v3.yaml:34:9'),
+            Identity('kv_b_proj.input[:, 0] == kv_latent', ('kv_b_proj.input', 'kv_latent'), _identity_layers_self_attn_6, at='specs/deepseek_v3.yaml:36:9'),
+            Identity('transpose(unflatten(kv_b_proj.output[:, 0], -1, [num_heads, qk_nope_head_dim + head_dim]), 1, 2)[..., :qk_nope_head_dim] == attention_keys[..., :qk_nope_head_dim]', ('kv_b_proj.output', 'num_heads', 'qk_nope_head_dim', 'head_dim', 'attention_keys'), _identity_layers_self_attn_7, at='specs/deepseek_v3.yaml:37:9'),
+            Identity('transpose(unflatten(kv_b_proj.output[:, 0], -1, [num_heads, qk_nope_head_dim + head_dim]), 1, 2)[..., qk_nope_head_dim:] == attention_values', ('kv_b_proj.output', 'num_heads', 'qk_nope_head_dim', 'head_dim', 'attention_values'), _identity_layers_self_attn_8, at='specs/deepseek_v3.yaml:38:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].mlp',
-        cls='DeepseekV3MoE',
-        values=(
+        'layers[i].mlp',
+        'DeepseekV3MoE',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_Neurons,
@@ -588,15 +608,15 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_output',
                 _L_Residual,
                 'What the MLP adds to the residual stream',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/mixtral.yaml:49:19',
             ),
             ValueSpec(
                 'router_logits',
                 _L_RouterLogits,
                 "The router's logits, one per expert, before the scoring",
-                ReadPoint('op', 'router > op:linear.output', "inside router's forward: the output of linear (first call)", module=('router',), side='output', op='linear', occurrence=0),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                ReadPoint('op', 'router > op:linear.output', "inside router's forward: the output of linear (first call)", module=('router',), op='linear'),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/mixtral.yaml:41:29',
             ),
             ValueSpec(
@@ -604,7 +624,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_ExpertWeights,
                 "The weight each selected expert's output is scaled by",
                 ReadPoint('module', 'experts.input.top_k_weights', "the child module experts's input top_k_weights", module=('experts',), side='input', param='top_k_weights'),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/mixtral.yaml:42:30',
             ),
             ValueSpec(
@@ -612,15 +632,15 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_ExpertIndices,
                 'The expert each routing slot sends the token to',
                 ReadPoint('module', 'experts.input.top_k_index', "the child module experts's input top_k_index", module=('experts',), side='input', param='top_k_index'),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/mixtral.yaml:43:30',
             ),
             ValueSpec(
                 'expert_outputs',
                 _L_ExpertOutputs,
                 "Each routing slot's weighted expert output",
-                ReadPoint('op', 'experts > call:experts > op:view.output', "inside experts's forward: the output of view (first call) inside the experts interface call", module=('experts',), side='output', call='experts', op='view', occurrence=0),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                ReadPoint('op', 'experts > call:experts > op:view.output', "inside experts's forward: the output of view (first call) inside the experts interface call", module=('experts',), call='experts', op='view'),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 needs=_C_experts_mm,
                 at='specs/mixtral.yaml:45:15',
             ),
@@ -628,38 +648,38 @@ HOSTS: tuple[HostSpec, ...] = (
                 'routed_output',
                 _L_Residual,
                 "The routed experts' combined output",
-                ReadPoint('module', 'experts.output', "the child module experts's output", module=('experts',), side='output'),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                ReadPoint('module', 'experts.output', "the child module experts's output", module=('experts',)),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/mixtral.yaml:48:29',
             ),
             ValueSpec(
                 'shared_expert_output',
                 _L_Residual,
                 "The shared expert's output, after its gate",
-                ReadPoint('module', 'shared_experts.output', "the child module shared_experts's output", module=('shared_experts',), side='output'),
+                ReadPoint('module', 'shared_experts.output', "the child module shared_experts's output", module=('shared_experts',)),
                 at='specs/glm4_moe.yaml:50:29',
             ),
         ),
         identities=(
-            Identity('routed_output + shared_expert_output == mlp_output', ('routed_output', 'shared_expert_output', 'mlp_output'), _identity_layers_mlp_i____first_k_dense_replace_0, '==', 0.0, 0.0, at='specs/glm4_moe.yaml:52:9'),
-            Identity('sum(expert_weights, -1) == routed_scaling_factor * sum(topk_weights(sigmoid(router_logits), top_k, norm_topk_prob), -1)', ('expert_weights', 'routed_scaling_factor', 'router_logits', 'top_k', 'norm_topk_prob'), _identity_layers_mlp_i____first_k_dense_replace_1, '==', 1e-05, 0.0, at='specs/glm4_moe.yaml:57:9'),
-            Identity('sum(expert_indices, -1) == sum(topk_indices(sigmoid(router_logits), top_k), -1)', ('expert_indices', 'router_logits', 'top_k'), _identity_layers_mlp_i____first_k_dense_replace_2, '==', 0.0, 0.0, at='specs/glm4_moe.yaml:58:9'),
-            Identity('sum(expert_indices * expert_indices, -1) == sum(topk_indices(sigmoid(router_logits), top_k) * topk_indices(sigmoid(router_logits), top_k), -1)', ('expert_indices', 'router_logits', 'top_k'), _identity_layers_mlp_i____first_k_dense_replace_3, '==', 0.0, 0.0, at='specs/glm4_moe.yaml:59:9'),
-            Identity('sum(expert_outputs, 2) == routed_output', ('expert_outputs', 'routed_output'), _identity_layers_mlp_i____first_k_dense_replace_4, '==', 1e-06, 0.0, at='specs/glm4_moe.yaml:60:9'),
+            Identity('routed_output + shared_expert_output == mlp_output', ('routed_output', 'shared_expert_output', 'mlp_output'), _identity_layers_mlp_i____first_k_dense_replace_0, at='specs/glm4_moe.yaml:52:9'),
+            Identity('sum(expert_weights, -1) == routed_scaling_factor * sum(topk_weights(sigmoid(router_logits), top_k, norm_topk_prob), -1)', ('expert_weights', 'routed_scaling_factor', 'router_logits', 'top_k', 'norm_topk_prob'), _identity_layers_mlp_i____first_k_dense_replace_1, atol=1e-05, at='specs/glm4_moe.yaml:57:9'),
+            Identity('sum(expert_indices, -1) == sum(topk_indices(sigmoid(router_logits), top_k), -1)', ('expert_indices', 'router_logits', 'top_k'), _identity_layers_mlp_i____first_k_dense_replace_2, at='specs/glm4_moe.yaml:58:9'),
+            Identity('sum(expert_indices * expert_indices, -1) == sum(topk_indices(sigmoid(router_logits), top_k) * topk_indices(sigmoid(router_logits), top_k), -1)', ('expert_indices', 'router_logits', 'top_k'), _identity_layers_mlp_i____first_k_dense_replace_3, at='specs/glm4_moe.yaml:59:9'),
+            Identity('sum(expert_outputs, 2) == routed_output', ('expert_outputs', 'routed_output'), _identity_layers_mlp_i____first_k_dense_replace_4, atol=1e-06, at='specs/glm4_moe.yaml:60:9'),
         ),
-        dims=(('intermediate_size', 'moe_intermediate_size'),),
         when=_when_layers_mlp_i____first_k_dense_replace_4,
         when_text='i >= first_k_dense_replace',
+        dims=(('intermediate_size', 'moe_intermediate_size'),),
     ),
     HostSpec(
-        path='layers[i].mlp.shared_experts',
-        cls='DeepseekV3MLP',
-        values=(
+        'layers[i].mlp.shared_experts',
+        'DeepseekV3MLP',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_Neurons,
                 "The activation function's output",
-                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',), side='output'),
+                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',)),
                 at='specs/glm4_moe.yaml:67:23',
             ),
             ValueSpec(
@@ -673,17 +693,17 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_output',
                 _L_Residual,
                 'What the MLP adds to the residual stream',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/glm4_moe.yaml:69:19',
             ),
         ),
         identities=(
-            Identity('mlp_neurons == mlp_activation * up_proj.output', ('mlp_neurons', 'mlp_activation', 'up_proj.output'), _identity_layers_mlp_shared_experts_i____first_k_dense_replace_0, '==', 0.0, 0.0, at='specs/glm4_moe.yaml:71:9'),
-            Identity('mlp_activation == silu(gate_proj.output)', ('mlp_activation', 'gate_proj.output'), _identity_layers_mlp_shared_experts_i____first_k_dense_replace_1, '==', 0.0, 0.0, at='specs/glm4_moe.yaml:72:9'),
+            Identity('mlp_neurons == mlp_activation * up_proj.output', ('mlp_neurons', 'mlp_activation', 'up_proj.output'), _identity_layers_mlp_shared_experts_i____first_k_dense_replace_0, at='specs/glm4_moe.yaml:71:9'),
+            Identity('mlp_activation == silu(gate_proj.output)', ('mlp_activation', 'gate_proj.output'), _identity_layers_mlp_shared_experts_i____first_k_dense_replace_1, at='specs/glm4_moe.yaml:72:9'),
         ),
-        dims=(('intermediate_size', 'shared_expert_intermediate_size'),),
         when=_when_layers_mlp_shared_experts_i____first_k_dense_replace_5,
         when_text='i >= first_k_dense_replace',
+        dims=(('intermediate_size', 'shared_expert_intermediate_size'),),
     ),
 )
 
@@ -719,6 +739,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {

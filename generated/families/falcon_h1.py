@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnatlas import functions as _fn
-from nnatlas.adapter import Condition, Family, FunctionGroup, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas import expressions as _fn
+from nnatlas.hosts import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.spec import Condition, Family, FunctionGroup, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,68 +21,90 @@ SPEC_SHA256 = 'b4ae494691087ccbab7308b1402c8f8d916dbd3ce459c4dbf31608b967b21910'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: FalconH1ForCausalLM"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
     layers: HostList[Layer]
-    embed_tokens: Host
-    norm: Host
-    lm_head: Host
+    embed_tokens: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
+    vocab_size: Any
+    intermediate_size: Any
+    ssm_channels: Any
+    ssm_heads: Any
+    ssm_head_dim: Any
+    ssm_groups: Any
+    ssm_state_size: Any
+    conv_kernel: Any
+    chunk_size: Any
+    embedding_multiplier: Any
+    lm_head_multiplier: Any
+    attention_in_multiplier: Any
+    attention_out_multiplier: Any
+    ssm_out_multiplier: Any
+    mlp_gate_multiplier: Any
+    mlp_down_multiplier: Any
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: FalconH1DecoderLayer"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
-    mixer_output: Value
-    attention_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
+    mixer_output: ValueSlot
+    attention_output: ValueSlot
     self_attn: LayerSelfAttn
     mlp: LayerMlp
     mamba: LayerMamba
 
 
-class LayerSelfAttn(Host):
+class LayerSelfAttn(TypedHost):
     """layers[i].self_attn: FalconH1Attention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
 
 
-class LayerMlp(Host):
+class LayerMlp(TypedHost):
     """layers[i].mlp: FalconH1MLP"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
 
 
-class LayerMamba(Host):
+class LayerMamba(TypedHost):
     """layers[i].mamba: FalconH1Mixer"""
-    ssm_inputs: Value
-    state_decays: Value
-    state_writes: Value
-    state_reads: Value
-    skip_weights: Value
-    time_steps: Value
-    state_output: Value
-    ssm_outputs: Value
-    ssm_gates: Value
-    mixer_output: Value
+    ssm_inputs: ValueSlot
+    state_decays: ValueSlot
+    state_writes: ValueSlot
+    state_reads: ValueSlot
+    skip_weights: ValueSlot
+    time_steps: ValueSlot
+    state_output: ValueSlot
+    ssm_outputs: ValueSlot
+    ssm_gates: ValueSlot
+    mixer_output: ValueSlot
 
 # ---- normalized config ----
 
@@ -272,31 +295,31 @@ def _draw_num_key_value_heads(c: Any) -> Any:
 
 # ---- layouts and conditions ----
 
-_L_Tokens = Layout('Tokens', ('batch', 'seq'), 'long', False)
-_L_scalar = Layout('scalar', (), 'object', False)
-_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'), 'float', False)
-_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'), 'float', False)
-_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'), 'float', False)
-_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'), 'float', False)
-_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'), 'float', False)
-_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'), 'float', False)
-_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'), 'float', False)
-_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'), 'float', False)
-_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'), 'float', False)
-_L_SSDHeads = Layout('SSDHeads', ('batch', 'seq', 'ssm_heads', 'ssm_head_dim'), 'float', False)
-_L_SSDHeadWeights = Layout('SSDHeadWeights', ('ssm_heads',), 'float', False)
-_L_SSDStateVectors = Layout('SSDStateVectors', ('batch', 'seq', 'ssm_groups', 'ssm_state_size'), 'float', False)
-_L_SSDSteps = Layout('SSDSteps', ('batch', 'seq', 'ssm_heads'), 'float', False)
-_L_SSDState = Layout('SSDState', ('batch', 'ssm_heads', 'ssm_head_dim', 'ssm_state_size'), 'float', False)
-_L_SSMChannels = Layout('SSMChannels', ('batch', 'seq', 'ssm_channels'), 'float', False)
+_L_Tokens = Layout('Tokens', ('batch', 'seq'), dtype='long')
+_L_scalar = Layout('scalar', (), dtype='object')
+_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'))
+_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'))
+_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'))
+_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'))
+_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'))
+_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'))
+_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'))
+_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'))
+_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'))
+_L_SSDHeads = Layout('SSDHeads', ('batch', 'seq', 'ssm_heads', 'ssm_head_dim'))
+_L_SSDHeadWeights = Layout('SSDHeadWeights', ('ssm_heads',))
+_L_SSDStateVectors = Layout('SSDStateVectors', ('batch', 'seq', 'ssm_groups', 'ssm_state_size'))
+_L_SSDSteps = Layout('SSDSteps', ('batch', 'seq', 'ssm_heads'))
+_L_SSDState = Layout('SSDState', ('batch', 'ssm_heads', 'ssm_head_dim', 'ssm_state_size'))
+_L_SSMChannels = Layout('SSMChannels', ('batch', 'seq', 'ssm_channels'))
 _C_eager = Condition('eager', "needs attn_implementation='eager'", 'load with attn_implementation="eager" (nnatlas.load(..., attn_implementation="eager"))')
 _C_cached = Condition('cached', 'is computed only on a call that keeps a cache (the scan returns its final state only then)', 'trace without use_cache=False (the default keeps a cache)', kind='call')
 
 HOSTS: tuple[HostSpec, ...] = (
     HostSpec(
-        path='model',
-        cls='FalconH1ForCausalLM',
-        values=(
+        'model',
+        'FalconH1ForCausalLM',
+        (
             ValueSpec(
                 'input_ids',
                 _L_Tokens,
@@ -323,28 +346,28 @@ HOSTS: tuple[HostSpec, ...] = (
                 'token_embeddings',
                 _L_Residual,
                 "The embedding module's output; layers[0].input is what enters the first block",
-                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',), side='output'),
+                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',)),
                 at='specs/llama.yaml:36:25',
             ),
             ValueSpec(
                 'final_norm_output',
                 _L_Residual,
                 'The residual stream after the final norm, what lm_head reads',
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/llama.yaml:37:26',
             ),
             ValueSpec(
                 'lm_head_output',
                 _L_Logits,
                 "The head's logits before anything the model does past lm_head (a softcap, a scale)",
-                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',), side='output'),
+                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',)),
                 at='specs/llama.yaml:38:23',
             ),
             ValueSpec(
                 'logits',
                 _L_Logits,
                 'The logits the model returns, after anything it does past lm_head (a softcap, a scale)',
-                ReadPoint('module', 'output.logits', "the module's own output, .logits", side='output', access=('logits',)),
+                ReadPoint('module', 'output.logits', "the module's own output, .logits", access=('logits',)),
                 at='specs/llama.yaml:39:15',
             ),
             ValueSpec(
@@ -357,14 +380,14 @@ HOSTS: tuple[HostSpec, ...] = (
             ),
         ),
         identities=(
-            Identity('logits == lm_head_output * lm_head_multiplier', ('logits', 'lm_head_output', 'lm_head_multiplier'), _identity_model_0, '==', 0.0, 0.0, at='specs/falcon_h1.yaml:51:9'),
-            Identity('layers[0].layer_input == token_embeddings * embedding_multiplier', ('layers[0].layer_input', 'token_embeddings', 'embedding_multiplier'), _identity_model_1, '==', 0.0, 0.0, at='specs/falcon_h1.yaml:52:9'),
+            Identity('logits == lm_head_output * lm_head_multiplier', ('logits', 'lm_head_output', 'lm_head_multiplier'), _identity_model_0, at='specs/falcon_h1.yaml:51:9'),
+            Identity('layers[0].layer_input == token_embeddings * embedding_multiplier', ('layers[0].layer_input', 'token_embeddings', 'embedding_multiplier'), _identity_model_1, at='specs/falcon_h1.yaml:52:9'),
         ),
     ),
     HostSpec(
-        path='layers[i]',
-        cls='FalconH1DecoderLayer',
-        values=(
+        'layers[i]',
+        'FalconH1DecoderLayer',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -376,7 +399,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Residual,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',), side='output'),
+                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',)),
                 at='specs/llama.yaml:49:30',
             ),
             ValueSpec(
@@ -390,7 +413,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Residual,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'pre_ff_layernorm.output', "the child module pre_ff_layernorm's output", module=('pre_ff_layernorm',), side='output'),
+                ReadPoint('module', 'pre_ff_layernorm.output', "the child module pre_ff_layernorm's output", module=('pre_ff_layernorm',)),
                 at='specs/falcon_h1.yaml:58:24',
             ),
             ValueSpec(
@@ -404,38 +427,38 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/falcon_h1.yaml:59:21',
             ),
             ValueSpec(
                 'mixer_output',
                 _L_Residual,
                 "What the block's SSM mixer adds to the residual stream (where the block scales the mixer's output before adding it)",
-                ReadPoint('op', 'op:mul#0.output', 'the output of mul (first call) inside the forward', side='output', op='mul', occurrence=0),
+                ReadPoint('op', 'op:mul#0.output', 'the output of mul (first call) inside the forward', op='mul'),
                 at='specs/falcon_h1.yaml:62:21',
             ),
             ValueSpec(
                 'attention_output',
                 _L_Residual,
                 'What the attention adds to the residual stream',
-                ReadPoint('op', 'op:mul#2.output', 'the output of mul (third call) inside the forward', side='output', op='mul', occurrence=2),
+                ReadPoint('op', 'op:mul#2.output', 'the output of mul (third call) inside the forward', op='mul', occurrence=2),
                 at='specs/falcon_h1.yaml:63:25',
             ),
         ),
         identities=(
-            Identity('layer_input + (mixer_output + attention_output) == layer_mid', ('layer_input', 'mixer_output', 'attention_output', 'layer_mid'), _identity_layers_0, '==', 0.0, 0.0, at='specs/falcon_h1.yaml:66:9'),
-            Identity('mixer_output == mamba.output * ssm_out_multiplier', ('mixer_output', 'mamba.output', 'ssm_out_multiplier'), _identity_layers_1, '==', 0.0, 0.0, at='specs/falcon_h1.yaml:67:9'),
-            Identity('attention_output == self_attn.o_proj.output * attention_out_multiplier', ('attention_output', 'self_attn.o_proj.output', 'attention_out_multiplier'), _identity_layers_2, '==', 0.0, 0.0, at='specs/falcon_h1.yaml:68:9'),
-            Identity('layer_mid + mlp.mlp_output == layer_output', ('layer_mid', 'mlp.mlp_output', 'layer_output'), _identity_layers_3, '==', 0.0, 0.0, at='specs/falcon_h1.yaml:69:9'),
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_4, '==', 0.0, 0.0, at='specs/falcon_h1.yaml:70:9'),
-            Identity('attention_norm_output == mamba.input', ('attention_norm_output', 'mamba.input'), _identity_layers_5, '==', 0.0, 0.0, at='specs/falcon_h1.yaml:71:9'),
-            Identity('self_attn.input == attention_norm_output * attention_in_multiplier', ('self_attn.input', 'attention_norm_output', 'attention_in_multiplier'), _identity_layers_6, '==', 0.0, 0.0, at='specs/falcon_h1.yaml:72:9'),
+            Identity('layer_input + (mixer_output + attention_output) == layer_mid', ('layer_input', 'mixer_output', 'attention_output', 'layer_mid'), _identity_layers_0, at='specs/falcon_h1.yaml:66:9'),
+            Identity('mixer_output == mamba.output * ssm_out_multiplier', ('mixer_output', 'mamba.output', 'ssm_out_multiplier'), _identity_layers_1, at='specs/falcon_h1.yaml:67:9'),
+            Identity('attention_output == self_attn.o_proj.output * attention_out_multiplier', ('attention_output', 'self_attn.o_proj.output', 'attention_out_multiplier'), _identity_layers_2, at='specs/falcon_h1.yaml:68:9'),
+            Identity('layer_mid + mlp.mlp_output == layer_output', ('layer_mid', 'mlp.mlp_output', 'layer_output'), _identity_layers_3, at='specs/falcon_h1.yaml:69:9'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_4, at='specs/falcon_h1.yaml:70:9'),
+            Identity('attention_norm_output == mamba.input', ('attention_norm_output', 'mamba.input'), _identity_layers_5, at='specs/falcon_h1.yaml:71:9'),
+            Identity('self_attn.input == attention_norm_output * attention_in_multiplier', ('self_attn.input', 'attention_norm_output', 'attention_in_multiplier'), _identity_layers_6, at='specs/falcon_h1.yaml:72:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].self_attn',
-        cls='FalconH1Attention',
-        values=(
+        'layers[i].self_attn',
+        'FalconH1Attention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_Queries,
@@ -461,7 +484,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_Pattern,
                 'The attention scores entering the softmax, masked',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_eager,
                 at='specs/llama.yaml:65:32',
             ),
@@ -469,7 +492,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_Pattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_eager,
                 at='specs/llama.yaml:66:39',
             ),
@@ -477,7 +500,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_HeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', side='output', access=(0,), call='attention'),
+                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', access=(0,), call='attention'),
                 at='specs/llama.yaml:67:31',
             ),
             ValueSpec(
@@ -485,7 +508,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_HeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))),),
                 at='specs/llama.yaml:68:32',
             ),
             ValueSpec(
@@ -497,21 +520,21 @@ HOSTS: tuple[HostSpec, ...] = (
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_0, '==', 0.0, 0.0, at='specs/llama.yaml:71:9'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_1, '==', 1e-05, 0.0, at='specs/llama.yaml:72:9'),
-            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_2, '==', 0.0, 0.0, at='specs/llama.yaml:73:9'),
-            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_3, '==', 1e-06, 0.0, at='specs/llama.yaml:74:9'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_0, at='specs/llama.yaml:71:9'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_1, atol=1e-05, at='specs/llama.yaml:72:9'),
+            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_2, at='specs/llama.yaml:73:9'),
+            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_3, atol=1e-06, at='specs/llama.yaml:74:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].mlp',
-        cls='FalconH1MLP',
-        values=(
+        'layers[i].mlp',
+        'FalconH1MLP',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_Neurons,
                 "The activation function's output",
-                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',), side='output'),
+                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',)),
                 at='specs/llama.yaml:79:23',
             ),
             ValueSpec(
@@ -525,20 +548,20 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_output',
                 _L_Residual,
                 'What the MLP adds to the residual stream',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/llama.yaml:81:19',
             ),
         ),
         identities=(
-            Identity('mlp_neurons == up_proj.output * mlp_activation', ('mlp_neurons', 'up_proj.output', 'mlp_activation'), _identity_layers_mlp_0, '==', 0.0, 0.0, at='specs/falcon_h1.yaml:105:9'),
-            Identity('mlp_activation == silu(gate_proj.output * mlp_gate_multiplier)', ('mlp_activation', 'gate_proj.output', 'mlp_gate_multiplier'), _identity_layers_mlp_1, '==', 0.0, 0.0, at='specs/falcon_h1.yaml:106:9'),
-            Identity('mlp_output == down_proj.output * mlp_down_multiplier', ('mlp_output', 'down_proj.output', 'mlp_down_multiplier'), _identity_layers_mlp_2, '==', 0.0, 0.0, at='specs/falcon_h1.yaml:107:9'),
+            Identity('mlp_neurons == up_proj.output * mlp_activation', ('mlp_neurons', 'up_proj.output', 'mlp_activation'), _identity_layers_mlp_0, at='specs/falcon_h1.yaml:105:9'),
+            Identity('mlp_activation == silu(gate_proj.output * mlp_gate_multiplier)', ('mlp_activation', 'gate_proj.output', 'mlp_gate_multiplier'), _identity_layers_mlp_1, at='specs/falcon_h1.yaml:106:9'),
+            Identity('mlp_output == down_proj.output * mlp_down_multiplier', ('mlp_output', 'down_proj.output', 'mlp_down_multiplier'), _identity_layers_mlp_2, at='specs/falcon_h1.yaml:107:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].mamba',
-        cls='FalconH1Mixer',
-        values=(
+        'layers[i].mamba',
+        'FalconH1Mixer',
+        (
             ValueSpec(
                 'ssm_inputs',
                 _L_SSDHeads,
@@ -578,7 +601,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'time_steps',
                 _L_SSDSteps,
                 "The step Δ of each token and head, after dt_bias, the softplus and the clamp to time_step_limit: each token keeps exp(Δ A) of the head's state and writes Δ x B into it",
-                ReadPoint('op', 'op:clamp.output', 'the output of clamp (first call) inside the forward', side='output', op='clamp', occurrence=0),
+                ReadPoint('op', 'op:clamp.output', 'the output of clamp (first call) inside the forward', op='clamp'),
                 at='specs/falcon_h1.yaml:88:19',
             ),
             ValueSpec(
@@ -614,11 +637,32 @@ HOSTS: tuple[HostSpec, ...] = (
             ),
         ),
         identities=(
-            Identity('selective_scan(flatten(ssm_inputs, 2), flatten(time_steps[..., None] + 0 * ssm_inputs, 2), unflatten(flatten(state_decays[:, None, None] + 0 * state_output[0], 0), 0, [ssm_channels, ssm_state_size]), state_writes[:, :, 0], state_reads[:, :, 0], flatten(skip_weights[:, None] + 0 * state_output[0, :, :, 0], 0))[0] == flatten(ssm_outputs, 2)', ('ssm_inputs', 'time_steps', 'state_decays', 'state_output', 'ssm_channels', 'ssm_state_size', 'state_writes', 'state_reads', 'skip_weights', 'ssm_outputs'), _identity_layers_mamba_0, '==', 1e-05, 0.0001, at='specs/falcon_h1.yaml:95:9'),
-            Identity('flatten(selective_scan(flatten(ssm_inputs, 2), flatten(time_steps[..., None] + 0 * ssm_inputs, 2), unflatten(flatten(state_decays[:, None, None] + 0 * state_output[0], 0), 0, [ssm_channels, ssm_state_size]), state_writes[:, :, 0], state_reads[:, :, 0], flatten(skip_weights[:, None] + 0 * state_output[0, :, :, 0], 0))[1], 1) == flatten(state_output, 1)', ('ssm_inputs', 'time_steps', 'state_decays', 'state_output', 'ssm_channels', 'ssm_state_size', 'state_writes', 'state_reads', 'skip_weights'), _identity_layers_mamba_1, '==', 1e-05, 0.0001, at='specs/falcon_h1.yaml:96:9'),
-            Identity('state_decays < 0', ('state_decays',), _identity_layers_mamba_2, '<', 0.0, 0.0, at='specs/falcon_h1.yaml:97:9'),
-            Identity('time_steps > 0', ('time_steps',), _identity_layers_mamba_3, '>', 0.0, 0.0, at='specs/falcon_h1.yaml:98:9'),
-            Identity('out_proj.input == flatten(ssm_outputs, 2) * silu(ssm_gates)', ('out_proj.input', 'ssm_outputs', 'ssm_gates'), _identity_layers_mamba_4, '==', 0.0, 0.0, at='specs/falcon_h1.yaml:100:9'),
+            Identity('selective_scan(flatten(ssm_inputs, 2), flatten(time_steps[..., None] + 0 * ssm_inputs, 2), unflatten(flatten(state_decays[:, None, None] + 0 * state_output[0], 0), 0, [ssm_channels, ssm_state_size]), state_writes[:, :, 0], state_reads[:, :, 0], flatten(skip_weights[:, None] + 0 * state_output[0, :, :, 0], 0))[0] == flatten(ssm_outputs, 2)', (
+                'ssm_inputs',
+                'time_steps',
+                'state_decays',
+                'state_output',
+                'ssm_channels',
+                'ssm_state_size',
+                'state_writes',
+                'state_reads',
+                'skip_weights',
+                'ssm_outputs',
+            ), _identity_layers_mamba_0, atol=1e-05, rtol=0.0001, at='specs/falcon_h1.yaml:95:9'),
+            Identity('flatten(selective_scan(flatten(ssm_inputs, 2), flatten(time_steps[..., None] + 0 * ssm_inputs, 2), unflatten(flatten(state_decays[:, None, None] + 0 * state_output[0], 0), 0, [ssm_channels, ssm_state_size]), state_writes[:, :, 0], state_reads[:, :, 0], flatten(skip_weights[:, None] + 0 * state_output[0, :, :, 0], 0))[1], 1) == flatten(state_output, 1)', (
+                'ssm_inputs',
+                'time_steps',
+                'state_decays',
+                'state_output',
+                'ssm_channels',
+                'ssm_state_size',
+                'state_writes',
+                'state_reads',
+                'skip_weights',
+            ), _identity_layers_mamba_1, atol=1e-05, rtol=0.0001, at='specs/falcon_h1.yaml:96:9'),
+            Identity('state_decays < 0', ('state_decays',), _identity_layers_mamba_2, op='<', at='specs/falcon_h1.yaml:97:9'),
+            Identity('time_steps > 0', ('time_steps',), _identity_layers_mamba_3, op='>', at='specs/falcon_h1.yaml:98:9'),
+            Identity('out_proj.input == flatten(ssm_outputs, 2) * silu(ssm_gates)', ('out_proj.input', 'ssm_outputs', 'ssm_gates'), _identity_layers_mamba_4, at='specs/falcon_h1.yaml:100:9'),
         ),
     ),
 )
@@ -663,6 +707,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {

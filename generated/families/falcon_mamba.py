@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnatlas import functions as _fn
-from nnatlas.adapter import Condition, Family, FunctionGroup, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas import expressions as _fn
+from nnatlas.hosts import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.spec import Condition, Family, FunctionGroup, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,42 +21,54 @@ SPEC_SHA256 = '4767ceb614d5a03f954d6f2c7034fc237ed8a5ba2f7dd47be4cbbd861899fa81'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: FalconMambaForCausalLM"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
     layers: HostList[Layer]
-    embed_tokens: Host
-    norm: Host
-    lm_head: Host
+    embed_tokens: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    vocab_size: Any
+    intermediate_size: Any
+    ssm_channels: Any
+    ssm_state_size: Any
+    time_step_rank: Any
+    conv_kernel: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: FalconMambaBlock"""
-    layer_input: Value
-    mixer_norm_output: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    mixer_norm_output: ValueSlot
+    layer_output: ValueSlot
     mixer: LayerMixer
 
 
-class LayerMixer(Host):
+class LayerMixer(TypedHost):
     """layers[i].mixer: FalconMambaMixer"""
-    ssm_inputs: Value
-    ssm_gates: Value
-    time_steps: Value
-    state_decays: Value
-    state_writes: Value
-    state_reads: Value
-    skip_weights: Value
-    ssm_outputs: Value
-    state_output: Value
-    mixer_output: Value
+    ssm_inputs: ValueSlot
+    ssm_gates: ValueSlot
+    time_steps: ValueSlot
+    state_decays: ValueSlot
+    state_writes: ValueSlot
+    state_reads: ValueSlot
+    skip_weights: ValueSlot
+    ssm_outputs: ValueSlot
+    state_output: ValueSlot
+    mixer_output: ValueSlot
 
 # ---- normalized config ----
 
@@ -158,23 +171,23 @@ def _identity_layers_mixer_5(v: Any) -> Any:
 
 # ---- layouts and conditions ----
 
-_L_Tokens = Layout('Tokens', ('batch', 'seq'), 'long', False)
-_L_scalar = Layout('scalar', (), 'object', False)
-_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'), 'float', False)
-_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'), 'float', False)
-_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'), 'float', False)
-_L_SSMChannels = Layout('SSMChannels', ('batch', 'seq', 'ssm_channels'), 'float', False)
-_L_SSMDecays = Layout('SSMDecays', ('ssm_channels', 'ssm_state_size'), 'float', False)
-_L_SSMStateVectors = Layout('SSMStateVectors', ('batch', 'seq', 'ssm_state_size'), 'float', False)
-_L_SSMSkip = Layout('SSMSkip', ('ssm_channels',), 'float', False)
-_L_SSMState = Layout('SSMState', ('batch', 'ssm_channels', 'ssm_state_size'), 'float', False)
+_L_Tokens = Layout('Tokens', ('batch', 'seq'), dtype='long')
+_L_scalar = Layout('scalar', (), dtype='object')
+_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'))
+_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'))
+_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'))
+_L_SSMChannels = Layout('SSMChannels', ('batch', 'seq', 'ssm_channels'))
+_L_SSMDecays = Layout('SSMDecays', ('ssm_channels', 'ssm_state_size'))
+_L_SSMStateVectors = Layout('SSMStateVectors', ('batch', 'seq', 'ssm_state_size'))
+_L_SSMSkip = Layout('SSMSkip', ('ssm_channels',))
+_L_SSMState = Layout('SSMState', ('batch', 'ssm_channels', 'ssm_state_size'))
 _C_cached = Condition('cached', 'is computed only on a call that keeps a cache (the scan returns its final state only then)', 'trace without use_cache=False (the default keeps a cache)', kind='call')
 
 HOSTS: tuple[HostSpec, ...] = (
     HostSpec(
-        path='model',
-        cls='FalconMambaForCausalLM',
-        values=(
+        'model',
+        'FalconMambaForCausalLM',
+        (
             ValueSpec(
                 'input_ids',
                 _L_Tokens,
@@ -201,28 +214,28 @@ HOSTS: tuple[HostSpec, ...] = (
                 'token_embeddings',
                 _L_Residual,
                 "The embedding module's output; layers[0].input is what enters the first block",
-                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',), side='output'),
+                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',)),
                 at='specs/mamba.yaml:51:25',
             ),
             ValueSpec(
                 'final_norm_output',
                 _L_Residual,
                 'The residual stream after the final norm, what lm_head reads',
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/mamba.yaml:52:26',
             ),
             ValueSpec(
                 'lm_head_output',
                 _L_Logits,
                 "The head's logits before anything the model does past lm_head (a softcap, a scale)",
-                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',), side='output'),
+                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',)),
                 at='specs/mamba.yaml:53:23',
             ),
             ValueSpec(
                 'logits',
                 _L_Logits,
                 'The logits the model returns, after anything it does past lm_head (a softcap, a scale)',
-                ReadPoint('module', 'output.logits', "the module's own output, .logits", side='output', access=('logits',)),
+                ReadPoint('module', 'output.logits', "the module's own output, .logits", access=('logits',)),
                 at='specs/mamba.yaml:54:15',
             ),
             ValueSpec(
@@ -235,14 +248,14 @@ HOSTS: tuple[HostSpec, ...] = (
             ),
         ),
         identities=(
-            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, '==', 0.0, 0.0, at='specs/mamba.yaml:57:9'),
-            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, '==', 0.0, 0.0, at='specs/mamba.yaml:58:9'),
+            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, at='specs/mamba.yaml:57:9'),
+            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, at='specs/mamba.yaml:58:9'),
         ),
     ),
     HostSpec(
-        path='layers[i]',
-        cls='FalconMambaBlock',
-        values=(
+        'layers[i]',
+        'FalconMambaBlock',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -254,32 +267,32 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mixer_norm_output',
                 _L_Residual,
                 "The normed stream entering the block's mixer (an SSM block's only norm)",
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/mamba.yaml:64:26',
             ),
             ValueSpec(
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/mamba.yaml:65:21',
             ),
         ),
         identities=(
-            Identity('layer_input + mixer.mixer_output == layer_output', ('layer_input', 'mixer.mixer_output', 'layer_output'), _identity_layers_0, '==', 0.0, 0.0, at='specs/mamba.yaml:67:9'),
-            Identity('mixer_norm_output == mixer.input', ('mixer_norm_output', 'mixer.input'), _identity_layers_1, '==', 0.0, 0.0, at='specs/mamba.yaml:68:9'),
+            Identity('layer_input + mixer.mixer_output == layer_output', ('layer_input', 'mixer.mixer_output', 'layer_output'), _identity_layers_0, at='specs/mamba.yaml:67:9'),
+            Identity('mixer_norm_output == mixer.input', ('mixer_norm_output', 'mixer.input'), _identity_layers_1, at='specs/mamba.yaml:68:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].mixer',
-        cls='FalconMambaMixer',
-        values=(
+        'layers[i].mixer',
+        'FalconMambaMixer',
+        (
             ValueSpec(
                 'ssm_inputs',
                 _L_SSMChannels,
                 "The scan's input x: in_proj's first half after the causal convolution and the SiLU (padding positions zeroed)",
                 ReadPoint('fn', 'fn:selective_scan.args[0]', "inside the forward: the arguments of the selective scan over a prompt (transformers' torch path, token by token on CPU), element 0", side='fn_args', access=(0,), fn='selective_scan'),
-                view=(ViewOp('transpose', (1, 2)), ),
+                view=(ViewOp('transpose', (1, 2)),),
                 at='specs/mamba.yaml:74:26',
             ),
             ValueSpec(
@@ -287,15 +300,15 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_SSMChannels,
                 "The gate z: in_proj's second half; the scan's output is multiplied by silu(z)",
                 ReadPoint('fn', 'fn:selective_scan.kwargs.z', "inside the forward: the arguments of the selective scan over a prompt (transformers' torch path, token by token on CPU), argument z", side='fn_args', access=('z',), fn='selective_scan'),
-                view=(ViewOp('transpose', (1, 2)), ),
+                view=(ViewOp('transpose', (1, 2)),),
                 at='specs/mamba.yaml:75:25',
             ),
             ValueSpec(
                 'time_steps',
                 _L_SSMChannels,
                 "The step Δ of each token and channel, after dt_proj's bias and the softplus: each token keeps exp(Δ A) of the state and writes Δ x B into it",
-                ReadPoint('op', 'op:softplus.output', 'the output of softplus (first call) inside the forward', side='output', op='softplus', occurrence=0),
-                view=(ViewOp('transpose', (1, 2)), ),
+                ReadPoint('op', 'op:softplus.output', 'the output of softplus (first call) inside the forward', op='softplus'),
+                view=(ViewOp('transpose', (1, 2)),),
                 at='specs/mamba.yaml:76:26',
             ),
             ValueSpec(
@@ -310,7 +323,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_SSMStateVectors,
                 "B: the token's input vector, how it writes into each channel's state (shared by the channels)",
                 ReadPoint('fn', 'fn:selective_scan.args[3]', "inside the forward: the arguments of the selective scan over a prompt (transformers' torch path, token by token on CPU), element 3", side='fn_args', access=(3,), fn='selective_scan'),
-                view=(ViewOp('transpose', (1, 2)), ),
+                view=(ViewOp('transpose', (1, 2)),),
                 at='specs/mamba.yaml:78:28',
             ),
             ValueSpec(
@@ -318,7 +331,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_SSMStateVectors,
                 "C: the token's output vector, how each channel's state is read out (shared by the channels)",
                 ReadPoint('fn', 'fn:selective_scan.args[4]', "inside the forward: the arguments of the selective scan over a prompt (transformers' torch path, token by token on CPU), element 4", side='fn_args', access=(4,), fn='selective_scan'),
-                view=(ViewOp('transpose', (1, 2)), ),
+                view=(ViewOp('transpose', (1, 2)),),
                 at='specs/mamba.yaml:79:27',
             ),
             ValueSpec(
@@ -348,17 +361,35 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mixer_output',
                 _L_Residual,
                 "What the SSM mixer adds to the residual stream (out_proj's output)",
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/mamba.yaml:83:21',
             ),
         ),
         identities=(
-            Identity('selective_scan(ssm_inputs, time_steps, state_decays, state_writes, state_reads, skip_weights, ssm_gates)[0] == ssm_outputs', ('ssm_inputs', 'time_steps', 'state_decays', 'state_writes', 'state_reads', 'skip_weights', 'ssm_gates', 'ssm_outputs'), _identity_layers_mixer_0, '==', 1e-05, 0.0001, at='specs/mamba.yaml:85:9'),
-            Identity('selective_scan(ssm_inputs, time_steps, state_decays, state_writes, state_reads, skip_weights, ssm_gates)[1] == state_output', ('ssm_inputs', 'time_steps', 'state_decays', 'state_writes', 'state_reads', 'skip_weights', 'ssm_gates', 'state_output'), _identity_layers_mixer_1, '==', 1e-05, 0.0001, at='specs/mamba.yaml:86:9'),
-            Identity('state_decays < 0', ('state_decays',), _identity_layers_mixer_2, '<', 0.0, 0.0, at='specs/mamba.yaml:87:9'),
-            Identity('time_steps > 0', ('time_steps',), _identity_layers_mixer_3, '>', 0.0, 0.0, at='specs/mamba.yaml:88:9'),
-            Identity('state_writes == b_layernorm.output', ('state_writes', 'b_layernorm.output'), _identity_layers_mixer_4, '==', 0.0, 0.0, at='specs/falcon_mamba.yaml:30:9'),
-            Identity('state_reads == c_layernorm.output', ('state_reads', 'c_layernorm.output'), _identity_layers_mixer_5, '==', 0.0, 0.0, at='specs/falcon_mamba.yaml:31:9'),
+            Identity('selective_scan(ssm_inputs, time_steps, state_decays, state_writes, state_reads, skip_weights, ssm_gates)[0] == ssm_outputs', (
+                'ssm_inputs',
+                'time_steps',
+                'state_decays',
+                'state_writes',
+                'state_reads',
+                'skip_weights',
+                'ssm_gates',
+                'ssm_outputs',
+            ), _identity_layers_mixer_0, atol=1e-05, rtol=0.0001, at='specs/mamba.yaml:85:9'),
+            Identity('selective_scan(ssm_inputs, time_steps, state_decays, state_writes, state_reads, skip_weights, ssm_gates)[1] == state_output', (
+                'ssm_inputs',
+                'time_steps',
+                'state_decays',
+                'state_writes',
+                'state_reads',
+                'skip_weights',
+                'ssm_gates',
+                'state_output',
+            ), _identity_layers_mixer_1, atol=1e-05, rtol=0.0001, at='specs/mamba.yaml:86:9'),
+            Identity('state_decays < 0', ('state_decays',), _identity_layers_mixer_2, op='<', at='specs/mamba.yaml:87:9'),
+            Identity('time_steps > 0', ('time_steps',), _identity_layers_mixer_3, op='>', at='specs/mamba.yaml:88:9'),
+            Identity('state_writes == b_layernorm.output', ('state_writes', 'b_layernorm.output'), _identity_layers_mixer_4, at='specs/falcon_mamba.yaml:30:9'),
+            Identity('state_reads == c_layernorm.output', ('state_reads', 'c_layernorm.output'), _identity_layers_mixer_5, at='specs/falcon_mamba.yaml:31:9'),
         ),
     ),
 )
@@ -394,6 +425,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {

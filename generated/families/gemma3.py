@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnatlas import functions as _fn
-from nnatlas.adapter import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas import expressions as _fn
+from nnatlas.hosts import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.spec import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,101 +21,119 @@ SPEC_SHA256 = '11794e84d24d420f4e78dcb66b09f613d05eef74e3ef8f4fd5eaa6bd61590241'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: Gemma3ForConditionalGeneration"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
     layers: HostList[Layer]
     vision: Vision
-    embed_tokens: Host
-    norm: Host
-    lm_head: Host
-    language_model: Host
-    projector: Host
+    embed_tokens: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    language_model: TypedHost
+    projector: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
+    vocab_size: Any
+    intermediate_size: Any
+    vision_num_layers: Any
+    vision_hidden_size: Any
+    vision_num_heads: Any
+    vision_head_dim: Any
+    vision_intermediate_size: Any
+    vision_patch_size: Any
+    vision_image_size: Any
+    tile_patches: Any
+    image_tokens_per_image: Any
+    image_token_id: Any
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: Gemma3DecoderLayer"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
     self_attn: LayerSelfAttn
     mlp: LayerMlp
 
 
-class LayerSelfAttn(Host):
+class LayerSelfAttn(TypedHost):
     """layers[i].self_attn: Gemma3Attention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
-    attention_raw_output: Value
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
+    attention_raw_output: ValueSlot
 
 
-class LayerMlp(Host):
+class LayerMlp(TypedHost):
     """layers[i].mlp: Gemma3MLP"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
-    mlp_raw_output: Value
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
+    mlp_raw_output: ValueSlot
 
 
-class Vision(Host):
+class Vision(TypedHost):
     """vision: SiglipVisionModel"""
-    image_token_mask: Value
-    patch_embeddings: Value
-    tower_output: Value
-    image_features: Value
+    image_token_mask: ValueSlot
+    patch_embeddings: ValueSlot
+    tower_output: ValueSlot
+    image_features: ValueSlot
     layers: HostList[VisionLayers]
 
 
-class VisionLayers(Host):
+class VisionLayers(TypedHost):
     """vision.layers[i]: SiglipEncoderLayer"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
     self_attn: VisionLayersSelfAttn
     mlp: VisionLayersMlp
-    input_layernorm: Host
-    post_attention_layernorm: Host
+    input_layernorm: TypedHost
+    post_attention_layernorm: TypedHost
 
 
-class VisionLayersSelfAttn(Host):
+class VisionLayersSelfAttn(TypedHost):
     """vision.layers[i].self_attn: SiglipAttention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
-    o_proj: Host
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
+    o_proj: TypedHost
 
 
-class VisionLayersMlp(Host):
+class VisionLayersMlp(TypedHost):
     """vision.layers[i].mlp: SiglipMLP"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
-    down_proj: Host
-    act_fn: Host
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
+    down_proj: TypedHost
+    act_fn: TypedHost
 
 # ---- normalized config ----
 
@@ -305,33 +324,33 @@ def _draw_text_config_num_key_value_heads(c: Any) -> Any:
 
 # ---- layouts and conditions ----
 
-_L_Tokens = Layout('Tokens', ('batch', 'seq'), 'long', False)
-_L_scalar = Layout('scalar', (), 'object', False)
-_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'), 'float', False)
-_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'), 'float', False)
-_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'), 'float', False)
-_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'), 'float', False)
-_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'), 'float', False)
-_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'), 'float', False)
-_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'), 'float', False)
-_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'), 'float', False)
-_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'), 'float', False)
-_L_ImageTokenMask = Layout('ImageTokenMask', ('batch', 'seq'), 'bool', False)
-_L_TilePatches = Layout('TilePatches', ('tiles', 'tile_patches', 'vision_hidden_size'), 'float', False)
-_L_ImageFeatures = Layout('ImageFeatures', ('image_tokens', 'hidden_size'), 'float', False)
-_L_TileQKV = Layout('TileQKV', ('tiles', 'vision_num_heads', 'tile_patches', 'vision_head_dim'), 'float', False)
-_L_TilePattern = Layout('TilePattern', ('tiles', 'vision_num_heads', 'tile_patches', 'tile_patches'), 'float', False)
-_L_TileHeadOutputs = Layout('TileHeadOutputs', ('tiles', 'tile_patches', 'vision_num_heads', 'vision_head_dim'), 'float', False)
-_L_TileNeurons = Layout('TileNeurons', ('tiles', 'tile_patches', 'vision_intermediate_size'), 'float', False)
+_L_Tokens = Layout('Tokens', ('batch', 'seq'), dtype='long')
+_L_scalar = Layout('scalar', (), dtype='object')
+_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'))
+_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'))
+_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'))
+_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'))
+_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'))
+_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'))
+_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'))
+_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'))
+_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'))
+_L_ImageTokenMask = Layout('ImageTokenMask', ('batch', 'seq'), dtype='bool')
+_L_TilePatches = Layout('TilePatches', ('tiles', 'tile_patches', 'vision_hidden_size'))
+_L_ImageFeatures = Layout('ImageFeatures', ('image_tokens', 'hidden_size'))
+_L_TileQKV = Layout('TileQKV', ('tiles', 'vision_num_heads', 'tile_patches', 'vision_head_dim'))
+_L_TilePattern = Layout('TilePattern', ('tiles', 'vision_num_heads', 'tile_patches', 'tile_patches'))
+_L_TileHeadOutputs = Layout('TileHeadOutputs', ('tiles', 'tile_patches', 'vision_num_heads', 'vision_head_dim'))
+_L_TileNeurons = Layout('TileNeurons', ('tiles', 'tile_patches', 'vision_intermediate_size'))
 _C_eager = Condition('eager', "needs attn_implementation='eager'", 'load with attn_implementation="eager" (nnatlas.load(..., attn_implementation="eager"))')
 _C_processor = Condition('processor', 'needs the image-text load (a processor for images); a text-only load serves no vision value', 'nnatlas.load(path, task="image-text-to-text"), or nnatlas.wrap(model, processor=...)')
 _C_images = Condition('images', 'is computed only on a call with images', 'trace(prompt, images=[...]), or pass pixel_values, image_grid_thw and mm_token_type_ids', kind='call')
 
 HOSTS: tuple[HostSpec, ...] = (
     HostSpec(
-        path='model',
-        cls='Gemma3ForConditionalGeneration',
-        values=(
+        'model',
+        'Gemma3ForConditionalGeneration',
+        (
             ValueSpec(
                 'input_ids',
                 _L_Tokens,
@@ -358,28 +377,28 @@ HOSTS: tuple[HostSpec, ...] = (
                 'token_embeddings',
                 _L_Residual,
                 "The embedding module's output; layers[0].input is what enters the first block",
-                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',), side='output'),
+                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',)),
                 at='specs/llama.yaml:36:25',
             ),
             ValueSpec(
                 'final_norm_output',
                 _L_Residual,
                 'The residual stream after the final norm, what lm_head reads',
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/llama.yaml:37:26',
             ),
             ValueSpec(
                 'lm_head_output',
                 _L_Logits,
                 "The head's logits before anything the model does past lm_head (a softcap, a scale)",
-                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',), side='output'),
+                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',)),
                 at='specs/llama.yaml:38:23',
             ),
             ValueSpec(
                 'logits',
                 _L_Logits,
                 'The logits the model returns, after anything it does past lm_head (a softcap, a scale)',
-                ReadPoint('module', 'output.logits', "the module's own output, .logits", side='output', access=('logits',)),
+                ReadPoint('module', 'output.logits', "the module's own output, .logits", access=('logits',)),
                 at='specs/llama.yaml:39:15',
             ),
             ValueSpec(
@@ -392,14 +411,14 @@ HOSTS: tuple[HostSpec, ...] = (
             ),
         ),
         identities=(
-            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, '==', 0.0, 0.0, at='specs/gemma3.yaml:51:9'),
-            Identity('layers[0].layer_input[~vision.image_token_mask] == token_embeddings[~vision.image_token_mask]', ('layers[0].layer_input', 'vision.image_token_mask', 'token_embeddings'), _identity_model_1, '==', 0.0, 0.0, at='specs/gemma3.yaml:52:9'),
+            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, at='specs/gemma3.yaml:51:9'),
+            Identity('layers[0].layer_input[~vision.image_token_mask] == token_embeddings[~vision.image_token_mask]', ('layers[0].layer_input', 'vision.image_token_mask', 'token_embeddings'), _identity_model_1, at='specs/gemma3.yaml:52:9'),
         ),
     ),
     HostSpec(
-        path='layers[i]',
-        cls='Gemma3DecoderLayer',
-        values=(
+        'layers[i]',
+        'Gemma3DecoderLayer',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -411,7 +430,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Residual,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',), side='output'),
+                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',)),
                 at='specs/llama.yaml:49:30',
             ),
             ValueSpec(
@@ -425,7 +444,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Residual,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'pre_feedforward_layernorm.output', "the child module pre_feedforward_layernorm's output", module=('pre_feedforward_layernorm',), side='output'),
+                ReadPoint('module', 'pre_feedforward_layernorm.output', "the child module pre_feedforward_layernorm's output", module=('pre_feedforward_layernorm',)),
                 at='specs/gemma2.yaml:33:24',
             ),
             ValueSpec(
@@ -439,20 +458,20 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/llama.yaml:53:21',
             ),
         ),
         identities=(
-            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_0, '==', 0.0, 0.0, at='specs/llama.yaml:55:9'),
-            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_1, '==', 0.0, 0.0, at='specs/llama.yaml:56:9'),
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_2, '==', 0.0, 0.0, at='specs/llama.yaml:57:9'),
+            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_0, at='specs/llama.yaml:55:9'),
+            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_1, at='specs/llama.yaml:56:9'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_2, at='specs/llama.yaml:57:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].self_attn',
-        cls='Gemma3Attention',
-        values=(
+        'layers[i].self_attn',
+        'Gemma3Attention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_Queries,
@@ -478,7 +497,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_Pattern,
                 'The attention scores entering the softmax, masked',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_eager,
                 at='specs/llama.yaml:65:32',
             ),
@@ -486,7 +505,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_Pattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_eager,
                 at='specs/llama.yaml:66:39',
             ),
@@ -494,7 +513,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_HeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', side='output', access=(0,), call='attention'),
+                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', access=(0,), call='attention'),
                 at='specs/llama.yaml:67:31',
             ),
             ValueSpec(
@@ -502,41 +521,41 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_HeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))),),
                 at='specs/llama.yaml:68:32',
             ),
             ValueSpec(
                 'attention_output',
                 _L_Residual,
                 'What the attention adds to the residual stream',
-                ReadPoint('module', '^.post_attention_layernorm.output', "the sibling module post_attention_layernorm's output", module=('post_attention_layernorm',), side='output', up=1),
+                ReadPoint('module', '^.post_attention_layernorm.output', "the sibling module post_attention_layernorm's output", module=('post_attention_layernorm',), up=1),
                 at='specs/gemma2.yaml:38:25',
             ),
             ValueSpec(
                 'attention_raw_output',
                 _L_Residual,
                 "The attention module's own output, before a norm the block applies to it (sandwich norms: attention_output is that norm's output)",
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/gemma2.yaml:37:29',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_0, '==', 0.0, 0.0, at='specs/gemma3.yaml:58:9'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_1, '==', 1e-05, 0.0, at='specs/gemma3.yaml:59:9'),
-            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_2, '==', 1e-06, 0.0, at='specs/gemma3.yaml:60:9'),
-            Identity('vnorm(attention_queries) == vnorm(q_norm.output)', ('attention_queries', 'q_norm.output'), _identity_layers_self_attn_3, '==', 1e-05, 0.0, at='specs/gemma3.yaml:61:9'),
-            Identity('vnorm(attention_keys) == vnorm(k_norm.output)', ('attention_keys', 'k_norm.output'), _identity_layers_self_attn_4, '==', 1e-05, 0.0, at='specs/gemma3.yaml:62:9'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_0, at='specs/gemma3.yaml:58:9'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_1, atol=1e-05, at='specs/gemma3.yaml:59:9'),
+            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_2, atol=1e-06, at='specs/gemma3.yaml:60:9'),
+            Identity('vnorm(attention_queries) == vnorm(q_norm.output)', ('attention_queries', 'q_norm.output'), _identity_layers_self_attn_3, atol=1e-05, at='specs/gemma3.yaml:61:9'),
+            Identity('vnorm(attention_keys) == vnorm(k_norm.output)', ('attention_keys', 'k_norm.output'), _identity_layers_self_attn_4, atol=1e-05, at='specs/gemma3.yaml:62:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].mlp',
-        cls='Gemma3MLP',
-        values=(
+        'layers[i].mlp',
+        'Gemma3MLP',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_Neurons,
                 "The activation function's output",
-                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',), side='output'),
+                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',)),
                 at='specs/llama.yaml:79:23',
             ),
             ValueSpec(
@@ -550,26 +569,26 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_output',
                 _L_Residual,
                 'What the MLP adds to the residual stream',
-                ReadPoint('module', '^.post_feedforward_layernorm.output', "the sibling module post_feedforward_layernorm's output", module=('post_feedforward_layernorm',), side='output', up=1),
+                ReadPoint('module', '^.post_feedforward_layernorm.output', "the sibling module post_feedforward_layernorm's output", module=('post_feedforward_layernorm',), up=1),
                 at='specs/gemma2.yaml:43:19',
             ),
             ValueSpec(
                 'mlp_raw_output',
                 _L_Residual,
                 "The MLP module's own output, before a norm the block applies to it (sandwich norms: mlp_output is that norm's output)",
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/gemma2.yaml:42:23',
             ),
         ),
         identities=(
-            Identity('mlp_neurons == mlp_activation * up_proj.output', ('mlp_neurons', 'mlp_activation', 'up_proj.output'), _identity_layers_mlp_0, '==', 0.0, 0.0, at='specs/gemma2.yaml:45:9'),
-            Identity("mlp_activation == gelu(gate_proj.output, approximate='tanh')", ('mlp_activation', 'gate_proj.output'), _identity_layers_mlp_1, '==', 1e-06, 0.0, at='specs/gemma2.yaml:46:9'),
+            Identity('mlp_neurons == mlp_activation * up_proj.output', ('mlp_neurons', 'mlp_activation', 'up_proj.output'), _identity_layers_mlp_0, at='specs/gemma2.yaml:45:9'),
+            Identity("mlp_activation == gelu(gate_proj.output, approximate='tanh')", ('mlp_activation', 'gate_proj.output'), _identity_layers_mlp_1, atol=1e-06, at='specs/gemma2.yaml:46:9'),
         ),
     ),
     HostSpec(
-        path='vision',
-        cls='SiglipVisionModel',
-        values=(
+        'vision',
+        'SiglipVisionModel',
+        (
             ValueSpec(
                 'image_token_mask',
                 _L_ImageTokenMask,
@@ -584,7 +603,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'patch_embeddings',
                 _L_TilePatches,
                 "The vision embeddings' output, one row per image (patches, the class token, the learned position table added)",
-                ReadPoint('module', 'embeddings.output', "the child module embeddings's output", module=('embeddings',), side='output'),
+                ReadPoint('module', 'embeddings.output', "the child module embeddings's output", module=('embeddings',)),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/gemma3.yaml:73:25',
@@ -593,7 +612,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'tower_output',
                 _L_TilePatches,
                 "The encoder's output, after its final norm where it has one, what the projector reads",
-                ReadPoint('module', 'post_layernorm.output', "the child module post_layernorm's output", module=('post_layernorm',), side='output'),
+                ReadPoint('module', 'post_layernorm.output', "the child module post_layernorm's output", module=('post_layernorm',)),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/gemma3.yaml:74:21',
@@ -602,24 +621,24 @@ HOSTS: tuple[HostSpec, ...] = (
                 'image_features',
                 _L_ImageFeatures,
                 'The image features the text model receives at the image tokens, flat over them',
-                ReadPoint('op', 'model.model > op:masked_scatter.input[2]', "inside the root's child model's forward: the input of masked_scatter (first call), element 2", module=('model',), side='input', access=(2,), op='masked_scatter', occurrence=0, scope_root=True),
-                view=(ViewOp('flatten', (0, 1)), ),
+                ReadPoint('op', 'model.model > op:masked_scatter.input[2]', "inside the root's child model's forward: the input of masked_scatter (first call), element 2", module=('model',), side='input', access=(2,), op='masked_scatter', scope_root=True),
+                view=(ViewOp('flatten', (0, 1)),),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/gemma3.yaml:75:30',
             ),
         ),
         identities=(
-            Identity('layers[0].layer_input == patch_embeddings', ('layers[0].layer_input', 'patch_embeddings'), _identity_vision_0, '==', 0.0, 0.0, at='specs/gemma3.yaml:77:9'),
-            Identity('model.projector.input == tower_output', ('model.projector.input', 'tower_output'), _identity_vision_1, '==', 0.0, 0.0, at='specs/gemma3.yaml:78:9'),
-            Identity('model.layers[0].layer_input[image_token_mask] == image_features', ('model.layers[0].layer_input', 'image_token_mask', 'image_features'), _identity_vision_2, '==', 0.0, 0.0, at='specs/gemma3.yaml:79:9'),
-            Identity('flatten(model.projector.output) == flatten(image_features)', ('model.projector.output', 'image_features'), _identity_vision_3, '==', 0.0, 0.0, at='specs/gemma3.yaml:80:9'),
+            Identity('layers[0].layer_input == patch_embeddings', ('layers[0].layer_input', 'patch_embeddings'), _identity_vision_0, at='specs/gemma3.yaml:77:9'),
+            Identity('model.projector.input == tower_output', ('model.projector.input', 'tower_output'), _identity_vision_1, at='specs/gemma3.yaml:78:9'),
+            Identity('model.layers[0].layer_input[image_token_mask] == image_features', ('model.layers[0].layer_input', 'image_token_mask', 'image_features'), _identity_vision_2, at='specs/gemma3.yaml:79:9'),
+            Identity('flatten(model.projector.output) == flatten(image_features)', ('model.projector.output', 'image_features'), _identity_vision_3, at='specs/gemma3.yaml:80:9'),
         ),
     ),
     HostSpec(
-        path='vision.layers[i]',
-        cls='SiglipEncoderLayer',
-        values=(
+        'vision.layers[i]',
+        'SiglipEncoderLayer',
+        (
             ValueSpec(
                 'layer_input',
                 _L_TilePatches,
@@ -633,7 +652,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_TilePatches,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',), side='output'),
+                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',)),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/gemma3.yaml:89:30',
@@ -651,7 +670,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_TilePatches,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',), side='output'),
+                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',)),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/gemma3.yaml:91:24',
@@ -669,22 +688,22 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_TilePatches,
                 "The tower's stream leaving the block",
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/gemma3.yaml:93:21',
             ),
         ),
         identities=(
-            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_vision_layers_0, '==', 0.0, 0.0, at='specs/gemma3.yaml:95:9'),
-            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_vision_layers_1, '==', 0.0, 0.0, at='specs/gemma3.yaml:96:9'),
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_vision_layers_2, '==', 0.0, 0.0, at='specs/gemma3.yaml:97:9'),
+            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_vision_layers_0, at='specs/gemma3.yaml:95:9'),
+            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_vision_layers_1, at='specs/gemma3.yaml:96:9'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_vision_layers_2, at='specs/gemma3.yaml:97:9'),
         ),
     ),
     HostSpec(
-        path='vision.layers[i].self_attn',
-        cls='SiglipAttention',
-        values=(
+        'vision.layers[i].self_attn',
+        'SiglipAttention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_TileQKV,
@@ -716,7 +735,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_TilePattern,
                 'The attention scores entering the softmax (no mask: every patch sees every patch of its image)',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_eager,
                 reached=_C_images,
                 at='specs/gemma3.yaml:108:32',
@@ -725,7 +744,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_TilePattern,
                 'The attention pattern the values are mixed with, per image',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_eager,
                 reached=_C_images,
                 at='specs/gemma3.yaml:109:39',
@@ -734,7 +753,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_TileHeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', side='output', access=(0,), call='attention'),
+                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', access=(0,), call='attention'),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/gemma3.yaml:110:31',
@@ -744,7 +763,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_TileHeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('vision_num_heads', 'vision_head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('vision_num_heads', 'vision_head_dim'))),),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/gemma3.yaml:111:32',
@@ -753,27 +772,27 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_output',
                 _L_TilePatches,
                 "What the attention adds to the tower's stream",
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/gemma3.yaml:112:25',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_vision_layers_self_attn_0, '==', 0.0, 0.0, at='specs/gemma3.yaml:114:9'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_vision_layers_self_attn_1, '==', 1e-05, 0.0, at='specs/gemma3.yaml:115:9'),
-            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_vision_layers_self_attn_2, '==', 1e-06, 0.0, at='specs/gemma3.yaml:116:9'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_vision_layers_self_attn_0, at='specs/gemma3.yaml:114:9'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_vision_layers_self_attn_1, atol=1e-05, at='specs/gemma3.yaml:115:9'),
+            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_vision_layers_self_attn_2, atol=1e-06, at='specs/gemma3.yaml:116:9'),
         ),
     ),
     HostSpec(
-        path='vision.layers[i].mlp',
-        cls='SiglipMLP',
-        values=(
+        'vision.layers[i].mlp',
+        'SiglipMLP',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_TileNeurons,
                 "The activation function's output",
-                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',), side='output'),
+                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',)),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/gemma3.yaml:124:23',
@@ -791,15 +810,15 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_output',
                 _L_TilePatches,
                 "What the MLP adds to the tower's stream",
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/gemma3.yaml:126:19',
             ),
         ),
         identities=(
-            Identity('mlp_neurons == mlp_activation', ('mlp_neurons', 'mlp_activation'), _identity_vision_layers_mlp_0, '==', 0.0, 0.0, at='specs/gemma3.yaml:128:9'),
-            Identity("mlp_activation == gelu(fc1.output, approximate='tanh')", ('mlp_activation', 'fc1.output'), _identity_vision_layers_mlp_1, '==', 1e-06, 0.0, at='specs/gemma3.yaml:129:9'),
+            Identity('mlp_neurons == mlp_activation', ('mlp_neurons', 'mlp_activation'), _identity_vision_layers_mlp_0, at='specs/gemma3.yaml:128:9'),
+            Identity("mlp_activation == gelu(fc1.output, approximate='tanh')", ('mlp_activation', 'fc1.output'), _identity_vision_layers_mlp_1, atol=1e-06, at='specs/gemma3.yaml:129:9'),
         ),
     ),
 )
@@ -837,6 +856,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {

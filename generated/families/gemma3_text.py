@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnatlas import functions as _fn
-from nnatlas.adapter import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas import expressions as _fn
+from nnatlas.hosts import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.spec import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,54 +21,67 @@ SPEC_SHA256 = 'ad269e36b96d8d085363f93f6ceda12f426493900da238d3452765f3cb71d4d9'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: Gemma3ForCausalLM"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
-    embedding_lookup: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
+    embedding_lookup: ValueSlot
     layers: HostList[Layer]
-    embed_tokens: Host
-    norm: Host
-    lm_head: Host
+    embed_tokens: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
+    vocab_size: Any
+    intermediate_size: Any
+    sliding_window: Any
+    embed_scale: Any
+    attn_scale: Any
+    sliding_layers: list[int]
+    full_layers: list[int]
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: Gemma3DecoderLayer"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
     self_attn: LayerSelfAttn
     mlp: LayerMlp
 
 
-class LayerSelfAttn(Host):
+class LayerSelfAttn(TypedHost):
     """layers[i].self_attn: Gemma3Attention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
-    attention_raw_output: Value
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
+    attention_raw_output: ValueSlot
 
 
-class LayerMlp(Host):
+class LayerMlp(TypedHost):
     """layers[i].mlp: Gemma3MLP"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
-    mlp_raw_output: Value
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
+    mlp_raw_output: ValueSlot
 
 # ---- normalized config ----
 
@@ -234,24 +248,24 @@ def _draw_num_key_value_heads(c: Any) -> Any:
 
 # ---- layouts and conditions ----
 
-_L_Tokens = Layout('Tokens', ('batch', 'seq'), 'long', False)
-_L_scalar = Layout('scalar', (), 'object', False)
-_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'), 'float', False)
-_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'), 'float', False)
-_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'), 'float', False)
-_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'), 'float', False)
-_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'), 'float', False)
-_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'), 'float', False)
-_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'), 'float', False)
-_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'), 'float', False)
-_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'), 'float', False)
+_L_Tokens = Layout('Tokens', ('batch', 'seq'), dtype='long')
+_L_scalar = Layout('scalar', (), dtype='object')
+_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'))
+_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'))
+_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'))
+_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'))
+_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'))
+_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'))
+_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'))
+_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'))
+_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'))
 _C_eager = Condition('eager', "needs attn_implementation='eager'", 'load with attn_implementation="eager" (nnatlas.load(..., attn_implementation="eager"))')
 
 HOSTS: tuple[HostSpec, ...] = (
     HostSpec(
-        path='model',
-        cls='Gemma3ForCausalLM',
-        values=(
+        'model',
+        'Gemma3ForCausalLM',
+        (
             ValueSpec(
                 'input_ids',
                 _L_Tokens,
@@ -278,28 +292,28 @@ HOSTS: tuple[HostSpec, ...] = (
                 'token_embeddings',
                 _L_Residual,
                 "The embedding module's output; layers[0].input is what enters the first block",
-                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',), side='output'),
+                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',)),
                 at='specs/llama.yaml:36:25',
             ),
             ValueSpec(
                 'final_norm_output',
                 _L_Residual,
                 'The residual stream after the final norm, what lm_head reads',
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/llama.yaml:37:26',
             ),
             ValueSpec(
                 'lm_head_output',
                 _L_Logits,
                 "The head's logits before anything the model does past lm_head (a softcap, a scale)",
-                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',), side='output'),
+                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',)),
                 at='specs/llama.yaml:38:23',
             ),
             ValueSpec(
                 'logits',
                 _L_Logits,
                 'The logits the model returns, after anything it does past lm_head (a softcap, a scale)',
-                ReadPoint('module', 'output.logits', "the module's own output, .logits", side='output', access=('logits',)),
+                ReadPoint('module', 'output.logits', "the module's own output, .logits", access=('logits',)),
                 at='specs/llama.yaml:39:15',
             ),
             ValueSpec(
@@ -314,20 +328,20 @@ HOSTS: tuple[HostSpec, ...] = (
                 'embedding_lookup',
                 _L_Residual,
                 "The embedding table's rows for the tokens, before the scale the embedding module multiplies them by (Gemma: sqrt(hidden_size)); token_embeddings is the scaled output",
-                ReadPoint('op', 'embed_tokens > op:embedding.output', "inside embed_tokens's forward: the output of embedding (first call)", module=('embed_tokens',), side='output', op='embedding', occurrence=0),
+                ReadPoint('op', 'embed_tokens > op:embedding.output', "inside embed_tokens's forward: the output of embedding (first call)", module=('embed_tokens',), op='embedding'),
                 at='specs/gemma3_text.yaml:28:25',
             ),
         ),
         identities=(
-            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, '==', 0.0, 0.0, at='specs/gemma3_text.yaml:30:9'),
-            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, '==', 0.0, 0.0, at='specs/gemma3_text.yaml:31:9'),
-            Identity('token_embeddings == embedding_lookup * embed_scale', ('token_embeddings', 'embedding_lookup', 'embed_scale'), _identity_model_2, '==', 1e-06, 0.0, at='specs/gemma3_text.yaml:32:9'),
+            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, at='specs/gemma3_text.yaml:30:9'),
+            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, at='specs/gemma3_text.yaml:31:9'),
+            Identity('token_embeddings == embedding_lookup * embed_scale', ('token_embeddings', 'embedding_lookup', 'embed_scale'), _identity_model_2, atol=1e-06, at='specs/gemma3_text.yaml:32:9'),
         ),
     ),
     HostSpec(
-        path='layers[i]',
-        cls='Gemma3DecoderLayer',
-        values=(
+        'layers[i]',
+        'Gemma3DecoderLayer',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -339,7 +353,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Residual,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',), side='output'),
+                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',)),
                 at='specs/llama.yaml:49:30',
             ),
             ValueSpec(
@@ -353,7 +367,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Residual,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'pre_feedforward_layernorm.output', "the child module pre_feedforward_layernorm's output", module=('pre_feedforward_layernorm',), side='output'),
+                ReadPoint('module', 'pre_feedforward_layernorm.output', "the child module pre_feedforward_layernorm's output", module=('pre_feedforward_layernorm',)),
                 at='specs/gemma2.yaml:33:24',
             ),
             ValueSpec(
@@ -367,20 +381,20 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/llama.yaml:53:21',
             ),
         ),
         identities=(
-            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_0, '==', 0.0, 0.0, at='specs/llama.yaml:55:9'),
-            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_1, '==', 0.0, 0.0, at='specs/llama.yaml:56:9'),
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_2, '==', 0.0, 0.0, at='specs/llama.yaml:57:9'),
+            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_0, at='specs/llama.yaml:55:9'),
+            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_1, at='specs/llama.yaml:56:9'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_2, at='specs/llama.yaml:57:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].self_attn',
-        cls='Gemma3Attention',
-        values=(
+        'layers[i].self_attn',
+        'Gemma3Attention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_Queries,
@@ -406,7 +420,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_Pattern,
                 'The attention scores entering the softmax, masked',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_eager,
                 at='specs/llama.yaml:65:32',
             ),
@@ -414,7 +428,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_Pattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_eager,
                 at='specs/llama.yaml:66:39',
             ),
@@ -422,7 +436,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_HeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', side='output', access=(0,), call='attention'),
+                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', access=(0,), call='attention'),
                 at='specs/llama.yaml:67:31',
             ),
             ValueSpec(
@@ -430,42 +444,42 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_HeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))),),
                 at='specs/llama.yaml:68:32',
             ),
             ValueSpec(
                 'attention_output',
                 _L_Residual,
                 'What the attention adds to the residual stream',
-                ReadPoint('module', '^.post_attention_layernorm.output', "the sibling module post_attention_layernorm's output", module=('post_attention_layernorm',), side='output', up=1),
+                ReadPoint('module', '^.post_attention_layernorm.output', "the sibling module post_attention_layernorm's output", module=('post_attention_layernorm',), up=1),
                 at='specs/gemma2.yaml:38:25',
             ),
             ValueSpec(
                 'attention_raw_output',
                 _L_Residual,
                 "The attention module's own output, before a norm the block applies to it (sandwich norms: attention_output is that norm's output)",
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/gemma2.yaml:37:29',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_layer_types_i______sliding_attention_0, '==', 0.0, 0.0, at='specs/llama.yaml:71:9'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_layer_types_i______sliding_attention_1, '==', 1e-05, 0.0, at='specs/llama.yaml:72:9'),
-            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_layer_types_i______sliding_attention_2, '==', 0.0, 0.0, at='specs/llama.yaml:73:9'),
-            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_layer_types_i______sliding_attention_3, '==', 1e-06, 0.0, at='specs/llama.yaml:74:9'),
-            Identity('vnorm(attention_queries) == vnorm(q_norm.output)', ('attention_queries', 'q_norm.output'), _identity_layers_self_attn_layer_types_i______sliding_attention_4, '==', 1e-05, 0.0, at='specs/gemma3_text.yaml:39:9'),
-            Identity('vnorm(attention_keys) == vnorm(k_norm.output)', ('attention_keys', 'k_norm.output'), _identity_layers_self_attn_layer_types_i______sliding_attention_5, '==', 1e-05, 0.0, at='specs/gemma3_text.yaml:40:9'),
-            Identity('attention_values == transpose(unflatten(v_proj.output, -1, [num_kv_heads, head_dim]), 1, 2)', ('attention_values', 'v_proj.output', 'num_kv_heads', 'head_dim'), _identity_layers_self_attn_layer_types_i______sliding_attention_6, '==', 0.0, 0.0, at='specs/gemma3_text.yaml:41:9'),
-            Identity('masked(attention_probabilities, window=sliding_window) == 0', ('attention_probabilities', 'sliding_window'), _identity_layers_self_attn_layer_types_i______sliding_attention_7, '==', 0.0, 0.0, at='specs/gemma3_text.yaml:46:13'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_layer_types_i______sliding_attention_0, at='specs/llama.yaml:71:9'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_layer_types_i______sliding_attention_1, atol=1e-05, at='specs/llama.yaml:72:9'),
+            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_layer_types_i______sliding_attention_2, at='specs/llama.yaml:73:9'),
+            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_layer_types_i______sliding_attention_3, atol=1e-06, at='specs/llama.yaml:74:9'),
+            Identity('vnorm(attention_queries) == vnorm(q_norm.output)', ('attention_queries', 'q_norm.output'), _identity_layers_self_attn_layer_types_i______sliding_attention_4, atol=1e-05, at='specs/gemma3_text.yaml:39:9'),
+            Identity('vnorm(attention_keys) == vnorm(k_norm.output)', ('attention_keys', 'k_norm.output'), _identity_layers_self_attn_layer_types_i______sliding_attention_5, atol=1e-05, at='specs/gemma3_text.yaml:40:9'),
+            Identity('attention_values == transpose(unflatten(v_proj.output, -1, [num_kv_heads, head_dim]), 1, 2)', ('attention_values', 'v_proj.output', 'num_kv_heads', 'head_dim'), _identity_layers_self_attn_layer_types_i______sliding_attention_6, at='specs/gemma3_text.yaml:41:9'),
+            Identity('masked(attention_probabilities, window=sliding_window) == 0', ('attention_probabilities', 'sliding_window'), _identity_layers_self_attn_layer_types_i______sliding_attention_7, at='specs/gemma3_text.yaml:46:13'),
         ),
         when=_when_layers_self_attn_layer_types_i______sliding_attention_2,
         when_text="layer_types[i] == 'sliding_attention'",
         kind='sliding',
     ),
     HostSpec(
-        path='layers[i].self_attn',
-        cls='Gemma3Attention',
-        values=(
+        'layers[i].self_attn',
+        'Gemma3Attention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_Queries,
@@ -491,7 +505,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_Pattern,
                 'The attention scores entering the softmax, masked',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_eager,
                 at='specs/llama.yaml:65:32',
             ),
@@ -499,7 +513,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_Pattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_eager,
                 at='specs/llama.yaml:66:39',
             ),
@@ -507,7 +521,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_HeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', side='output', access=(0,), call='attention'),
+                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', access=(0,), call='attention'),
                 at='specs/llama.yaml:67:31',
             ),
             ValueSpec(
@@ -515,47 +529,47 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_HeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))),),
                 at='specs/llama.yaml:68:32',
             ),
             ValueSpec(
                 'attention_output',
                 _L_Residual,
                 'What the attention adds to the residual stream',
-                ReadPoint('module', '^.post_attention_layernorm.output', "the sibling module post_attention_layernorm's output", module=('post_attention_layernorm',), side='output', up=1),
+                ReadPoint('module', '^.post_attention_layernorm.output', "the sibling module post_attention_layernorm's output", module=('post_attention_layernorm',), up=1),
                 at='specs/gemma2.yaml:38:25',
             ),
             ValueSpec(
                 'attention_raw_output',
                 _L_Residual,
                 "The attention module's own output, before a norm the block applies to it (sandwich norms: attention_output is that norm's output)",
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/gemma2.yaml:37:29',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_layer_types_i______full_attention_0, '==', 0.0, 0.0, at='specs/llama.yaml:71:9'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_layer_types_i______full_attention_1, '==', 1e-05, 0.0, at='specs/llama.yaml:72:9'),
-            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_layer_types_i______full_attention_2, '==', 0.0, 0.0, at='specs/llama.yaml:73:9'),
-            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_layer_types_i______full_attention_3, '==', 1e-06, 0.0, at='specs/llama.yaml:74:9'),
-            Identity('vnorm(attention_queries) == vnorm(q_norm.output)', ('attention_queries', 'q_norm.output'), _identity_layers_self_attn_layer_types_i______full_attention_4, '==', 1e-05, 0.0, at='specs/gemma3_text.yaml:39:9'),
-            Identity('vnorm(attention_keys) == vnorm(k_norm.output)', ('attention_keys', 'k_norm.output'), _identity_layers_self_attn_layer_types_i______full_attention_5, '==', 1e-05, 0.0, at='specs/gemma3_text.yaml:40:9'),
-            Identity('attention_values == transpose(unflatten(v_proj.output, -1, [num_kv_heads, head_dim]), 1, 2)', ('attention_values', 'v_proj.output', 'num_kv_heads', 'head_dim'), _identity_layers_self_attn_layer_types_i______full_attention_6, '==', 0.0, 0.0, at='specs/gemma3_text.yaml:41:9'),
-            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_layer_types_i______full_attention_7, '==', 0.0, 0.0, at='specs/gemma3_text.yaml:50:13'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_layer_types_i______full_attention_0, at='specs/llama.yaml:71:9'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_layer_types_i______full_attention_1, atol=1e-05, at='specs/llama.yaml:72:9'),
+            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_layer_types_i______full_attention_2, at='specs/llama.yaml:73:9'),
+            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_layer_types_i______full_attention_3, atol=1e-06, at='specs/llama.yaml:74:9'),
+            Identity('vnorm(attention_queries) == vnorm(q_norm.output)', ('attention_queries', 'q_norm.output'), _identity_layers_self_attn_layer_types_i______full_attention_4, atol=1e-05, at='specs/gemma3_text.yaml:39:9'),
+            Identity('vnorm(attention_keys) == vnorm(k_norm.output)', ('attention_keys', 'k_norm.output'), _identity_layers_self_attn_layer_types_i______full_attention_5, atol=1e-05, at='specs/gemma3_text.yaml:40:9'),
+            Identity('attention_values == transpose(unflatten(v_proj.output, -1, [num_kv_heads, head_dim]), 1, 2)', ('attention_values', 'v_proj.output', 'num_kv_heads', 'head_dim'), _identity_layers_self_attn_layer_types_i______full_attention_6, at='specs/gemma3_text.yaml:41:9'),
+            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_layer_types_i______full_attention_7, at='specs/gemma3_text.yaml:50:13'),
         ),
         when=_when_layers_self_attn_layer_types_i______full_attention_3,
         when_text="layer_types[i] == 'full_attention'",
         kind='full',
     ),
     HostSpec(
-        path='layers[i].mlp',
-        cls='Gemma3MLP',
-        values=(
+        'layers[i].mlp',
+        'Gemma3MLP',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_Neurons,
                 "The activation function's output",
-                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',), side='output'),
+                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',)),
                 at='specs/llama.yaml:79:23',
             ),
             ValueSpec(
@@ -569,20 +583,20 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_output',
                 _L_Residual,
                 'What the MLP adds to the residual stream',
-                ReadPoint('module', '^.post_feedforward_layernorm.output', "the sibling module post_feedforward_layernorm's output", module=('post_feedforward_layernorm',), side='output', up=1),
+                ReadPoint('module', '^.post_feedforward_layernorm.output', "the sibling module post_feedforward_layernorm's output", module=('post_feedforward_layernorm',), up=1),
                 at='specs/gemma2.yaml:43:19',
             ),
             ValueSpec(
                 'mlp_raw_output',
                 _L_Residual,
                 "The MLP module's own output, before a norm the block applies to it (sandwich norms: mlp_output is that norm's output)",
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/gemma2.yaml:42:23',
             ),
         ),
         identities=(
-            Identity('mlp_neurons == mlp_activation * up_proj.output', ('mlp_neurons', 'mlp_activation', 'up_proj.output'), _identity_layers_mlp_0, '==', 0.0, 0.0, at='specs/gemma2.yaml:45:9'),
-            Identity("mlp_activation == gelu(gate_proj.output, approximate='tanh')", ('mlp_activation', 'gate_proj.output'), _identity_layers_mlp_1, '==', 1e-06, 0.0, at='specs/gemma2.yaml:46:9'),
+            Identity('mlp_neurons == mlp_activation * up_proj.output', ('mlp_neurons', 'mlp_activation', 'up_proj.output'), _identity_layers_mlp_0, at='specs/gemma2.yaml:45:9'),
+            Identity("mlp_activation == gelu(gate_proj.output, approximate='tanh')", ('mlp_activation', 'gate_proj.output'), _identity_layers_mlp_1, atol=1e-06, at='specs/gemma2.yaml:46:9'),
         ),
     ),
 )
@@ -613,6 +627,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {

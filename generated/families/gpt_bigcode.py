@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnatlas import functions as _fn
-from nnatlas.adapter import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas import expressions as _fn
+from nnatlas.hosts import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.spec import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,60 +21,68 @@ SPEC_SHA256 = '7e280da6d1632bd20c119816e74d6150ffa3c1e9bd45d590e20620a2366756e3'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: GPTBigCodeForCausalLM"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    position_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    position_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
     layers: HostList[Layer]
-    embed_tokens: Host
-    embed_positions: Host
-    norm: Host
-    lm_head: Host
+    embed_tokens: TypedHost
+    embed_positions: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
+    vocab_size: Any
+    intermediate_size: Any
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: GPTBigCodeBlock"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
     self_attn: LayerSelfAttn
     mlp: LayerMlp
-    input_layernorm: Host
-    post_attention_layernorm: Host
+    input_layernorm: TypedHost
+    post_attention_layernorm: TypedHost
 
 
-class LayerSelfAttn(Host):
+class LayerSelfAttn(TypedHost):
     """layers[i].self_attn: GPTBigCodeAttention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
-    qkv_proj: Host
-    o_proj: Host
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
+    qkv_proj: TypedHost
+    o_proj: TypedHost
 
 
-class LayerMlp(Host):
+class LayerMlp(TypedHost):
     """layers[i].mlp: GPTBigCodeMLP"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
-    up_proj: Host
-    act_fn: Host
-    down_proj: Host
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
+    up_proj: TypedHost
+    act_fn: TypedHost
+    down_proj: TypedHost
 
 # ---- normalized config ----
 
@@ -180,25 +189,25 @@ def _draw_n_embd(c: Any) -> Any:
 
 # ---- layouts and conditions ----
 
-_L_Tokens = Layout('Tokens', ('batch', 'seq'), 'long', False)
-_L_scalar = Layout('scalar', (), 'object', False)
-_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'), 'float', False)
-_L_Positions = Layout('Positions', ('one', 'seq', 'hidden_size'), 'float', False)
-_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'), 'float', False)
-_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'), 'float', False)
-_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'), 'float', False)
-_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'), 'float', False)
-_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'), 'float', False)
-_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'), 'float', False)
-_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'), 'float', False)
-_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'), 'float', False)
+_L_Tokens = Layout('Tokens', ('batch', 'seq'), dtype='long')
+_L_scalar = Layout('scalar', (), dtype='object')
+_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'))
+_L_Positions = Layout('Positions', ('one', 'seq', 'hidden_size'))
+_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'))
+_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'))
+_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'))
+_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'))
+_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'))
+_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'))
+_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'))
+_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'))
 _C_eager = Condition('eager', "needs attn_implementation='eager'", 'load with attn_implementation="eager" (nnatlas.load(..., attn_implementation="eager"))')
 
 HOSTS: tuple[HostSpec, ...] = (
     HostSpec(
-        path='model',
-        cls='GPTBigCodeForCausalLM',
-        values=(
+        'model',
+        'GPTBigCodeForCausalLM',
+        (
             ValueSpec(
                 'input_ids',
                 _L_Tokens,
@@ -225,35 +234,35 @@ HOSTS: tuple[HostSpec, ...] = (
                 'token_embeddings',
                 _L_Residual,
                 "The embedding module's output; layers[0].input is what enters the first block",
-                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',), side='output'),
+                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',)),
                 at='specs/gpt2.yaml:45:25',
             ),
             ValueSpec(
                 'position_embeddings',
                 _L_Positions,
                 'The learned position embedding added to the token embeddings before the first block, one row for the batch',
-                ReadPoint('module', 'embed_positions.output', "the child module embed_positions's output", module=('embed_positions',), side='output'),
+                ReadPoint('module', 'embed_positions.output', "the child module embed_positions's output", module=('embed_positions',)),
                 at='specs/gpt2.yaml:46:28',
             ),
             ValueSpec(
                 'final_norm_output',
                 _L_Residual,
                 'The residual stream after the final norm, what lm_head reads',
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/gpt2.yaml:47:26',
             ),
             ValueSpec(
                 'lm_head_output',
                 _L_Logits,
                 "The head's logits before anything the model does past lm_head (a softcap, a scale)",
-                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',), side='output'),
+                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',)),
                 at='specs/gpt2.yaml:48:23',
             ),
             ValueSpec(
                 'logits',
                 _L_Logits,
                 'The logits the model returns, after anything it does past lm_head (a softcap, a scale)',
-                ReadPoint('module', 'output.logits', "the module's own output, .logits", side='output', access=('logits',)),
+                ReadPoint('module', 'output.logits', "the module's own output, .logits", access=('logits',)),
                 at='specs/gpt2.yaml:49:15',
             ),
             ValueSpec(
@@ -266,14 +275,14 @@ HOSTS: tuple[HostSpec, ...] = (
             ),
         ),
         identities=(
-            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, '==', 0.0, 0.0, at='specs/gpt2.yaml:52:9'),
-            Identity('token_embeddings + position_embeddings == layers[0].layer_input', ('token_embeddings', 'position_embeddings', 'layers[0].layer_input'), _identity_model_1, '==', 0.0, 0.0, at='specs/gpt2.yaml:53:9'),
+            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, at='specs/gpt2.yaml:52:9'),
+            Identity('token_embeddings + position_embeddings == layers[0].layer_input', ('token_embeddings', 'position_embeddings', 'layers[0].layer_input'), _identity_model_1, at='specs/gpt2.yaml:53:9'),
         ),
     ),
     HostSpec(
-        path='layers[i]',
-        cls='GPTBigCodeBlock',
-        values=(
+        'layers[i]',
+        'GPTBigCodeBlock',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -285,7 +294,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Residual,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',), side='output'),
+                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',)),
                 at='specs/gpt2.yaml:59:30',
             ),
             ValueSpec(
@@ -299,7 +308,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Residual,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',), side='output'),
+                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',)),
                 at='specs/gpt2.yaml:61:24',
             ),
             ValueSpec(
@@ -313,20 +322,20 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/gpt2.yaml:63:21',
             ),
         ),
         identities=(
-            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_0, '==', 0.0, 0.0, at='specs/gpt2.yaml:65:9'),
-            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_1, '==', 0.0, 0.0, at='specs/gpt2.yaml:66:9'),
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_2, '==', 0.0, 0.0, at='specs/gpt2.yaml:67:9'),
+            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_0, at='specs/gpt2.yaml:65:9'),
+            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_1, at='specs/gpt2.yaml:66:9'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_2, at='specs/gpt2.yaml:67:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].self_attn',
-        cls='GPTBigCodeAttention',
-        values=(
+        'layers[i].self_attn',
+        'GPTBigCodeAttention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_Queries,
@@ -352,7 +361,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_Pattern,
                 'The attention scores entering the softmax, masked',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_eager,
                 at='specs/gpt2.yaml:75:32',
             ),
@@ -360,7 +369,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_Pattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_eager,
                 at='specs/gpt2.yaml:76:39',
             ),
@@ -368,7 +377,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_HeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', side='output', access=(0,), call='attention'),
+                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', access=(0,), call='attention'),
                 at='specs/gpt2.yaml:77:31',
             ),
             ValueSpec(
@@ -376,36 +385,36 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_HeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))),),
                 at='specs/gpt2.yaml:78:32',
             ),
             ValueSpec(
                 'attention_output',
                 _L_Residual,
                 'What the attention adds to the residual stream',
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/gpt2.yaml:79:25',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_0, '==', 0.0, 0.0, at='specs/gpt2.yaml:81:9'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_1, '==', 1e-05, 0.0, at='specs/gpt2.yaml:82:9'),
-            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_2, '==', 0.0, 0.0, at='specs/gpt2.yaml:83:9'),
-            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_3, '==', 1e-06, 0.0, at='specs/gpt2.yaml:84:9'),
-            Identity('flatten(transpose(attention_queries, 1, 2), 2) == qkv_proj.output[..., :hidden_size]', ('attention_queries', 'qkv_proj.output', 'hidden_size'), _identity_layers_self_attn_4, '==', 0.0, 0.0, at='specs/gpt2.yaml:85:9'),
-            Identity('attention_keys == transpose(unflatten(qkv_proj.output[..., hidden_size:hidden_size + head_dim], -1, [1, head_dim]), 1, 2)', ('attention_keys', 'qkv_proj.output', 'hidden_size', 'head_dim'), _identity_layers_self_attn_5, '==', 0.0, 0.0, at='specs/gpt_bigcode.yaml:24:9'),
-            Identity('attention_values == transpose(unflatten(qkv_proj.output[..., hidden_size + head_dim:], -1, [1, head_dim]), 1, 2)', ('attention_values', 'qkv_proj.output', 'hidden_size', 'head_dim'), _identity_layers_self_attn_6, '==', 0.0, 0.0, at='specs/gpt_bigcode.yaml:25:9'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_0, at='specs/gpt2.yaml:81:9'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_1, atol=1e-05, at='specs/gpt2.yaml:82:9'),
+            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_2, at='specs/gpt2.yaml:83:9'),
+            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_3, atol=1e-06, at='specs/gpt2.yaml:84:9'),
+            Identity('flatten(transpose(attention_queries, 1, 2), 2) == qkv_proj.output[..., :hidden_size]', ('attention_queries', 'qkv_proj.output', 'hidden_size'), _identity_layers_self_attn_4, at='specs/gpt2.yaml:85:9'),
+            Identity('attention_keys == transpose(unflatten(qkv_proj.output[..., hidden_size:hidden_size + head_dim], -1, [1, head_dim]), 1, 2)', ('attention_keys', 'qkv_proj.output', 'hidden_size', 'head_dim'), _identity_layers_self_attn_5, at='specs/gpt_bigcode.yaml:24:9'),
+            Identity('attention_values == transpose(unflatten(qkv_proj.output[..., hidden_size + head_dim:], -1, [1, head_dim]), 1, 2)', ('attention_values', 'qkv_proj.output', 'hidden_size', 'head_dim'), _identity_layers_self_attn_6, at='specs/gpt_bigcode.yaml:25:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].mlp',
-        cls='GPTBigCodeMLP',
-        values=(
+        'layers[i].mlp',
+        'GPTBigCodeMLP',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_Neurons,
                 "The activation function's output",
-                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',), side='output'),
+                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',)),
                 at='specs/gpt2.yaml:90:23',
             ),
             ValueSpec(
@@ -419,13 +428,13 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_output',
                 _L_Residual,
                 'What the MLP adds to the residual stream',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/gpt2.yaml:92:19',
             ),
         ),
         identities=(
-            Identity('mlp_neurons == mlp_activation', ('mlp_neurons', 'mlp_activation'), _identity_layers_mlp_0, '==', 0.0, 0.0, at='specs/gpt2.yaml:94:9'),
-            Identity("mlp_activation == gelu(up_proj.output, approximate='tanh')", ('mlp_activation', 'up_proj.output'), _identity_layers_mlp_1, '==', 1e-06, 0.0, at='specs/gpt2.yaml:96:9'),
+            Identity('mlp_neurons == mlp_activation', ('mlp_neurons', 'mlp_activation'), _identity_layers_mlp_0, at='specs/gpt2.yaml:94:9'),
+            Identity("mlp_activation == gelu(up_proj.output, approximate='tanh')", ('mlp_activation', 'up_proj.output'), _identity_layers_mlp_1, atol=1e-06, at='specs/gpt2.yaml:96:9'),
         ),
     ),
 )
@@ -453,6 +462,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnatlas import functions as _fn
-from nnatlas.adapter import Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas import expressions as _fn
+from nnatlas.hosts import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.spec import Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,58 +21,68 @@ SPEC_SHA256 = '8eb6587fe92a490e696a8867edea7bb4e5964074e2c6d7752cd090d4fb0d1679'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: GPTNeoForCausalLM"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    position_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    position_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
     layers: HostList[Layer]
-    embed_tokens: Host
-    embed_positions: Host
-    norm: Host
-    lm_head: Host
+    embed_tokens: TypedHost
+    embed_positions: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
+    vocab_size: Any
+    intermediate_size: Any
+    attention_layers: Any
+    window_size: Any
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: GPTNeoBlock"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
     self_attn: LayerSelfAttn
     mlp: LayerMlp
-    input_layernorm: Host
-    post_attention_layernorm: Host
+    input_layernorm: TypedHost
+    post_attention_layernorm: TypedHost
 
 
-class LayerSelfAttn(Host):
+class LayerSelfAttn(TypedHost):
     """layers[i].self_attn: GPTNeoAttention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
 
 
-class LayerMlp(Host):
+class LayerMlp(TypedHost):
     """layers[i].mlp: GPTNeoMLP"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
-    up_proj: Host
-    act_fn: Host
-    down_proj: Host
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
+    up_proj: TypedHost
+    act_fn: TypedHost
+    down_proj: TypedHost
 
 # ---- normalized config ----
 
@@ -182,24 +193,24 @@ def _draw_hidden_size(c: Any) -> Any:
 
 # ---- layouts and conditions ----
 
-_L_Tokens = Layout('Tokens', ('batch', 'seq'), 'long', False)
-_L_scalar = Layout('scalar', (), 'object', False)
-_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'), 'float', False)
-_L_Positions = Layout('Positions', ('one', 'seq', 'hidden_size'), 'float', False)
-_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'), 'float', False)
-_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'), 'float', False)
-_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'), 'float', False)
-_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'), 'float', False)
-_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'), 'float', False)
-_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'), 'float', False)
-_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'), 'float', False)
-_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'), 'float', False)
+_L_Tokens = Layout('Tokens', ('batch', 'seq'), dtype='long')
+_L_scalar = Layout('scalar', (), dtype='object')
+_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'))
+_L_Positions = Layout('Positions', ('one', 'seq', 'hidden_size'))
+_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'))
+_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'))
+_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'))
+_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'))
+_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'))
+_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'))
+_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'))
+_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'))
 
 HOSTS: tuple[HostSpec, ...] = (
     HostSpec(
-        path='model',
-        cls='GPTNeoForCausalLM',
-        values=(
+        'model',
+        'GPTNeoForCausalLM',
+        (
             ValueSpec(
                 'input_ids',
                 _L_Tokens,
@@ -226,35 +237,35 @@ HOSTS: tuple[HostSpec, ...] = (
                 'token_embeddings',
                 _L_Residual,
                 "The embedding module's output; layers[0].input is what enters the first block",
-                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',), side='output'),
+                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',)),
                 at='specs/gpt_neo.yaml:47:25',
             ),
             ValueSpec(
                 'position_embeddings',
                 _L_Positions,
                 'The learned position embedding added to the token embeddings before the first block, one row for the batch',
-                ReadPoint('module', 'embed_positions.output', "the child module embed_positions's output", module=('embed_positions',), side='output'),
+                ReadPoint('module', 'embed_positions.output', "the child module embed_positions's output", module=('embed_positions',)),
                 at='specs/gpt_neo.yaml:48:28',
             ),
             ValueSpec(
                 'final_norm_output',
                 _L_Residual,
                 'The residual stream after the final norm, what lm_head reads',
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/gpt_neo.yaml:49:26',
             ),
             ValueSpec(
                 'lm_head_output',
                 _L_Logits,
                 "The head's logits before anything the model does past lm_head (a softcap, a scale)",
-                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',), side='output'),
+                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',)),
                 at='specs/gpt_neo.yaml:50:23',
             ),
             ValueSpec(
                 'logits',
                 _L_Logits,
                 'The logits the model returns, after anything it does past lm_head (a softcap, a scale)',
-                ReadPoint('module', 'output.logits', "the module's own output, .logits", side='output', access=('logits',)),
+                ReadPoint('module', 'output.logits', "the module's own output, .logits", access=('logits',)),
                 at='specs/gpt_neo.yaml:51:15',
             ),
             ValueSpec(
@@ -267,14 +278,14 @@ HOSTS: tuple[HostSpec, ...] = (
             ),
         ),
         identities=(
-            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, '==', 0.0, 0.0, at='specs/gpt_neo.yaml:54:9'),
-            Identity('token_embeddings + position_embeddings == layers[0].layer_input', ('token_embeddings', 'position_embeddings', 'layers[0].layer_input'), _identity_model_1, '==', 0.0, 0.0, at='specs/gpt_neo.yaml:55:9'),
+            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, at='specs/gpt_neo.yaml:54:9'),
+            Identity('token_embeddings + position_embeddings == layers[0].layer_input', ('token_embeddings', 'position_embeddings', 'layers[0].layer_input'), _identity_model_1, at='specs/gpt_neo.yaml:55:9'),
         ),
     ),
     HostSpec(
-        path='layers[i]',
-        cls='GPTNeoBlock',
-        values=(
+        'layers[i]',
+        'GPTNeoBlock',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -286,7 +297,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Residual,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',), side='output'),
+                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',)),
                 at='specs/gpt_neo.yaml:61:30',
             ),
             ValueSpec(
@@ -300,7 +311,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Residual,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',), side='output'),
+                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',)),
                 at='specs/gpt_neo.yaml:63:24',
             ),
             ValueSpec(
@@ -314,39 +325,39 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/gpt_neo.yaml:65:21',
             ),
         ),
         identities=(
-            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_0, '==', 0.0, 0.0, at='specs/gpt_neo.yaml:67:9'),
-            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_1, '==', 0.0, 0.0, at='specs/gpt_neo.yaml:68:9'),
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_2, '==', 0.0, 0.0, at='specs/gpt_neo.yaml:69:9'),
+            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_0, at='specs/gpt_neo.yaml:67:9'),
+            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_1, at='specs/gpt_neo.yaml:68:9'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_2, at='specs/gpt_neo.yaml:69:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].self_attn',
-        cls='GPTNeoAttention',
-        values=(
+        'layers[i].self_attn',
+        'GPTNeoAttention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_Queries,
                 'The queries entering attention',
-                ReadPoint('method', 'attention > method:_attn.args[0]', "the arguments of attention's method _attn (the first call), element 0", module=('attention',), side='args', access=(0,), method='_attn', occurrence=0),
+                ReadPoint('method', 'attention > method:_attn.args[0]', "the arguments of attention's method _attn (the first call), element 0", module=('attention',), side='args', access=(0,), method='_attn'),
                 at='specs/gpt_neo.yaml:74:26',
             ),
             ValueSpec(
                 'attention_keys',
                 _L_Keys,
                 'The keys entering attention',
-                ReadPoint('method', 'attention > method:_attn.args[1]', "the arguments of attention's method _attn (the first call), element 1", module=('attention',), side='args', access=(1,), method='_attn', occurrence=0),
+                ReadPoint('method', 'attention > method:_attn.args[1]', "the arguments of attention's method _attn (the first call), element 1", module=('attention',), side='args', access=(1,), method='_attn'),
                 at='specs/gpt_neo.yaml:75:23',
             ),
             ValueSpec(
                 'attention_values',
                 _L_Values,
                 'The values entering attention',
-                ReadPoint('method', 'attention > method:_attn.args[2]', "the arguments of attention's method _attn (the first call), element 2", module=('attention',), side='args', access=(2,), method='_attn', occurrence=0),
+                ReadPoint('method', 'attention > method:_attn.args[2]', "the arguments of attention's method _attn (the first call), element 2", module=('attention',), side='args', access=(2,), method='_attn'),
                 at='specs/gpt_neo.yaml:76:25',
             ),
             ValueSpec(
@@ -360,15 +371,15 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_Pattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('module', 'attention.attn_dropout.output', "the child module attention.attn_dropout's output", module=('attention', 'attn_dropout'), side='output'),
+                ReadPoint('module', 'attention.attn_dropout.output', "the child module attention.attn_dropout's output", module=('attention', 'attn_dropout')),
                 at='specs/gpt_neo.yaml:78:32',
             ),
             ValueSpec(
                 'attention_head_outputs',
                 _L_HeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('method', 'attention > method:_attn.output[0]', "the output of attention's method _attn (the first call), element 0", module=('attention',), side='output', access=(0,), method='_attn', occurrence=0),
-                view=(ViewOp('transpose', (1, 2)), ),
+                ReadPoint('method', 'attention > method:_attn.output[0]', "the output of attention's method _attn (the first call), element 0", module=('attention',), access=(0,), method='_attn'),
+                view=(ViewOp('transpose', (1, 2)),),
                 at='specs/gpt_neo.yaml:79:38',
             ),
             ValueSpec(
@@ -376,35 +387,35 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_HeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'attention.out_proj.input', "the child module attention.out_proj's input", module=('attention', 'out_proj'), side='input'),
-                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))),),
                 at='specs/gpt_neo.yaml:80:32',
             ),
             ValueSpec(
                 'attention_output',
                 _L_Residual,
                 'What the attention adds to the residual stream',
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/gpt_neo.yaml:81:25',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_0, '==', 0.0, 0.0, at='specs/gpt_neo.yaml:83:9'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_1, '==', 1e-05, 0.0, at='specs/gpt_neo.yaml:84:9'),
-            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_2, '==', 0.0, 0.0, at='specs/gpt_neo.yaml:86:9'),
-            Identity('attention_queries == transpose(unflatten(attention.q_proj.output, -1, [num_heads, head_dim]), 1, 2)', ('attention_queries', 'attention.q_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_3, '==', 0.0, 0.0, at='specs/gpt_neo.yaml:88:9'),
-            Identity('attention_keys == transpose(unflatten(attention.k_proj.output, -1, [num_heads, head_dim]), 1, 2)', ('attention_keys', 'attention.k_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_4, '==', 0.0, 0.0, at='specs/gpt_neo.yaml:89:9'),
-            Identity('attention_values == transpose(unflatten(attention.v_proj.output, -1, [num_heads, head_dim]), 1, 2)', ('attention_values', 'attention.v_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_5, '==', 0.0, 0.0, at='specs/gpt_neo.yaml:90:9'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_0, at='specs/gpt_neo.yaml:83:9'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_1, atol=1e-05, at='specs/gpt_neo.yaml:84:9'),
+            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_2, at='specs/gpt_neo.yaml:86:9'),
+            Identity('attention_queries == transpose(unflatten(attention.q_proj.output, -1, [num_heads, head_dim]), 1, 2)', ('attention_queries', 'attention.q_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_3, at='specs/gpt_neo.yaml:88:9'),
+            Identity('attention_keys == transpose(unflatten(attention.k_proj.output, -1, [num_heads, head_dim]), 1, 2)', ('attention_keys', 'attention.k_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_4, at='specs/gpt_neo.yaml:89:9'),
+            Identity('attention_values == transpose(unflatten(attention.v_proj.output, -1, [num_heads, head_dim]), 1, 2)', ('attention_values', 'attention.v_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_5, at='specs/gpt_neo.yaml:90:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].mlp',
-        cls='GPTNeoMLP',
-        values=(
+        'layers[i].mlp',
+        'GPTNeoMLP',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_Neurons,
                 "The activation function's output",
-                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',), side='output'),
+                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',)),
                 at='specs/gpt_neo.yaml:95:23',
             ),
             ValueSpec(
@@ -418,13 +429,13 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_output',
                 _L_Residual,
                 'What the MLP adds to the residual stream',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/gpt_neo.yaml:97:19',
             ),
         ),
         identities=(
-            Identity('mlp_neurons == mlp_activation', ('mlp_neurons', 'mlp_activation'), _identity_layers_mlp_0, '==', 0.0, 0.0, at='specs/gpt_neo.yaml:99:9'),
-            Identity("mlp_activation == gelu(up_proj.output, approximate='tanh')", ('mlp_activation', 'up_proj.output'), _identity_layers_mlp_1, '==', 1e-06, 0.0, at='specs/gpt_neo.yaml:101:9'),
+            Identity('mlp_neurons == mlp_activation', ('mlp_neurons', 'mlp_activation'), _identity_layers_mlp_0, at='specs/gpt_neo.yaml:99:9'),
+            Identity("mlp_activation == gelu(up_proj.output, approximate='tanh')", ('mlp_activation', 'up_proj.output'), _identity_layers_mlp_1, atol=1e-06, at='specs/gpt_neo.yaml:101:9'),
         ),
     ),
 )
@@ -455,6 +466,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {

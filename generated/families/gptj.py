@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnatlas import functions as _fn
-from nnatlas.adapter import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas import expressions as _fn
+from nnatlas.hosts import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.spec import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,56 +21,65 @@ SPEC_SHA256 = 'c731caa93f054720827970f4f1c6edc9602b881ac24173adaaad7e3593d68a97'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: GPTJForCausalLM"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
     layers: HostList[Layer]
-    embed_tokens: Host
-    norm: Host
-    lm_head: Host
+    embed_tokens: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
+    vocab_size: Any
+    intermediate_size: Any
+    rotary_dim: Any
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: GPTJBlock"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
     self_attn: LayerSelfAttn
     mlp: LayerMlp
-    input_layernorm: Host
+    input_layernorm: TypedHost
 
 
-class LayerSelfAttn(Host):
+class LayerSelfAttn(TypedHost):
     """layers[i].self_attn: GPTJAttention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
-    o_proj: Host
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
+    o_proj: TypedHost
 
 
-class LayerMlp(Host):
+class LayerMlp(TypedHost):
     """layers[i].mlp: GPTJMLP"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
-    up_proj: Host
-    down_proj: Host
-    act_fn: Host
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
+    up_proj: TypedHost
+    down_proj: TypedHost
+    act_fn: TypedHost
 
 # ---- normalized config ----
 
@@ -184,24 +194,24 @@ def _draw_rotary_dim(c: Any) -> Any:
 
 # ---- layouts and conditions ----
 
-_L_Tokens = Layout('Tokens', ('batch', 'seq'), 'long', False)
-_L_scalar = Layout('scalar', (), 'object', False)
-_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'), 'float', False)
-_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'), 'float', False)
-_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'), 'float', False)
-_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'), 'float', False)
-_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'), 'float', False)
-_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'), 'float', False)
-_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'), 'float', False)
-_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'), 'float', False)
-_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'), 'float', False)
+_L_Tokens = Layout('Tokens', ('batch', 'seq'), dtype='long')
+_L_scalar = Layout('scalar', (), dtype='object')
+_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'))
+_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'))
+_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'))
+_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'))
+_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'))
+_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'))
+_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'))
+_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'))
+_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'))
 _C_eager = Condition('eager', "needs attn_implementation='eager'", 'load with attn_implementation="eager" (nnatlas.load(..., attn_implementation="eager"))')
 
 HOSTS: tuple[HostSpec, ...] = (
     HostSpec(
-        path='model',
-        cls='GPTJForCausalLM',
-        values=(
+        'model',
+        'GPTJForCausalLM',
+        (
             ValueSpec(
                 'input_ids',
                 _L_Tokens,
@@ -228,28 +238,28 @@ HOSTS: tuple[HostSpec, ...] = (
                 'token_embeddings',
                 _L_Residual,
                 "The embedding module's output; layers[0].input is what enters the first block",
-                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',), side='output'),
+                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',)),
                 at='specs/gptj.yaml:44:25',
             ),
             ValueSpec(
                 'final_norm_output',
                 _L_Residual,
                 'The residual stream after the final norm, what lm_head reads',
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/gptj.yaml:45:26',
             ),
             ValueSpec(
                 'lm_head_output',
                 _L_Logits,
                 "The head's logits before anything the model does past lm_head (a softcap, a scale)",
-                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',), side='output'),
+                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',)),
                 at='specs/gptj.yaml:46:23',
             ),
             ValueSpec(
                 'logits',
                 _L_Logits,
                 'The logits the model returns, after anything it does past lm_head (a softcap, a scale)',
-                ReadPoint('module', 'output.logits', "the module's own output, .logits", side='output', access=('logits',)),
+                ReadPoint('module', 'output.logits', "the module's own output, .logits", access=('logits',)),
                 at='specs/gptj.yaml:47:15',
             ),
             ValueSpec(
@@ -262,14 +272,14 @@ HOSTS: tuple[HostSpec, ...] = (
             ),
         ),
         identities=(
-            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, '==', 0.0, 0.0, at='specs/gptj.yaml:50:9'),
-            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, '==', 0.0, 0.0, at='specs/gptj.yaml:51:9'),
+            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, at='specs/gptj.yaml:50:9'),
+            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, at='specs/gptj.yaml:51:9'),
         ),
     ),
     HostSpec(
-        path='layers[i]',
-        cls='GPTJBlock',
-        values=(
+        'layers[i]',
+        'GPTJBlock',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -281,7 +291,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Residual,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',), side='output'),
+                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',)),
                 at='specs/gptj.yaml:57:30',
             ),
             ValueSpec(
@@ -309,19 +319,19 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/gptj.yaml:61:21',
             ),
         ),
         identities=(
-            Identity('self_attn.attention_output + mlp.mlp_output + layer_input == layer_output', ('self_attn.attention_output', 'mlp.mlp_output', 'layer_input', 'layer_output'), _identity_layers_0, '==', 0.0, 0.0, at='specs/gptj.yaml:64:9'),
-            Identity('mlp_input == attention_norm_output', ('mlp_input', 'attention_norm_output'), _identity_layers_1, '==', 0.0, 0.0, at='specs/gptj.yaml:65:9'),
+            Identity('self_attn.attention_output + mlp.mlp_output + layer_input == layer_output', ('self_attn.attention_output', 'mlp.mlp_output', 'layer_input', 'layer_output'), _identity_layers_0, at='specs/gptj.yaml:64:9'),
+            Identity('mlp_input == attention_norm_output', ('mlp_input', 'attention_norm_output'), _identity_layers_1, at='specs/gptj.yaml:65:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].self_attn',
-        cls='GPTJAttention',
-        values=(
+        'layers[i].self_attn',
+        'GPTJAttention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_Queries,
@@ -347,7 +357,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_Pattern,
                 'The attention scores entering the softmax, masked',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_eager,
                 at='specs/gptj.yaml:73:32',
             ),
@@ -355,7 +365,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_Pattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_eager,
                 at='specs/gptj.yaml:74:39',
             ),
@@ -363,7 +373,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_HeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', side='output', access=(0,), call='attention'),
+                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', access=(0,), call='attention'),
                 at='specs/gptj.yaml:75:31',
             ),
             ValueSpec(
@@ -371,37 +381,37 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_HeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))),),
                 at='specs/gptj.yaml:76:32',
             ),
             ValueSpec(
                 'attention_output',
                 _L_Residual,
                 'What the attention adds to the residual stream',
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/gptj.yaml:77:25',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_0, '==', 0.0, 0.0, at='specs/gptj.yaml:79:9'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_1, '==', 1e-05, 0.0, at='specs/gptj.yaml:80:9'),
-            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_2, '==', 0.0, 0.0, at='specs/gptj.yaml:81:9'),
-            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_3, '==', 1e-06, 0.0, at='specs/gptj.yaml:82:9'),
-            Identity('attention_queries[..., rotary_dim:] == transpose(unflatten(q_proj.output, -1, [num_heads, head_dim]), 1, 2)[..., rotary_dim:]', ('attention_queries', 'rotary_dim', 'q_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_4, '==', 0.0, 0.0, at='specs/gptj.yaml:84:9'),
-            Identity('attention_keys[..., rotary_dim:] == transpose(unflatten(k_proj.output, -1, [num_heads, head_dim]), 1, 2)[..., rotary_dim:]', ('attention_keys', 'rotary_dim', 'k_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_5, '==', 0.0, 0.0, at='specs/gptj.yaml:85:9'),
-            Identity('attention_values == transpose(unflatten(v_proj.output, -1, [num_heads, head_dim]), 1, 2)', ('attention_values', 'v_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_6, '==', 0.0, 0.0, at='specs/gptj.yaml:86:9'),
-            Identity('vnorm(unflatten(attention_queries[..., :rotary_dim], -1, [rotary_dim // 2, 2])) == vnorm(unflatten(transpose(unflatten(q_proj.output, -1, [num_heads, head_dim]), 1, 2)[..., :rotary_dim], -1, [rotary_dim // 2, 2]))', ('attention_queries', 'rotary_dim', 'q_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_7, '==', 1e-05, 0.0, at='specs/gptj.yaml:88:9'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_0, at='specs/gptj.yaml:79:9'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_1, atol=1e-05, at='specs/gptj.yaml:80:9'),
+            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_2, at='specs/gptj.yaml:81:9'),
+            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_3, atol=1e-06, at='specs/gptj.yaml:82:9'),
+            Identity('attention_queries[..., rotary_dim:] == transpose(unflatten(q_proj.output, -1, [num_heads, head_dim]), 1, 2)[..., rotary_dim:]', ('attention_queries', 'rotary_dim', 'q_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_4, at='specs/gptj.yaml:84:9'),
+            Identity('attention_keys[..., rotary_dim:] == transpose(unflatten(k_proj.output, -1, [num_heads, head_dim]), 1, 2)[..., rotary_dim:]', ('attention_keys', 'rotary_dim', 'k_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_5, at='specs/gptj.yaml:85:9'),
+            Identity('attention_values == transpose(unflatten(v_proj.output, -1, [num_heads, head_dim]), 1, 2)', ('attention_values', 'v_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_6, at='specs/gptj.yaml:86:9'),
+            Identity('vnorm(unflatten(attention_queries[..., :rotary_dim], -1, [rotary_dim // 2, 2])) == vnorm(unflatten(transpose(unflatten(q_proj.output, -1, [num_heads, head_dim]), 1, 2)[..., :rotary_dim], -1, [rotary_dim // 2, 2]))', ('attention_queries', 'rotary_dim', 'q_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_7, atol=1e-05, at='specs/gptj.yaml:88:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].mlp',
-        cls='GPTJMLP',
-        values=(
+        'layers[i].mlp',
+        'GPTJMLP',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_Neurons,
                 "The activation function's output",
-                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',), side='output'),
+                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',)),
                 at='specs/gptj.yaml:93:23',
             ),
             ValueSpec(
@@ -415,13 +425,13 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_output',
                 _L_Residual,
                 'What the MLP adds to the residual stream',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/gptj.yaml:95:19',
             ),
         ),
         identities=(
-            Identity('mlp_neurons == mlp_activation', ('mlp_neurons', 'mlp_activation'), _identity_layers_mlp_0, '==', 0.0, 0.0, at='specs/gptj.yaml:97:9'),
-            Identity("mlp_activation == gelu(up_proj.output, approximate='tanh')", ('mlp_activation', 'up_proj.output'), _identity_layers_mlp_1, '==', 1e-06, 0.0, at='specs/gptj.yaml:99:9'),
+            Identity('mlp_neurons == mlp_activation', ('mlp_neurons', 'mlp_activation'), _identity_layers_mlp_0, at='specs/gptj.yaml:97:9'),
+            Identity("mlp_activation == gelu(up_proj.output, approximate='tanh')", ('mlp_activation', 'up_proj.output'), _identity_layers_mlp_1, atol=1e-06, at='specs/gptj.yaml:99:9'),
         ),
     ),
 )
@@ -450,6 +460,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {

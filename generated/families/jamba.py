@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnatlas import functions as _fn
-from nnatlas.adapter import Condition, Family, FunctionGroup, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas import expressions as _fn
+from nnatlas.hosts import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.spec import Condition, Family, FunctionGroup, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,71 +21,90 @@ SPEC_SHA256 = '3e4d47ea364a4811093f0f951cb522c8e1ef4b5e885e1b5431b23d1259f311c3'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: JambaForCausalLM"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
     layers: HostList[Layer]
-    embed_tokens: Host
-    norm: Host
-    lm_head: Host
+    embed_tokens: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
+    vocab_size: Any
+    intermediate_size: Any
+    num_experts: Any
+    top_k: Any
+    norm_topk_prob: Any
+    ssm_channels: Any
+    ssm_state_size: Any
+    time_step_rank: Any
+    conv_kernel: Any
+    attention_layers: list[int]
+    mamba_layers: list[int]
+    moe_layers: list[int]
+    dense_layers: list[int]
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: JambaAttentionDecoderLayer, JambaMambaDecoderLayer"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
     self_attn: LayerSelfAttn
     mlp: LayerMlp
     mamba: LayerMamba
 
 
-class LayerSelfAttn(Host):
+class LayerSelfAttn(TypedHost):
     """layers[i].self_attn: JambaAttention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
 
 
-class LayerMlp(Host):
+class LayerMlp(TypedHost):
     """layers[i].mlp: JambaSparseMoeBlock, JambaMLP"""
-    mlp_output: Value
-    mlp_activation: Value
-    mlp_neurons: Value
-    router_logits: Value
-    expert_weights: Value
-    expert_indices: Value
-    expert_outputs: Value
-    routed_output: Value
+    mlp_output: ValueSlot
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    router_logits: ValueSlot
+    expert_weights: ValueSlot
+    expert_indices: ValueSlot
+    expert_outputs: ValueSlot
+    routed_output: ValueSlot
 
 
-class LayerMamba(Host):
+class LayerMamba(TypedHost):
     """layers[i].mamba: JambaMambaMixer"""
-    ssm_inputs: Value
-    ssm_gates: Value
-    time_steps: Value
-    state_decays: Value
-    state_writes: Value
-    state_reads: Value
-    skip_weights: Value
-    ssm_outputs: Value
-    state_output: Value
-    mixer_output: Value
+    ssm_inputs: ValueSlot
+    ssm_gates: ValueSlot
+    time_steps: ValueSlot
+    state_decays: ValueSlot
+    state_writes: ValueSlot
+    state_reads: ValueSlot
+    skip_weights: ValueSlot
+    ssm_outputs: ValueSlot
+    state_output: ValueSlot
+    mixer_output: ValueSlot
 
 # ---- normalized config ----
 
@@ -291,35 +311,35 @@ def _draw_num_key_value_heads(c: Any) -> Any:
 
 # ---- layouts and conditions ----
 
-_L_Tokens = Layout('Tokens', ('batch', 'seq'), 'long', False)
-_L_scalar = Layout('scalar', (), 'object', False)
-_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'), 'float', False)
-_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'), 'float', False)
-_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'), 'float', False)
-_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'), 'float', False)
-_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'), 'float', False)
-_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'), 'float', False)
-_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'), 'float', False)
-_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'), 'float', False)
-_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'), 'float', False)
-_L_RouterLogits = Layout('RouterLogits', ('batch', 'seq', 'num_experts'), 'float', False)
-_L_ExpertWeights = Layout('ExpertWeights', ('batch', 'seq', 'top_k'), 'float', False)
-_L_ExpertIndices = Layout('ExpertIndices', ('batch', 'seq', 'top_k'), 'long', False)
-_L_ExpertOutputs = Layout('ExpertOutputs', ('batch', 'seq', 'top_k', 'hidden_size'), 'float', False)
-_L_SSMChannels = Layout('SSMChannels', ('batch', 'seq', 'ssm_channels'), 'float', False)
-_L_SSMDecays = Layout('SSMDecays', ('ssm_channels', 'ssm_state_size'), 'float', False)
-_L_SSMStateVectors = Layout('SSMStateVectors', ('batch', 'seq', 'ssm_state_size'), 'float', False)
-_L_SSMSkip = Layout('SSMSkip', ('ssm_channels',), 'float', False)
-_L_SSMState = Layout('SSMState', ('batch', 'ssm_channels', 'ssm_state_size'), 'float', False)
+_L_Tokens = Layout('Tokens', ('batch', 'seq'), dtype='long')
+_L_scalar = Layout('scalar', (), dtype='object')
+_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'))
+_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'))
+_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'))
+_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'))
+_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'))
+_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'))
+_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'))
+_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'))
+_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'))
+_L_RouterLogits = Layout('RouterLogits', ('batch', 'seq', 'num_experts'))
+_L_ExpertWeights = Layout('ExpertWeights', ('batch', 'seq', 'top_k'))
+_L_ExpertIndices = Layout('ExpertIndices', ('batch', 'seq', 'top_k'), dtype='long')
+_L_ExpertOutputs = Layout('ExpertOutputs', ('batch', 'seq', 'top_k', 'hidden_size'))
+_L_SSMChannels = Layout('SSMChannels', ('batch', 'seq', 'ssm_channels'))
+_L_SSMDecays = Layout('SSMDecays', ('ssm_channels', 'ssm_state_size'))
+_L_SSMStateVectors = Layout('SSMStateVectors', ('batch', 'seq', 'ssm_state_size'))
+_L_SSMSkip = Layout('SSMSkip', ('ssm_channels',))
+_L_SSMState = Layout('SSMState', ('batch', 'ssm_channels', 'ssm_state_size'))
 _C_eager = Condition('eager', "needs attn_implementation='eager'", 'load with attn_implementation="eager" (nnatlas.load(..., attn_implementation="eager"))')
 _C_experts_mm = Condition('experts_mm', "needs experts_implementation 'grouped_mm' (the default) or 'batched_mm'", 'model.native.set_experts_implementation("grouped_mm") (or load with experts_implementation="grouped_mm")', attribute='_experts_implementation', values=('grouped_mm', 'batched_mm'))
 _C_cached = Condition('cached', 'is computed only on a call that keeps a cache (the scan returns its final state only then)', 'trace without use_cache=False (the default keeps a cache)', kind='call')
 
 HOSTS: tuple[HostSpec, ...] = (
     HostSpec(
-        path='model',
-        cls='JambaForCausalLM',
-        values=(
+        'model',
+        'JambaForCausalLM',
+        (
             ValueSpec(
                 'input_ids',
                 _L_Tokens,
@@ -346,28 +366,28 @@ HOSTS: tuple[HostSpec, ...] = (
                 'token_embeddings',
                 _L_Residual,
                 "The embedding module's output; layers[0].input is what enters the first block",
-                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',), side='output'),
+                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',)),
                 at='specs/llama.yaml:36:25',
             ),
             ValueSpec(
                 'final_norm_output',
                 _L_Residual,
                 'The residual stream after the final norm, what lm_head reads',
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/llama.yaml:37:26',
             ),
             ValueSpec(
                 'lm_head_output',
                 _L_Logits,
                 "The head's logits before anything the model does past lm_head (a softcap, a scale)",
-                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',), side='output'),
+                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',)),
                 at='specs/llama.yaml:38:23',
             ),
             ValueSpec(
                 'logits',
                 _L_Logits,
                 'The logits the model returns, after anything it does past lm_head (a softcap, a scale)',
-                ReadPoint('module', 'output.logits', "the module's own output, .logits", side='output', access=('logits',)),
+                ReadPoint('module', 'output.logits', "the module's own output, .logits", access=('logits',)),
                 at='specs/llama.yaml:39:15',
             ),
             ValueSpec(
@@ -380,14 +400,14 @@ HOSTS: tuple[HostSpec, ...] = (
             ),
         ),
         identities=(
-            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, '==', 0.0, 0.0, at='specs/llama.yaml:42:9'),
-            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, '==', 0.0, 0.0, at='specs/llama.yaml:43:9'),
+            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, at='specs/llama.yaml:42:9'),
+            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, at='specs/llama.yaml:43:9'),
         ),
     ),
     HostSpec(
-        path='layers[i]',
-        cls='JambaAttentionDecoderLayer',
-        values=(
+        'layers[i]',
+        'JambaAttentionDecoderLayer',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -399,7 +419,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Residual,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',), side='output'),
+                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',)),
                 at='specs/llama.yaml:49:30',
             ),
             ValueSpec(
@@ -413,7 +433,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Residual,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'pre_ff_layernorm.output', "the child module pre_ff_layernorm's output", module=('pre_ff_layernorm',), side='output'),
+                ReadPoint('module', 'pre_ff_layernorm.output', "the child module pre_ff_layernorm's output", module=('pre_ff_layernorm',)),
                 at='specs/jamba.yaml:48:24',
             ),
             ValueSpec(
@@ -427,23 +447,23 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/llama.yaml:53:21',
             ),
         ),
         identities=(
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_layers_block_type_i______attention_0, '==', 0.0, 0.0, at='specs/jamba.yaml:50:9'),
-            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_layers_block_type_i______attention_1, '==', 0.0, 0.0, at='specs/jamba.yaml:56:13'),
-            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_layers_block_type_i______attention_2, '==', 0.0, 0.0, at='specs/jamba.yaml:57:13'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_layers_block_type_i______attention_0, at='specs/jamba.yaml:50:9'),
+            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_layers_block_type_i______attention_1, at='specs/jamba.yaml:56:13'),
+            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_layers_block_type_i______attention_2, at='specs/jamba.yaml:57:13'),
         ),
         when=_when_layers_layers_block_type_i______attention_1,
         when_text="layers_block_type[i] == 'attention'",
         kind='attention',
     ),
     HostSpec(
-        path='layers[i]',
-        cls='JambaMambaDecoderLayer',
-        values=(
+        'layers[i]',
+        'JambaMambaDecoderLayer',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -455,7 +475,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Residual,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',), side='output'),
+                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',)),
                 at='specs/llama.yaml:49:30',
             ),
             ValueSpec(
@@ -469,7 +489,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Residual,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'pre_ff_layernorm.output', "the child module pre_ff_layernorm's output", module=('pre_ff_layernorm',), side='output'),
+                ReadPoint('module', 'pre_ff_layernorm.output', "the child module pre_ff_layernorm's output", module=('pre_ff_layernorm',)),
                 at='specs/jamba.yaml:48:24',
             ),
             ValueSpec(
@@ -483,24 +503,24 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/llama.yaml:53:21',
             ),
         ),
         identities=(
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_layers_block_type_i______mamba_0, '==', 0.0, 0.0, at='specs/jamba.yaml:50:9'),
-            Identity('layer_input + mamba.mixer_output + mlp.mlp_output == layer_output', ('layer_input', 'mamba.mixer_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_layers_block_type_i______mamba_1, '==', 0.0, 0.0, at='specs/jamba.yaml:62:13'),
-            Identity('layer_input + mamba.mixer_output == layer_mid', ('layer_input', 'mamba.mixer_output', 'layer_mid'), _identity_layers_layers_block_type_i______mamba_2, '==', 0.0, 0.0, at='specs/jamba.yaml:63:13'),
-            Identity('attention_norm_output == mamba.input', ('attention_norm_output', 'mamba.input'), _identity_layers_layers_block_type_i______mamba_3, '==', 0.0, 0.0, at='specs/jamba.yaml:64:13'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_layers_block_type_i______mamba_0, at='specs/jamba.yaml:50:9'),
+            Identity('layer_input + mamba.mixer_output + mlp.mlp_output == layer_output', ('layer_input', 'mamba.mixer_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_layers_block_type_i______mamba_1, at='specs/jamba.yaml:62:13'),
+            Identity('layer_input + mamba.mixer_output == layer_mid', ('layer_input', 'mamba.mixer_output', 'layer_mid'), _identity_layers_layers_block_type_i______mamba_2, at='specs/jamba.yaml:63:13'),
+            Identity('attention_norm_output == mamba.input', ('attention_norm_output', 'mamba.input'), _identity_layers_layers_block_type_i______mamba_3, at='specs/jamba.yaml:64:13'),
         ),
         when=_when_layers_layers_block_type_i______mamba_2,
         when_text="layers_block_type[i] == 'mamba'",
         kind='mamba',
     ),
     HostSpec(
-        path='layers[i].self_attn',
-        cls='JambaAttention',
-        values=(
+        'layers[i].self_attn',
+        'JambaAttention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_Queries,
@@ -526,7 +546,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_Pattern,
                 'The attention scores entering the softmax, masked',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_eager,
                 at='specs/llama.yaml:65:32',
             ),
@@ -534,7 +554,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_Pattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_eager,
                 at='specs/llama.yaml:66:39',
             ),
@@ -542,7 +562,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_HeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', side='output', access=(0,), call='attention'),
+                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', access=(0,), call='attention'),
                 at='specs/llama.yaml:67:31',
             ),
             ValueSpec(
@@ -550,37 +570,37 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_HeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))),),
                 at='specs/llama.yaml:68:32',
             ),
             ValueSpec(
                 'attention_output',
                 _L_Residual,
                 'What the attention adds to the residual stream',
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/llama.yaml:69:25',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_layers_block_type_i______attention_0, '==', 0.0, 0.0, at='specs/llama.yaml:71:9'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_layers_block_type_i______attention_1, '==', 1e-05, 0.0, at='specs/llama.yaml:72:9'),
-            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_layers_block_type_i______attention_2, '==', 0.0, 0.0, at='specs/llama.yaml:73:9'),
-            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_layers_block_type_i______attention_3, '==', 1e-06, 0.0, at='specs/llama.yaml:74:9'),
-            Identity('attention_queries == transpose(unflatten(q_proj.output, -1, [num_heads, head_dim]), 1, 2)', ('attention_queries', 'q_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_layers_block_type_i______attention_4, '==', 0.0, 0.0, at='specs/jamba.yaml:71:9'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_layers_block_type_i______attention_0, at='specs/llama.yaml:71:9'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_layers_block_type_i______attention_1, atol=1e-05, at='specs/llama.yaml:72:9'),
+            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_layers_block_type_i______attention_2, at='specs/llama.yaml:73:9'),
+            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_layers_block_type_i______attention_3, atol=1e-06, at='specs/llama.yaml:74:9'),
+            Identity('attention_queries == transpose(unflatten(q_proj.output, -1, [num_heads, head_dim]), 1, 2)', ('attention_queries', 'q_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_layers_block_type_i______attention_4, at='specs/jamba.yaml:71:9'),
         ),
         when=_when_layers_self_attn_layers_block_type_i______attention_3,
         when_text="layers_block_type[i] == 'attention'",
         kind='attention',
     ),
     HostSpec(
-        path='layers[i].mlp',
-        cls='JambaSparseMoeBlock',
-        values=(
+        'layers[i].mlp',
+        'JambaSparseMoeBlock',
+        (
             ValueSpec(
                 'mlp_output',
                 _L_Residual,
                 'What the MLP adds to the residual stream',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/llama.yaml:81:19',
             ),
             ValueSpec(
@@ -601,8 +621,8 @@ HOSTS: tuple[HostSpec, ...] = (
                 'router_logits',
                 _L_RouterLogits,
                 "The router's logits, one per expert, before the scoring",
-                ReadPoint('op', 'router > op:linear.output', "inside router's forward: the output of linear (first call)", module=('router',), side='output', op='linear', occurrence=0),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                ReadPoint('op', 'router > op:linear.output', "inside router's forward: the output of linear (first call)", module=('router',), op='linear'),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/jamba.yaml:119:33',
             ),
             ValueSpec(
@@ -610,7 +630,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_ExpertWeights,
                 "The weight each selected expert's output is scaled by",
                 ReadPoint('module', 'experts.input.top_k_weights', "the child module experts's input top_k_weights", module=('experts',), side='input', param='top_k_weights'),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/jamba.yaml:120:34',
             ),
             ValueSpec(
@@ -618,15 +638,15 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_ExpertIndices,
                 'The expert each routing slot sends the token to',
                 ReadPoint('module', 'experts.input.top_k_index', "the child module experts's input top_k_index", module=('experts',), side='input', param='top_k_index'),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/jamba.yaml:121:34',
             ),
             ValueSpec(
                 'expert_outputs',
                 _L_ExpertOutputs,
                 "Each routing slot's weighted expert output",
-                ReadPoint('op', 'experts > call:experts > op:view.output', "inside experts's forward: the output of view (first call) inside the experts interface call", module=('experts',), side='output', call='experts', op='view', occurrence=0),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                ReadPoint('op', 'experts > call:experts > op:view.output', "inside experts's forward: the output of view (first call) inside the experts interface call", module=('experts',), call='experts', op='view'),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 needs=_C_experts_mm,
                 at='specs/jamba.yaml:123:19',
             ),
@@ -634,37 +654,37 @@ HOSTS: tuple[HostSpec, ...] = (
                 'routed_output',
                 _L_Residual,
                 "The routed experts' combined output",
-                ReadPoint('module', 'experts.output', "the child module experts's output", module=('experts',), side='output'),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                ReadPoint('module', 'experts.output', "the child module experts's output", module=('experts',)),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/jamba.yaml:126:33',
             ),
         ),
         identities=(
-            Identity('routed_output == mlp_output', ('routed_output', 'mlp_output'), _identity_layers_mlp_layers_num_experts_i____1_0, '==', 0.0, 0.0, at='specs/jamba.yaml:128:13'),
-            Identity('expert_weights == topk_weights(softmax(router_logits, -1), top_k, norm_topk_prob)', ('expert_weights', 'router_logits', 'top_k', 'norm_topk_prob'), _identity_layers_mlp_layers_num_experts_i____1_1, '==', 0.0, 0.0, at='specs/jamba.yaml:129:13'),
-            Identity('expert_indices == topk_indices(softmax(router_logits, -1), top_k)', ('expert_indices', 'router_logits', 'top_k'), _identity_layers_mlp_layers_num_experts_i____1_2, '==', 0.0, 0.0, at='specs/jamba.yaml:130:13'),
-            Identity('sum(expert_outputs, 2) == routed_output', ('expert_outputs', 'routed_output'), _identity_layers_mlp_layers_num_experts_i____1_3, '==', 1e-06, 0.0, at='specs/jamba.yaml:131:13'),
+            Identity('routed_output == mlp_output', ('routed_output', 'mlp_output'), _identity_layers_mlp_layers_num_experts_i____1_0, at='specs/jamba.yaml:128:13'),
+            Identity('expert_weights == topk_weights(softmax(router_logits, -1), top_k, norm_topk_prob)', ('expert_weights', 'router_logits', 'top_k', 'norm_topk_prob'), _identity_layers_mlp_layers_num_experts_i____1_1, at='specs/jamba.yaml:129:13'),
+            Identity('expert_indices == topk_indices(softmax(router_logits, -1), top_k)', ('expert_indices', 'router_logits', 'top_k'), _identity_layers_mlp_layers_num_experts_i____1_2, at='specs/jamba.yaml:130:13'),
+            Identity('sum(expert_outputs, 2) == routed_output', ('expert_outputs', 'routed_output'), _identity_layers_mlp_layers_num_experts_i____1_3, atol=1e-06, at='specs/jamba.yaml:131:13'),
         ),
         when=_when_layers_mlp_layers_num_experts_i____1_4,
         when_text='layers_num_experts[i] > 1',
         kind='moe',
     ),
     HostSpec(
-        path='layers[i].mlp',
-        cls='JambaMLP',
-        values=(
+        'layers[i].mlp',
+        'JambaMLP',
+        (
             ValueSpec(
                 'mlp_output',
                 _L_Residual,
                 'What the MLP adds to the residual stream',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/llama.yaml:81:19',
             ),
             ValueSpec(
                 'mlp_activation',
                 _L_Neurons,
                 "The activation function's output",
-                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',), side='output'),
+                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',)),
                 at='specs/jamba.yaml:136:27',
             ),
             ValueSpec(
@@ -676,23 +696,23 @@ HOSTS: tuple[HostSpec, ...] = (
             ),
         ),
         identities=(
-            Identity('mlp_neurons == mlp_activation * up_proj.output', ('mlp_neurons', 'mlp_activation', 'up_proj.output'), _identity_layers_mlp_layers_num_experts_i_____1_0, '==', 0.0, 0.0, at='specs/jamba.yaml:139:13'),
-            Identity('mlp_activation == silu(gate_proj.output)', ('mlp_activation', 'gate_proj.output'), _identity_layers_mlp_layers_num_experts_i_____1_1, '==', 0.0, 0.0, at='specs/jamba.yaml:140:13'),
+            Identity('mlp_neurons == mlp_activation * up_proj.output', ('mlp_neurons', 'mlp_activation', 'up_proj.output'), _identity_layers_mlp_layers_num_experts_i_____1_0, at='specs/jamba.yaml:139:13'),
+            Identity('mlp_activation == silu(gate_proj.output)', ('mlp_activation', 'gate_proj.output'), _identity_layers_mlp_layers_num_experts_i_____1_1, at='specs/jamba.yaml:140:13'),
         ),
         when=_when_layers_mlp_layers_num_experts_i_____1_5,
         when_text='layers_num_experts[i] == 1',
         kind='dense',
     ),
     HostSpec(
-        path='layers[i].mamba',
-        cls='JambaMambaMixer',
-        values=(
+        'layers[i].mamba',
+        'JambaMambaMixer',
+        (
             ValueSpec(
                 'ssm_inputs',
                 _L_SSMChannels,
                 "The scan's input x: in_proj's first half after the causal convolution and the SiLU (padding positions zeroed)",
                 ReadPoint('fn', 'fn:selective_scan.args[0]', "inside the forward: the arguments of the selective scan over a prompt (transformers' torch path on CPU), element 0", side='fn_args', access=(0,), fn='selective_scan'),
-                view=(ViewOp('transpose', (1, 2)), ),
+                view=(ViewOp('transpose', (1, 2)),),
                 at='specs/jamba.yaml:78:26',
             ),
             ValueSpec(
@@ -700,15 +720,15 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_SSMChannels,
                 "The gate z: in_proj's second half; the scan's output is multiplied by silu(z)",
                 ReadPoint('fn', 'fn:selective_scan.kwargs.z', "inside the forward: the arguments of the selective scan over a prompt (transformers' torch path on CPU), argument z", side='fn_args', access=('z',), fn='selective_scan'),
-                view=(ViewOp('transpose', (1, 2)), ),
+                view=(ViewOp('transpose', (1, 2)),),
                 at='specs/jamba.yaml:79:25',
             ),
             ValueSpec(
                 'time_steps',
                 _L_SSMChannels,
                 "The step Δ of each token and channel, after dt_proj's bias and the softplus: each token keeps exp(Δ A) of the state and writes Δ x B into it",
-                ReadPoint('op', 'op:softplus.output', 'the output of softplus (first call) inside the forward', side='output', op='softplus', occurrence=0),
-                view=(ViewOp('transpose', (1, 2)), ),
+                ReadPoint('op', 'op:softplus.output', 'the output of softplus (first call) inside the forward', op='softplus'),
+                view=(ViewOp('transpose', (1, 2)),),
                 at='specs/jamba.yaml:80:26',
             ),
             ValueSpec(
@@ -723,7 +743,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_SSMStateVectors,
                 "B: the token's input vector, how it writes into each channel's state (shared by the channels)",
                 ReadPoint('fn', 'fn:selective_scan.args[3]', "inside the forward: the arguments of the selective scan over a prompt (transformers' torch path on CPU), element 3", side='fn_args', access=(3,), fn='selective_scan'),
-                view=(ViewOp('transpose', (1, 2)), ),
+                view=(ViewOp('transpose', (1, 2)),),
                 at='specs/jamba.yaml:82:28',
             ),
             ValueSpec(
@@ -731,7 +751,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_SSMStateVectors,
                 "C: the token's output vector, how each channel's state is read out (shared by the channels)",
                 ReadPoint('fn', 'fn:selective_scan.args[4]', "inside the forward: the arguments of the selective scan over a prompt (transformers' torch path on CPU), element 4", side='fn_args', access=(4,), fn='selective_scan'),
-                view=(ViewOp('transpose', (1, 2)), ),
+                view=(ViewOp('transpose', (1, 2)),),
                 at='specs/jamba.yaml:83:27',
             ),
             ValueSpec(
@@ -761,17 +781,35 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mixer_output',
                 _L_Residual,
                 "What the SSM mixer adds to the residual stream (out_proj's output)",
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/jamba.yaml:87:21',
             ),
         ),
         identities=(
-            Identity('selective_scan(ssm_inputs, time_steps, state_decays, state_writes, state_reads, skip_weights, ssm_gates)[0] == ssm_outputs', ('ssm_inputs', 'time_steps', 'state_decays', 'state_writes', 'state_reads', 'skip_weights', 'ssm_gates', 'ssm_outputs'), _identity_layers_mamba_layers_block_type_i______mamba_0, '==', 1e-05, 0.0001, at='specs/jamba.yaml:89:9'),
-            Identity('selective_scan(ssm_inputs, time_steps, state_decays, state_writes, state_reads, skip_weights, ssm_gates)[1] == state_output', ('ssm_inputs', 'time_steps', 'state_decays', 'state_writes', 'state_reads', 'skip_weights', 'ssm_gates', 'state_output'), _identity_layers_mamba_layers_block_type_i______mamba_1, '==', 1e-05, 0.0001, at='specs/jamba.yaml:90:9'),
-            Identity('state_decays < 0', ('state_decays',), _identity_layers_mamba_layers_block_type_i______mamba_2, '<', 0.0, 0.0, at='specs/jamba.yaml:91:9'),
-            Identity('time_steps > 0', ('time_steps',), _identity_layers_mamba_layers_block_type_i______mamba_3, '>', 0.0, 0.0, at='specs/jamba.yaml:92:9'),
-            Identity('state_writes == b_layernorm.output', ('state_writes', 'b_layernorm.output'), _identity_layers_mamba_layers_block_type_i______mamba_4, '==', 0.0, 0.0, at='specs/jamba.yaml:94:9'),
-            Identity('state_reads == c_layernorm.output', ('state_reads', 'c_layernorm.output'), _identity_layers_mamba_layers_block_type_i______mamba_5, '==', 0.0, 0.0, at='specs/jamba.yaml:95:9'),
+            Identity('selective_scan(ssm_inputs, time_steps, state_decays, state_writes, state_reads, skip_weights, ssm_gates)[0] == ssm_outputs', (
+                'ssm_inputs',
+                'time_steps',
+                'state_decays',
+                'state_writes',
+                'state_reads',
+                'skip_weights',
+                'ssm_gates',
+                'ssm_outputs',
+            ), _identity_layers_mamba_layers_block_type_i______mamba_0, atol=1e-05, rtol=0.0001, at='specs/jamba.yaml:89:9'),
+            Identity('selective_scan(ssm_inputs, time_steps, state_decays, state_writes, state_reads, skip_weights, ssm_gates)[1] == state_output', (
+                'ssm_inputs',
+                'time_steps',
+                'state_decays',
+                'state_writes',
+                'state_reads',
+                'skip_weights',
+                'ssm_gates',
+                'state_output',
+            ), _identity_layers_mamba_layers_block_type_i______mamba_1, atol=1e-05, rtol=0.0001, at='specs/jamba.yaml:90:9'),
+            Identity('state_decays < 0', ('state_decays',), _identity_layers_mamba_layers_block_type_i______mamba_2, op='<', at='specs/jamba.yaml:91:9'),
+            Identity('time_steps > 0', ('time_steps',), _identity_layers_mamba_layers_block_type_i______mamba_3, op='>', at='specs/jamba.yaml:92:9'),
+            Identity('state_writes == b_layernorm.output', ('state_writes', 'b_layernorm.output'), _identity_layers_mamba_layers_block_type_i______mamba_4, at='specs/jamba.yaml:94:9'),
+            Identity('state_reads == c_layernorm.output', ('state_reads', 'c_layernorm.output'), _identity_layers_mamba_layers_block_type_i______mamba_5, at='specs/jamba.yaml:95:9'),
         ),
         when=_when_layers_mamba_layers_block_type_i______mamba_6,
         when_text="layers_block_type[i] == 'mamba'",
@@ -812,6 +850,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnatlas import functions as _fn
-from nnatlas.adapter import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas import expressions as _fn
+from nnatlas.hosts import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.spec import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,59 +21,71 @@ SPEC_SHA256 = '59062bd736ebeb9d64d234b2a89642114bceafa799ec3b7386ae1045ec534966'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: Lfm2ForCausalLM"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
     layers: HostList[Layer]
-    embed_tokens: Host
-    norm: Host
-    lm_head: Host
+    embed_tokens: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
+    vocab_size: Any
+    intermediate_size: Any
+    conv_kernel: Any
+    conv_parts: Any
+    conv_layers: list[int]
+    attention_layers: list[int]
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: Lfm2DecoderLayer"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
     self_attn: LayerSelfAttn
     mlp: LayerMlp
     conv: LayerConv
 
 
-class LayerSelfAttn(Host):
+class LayerSelfAttn(TypedHost):
     """layers[i].self_attn: Lfm2Attention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
 
 
-class LayerMlp(Host):
+class LayerMlp(TypedHost):
     """layers[i].mlp: Lfm2MLP"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
 
 
-class LayerConv(Host):
+class LayerConv(TypedHost):
     """layers[i].conv: Lfm2ShortConv"""
-    conv_projections: Value
-    conv_gated_outputs: Value
-    mixer_output: Value
+    conv_projections: ValueSlot
+    conv_gated_outputs: ValueSlot
+    mixer_output: ValueSlot
 
 # ---- normalized config ----
 
@@ -211,25 +224,25 @@ def _draw_num_hidden_layers(c: Any) -> Any:
 
 # ---- layouts and conditions ----
 
-_L_Tokens = Layout('Tokens', ('batch', 'seq'), 'long', False)
-_L_scalar = Layout('scalar', (), 'object', False)
-_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'), 'float', False)
-_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'), 'float', False)
-_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'), 'float', False)
-_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'), 'float', False)
-_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'), 'float', False)
-_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'), 'float', False)
-_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'), 'float', False)
-_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'), 'float', False)
-_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'), 'float', False)
-_L_ConvProjections = Layout('ConvProjections', ('batch', 'seq', 'conv_parts', 'hidden_size'), 'float', False)
+_L_Tokens = Layout('Tokens', ('batch', 'seq'), dtype='long')
+_L_scalar = Layout('scalar', (), dtype='object')
+_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'))
+_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'))
+_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'))
+_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'))
+_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'))
+_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'))
+_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'))
+_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'))
+_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'))
+_L_ConvProjections = Layout('ConvProjections', ('batch', 'seq', 'conv_parts', 'hidden_size'))
 _C_eager = Condition('eager', "needs attn_implementation='eager'", 'load with attn_implementation="eager" (nnatlas.load(..., attn_implementation="eager"))')
 
 HOSTS: tuple[HostSpec, ...] = (
     HostSpec(
-        path='model',
-        cls='Lfm2ForCausalLM',
-        values=(
+        'model',
+        'Lfm2ForCausalLM',
+        (
             ValueSpec(
                 'input_ids',
                 _L_Tokens,
@@ -256,28 +269,28 @@ HOSTS: tuple[HostSpec, ...] = (
                 'token_embeddings',
                 _L_Residual,
                 "The embedding module's output; layers[0].input is what enters the first block",
-                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',), side='output'),
+                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',)),
                 at='specs/llama.yaml:36:25',
             ),
             ValueSpec(
                 'final_norm_output',
                 _L_Residual,
                 'The residual stream after the final norm, what lm_head reads',
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/llama.yaml:37:26',
             ),
             ValueSpec(
                 'lm_head_output',
                 _L_Logits,
                 "The head's logits before anything the model does past lm_head (a softcap, a scale)",
-                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',), side='output'),
+                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',)),
                 at='specs/llama.yaml:38:23',
             ),
             ValueSpec(
                 'logits',
                 _L_Logits,
                 'The logits the model returns, after anything it does past lm_head (a softcap, a scale)',
-                ReadPoint('module', 'output.logits', "the module's own output, .logits", side='output', access=('logits',)),
+                ReadPoint('module', 'output.logits', "the module's own output, .logits", access=('logits',)),
                 at='specs/llama.yaml:39:15',
             ),
             ValueSpec(
@@ -290,14 +303,14 @@ HOSTS: tuple[HostSpec, ...] = (
             ),
         ),
         identities=(
-            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, '==', 0.0, 0.0, at='specs/llama.yaml:42:9'),
-            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, '==', 0.0, 0.0, at='specs/llama.yaml:43:9'),
+            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, at='specs/llama.yaml:42:9'),
+            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, at='specs/llama.yaml:43:9'),
         ),
     ),
     HostSpec(
-        path='layers[i]',
-        cls='Lfm2DecoderLayer',
-        values=(
+        'layers[i]',
+        'Lfm2DecoderLayer',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -309,7 +322,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Residual,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'operator_norm.output', "the child module operator_norm's output", module=('operator_norm',), side='output'),
+                ReadPoint('module', 'operator_norm.output', "the child module operator_norm's output", module=('operator_norm',)),
                 at='specs/lfm2.yaml:39:30',
             ),
             ValueSpec(
@@ -323,7 +336,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Residual,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'ffn_norm.output', "the child module ffn_norm's output", module=('ffn_norm',), side='output'),
+                ReadPoint('module', 'ffn_norm.output', "the child module ffn_norm's output", module=('ffn_norm',)),
                 at='specs/lfm2.yaml:41:24',
             ),
             ValueSpec(
@@ -337,24 +350,24 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/llama.yaml:53:21',
             ),
         ),
         identities=(
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_layer_types_i______conv_0, '==', 0.0, 0.0, at='specs/lfm2.yaml:43:9'),
-            Identity('conv.mixer_output + layer_input == layer_mid', ('conv.mixer_output', 'layer_input', 'layer_mid'), _identity_layers_layer_types_i______conv_1, '==', 0.0, 0.0, at='specs/lfm2.yaml:48:13'),
-            Identity('layer_mid + mlp.mlp_output == layer_output', ('layer_mid', 'mlp.mlp_output', 'layer_output'), _identity_layers_layer_types_i______conv_2, '==', 0.0, 0.0, at='specs/lfm2.yaml:49:13'),
-            Identity('attention_norm_output == conv.input', ('attention_norm_output', 'conv.input'), _identity_layers_layer_types_i______conv_3, '==', 0.0, 0.0, at='specs/lfm2.yaml:50:13'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_layer_types_i______conv_0, at='specs/lfm2.yaml:43:9'),
+            Identity('conv.mixer_output + layer_input == layer_mid', ('conv.mixer_output', 'layer_input', 'layer_mid'), _identity_layers_layer_types_i______conv_1, at='specs/lfm2.yaml:48:13'),
+            Identity('layer_mid + mlp.mlp_output == layer_output', ('layer_mid', 'mlp.mlp_output', 'layer_output'), _identity_layers_layer_types_i______conv_2, at='specs/lfm2.yaml:49:13'),
+            Identity('attention_norm_output == conv.input', ('attention_norm_output', 'conv.input'), _identity_layers_layer_types_i______conv_3, at='specs/lfm2.yaml:50:13'),
         ),
         when=_when_layers_layer_types_i______conv_1,
         when_text="layer_types[i] == 'conv'",
         kind='conv',
     ),
     HostSpec(
-        path='layers[i]',
-        cls='Lfm2DecoderLayer',
-        values=(
+        'layers[i]',
+        'Lfm2DecoderLayer',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -366,7 +379,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Residual,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'operator_norm.output', "the child module operator_norm's output", module=('operator_norm',), side='output'),
+                ReadPoint('module', 'operator_norm.output', "the child module operator_norm's output", module=('operator_norm',)),
                 at='specs/lfm2.yaml:39:30',
             ),
             ValueSpec(
@@ -380,7 +393,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Residual,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'ffn_norm.output', "the child module ffn_norm's output", module=('ffn_norm',), side='output'),
+                ReadPoint('module', 'ffn_norm.output', "the child module ffn_norm's output", module=('ffn_norm',)),
                 at='specs/lfm2.yaml:41:24',
             ),
             ValueSpec(
@@ -394,23 +407,23 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/llama.yaml:53:21',
             ),
         ),
         identities=(
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_layer_types_i______full_attention_0, '==', 0.0, 0.0, at='specs/lfm2.yaml:43:9'),
-            Identity('self_attn.attention_output + layer_input == layer_mid', ('self_attn.attention_output', 'layer_input', 'layer_mid'), _identity_layers_layer_types_i______full_attention_1, '==', 0.0, 0.0, at='specs/lfm2.yaml:54:13'),
-            Identity('layer_mid + mlp.mlp_output == layer_output', ('layer_mid', 'mlp.mlp_output', 'layer_output'), _identity_layers_layer_types_i______full_attention_2, '==', 0.0, 0.0, at='specs/lfm2.yaml:55:13'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_layer_types_i______full_attention_0, at='specs/lfm2.yaml:43:9'),
+            Identity('self_attn.attention_output + layer_input == layer_mid', ('self_attn.attention_output', 'layer_input', 'layer_mid'), _identity_layers_layer_types_i______full_attention_1, at='specs/lfm2.yaml:54:13'),
+            Identity('layer_mid + mlp.mlp_output == layer_output', ('layer_mid', 'mlp.mlp_output', 'layer_output'), _identity_layers_layer_types_i______full_attention_2, at='specs/lfm2.yaml:55:13'),
         ),
         when=_when_layers_layer_types_i______full_attention_2,
         when_text="layer_types[i] == 'full_attention'",
         kind='attention',
     ),
     HostSpec(
-        path='layers[i].self_attn',
-        cls='Lfm2Attention',
-        values=(
+        'layers[i].self_attn',
+        'Lfm2Attention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_Queries,
@@ -436,7 +449,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_Pattern,
                 'The attention scores entering the softmax, masked',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_eager,
                 at='specs/llama.yaml:65:32',
             ),
@@ -444,7 +457,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_Pattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_eager,
                 at='specs/llama.yaml:66:39',
             ),
@@ -452,7 +465,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_HeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', side='output', access=(0,), call='attention'),
+                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', access=(0,), call='attention'),
                 at='specs/llama.yaml:67:31',
             ),
             ValueSpec(
@@ -460,33 +473,33 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_HeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'out_proj.input', "the child module out_proj's input", module=('out_proj',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))),),
                 at='specs/lfm2.yaml:60:32',
             ),
             ValueSpec(
                 'attention_output',
                 _L_Residual,
                 'What the attention adds to the residual stream',
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/llama.yaml:69:25',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_0, '==', 0.0, 0.0, at='specs/llama.yaml:71:9'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_1, '==', 1e-05, 0.0, at='specs/llama.yaml:72:9'),
-            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_2, '==', 0.0, 0.0, at='specs/llama.yaml:73:9'),
-            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_3, '==', 1e-06, 0.0, at='specs/llama.yaml:74:9'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_0, at='specs/llama.yaml:71:9'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_1, atol=1e-05, at='specs/llama.yaml:72:9'),
+            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_2, at='specs/llama.yaml:73:9'),
+            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_3, atol=1e-06, at='specs/llama.yaml:74:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].mlp',
-        cls='Lfm2MLP',
-        values=(
+        'layers[i].mlp',
+        'Lfm2MLP',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_Neurons,
                 "The activation function's output",
-                ReadPoint('op', 'op:silu.output', 'the output of silu (first call) inside the forward', side='output', op='silu', occurrence=0),
+                ReadPoint('op', 'op:silu.output', 'the output of silu (first call) inside the forward', op='silu'),
                 at='specs/lfm2.yaml:75:23',
             ),
             ValueSpec(
@@ -500,25 +513,25 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_output',
                 _L_Residual,
                 'What the MLP adds to the residual stream',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/llama.yaml:81:19',
             ),
         ),
         identities=(
-            Identity('mlp_neurons == mlp_activation * w3.output', ('mlp_neurons', 'mlp_activation', 'w3.output'), _identity_layers_mlp_0, '==', 0.0, 0.0, at='specs/lfm2.yaml:78:9'),
-            Identity('mlp_activation == silu(w1.output)', ('mlp_activation', 'w1.output'), _identity_layers_mlp_1, '==', 0.0, 0.0, at='specs/lfm2.yaml:79:9'),
+            Identity('mlp_neurons == mlp_activation * w3.output', ('mlp_neurons', 'mlp_activation', 'w3.output'), _identity_layers_mlp_0, at='specs/lfm2.yaml:78:9'),
+            Identity('mlp_activation == silu(w1.output)', ('mlp_activation', 'w1.output'), _identity_layers_mlp_1, at='specs/lfm2.yaml:79:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].conv',
-        cls='Lfm2ShortConv',
-        values=(
+        'layers[i].conv',
+        'Lfm2ShortConv',
+        (
             ValueSpec(
                 'conv_projections',
                 _L_ConvProjections,
                 "in_proj's output as B, C and x (the input gate, the output gate and the input), each hidden_size wide",
-                ReadPoint('module', 'in_proj.output', "the child module in_proj's output", module=('in_proj',), side='output'),
-                view=(ViewOp('unflatten', (-1, (3, 'hidden_size'))), ),
+                ReadPoint('module', 'in_proj.output', "the child module in_proj's output", module=('in_proj',)),
+                view=(ViewOp('unflatten', (-1, (3, 'hidden_size'))),),
                 at='specs/lfm2.yaml:66:32',
             ),
             ValueSpec(
@@ -532,13 +545,11 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mixer_output',
                 _L_Residual,
                 "What the short-convolution mixer adds to the residual stream (out_proj's output)",
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/lfm2.yaml:68:21',
             ),
         ),
-        identities=(
-            Identity('mixer_output == out_proj.output', ('mixer_output', 'out_proj.output'), _identity_layers_conv_0, '==', 0.0, 0.0, at='specs/lfm2.yaml:70:9'),
-        ),
+        identities=(Identity('mixer_output == out_proj.output', ('mixer_output', 'out_proj.output'), _identity_layers_conv_0, at='specs/lfm2.yaml:70:9'),),
     ),
 )
 
@@ -567,6 +578,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {

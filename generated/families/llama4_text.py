@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnatlas import functions as _fn
-from nnatlas.adapter import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas import expressions as _fn
+from nnatlas.hosts import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.spec import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,66 +21,88 @@ SPEC_SHA256 = 'a2e777d57eb586996b241176062bf99a8531e8005aabaef80754b6f706b58aca'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: Llama4ForCausalLM"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
     layers: HostList[Layer]
-    embed_tokens: Host
-    norm: Host
-    lm_head: Host
+    embed_tokens: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
+    vocab_size: Any
+    intermediate_size: Any
+    num_experts: Any
+    top_k: Any
+    moe_intermediate_size: Any
+    chunk_size: Any
+    norm_eps: Any
+    floor_scale: Any
+    attn_scale: Any
+    temperature_tuning: Any
+    moe_layers: list[int]
+    dense_layers: list[int]
+    chunked_layers: list[int]
+    full_layers: list[int]
+    rope_qk_norm_layers: list[int]
+    nope_layers: list[int]
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: Llama4TextDecoderLayer"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
     self_attn: LayerSelfAttn
     mlp: LayerMlp
 
 
-class LayerSelfAttn(Host):
+class LayerSelfAttn(TypedHost):
     """layers[i].self_attn: Llama4TextAttention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
 
 
-class LayerMlp(Host):
+class LayerMlp(TypedHost):
     """layers[i].mlp: Llama4TextMoe"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
-    router_logits: Value
-    expert_indices: Value
-    expert_weights: Value
-    expert_outputs: Value
-    routed_output: Value
-    shared_expert_output: Value
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
+    router_logits: ValueSlot
+    expert_indices: ValueSlot
+    expert_weights: ValueSlot
+    expert_outputs: ValueSlot
+    routed_output: ValueSlot
+    shared_expert_output: ValueSlot
     shared_experts: LayerMlpSharedExperts
 
 
-class LayerMlpSharedExperts(Host):
+class LayerMlpSharedExperts(TypedHost):
     """layers[i].mlp.shared_experts: Llama4TextMLP"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
-    act_fn: Host
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
+    act_fn: TypedHost
 
 # ---- normalized config ----
 
@@ -330,28 +353,28 @@ def _draw_num_key_value_heads(c: Any) -> Any:
 
 # ---- layouts and conditions ----
 
-_L_Tokens = Layout('Tokens', ('batch', 'seq'), 'long', False)
-_L_scalar = Layout('scalar', (), 'object', False)
-_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'), 'float', False)
-_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'), 'float', False)
-_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'), 'float', False)
-_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'), 'float', False)
-_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'), 'float', False)
-_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'), 'float', False)
-_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'), 'float', False)
-_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'), 'float', False)
-_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'), 'float', False)
-_L_RouterLogits = Layout('RouterLogits', ('batch', 'seq', 'num_experts'), 'float', False)
-_L_ExpertIndices = Layout('ExpertIndices', ('batch', 'seq', 'top_k'), 'long', False)
-_L_ExpertWeights = Layout('ExpertWeights', ('batch', 'seq', 'top_k'), 'float', False)
-_L_ExpertOutputs = Layout('ExpertOutputs', ('batch', 'seq', 'top_k', 'hidden_size'), 'float', False)
+_L_Tokens = Layout('Tokens', ('batch', 'seq'), dtype='long')
+_L_scalar = Layout('scalar', (), dtype='object')
+_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'))
+_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'))
+_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'))
+_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'))
+_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'))
+_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'))
+_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'))
+_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'))
+_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'))
+_L_RouterLogits = Layout('RouterLogits', ('batch', 'seq', 'num_experts'))
+_L_ExpertIndices = Layout('ExpertIndices', ('batch', 'seq', 'top_k'), dtype='long')
+_L_ExpertWeights = Layout('ExpertWeights', ('batch', 'seq', 'top_k'))
+_L_ExpertOutputs = Layout('ExpertOutputs', ('batch', 'seq', 'top_k', 'hidden_size'))
 _C_eager = Condition('eager', "needs attn_implementation='eager'", 'load with attn_implementation="eager" (nnatlas.load(..., attn_implementation="eager"))')
 
 HOSTS: tuple[HostSpec, ...] = (
     HostSpec(
-        path='model',
-        cls='Llama4ForCausalLM',
-        values=(
+        'model',
+        'Llama4ForCausalLM',
+        (
             ValueSpec(
                 'input_ids',
                 _L_Tokens,
@@ -378,28 +401,28 @@ HOSTS: tuple[HostSpec, ...] = (
                 'token_embeddings',
                 _L_Residual,
                 "The embedding module's output; layers[0].input is what enters the first block",
-                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',), side='output'),
+                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',)),
                 at='specs/llama.yaml:36:25',
             ),
             ValueSpec(
                 'final_norm_output',
                 _L_Residual,
                 'The residual stream after the final norm, what lm_head reads',
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/llama.yaml:37:26',
             ),
             ValueSpec(
                 'lm_head_output',
                 _L_Logits,
                 "The head's logits before anything the model does past lm_head (a softcap, a scale)",
-                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',), side='output'),
+                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',)),
                 at='specs/llama.yaml:38:23',
             ),
             ValueSpec(
                 'logits',
                 _L_Logits,
                 'The logits the model returns, after anything it does past lm_head (a softcap, a scale)',
-                ReadPoint('module', 'output.logits', "the module's own output, .logits", side='output', access=('logits',)),
+                ReadPoint('module', 'output.logits', "the module's own output, .logits", access=('logits',)),
                 at='specs/llama.yaml:39:15',
             ),
             ValueSpec(
@@ -412,14 +435,14 @@ HOSTS: tuple[HostSpec, ...] = (
             ),
         ),
         identities=(
-            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, '==', 0.0, 0.0, at='specs/llama.yaml:42:9'),
-            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, '==', 0.0, 0.0, at='specs/llama.yaml:43:9'),
+            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, at='specs/llama.yaml:42:9'),
+            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, at='specs/llama.yaml:43:9'),
         ),
     ),
     HostSpec(
-        path='layers[i]',
-        cls='Llama4TextDecoderLayer',
-        values=(
+        'layers[i]',
+        'Llama4TextDecoderLayer',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -431,7 +454,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Residual,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',), side='output'),
+                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',)),
                 at='specs/llama.yaml:49:30',
             ),
             ValueSpec(
@@ -445,7 +468,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Residual,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',), side='output'),
+                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',)),
                 at='specs/llama.yaml:51:24',
             ),
             ValueSpec(
@@ -459,23 +482,23 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/llama.yaml:53:21',
             ),
         ),
         identities=(
-            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_count_moe_layers__i____0_0, '==', 0.0, 0.0, at='specs/llama4_text.yaml:43:9'),
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_count_moe_layers__i____0_1, '==', 0.0, 0.0, at='specs/llama4_text.yaml:44:9'),
-            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_count_moe_layers__i____0_2, '==', 0.0, 0.0, at='specs/llama4_text.yaml:49:13'),
+            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_count_moe_layers__i____0_0, at='specs/llama4_text.yaml:43:9'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_count_moe_layers__i____0_1, at='specs/llama4_text.yaml:44:9'),
+            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_count_moe_layers__i____0_2, at='specs/llama4_text.yaml:49:13'),
         ),
         when=_when_layers_count_moe_layers__i____0_1,
         when_text='count(moe_layers, i) > 0',
         kind='moe',
     ),
     HostSpec(
-        path='layers[i]',
-        cls='Llama4TextDecoderLayer',
-        values=(
+        'layers[i]',
+        'Llama4TextDecoderLayer',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -487,7 +510,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Residual,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',), side='output'),
+                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',)),
                 at='specs/llama.yaml:49:30',
             ),
             ValueSpec(
@@ -501,7 +524,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Residual,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',), side='output'),
+                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',)),
                 at='specs/llama.yaml:51:24',
             ),
             ValueSpec(
@@ -515,23 +538,23 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/llama.yaml:53:21',
             ),
         ),
         identities=(
-            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_count_moe_layers__i_____0_0, '==', 0.0, 0.0, at='specs/llama4_text.yaml:43:9'),
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_count_moe_layers__i_____0_1, '==', 0.0, 0.0, at='specs/llama4_text.yaml:44:9'),
-            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_count_moe_layers__i_____0_2, '==', 0.0, 0.0, at='specs/llama4_text.yaml:53:13'),
+            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_count_moe_layers__i_____0_0, at='specs/llama4_text.yaml:43:9'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_count_moe_layers__i_____0_1, at='specs/llama4_text.yaml:44:9'),
+            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_count_moe_layers__i_____0_2, at='specs/llama4_text.yaml:53:13'),
         ),
         when=_when_layers_count_moe_layers__i_____0_2,
         when_text='count(moe_layers, i) == 0',
         kind='dense',
     ),
     HostSpec(
-        path='layers[i].self_attn',
-        cls='Llama4TextAttention',
-        values=(
+        'layers[i].self_attn',
+        'Llama4TextAttention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_Queries,
@@ -557,7 +580,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_Pattern,
                 'The attention scores entering the softmax, masked',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_eager,
                 at='specs/llama.yaml:65:32',
             ),
@@ -565,7 +588,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_Pattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_eager,
                 at='specs/llama.yaml:66:39',
             ),
@@ -573,7 +596,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_HeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', side='output', access=(0,), call='attention'),
+                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', access=(0,), call='attention'),
                 at='specs/llama.yaml:67:31',
             ),
             ValueSpec(
@@ -581,32 +604,32 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_HeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))),),
                 at='specs/llama.yaml:68:32',
             ),
             ValueSpec(
                 'attention_output',
                 _L_Residual,
                 'What the attention adds to the residual stream',
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/llama.yaml:69:25',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_layer_types_i______chunked_attention_0, '==', 0.0, 0.0, at='specs/llama4_text.yaml:57:9'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_layer_types_i______chunked_attention_1, '==', 1e-05, 0.0, at='specs/llama4_text.yaml:58:9'),
-            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_layer_types_i______chunked_attention_2, '==', 1e-06, 0.0, at='specs/llama4_text.yaml:59:9'),
-            Identity('attention_values == transpose(unflatten(v_proj.output, -1, [num_kv_heads, head_dim]), 1, 2)', ('attention_values', 'v_proj.output', 'num_kv_heads', 'head_dim'), _identity_layers_self_attn_layer_types_i______chunked_attention_3, '==', 0.0, 0.0, at='specs/llama4_text.yaml:60:9'),
-            Identity('masked(attention_probabilities, chunk=chunk_size) == 0', ('attention_probabilities', 'chunk_size'), _identity_layers_self_attn_layer_types_i______chunked_attention_4, '==', 0.0, 0.0, at='specs/llama4_text.yaml:65:13'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_layer_types_i______chunked_attention_0, at='specs/llama4_text.yaml:57:9'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_layer_types_i______chunked_attention_1, atol=1e-05, at='specs/llama4_text.yaml:58:9'),
+            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_layer_types_i______chunked_attention_2, atol=1e-06, at='specs/llama4_text.yaml:59:9'),
+            Identity('attention_values == transpose(unflatten(v_proj.output, -1, [num_kv_heads, head_dim]), 1, 2)', ('attention_values', 'v_proj.output', 'num_kv_heads', 'head_dim'), _identity_layers_self_attn_layer_types_i______chunked_attention_3, at='specs/llama4_text.yaml:60:9'),
+            Identity('masked(attention_probabilities, chunk=chunk_size) == 0', ('attention_probabilities', 'chunk_size'), _identity_layers_self_attn_layer_types_i______chunked_attention_4, at='specs/llama4_text.yaml:65:13'),
         ),
         when=_when_layers_self_attn_layer_types_i______chunked_attention_3,
         when_text="layer_types[i] == 'chunked_attention'",
         kind='chunked',
     ),
     HostSpec(
-        path='layers[i].self_attn',
-        cls='Llama4TextAttention',
-        values=(
+        'layers[i].self_attn',
+        'Llama4TextAttention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_Queries,
@@ -632,7 +655,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_Pattern,
                 'The attention scores entering the softmax, masked',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_eager,
                 at='specs/llama.yaml:65:32',
             ),
@@ -640,7 +663,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_Pattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_eager,
                 at='specs/llama.yaml:66:39',
             ),
@@ -648,7 +671,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_HeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', side='output', access=(0,), call='attention'),
+                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', access=(0,), call='attention'),
                 at='specs/llama.yaml:67:31',
             ),
             ValueSpec(
@@ -656,32 +679,32 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_HeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))),),
                 at='specs/llama.yaml:68:32',
             ),
             ValueSpec(
                 'attention_output',
                 _L_Residual,
                 'What the attention adds to the residual stream',
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/llama.yaml:69:25',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_layer_types_i______full_attention_0, '==', 0.0, 0.0, at='specs/llama4_text.yaml:57:9'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_layer_types_i______full_attention_1, '==', 1e-05, 0.0, at='specs/llama4_text.yaml:58:9'),
-            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_layer_types_i______full_attention_2, '==', 1e-06, 0.0, at='specs/llama4_text.yaml:59:9'),
-            Identity('attention_values == transpose(unflatten(v_proj.output, -1, [num_kv_heads, head_dim]), 1, 2)', ('attention_values', 'v_proj.output', 'num_kv_heads', 'head_dim'), _identity_layers_self_attn_layer_types_i______full_attention_3, '==', 0.0, 0.0, at='specs/llama4_text.yaml:60:9'),
-            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_layer_types_i______full_attention_4, '==', 0.0, 0.0, at='specs/llama4_text.yaml:69:13'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_layer_types_i______full_attention_0, at='specs/llama4_text.yaml:57:9'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_layer_types_i______full_attention_1, atol=1e-05, at='specs/llama4_text.yaml:58:9'),
+            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_layer_types_i______full_attention_2, atol=1e-06, at='specs/llama4_text.yaml:59:9'),
+            Identity('attention_values == transpose(unflatten(v_proj.output, -1, [num_kv_heads, head_dim]), 1, 2)', ('attention_values', 'v_proj.output', 'num_kv_heads', 'head_dim'), _identity_layers_self_attn_layer_types_i______full_attention_3, at='specs/llama4_text.yaml:60:9'),
+            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_layer_types_i______full_attention_4, at='specs/llama4_text.yaml:69:13'),
         ),
         when=_when_layers_self_attn_layer_types_i______full_attention_4,
         when_text="layer_types[i] == 'full_attention'",
         kind='full',
     ),
     HostSpec(
-        path='layers[i].self_attn',
-        cls='Llama4TextAttention',
-        values=(
+        'layers[i].self_attn',
+        'Llama4TextAttention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_Queries,
@@ -707,7 +730,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_Pattern,
                 'The attention scores entering the softmax, masked',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_eager,
                 at='specs/llama.yaml:65:32',
             ),
@@ -715,7 +738,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_Pattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_eager,
                 at='specs/llama.yaml:66:39',
             ),
@@ -723,7 +746,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_HeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', side='output', access=(0,), call='attention'),
+                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', access=(0,), call='attention'),
                 at='specs/llama.yaml:67:31',
             ),
             ValueSpec(
@@ -731,33 +754,33 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_HeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))),),
                 at='specs/llama.yaml:68:32',
             ),
             ValueSpec(
                 'attention_output',
                 _L_Residual,
                 'What the attention adds to the residual stream',
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/llama.yaml:69:25',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_no_rope_layers_i_____1_and_use_qk_norm_0, '==', 0.0, 0.0, at='specs/llama4_text.yaml:57:9'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_no_rope_layers_i_____1_and_use_qk_norm_1, '==', 1e-05, 0.0, at='specs/llama4_text.yaml:58:9'),
-            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_no_rope_layers_i_____1_and_use_qk_norm_2, '==', 1e-06, 0.0, at='specs/llama4_text.yaml:59:9'),
-            Identity('attention_values == transpose(unflatten(v_proj.output, -1, [num_kv_heads, head_dim]), 1, 2)', ('attention_values', 'v_proj.output', 'num_kv_heads', 'head_dim'), _identity_layers_self_attn_no_rope_layers_i_____1_and_use_qk_norm_3, '==', 0.0, 0.0, at='specs/llama4_text.yaml:60:9'),
-            Identity('vnorm(attention_queries) == vnorm(transpose(unflatten(q_proj.output, -1, [num_heads, head_dim]), 1, 2)) / (vnorm(transpose(unflatten(q_proj.output, -1, [num_heads, head_dim]), 1, 2)) ** 2 / head_dim + norm_eps) ** 0.5', ('attention_queries', 'q_proj.output', 'num_heads', 'head_dim', 'norm_eps'), _identity_layers_self_attn_no_rope_layers_i_____1_and_use_qk_norm_4, '==', 1e-05, 0.0, at='specs/llama4_text.yaml:73:13'),
-            Identity('vnorm(attention_keys) == vnorm(transpose(unflatten(k_proj.output, -1, [num_kv_heads, head_dim]), 1, 2)) / (vnorm(transpose(unflatten(k_proj.output, -1, [num_kv_heads, head_dim]), 1, 2)) ** 2 / head_dim + norm_eps) ** 0.5', ('attention_keys', 'k_proj.output', 'num_kv_heads', 'head_dim', 'norm_eps'), _identity_layers_self_attn_no_rope_layers_i_____1_and_use_qk_norm_5, '==', 1e-05, 0.0, at='specs/llama4_text.yaml:74:13'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_no_rope_layers_i_____1_and_use_qk_norm_0, at='specs/llama4_text.yaml:57:9'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_no_rope_layers_i_____1_and_use_qk_norm_1, atol=1e-05, at='specs/llama4_text.yaml:58:9'),
+            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_no_rope_layers_i_____1_and_use_qk_norm_2, atol=1e-06, at='specs/llama4_text.yaml:59:9'),
+            Identity('attention_values == transpose(unflatten(v_proj.output, -1, [num_kv_heads, head_dim]), 1, 2)', ('attention_values', 'v_proj.output', 'num_kv_heads', 'head_dim'), _identity_layers_self_attn_no_rope_layers_i_____1_and_use_qk_norm_3, at='specs/llama4_text.yaml:60:9'),
+            Identity('vnorm(attention_queries) == vnorm(transpose(unflatten(q_proj.output, -1, [num_heads, head_dim]), 1, 2)) / (vnorm(transpose(unflatten(q_proj.output, -1, [num_heads, head_dim]), 1, 2)) ** 2 / head_dim + norm_eps) ** 0.5', ('attention_queries', 'q_proj.output', 'num_heads', 'head_dim', 'norm_eps'), _identity_layers_self_attn_no_rope_layers_i_____1_and_use_qk_norm_4, atol=1e-05, at='specs/llama4_text.yaml:73:13'),
+            Identity('vnorm(attention_keys) == vnorm(transpose(unflatten(k_proj.output, -1, [num_kv_heads, head_dim]), 1, 2)) / (vnorm(transpose(unflatten(k_proj.output, -1, [num_kv_heads, head_dim]), 1, 2)) ** 2 / head_dim + norm_eps) ** 0.5', ('attention_keys', 'k_proj.output', 'num_kv_heads', 'head_dim', 'norm_eps'), _identity_layers_self_attn_no_rope_layers_i_____1_and_use_qk_norm_5, atol=1e-05, at='specs/llama4_text.yaml:74:13'),
         ),
         when=_when_layers_self_attn_no_rope_layers_i_____1_and_use_qk_norm_5,
         when_text='no_rope_layers[i] == 1 and use_qk_norm',
         kind='rope_qk_norm',
     ),
     HostSpec(
-        path='layers[i].self_attn',
-        cls='Llama4TextAttention',
-        values=(
+        'layers[i].self_attn',
+        'Llama4TextAttention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_Queries,
@@ -783,7 +806,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_Pattern,
                 'The attention scores entering the softmax, masked',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_eager,
                 at='specs/llama.yaml:65:32',
             ),
@@ -791,7 +814,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_Pattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_eager,
                 at='specs/llama.yaml:66:39',
             ),
@@ -799,7 +822,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_HeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', side='output', access=(0,), call='attention'),
+                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', access=(0,), call='attention'),
                 at='specs/llama.yaml:67:31',
             ),
             ValueSpec(
@@ -807,33 +830,42 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_HeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))),),
                 at='specs/llama.yaml:68:32',
             ),
             ValueSpec(
                 'attention_output',
                 _L_Residual,
                 'What the attention adds to the residual stream',
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/llama.yaml:69:25',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_no_rope_layers_i_____0_0, '==', 0.0, 0.0, at='specs/llama4_text.yaml:57:9'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_no_rope_layers_i_____0_1, '==', 1e-05, 0.0, at='specs/llama4_text.yaml:58:9'),
-            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_no_rope_layers_i_____0_2, '==', 1e-06, 0.0, at='specs/llama4_text.yaml:59:9'),
-            Identity('attention_values == transpose(unflatten(v_proj.output, -1, [num_kv_heads, head_dim]), 1, 2)', ('attention_values', 'v_proj.output', 'num_kv_heads', 'head_dim'), _identity_layers_self_attn_no_rope_layers_i_____0_3, '==', 0.0, 0.0, at='specs/llama4_text.yaml:60:9'),
-            Identity('attention_keys == transpose(unflatten(k_proj.output, -1, [num_kv_heads, head_dim]), 1, 2)', ('attention_keys', 'k_proj.output', 'num_kv_heads', 'head_dim'), _identity_layers_self_attn_no_rope_layers_i_____0_4, '==', 0.0, 0.0, at='specs/llama4_text.yaml:78:13'),
-            Identity('attention_queries == transpose(unflatten(q_proj.output, -1, [num_heads, head_dim]), 1, 2) * (log(1 + cumsum(model.attention_mask * 0 + 1, -1) // floor_scale) * attn_scale * temperature_tuning + 1)[:, None, :, None]', ('attention_queries', 'q_proj.output', 'num_heads', 'head_dim', 'model.attention_mask', 'floor_scale', 'attn_scale', 'temperature_tuning'), _identity_layers_self_attn_no_rope_layers_i_____0_5, '==', 1e-06, 0.0, at='specs/llama4_text.yaml:80:13'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_no_rope_layers_i_____0_0, at='specs/llama4_text.yaml:57:9'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_no_rope_layers_i_____0_1, atol=1e-05, at='specs/llama4_text.yaml:58:9'),
+            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_no_rope_layers_i_____0_2, atol=1e-06, at='specs/llama4_text.yaml:59:9'),
+            Identity('attention_values == transpose(unflatten(v_proj.output, -1, [num_kv_heads, head_dim]), 1, 2)', ('attention_values', 'v_proj.output', 'num_kv_heads', 'head_dim'), _identity_layers_self_attn_no_rope_layers_i_____0_3, at='specs/llama4_text.yaml:60:9'),
+            Identity('attention_keys == transpose(unflatten(k_proj.output, -1, [num_kv_heads, head_dim]), 1, 2)', ('attention_keys', 'k_proj.output', 'num_kv_heads', 'head_dim'), _identity_layers_self_attn_no_rope_layers_i_____0_4, at='specs/llama4_text.yaml:78:13'),
+            Identity('attention_queries == transpose(unflatten(q_proj.output, -1, [num_heads, head_dim]), 1, 2) * (log(1 + cumsum(model.attention_mask * 0 + 1, -1) // floor_scale) * attn_scale * temperature_tuning + 1)[:, None, :, None]', (
+                'attention_queries',
+                'q_proj.output',
+                'num_heads',
+                'head_dim',
+                'model.attention_mask',
+                'floor_scale',
+                'attn_scale',
+                'temperature_tuning',
+            ), _identity_layers_self_attn_no_rope_layers_i_____0_5, atol=1e-06, at='specs/llama4_text.yaml:80:13'),
         ),
         when=_when_layers_self_attn_no_rope_layers_i_____0_6,
         when_text='no_rope_layers[i] == 0',
         kind='nope',
     ),
     HostSpec(
-        path='layers[i].mlp',
-        cls='Llama4TextMoe',
-        values=(
+        'layers[i].mlp',
+        'Llama4TextMoe',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_Neurons,
@@ -852,24 +884,24 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_output',
                 _L_Residual,
                 'What the MLP adds to the residual stream',
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/llama4_text.yaml:108:26',
             ),
             ValueSpec(
                 'router_logits',
                 _L_RouterLogits,
                 "The router's logits, one per expert, before the scoring",
-                ReadPoint('op', 'router > op:linear.output', "inside router's forward: the output of linear (first call)", module=('router',), side='output', op='linear', occurrence=0),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                ReadPoint('op', 'router > op:linear.output', "inside router's forward: the output of linear (first call)", module=('router',), op='linear'),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/llama4_text.yaml:97:29',
             ),
             ValueSpec(
                 'expert_indices',
                 _L_ExpertIndices,
                 'The expert each routing slot sends the token to',
-                ReadPoint('op', 'router > op:topk.output[1]', "inside router's forward: the output of topk (first call), element 1", module=('router',), side='output', access=(1,), op='topk', occurrence=0),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                ReadPoint('op', 'router > op:topk.output[1]', "inside router's forward: the output of topk (first call), element 1", module=('router',), access=(1,), op='topk'),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/llama4_text.yaml:98:30',
             ),
             ValueSpec(
@@ -890,38 +922,38 @@ HOSTS: tuple[HostSpec, ...] = (
                 'routed_output',
                 _L_Residual,
                 "The routed experts' combined output",
-                ReadPoint('op', 'op:sum.output', 'the output of sum (first call) inside the forward', side='output', op='sum', occurrence=0),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                ReadPoint('op', 'op:sum.output', 'the output of sum (first call) inside the forward', op='sum'),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/llama4_text.yaml:106:29',
             ),
             ValueSpec(
                 'shared_expert_output',
                 _L_Residual,
                 "The shared expert's output, after its gate",
-                ReadPoint('module', 'shared_experts.output', "the child module shared_experts's output", module=('shared_experts',), side='output'),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                ReadPoint('module', 'shared_experts.output', "the child module shared_experts's output", module=('shared_experts',)),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 copy=True,
                 at='specs/llama4_text.yaml:107:36',
             ),
         ),
         identities=(
-            Identity('routed_output + shared_expert_output == mlp_output', ('routed_output', 'shared_expert_output', 'mlp_output'), _identity_layers_mlp_count_moe_layers__i____0_0, '==', 0.0, 0.0, at='specs/llama4_text.yaml:110:9'),
-            Identity('expert_indices == topk_indices(router_logits, top_k)', ('expert_indices', 'router_logits', 'top_k'), _identity_layers_mlp_count_moe_layers__i____0_1, '==', 0.0, 0.0, at='specs/llama4_text.yaml:111:9'),
+            Identity('routed_output + shared_expert_output == mlp_output', ('routed_output', 'shared_expert_output', 'mlp_output'), _identity_layers_mlp_count_moe_layers__i____0_0, at='specs/llama4_text.yaml:110:9'),
+            Identity('expert_indices == topk_indices(router_logits, top_k)', ('expert_indices', 'router_logits', 'top_k'), _identity_layers_mlp_count_moe_layers__i____0_1, at='specs/llama4_text.yaml:111:9'),
         ),
-        dims=(('intermediate_size', 'moe_intermediate_size'),),
         when=_when_layers_mlp_count_moe_layers__i____0_7,
         when_text='count(moe_layers, i) > 0',
+        dims=(('intermediate_size', 'moe_intermediate_size'),),
     ),
     HostSpec(
-        path='layers[i].mlp.shared_experts',
-        cls='Llama4TextMLP',
-        values=(
+        'layers[i].mlp.shared_experts',
+        'Llama4TextMLP',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_Neurons,
                 "The activation function's output",
-                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',), side='output'),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',)),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/llama4_text.yaml:118:30',
             ),
             ValueSpec(
@@ -929,26 +961,26 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_Neurons,
                 'What the down projection receives: act(gate)·up on a gated MLP, the activation itself otherwise',
                 ReadPoint('module', 'down_proj.input', "the child module down_proj's input", module=('down_proj',), side='input'),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/llama4_text.yaml:119:27',
             ),
             ValueSpec(
                 'mlp_output',
                 _L_Residual,
                 'What the MLP adds to the residual stream',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                ReadPoint('module', 'output', "the module's own output"),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 copy=True,
                 at='specs/llama4_text.yaml:120:26',
             ),
         ),
         identities=(
-            Identity('tokens(mlp_neurons) == tokens(mlp_activation) * up_proj.output', ('mlp_neurons', 'mlp_activation', 'up_proj.output'), _identity_layers_mlp_shared_experts_count_moe_layers__i____0_0, '==', 0.0, 0.0, at='specs/llama4_text.yaml:122:9'),
-            Identity('tokens(mlp_activation) == silu(gate_proj.output)', ('mlp_activation', 'gate_proj.output'), _identity_layers_mlp_shared_experts_count_moe_layers__i____0_1, '==', 0.0, 0.0, at='specs/llama4_text.yaml:123:9'),
+            Identity('tokens(mlp_neurons) == tokens(mlp_activation) * up_proj.output', ('mlp_neurons', 'mlp_activation', 'up_proj.output'), _identity_layers_mlp_shared_experts_count_moe_layers__i____0_0, at='specs/llama4_text.yaml:122:9'),
+            Identity('tokens(mlp_activation) == silu(gate_proj.output)', ('mlp_activation', 'gate_proj.output'), _identity_layers_mlp_shared_experts_count_moe_layers__i____0_1, at='specs/llama4_text.yaml:123:9'),
         ),
-        dims=(('intermediate_size', 'moe_intermediate_size'),),
         when=_when_layers_mlp_shared_experts_count_moe_layers__i____0_8,
         when_text='count(moe_layers, i) > 0',
+        dims=(('intermediate_size', 'moe_intermediate_size'),),
     ),
 )
 
@@ -983,6 +1015,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnatlas import functions as _fn
-from nnatlas.adapter import Condition, Family, FunctionGroup, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas import expressions as _fn
+from nnatlas.hosts import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.spec import Condition, Family, FunctionGroup, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,42 +21,57 @@ SPEC_SHA256 = '0bfeb665b5a9a4e30c1182cf21a39c3d52d72f8f97da2ae60eafe07b0198fcee'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: Mamba2ForCausalLM"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
     layers: HostList[Layer]
-    embed_tokens: Host
-    norm: Host
-    lm_head: Host
+    embed_tokens: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    vocab_size: Any
+    intermediate_size: Any
+    ssm_channels: Any
+    ssm_heads: Any
+    ssm_head_dim: Any
+    ssm_groups: Any
+    ssm_state_size: Any
+    conv_kernel: Any
+    chunk_size: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: Mamba2Block"""
-    layer_input: Value
-    mixer_norm_output: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    mixer_norm_output: ValueSlot
+    layer_output: ValueSlot
     mixer: LayerMixer
 
 
-class LayerMixer(Host):
+class LayerMixer(TypedHost):
     """layers[i].mixer: Mamba2Mixer"""
-    ssm_inputs: Value
-    state_decays: Value
-    state_writes: Value
-    state_reads: Value
-    skip_weights: Value
-    time_steps: Value
-    state_output: Value
-    ssm_outputs: Value
-    ssm_gates: Value
-    mixer_output: Value
+    ssm_inputs: ValueSlot
+    state_decays: ValueSlot
+    state_writes: ValueSlot
+    state_reads: ValueSlot
+    skip_weights: ValueSlot
+    time_steps: ValueSlot
+    state_output: ValueSlot
+    ssm_outputs: ValueSlot
+    ssm_gates: ValueSlot
+    mixer_output: ValueSlot
 
 # ---- normalized config ----
 
@@ -170,24 +186,24 @@ def _draw_num_heads(c: Any) -> Any:
 
 # ---- layouts and conditions ----
 
-_L_Tokens = Layout('Tokens', ('batch', 'seq'), 'long', False)
-_L_scalar = Layout('scalar', (), 'object', False)
-_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'), 'float', False)
-_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'), 'float', False)
-_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'), 'float', False)
-_L_SSDHeads = Layout('SSDHeads', ('batch', 'seq', 'ssm_heads', 'ssm_head_dim'), 'float', False)
-_L_SSDHeadWeights = Layout('SSDHeadWeights', ('ssm_heads',), 'float', False)
-_L_SSDStateVectors = Layout('SSDStateVectors', ('batch', 'seq', 'ssm_groups', 'ssm_state_size'), 'float', False)
-_L_SSDSteps = Layout('SSDSteps', ('batch', 'seq', 'ssm_heads'), 'float', False)
-_L_SSDState = Layout('SSDState', ('batch', 'ssm_heads', 'ssm_head_dim', 'ssm_state_size'), 'float', False)
-_L_SSMChannels = Layout('SSMChannels', ('batch', 'seq', 'ssm_channels'), 'float', False)
+_L_Tokens = Layout('Tokens', ('batch', 'seq'), dtype='long')
+_L_scalar = Layout('scalar', (), dtype='object')
+_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'))
+_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'))
+_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'))
+_L_SSDHeads = Layout('SSDHeads', ('batch', 'seq', 'ssm_heads', 'ssm_head_dim'))
+_L_SSDHeadWeights = Layout('SSDHeadWeights', ('ssm_heads',))
+_L_SSDStateVectors = Layout('SSDStateVectors', ('batch', 'seq', 'ssm_groups', 'ssm_state_size'))
+_L_SSDSteps = Layout('SSDSteps', ('batch', 'seq', 'ssm_heads'))
+_L_SSDState = Layout('SSDState', ('batch', 'ssm_heads', 'ssm_head_dim', 'ssm_state_size'))
+_L_SSMChannels = Layout('SSMChannels', ('batch', 'seq', 'ssm_channels'))
 _C_cached = Condition('cached', 'is computed only on a call that keeps a cache (the scan returns its final state only then)', 'trace without use_cache=False (the default keeps a cache)', kind='call')
 
 HOSTS: tuple[HostSpec, ...] = (
     HostSpec(
-        path='model',
-        cls='Mamba2ForCausalLM',
-        values=(
+        'model',
+        'Mamba2ForCausalLM',
+        (
             ValueSpec(
                 'input_ids',
                 _L_Tokens,
@@ -214,28 +230,28 @@ HOSTS: tuple[HostSpec, ...] = (
                 'token_embeddings',
                 _L_Residual,
                 "The embedding module's output; layers[0].input is what enters the first block",
-                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',), side='output'),
+                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',)),
                 at='specs/mamba2.yaml:54:25',
             ),
             ValueSpec(
                 'final_norm_output',
                 _L_Residual,
                 'The residual stream after the final norm, what lm_head reads',
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/mamba2.yaml:55:26',
             ),
             ValueSpec(
                 'lm_head_output',
                 _L_Logits,
                 "The head's logits before anything the model does past lm_head (a softcap, a scale)",
-                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',), side='output'),
+                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',)),
                 at='specs/mamba2.yaml:56:23',
             ),
             ValueSpec(
                 'logits',
                 _L_Logits,
                 'The logits the model returns, after anything it does past lm_head (a softcap, a scale)',
-                ReadPoint('module', 'output.logits', "the module's own output, .logits", side='output', access=('logits',)),
+                ReadPoint('module', 'output.logits', "the module's own output, .logits", access=('logits',)),
                 at='specs/mamba2.yaml:57:15',
             ),
             ValueSpec(
@@ -248,14 +264,14 @@ HOSTS: tuple[HostSpec, ...] = (
             ),
         ),
         identities=(
-            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, '==', 0.0, 0.0, at='specs/mamba2.yaml:60:9'),
-            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, '==', 0.0, 0.0, at='specs/mamba2.yaml:61:9'),
+            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, at='specs/mamba2.yaml:60:9'),
+            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, at='specs/mamba2.yaml:61:9'),
         ),
     ),
     HostSpec(
-        path='layers[i]',
-        cls='Mamba2Block',
-        values=(
+        'layers[i]',
+        'Mamba2Block',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -267,26 +283,26 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mixer_norm_output',
                 _L_Residual,
                 "The normed stream entering the block's mixer (an SSM block's only norm)",
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/mamba2.yaml:67:26',
             ),
             ValueSpec(
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/mamba2.yaml:68:21',
             ),
         ),
         identities=(
-            Identity('layer_input + mixer.mixer_output == layer_output', ('layer_input', 'mixer.mixer_output', 'layer_output'), _identity_layers_0, '==', 0.0, 0.0, at='specs/mamba2.yaml:70:9'),
-            Identity('mixer_norm_output == mixer.input', ('mixer_norm_output', 'mixer.input'), _identity_layers_1, '==', 0.0, 0.0, at='specs/mamba2.yaml:71:9'),
+            Identity('layer_input + mixer.mixer_output == layer_output', ('layer_input', 'mixer.mixer_output', 'layer_output'), _identity_layers_0, at='specs/mamba2.yaml:70:9'),
+            Identity('mixer_norm_output == mixer.input', ('mixer_norm_output', 'mixer.input'), _identity_layers_1, at='specs/mamba2.yaml:71:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].mixer',
-        cls='Mamba2Mixer',
-        values=(
+        'layers[i].mixer',
+        'Mamba2Mixer',
+        (
             ValueSpec(
                 'ssm_inputs',
                 _L_SSDHeads,
@@ -326,7 +342,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'time_steps',
                 _L_SSDSteps,
                 "The step Δ of each token and head, after dt_bias, the softplus and the clamp to time_step_limit: each token keeps exp(Δ A) of the head's state and writes Δ x B into it",
-                ReadPoint('op', 'op:clamp.output', 'the output of clamp (first call) inside the forward', side='output', op='clamp', occurrence=0),
+                ReadPoint('op', 'op:clamp.output', 'the output of clamp (first call) inside the forward', op='clamp'),
                 at='specs/mamba2.yaml:82:19',
             ),
             ValueSpec(
@@ -343,7 +359,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_SSDHeads,
                 "The scan's output y = C h + D x per head, before the gated norm",
                 ReadPoint('module', 'norm.input', "the child module norm's input", module=('norm',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('ssm_heads', 'ssm_head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('ssm_heads', 'ssm_head_dim'))),),
                 at='specs/mamba2.yaml:84:27',
             ),
             ValueSpec(
@@ -357,16 +373,37 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mixer_output',
                 _L_Residual,
                 "What the SSM mixer adds to the residual stream (out_proj's output)",
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/mamba2.yaml:86:21',
             ),
         ),
         identities=(
-            Identity('selective_scan(flatten(ssm_inputs, 2), flatten(time_steps[..., None] + 0 * ssm_inputs, 2), unflatten(flatten(state_decays[:, None, None] + 0 * state_output[0], 0), 0, [ssm_channels, ssm_state_size]), state_writes[:, :, 0], state_reads[:, :, 0], flatten(skip_weights[:, None] + 0 * state_output[0, :, :, 0], 0))[0] == flatten(ssm_outputs, 2)', ('ssm_inputs', 'time_steps', 'state_decays', 'state_output', 'ssm_channels', 'ssm_state_size', 'state_writes', 'state_reads', 'skip_weights', 'ssm_outputs'), _identity_layers_mixer_0, '==', 1e-05, 0.0001, at='specs/mamba2.yaml:91:9'),
-            Identity('flatten(selective_scan(flatten(ssm_inputs, 2), flatten(time_steps[..., None] + 0 * ssm_inputs, 2), unflatten(flatten(state_decays[:, None, None] + 0 * state_output[0], 0), 0, [ssm_channels, ssm_state_size]), state_writes[:, :, 0], state_reads[:, :, 0], flatten(skip_weights[:, None] + 0 * state_output[0, :, :, 0], 0))[1], 1) == flatten(state_output, 1)', ('ssm_inputs', 'time_steps', 'state_decays', 'state_output', 'ssm_channels', 'ssm_state_size', 'state_writes', 'state_reads', 'skip_weights'), _identity_layers_mixer_1, '==', 1e-05, 0.0001, at='specs/mamba2.yaml:92:9'),
-            Identity('state_decays < 0', ('state_decays',), _identity_layers_mixer_2, '<', 0.0, 0.0, at='specs/mamba2.yaml:93:9'),
-            Identity('time_steps > 0', ('time_steps',), _identity_layers_mixer_3, '>', 0.0, 0.0, at='specs/mamba2.yaml:94:9'),
-            Identity('out_proj.input == norm.output', ('out_proj.input', 'norm.output'), _identity_layers_mixer_4, '==', 0.0, 0.0, at='specs/mamba2.yaml:95:9'),
+            Identity('selective_scan(flatten(ssm_inputs, 2), flatten(time_steps[..., None] + 0 * ssm_inputs, 2), unflatten(flatten(state_decays[:, None, None] + 0 * state_output[0], 0), 0, [ssm_channels, ssm_state_size]), state_writes[:, :, 0], state_reads[:, :, 0], flatten(skip_weights[:, None] + 0 * state_output[0, :, :, 0], 0))[0] == flatten(ssm_outputs, 2)', (
+                'ssm_inputs',
+                'time_steps',
+                'state_decays',
+                'state_output',
+                'ssm_channels',
+                'ssm_state_size',
+                'state_writes',
+                'state_reads',
+                'skip_weights',
+                'ssm_outputs',
+            ), _identity_layers_mixer_0, atol=1e-05, rtol=0.0001, at='specs/mamba2.yaml:91:9'),
+            Identity('flatten(selective_scan(flatten(ssm_inputs, 2), flatten(time_steps[..., None] + 0 * ssm_inputs, 2), unflatten(flatten(state_decays[:, None, None] + 0 * state_output[0], 0), 0, [ssm_channels, ssm_state_size]), state_writes[:, :, 0], state_reads[:, :, 0], flatten(skip_weights[:, None] + 0 * state_output[0, :, :, 0], 0))[1], 1) == flatten(state_output, 1)', (
+                'ssm_inputs',
+                'time_steps',
+                'state_decays',
+                'state_output',
+                'ssm_channels',
+                'ssm_state_size',
+                'state_writes',
+                'state_reads',
+                'skip_weights',
+            ), _identity_layers_mixer_1, atol=1e-05, rtol=0.0001, at='specs/mamba2.yaml:92:9'),
+            Identity('state_decays < 0', ('state_decays',), _identity_layers_mixer_2, op='<', at='specs/mamba2.yaml:93:9'),
+            Identity('time_steps > 0', ('time_steps',), _identity_layers_mixer_3, op='>', at='specs/mamba2.yaml:94:9'),
+            Identity('out_proj.input == norm.output', ('out_proj.input', 'norm.output'), _identity_layers_mixer_4, at='specs/mamba2.yaml:95:9'),
         ),
     ),
 )
@@ -405,6 +442,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {

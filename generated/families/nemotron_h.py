@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnatlas import functions as _fn
-from nnatlas.adapter import Condition, Family, FunctionGroup, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas import expressions as _fn
+from nnatlas.hosts import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.spec import Condition, Family, FunctionGroup, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,67 +21,92 @@ SPEC_SHA256 = '459aa4bd9f7193d3182a4e9e69111a76be746c6459275453a559cd1229cca121'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: NemotronHForCausalLM"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
     layers: HostList[Layer]
-    embed_tokens: Host
-    norm: Host
-    lm_head: Host
+    embed_tokens: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
+    vocab_size: Any
+    intermediate_size: Any
+    ssm_channels: Any
+    ssm_heads: Any
+    ssm_head_dim: Any
+    ssm_groups: Any
+    ssm_state_size: Any
+    conv_kernel: Any
+    chunk_size: Any
+    num_experts: Any
+    top_k: Any
+    norm_topk_prob: Any
+    routed_scaling_factor: Any
+    moe_intermediate_size: Any
+    shared_expert_intermediate_size: Any
+    mamba_layers: list[int]
+    attention_layers: list[int]
+    mlp_layers: list[int]
+    moe_layers: list[int]
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: NemotronHBlock"""
-    layer_input: Value
-    mixer_norm_output: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    mixer_norm_output: ValueSlot
+    layer_output: ValueSlot
     mixer: LayerMixer
 
 
-class LayerMixer(Host):
+class LayerMixer(TypedHost):
     """layers[i].mixer: NemotronHMamba2Mixer, NemotronHAttention, NemotronHMLP, NemotronHMoE"""
-    ssm_inputs: Value
-    state_decays: Value
-    state_writes: Value
-    state_reads: Value
-    skip_weights: Value
-    time_steps: Value
-    state_output: Value
-    ssm_outputs: Value
-    ssm_gates: Value
-    mixer_output: Value
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
-    router_logits: Value
-    expert_weights: Value
-    expert_indices: Value
-    routed_output: Value
-    shared_expert_output: Value
+    ssm_inputs: ValueSlot
+    state_decays: ValueSlot
+    state_writes: ValueSlot
+    state_reads: ValueSlot
+    skip_weights: ValueSlot
+    time_steps: ValueSlot
+    state_output: ValueSlot
+    ssm_outputs: ValueSlot
+    ssm_gates: ValueSlot
+    mixer_output: ValueSlot
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
+    router_logits: ValueSlot
+    expert_weights: ValueSlot
+    expert_indices: ValueSlot
+    routed_output: ValueSlot
+    shared_expert_output: ValueSlot
     shared_experts: LayerMixerSharedExperts
-    router: Host
+    router: TypedHost
 
 
-class LayerMixerSharedExperts(Host):
+class LayerMixerSharedExperts(TypedHost):
     """layers[i].mixer.shared_experts: NemotronHMLP"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
 
 # ---- normalized config ----
 
@@ -335,34 +361,34 @@ def _draw_num_key_value_heads(c: Any) -> Any:
 
 # ---- layouts and conditions ----
 
-_L_Tokens = Layout('Tokens', ('batch', 'seq'), 'long', False)
-_L_scalar = Layout('scalar', (), 'object', False)
-_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'), 'float', False)
-_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'), 'float', False)
-_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'), 'float', False)
-_L_SSDHeads = Layout('SSDHeads', ('batch', 'seq', 'ssm_heads', 'ssm_head_dim'), 'float', False)
-_L_SSDHeadWeights = Layout('SSDHeadWeights', ('ssm_heads',), 'float', False)
-_L_SSDStateVectors = Layout('SSDStateVectors', ('batch', 'seq', 'ssm_groups', 'ssm_state_size'), 'float', False)
-_L_SSDSteps = Layout('SSDSteps', ('batch', 'seq', 'ssm_heads'), 'float', False)
-_L_SSDState = Layout('SSDState', ('batch', 'ssm_heads', 'ssm_head_dim', 'ssm_state_size'), 'float', False)
-_L_SSMChannels = Layout('SSMChannels', ('batch', 'seq', 'ssm_channels'), 'float', False)
-_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'), 'float', False)
-_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'), 'float', False)
-_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'), 'float', False)
-_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'), 'float', False)
-_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'), 'float', False)
-_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'), 'float', False)
-_L_RouterLogits = Layout('RouterLogits', ('batch', 'seq', 'num_experts'), 'float', False)
-_L_ExpertWeights = Layout('ExpertWeights', ('batch', 'seq', 'top_k'), 'float', False)
-_L_ExpertIndices = Layout('ExpertIndices', ('batch', 'seq', 'top_k'), 'long', False)
+_L_Tokens = Layout('Tokens', ('batch', 'seq'), dtype='long')
+_L_scalar = Layout('scalar', (), dtype='object')
+_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'))
+_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'))
+_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'))
+_L_SSDHeads = Layout('SSDHeads', ('batch', 'seq', 'ssm_heads', 'ssm_head_dim'))
+_L_SSDHeadWeights = Layout('SSDHeadWeights', ('ssm_heads',))
+_L_SSDStateVectors = Layout('SSDStateVectors', ('batch', 'seq', 'ssm_groups', 'ssm_state_size'))
+_L_SSDSteps = Layout('SSDSteps', ('batch', 'seq', 'ssm_heads'))
+_L_SSDState = Layout('SSDState', ('batch', 'ssm_heads', 'ssm_head_dim', 'ssm_state_size'))
+_L_SSMChannels = Layout('SSMChannels', ('batch', 'seq', 'ssm_channels'))
+_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'))
+_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'))
+_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'))
+_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'))
+_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'))
+_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'))
+_L_RouterLogits = Layout('RouterLogits', ('batch', 'seq', 'num_experts'))
+_L_ExpertWeights = Layout('ExpertWeights', ('batch', 'seq', 'top_k'))
+_L_ExpertIndices = Layout('ExpertIndices', ('batch', 'seq', 'top_k'), dtype='long')
 _C_cached = Condition('cached', 'is computed only on a call that keeps a cache (the scan returns its final state only then)', 'trace without use_cache=False (the default keeps a cache)', kind='call')
 _C_eager = Condition('eager', "needs attn_implementation='eager'", 'load with attn_implementation="eager" (nnatlas.load(..., attn_implementation="eager"))')
 
 HOSTS: tuple[HostSpec, ...] = (
     HostSpec(
-        path='model',
-        cls='NemotronHForCausalLM',
-        values=(
+        'model',
+        'NemotronHForCausalLM',
+        (
             ValueSpec(
                 'input_ids',
                 _L_Tokens,
@@ -389,28 +415,28 @@ HOSTS: tuple[HostSpec, ...] = (
                 'token_embeddings',
                 _L_Residual,
                 "The embedding module's output; layers[0].input is what enters the first block",
-                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',), side='output'),
+                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',)),
                 at='specs/nemotron_h.yaml:64:25',
             ),
             ValueSpec(
                 'final_norm_output',
                 _L_Residual,
                 'The residual stream after the final norm, what lm_head reads',
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/nemotron_h.yaml:65:26',
             ),
             ValueSpec(
                 'lm_head_output',
                 _L_Logits,
                 "The head's logits before anything the model does past lm_head (a softcap, a scale)",
-                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',), side='output'),
+                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',)),
                 at='specs/nemotron_h.yaml:66:23',
             ),
             ValueSpec(
                 'logits',
                 _L_Logits,
                 'The logits the model returns, after anything it does past lm_head (a softcap, a scale)',
-                ReadPoint('module', 'output.logits', "the module's own output, .logits", side='output', access=('logits',)),
+                ReadPoint('module', 'output.logits', "the module's own output, .logits", access=('logits',)),
                 at='specs/nemotron_h.yaml:67:15',
             ),
             ValueSpec(
@@ -423,14 +449,14 @@ HOSTS: tuple[HostSpec, ...] = (
             ),
         ),
         identities=(
-            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, '==', 0.0, 0.0, at='specs/nemotron_h.yaml:70:9'),
-            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, '==', 0.0, 0.0, at='specs/nemotron_h.yaml:71:9'),
+            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, at='specs/nemotron_h.yaml:70:9'),
+            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, at='specs/nemotron_h.yaml:71:9'),
         ),
     ),
     HostSpec(
-        path='layers[i]',
-        cls='NemotronHBlock',
-        values=(
+        'layers[i]',
+        'NemotronHBlock',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -442,29 +468,29 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mixer_norm_output',
                 _L_Residual,
                 "The normed stream entering the block's mixer (an SSM block's only norm)",
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/nemotron_h.yaml:78:26',
             ),
             ValueSpec(
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/nemotron_h.yaml:79:21',
             ),
         ),
         identities=(
-            Identity('mixer_norm_output == mixer.input', ('mixer_norm_output', 'mixer.input'), _identity_layers_layers_block_type_i______linear_attention_0, '==', 0.0, 0.0, at='specs/nemotron_h.yaml:81:9'),
-            Identity('layer_input + mixer.mixer_output == layer_output', ('layer_input', 'mixer.mixer_output', 'layer_output'), _identity_layers_layers_block_type_i______linear_attention_1, '==', 0.0, 0.0, at='specs/nemotron_h.yaml:85:22'),
+            Identity('mixer_norm_output == mixer.input', ('mixer_norm_output', 'mixer.input'), _identity_layers_layers_block_type_i______linear_attention_0, at='specs/nemotron_h.yaml:81:9'),
+            Identity('layer_input + mixer.mixer_output == layer_output', ('layer_input', 'mixer.mixer_output', 'layer_output'), _identity_layers_layers_block_type_i______linear_attention_1, at='specs/nemotron_h.yaml:85:22'),
         ),
         when=_when_layers_layers_block_type_i______linear_attention_1,
         when_text="layers_block_type[i] == 'linear_attention'",
         kind='mamba',
     ),
     HostSpec(
-        path='layers[i]',
-        cls='NemotronHBlock',
-        values=(
+        'layers[i]',
+        'NemotronHBlock',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -476,29 +502,29 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mixer_norm_output',
                 _L_Residual,
                 "The normed stream entering the block's mixer (an SSM block's only norm)",
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/nemotron_h.yaml:78:26',
             ),
             ValueSpec(
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/nemotron_h.yaml:79:21',
             ),
         ),
         identities=(
-            Identity('mixer_norm_output == mixer.input', ('mixer_norm_output', 'mixer.input'), _identity_layers_layers_block_type_i______full_attention_0, '==', 0.0, 0.0, at='specs/nemotron_h.yaml:81:9'),
-            Identity('layer_input + mixer.attention_output == layer_output', ('layer_input', 'mixer.attention_output', 'layer_output'), _identity_layers_layers_block_type_i______full_attention_1, '==', 0.0, 0.0, at='specs/nemotron_h.yaml:88:22'),
+            Identity('mixer_norm_output == mixer.input', ('mixer_norm_output', 'mixer.input'), _identity_layers_layers_block_type_i______full_attention_0, at='specs/nemotron_h.yaml:81:9'),
+            Identity('layer_input + mixer.attention_output == layer_output', ('layer_input', 'mixer.attention_output', 'layer_output'), _identity_layers_layers_block_type_i______full_attention_1, at='specs/nemotron_h.yaml:88:22'),
         ),
         when=_when_layers_layers_block_type_i______full_attention_2,
         when_text="layers_block_type[i] == 'full_attention'",
         kind='attention',
     ),
     HostSpec(
-        path='layers[i]',
-        cls='NemotronHBlock',
-        values=(
+        'layers[i]',
+        'NemotronHBlock',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -510,29 +536,29 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mixer_norm_output',
                 _L_Residual,
                 "The normed stream entering the block's mixer (an SSM block's only norm)",
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/nemotron_h.yaml:78:26',
             ),
             ValueSpec(
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/nemotron_h.yaml:79:21',
             ),
         ),
         identities=(
-            Identity('mixer_norm_output == mixer.input', ('mixer_norm_output', 'mixer.input'), _identity_layers_layers_block_type_i______mlp_0, '==', 0.0, 0.0, at='specs/nemotron_h.yaml:81:9'),
-            Identity('layer_input + mixer.mlp_output == layer_output', ('layer_input', 'mixer.mlp_output', 'layer_output'), _identity_layers_layers_block_type_i______mlp_1, '==', 0.0, 0.0, at='specs/nemotron_h.yaml:91:22'),
+            Identity('mixer_norm_output == mixer.input', ('mixer_norm_output', 'mixer.input'), _identity_layers_layers_block_type_i______mlp_0, at='specs/nemotron_h.yaml:81:9'),
+            Identity('layer_input + mixer.mlp_output == layer_output', ('layer_input', 'mixer.mlp_output', 'layer_output'), _identity_layers_layers_block_type_i______mlp_1, at='specs/nemotron_h.yaml:91:22'),
         ),
         when=_when_layers_layers_block_type_i______mlp_3,
         when_text="layers_block_type[i] == 'mlp'",
         kind='mlp',
     ),
     HostSpec(
-        path='layers[i]',
-        cls='NemotronHBlock',
-        values=(
+        'layers[i]',
+        'NemotronHBlock',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -544,29 +570,29 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mixer_norm_output',
                 _L_Residual,
                 "The normed stream entering the block's mixer (an SSM block's only norm)",
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/nemotron_h.yaml:78:26',
             ),
             ValueSpec(
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/nemotron_h.yaml:79:21',
             ),
         ),
         identities=(
-            Identity('mixer_norm_output == mixer.input', ('mixer_norm_output', 'mixer.input'), _identity_layers_layers_block_type_i______moe_0, '==', 0.0, 0.0, at='specs/nemotron_h.yaml:81:9'),
-            Identity('layer_input + mixer.mlp_output == layer_output', ('layer_input', 'mixer.mlp_output', 'layer_output'), _identity_layers_layers_block_type_i______moe_1, '==', 0.0, 0.0, at='specs/nemotron_h.yaml:94:22'),
+            Identity('mixer_norm_output == mixer.input', ('mixer_norm_output', 'mixer.input'), _identity_layers_layers_block_type_i______moe_0, at='specs/nemotron_h.yaml:81:9'),
+            Identity('layer_input + mixer.mlp_output == layer_output', ('layer_input', 'mixer.mlp_output', 'layer_output'), _identity_layers_layers_block_type_i______moe_1, at='specs/nemotron_h.yaml:94:22'),
         ),
         when=_when_layers_layers_block_type_i______moe_4,
         when_text="layers_block_type[i] == 'moe'",
         kind='moe',
     ),
     HostSpec(
-        path='layers[i].mixer',
-        cls='NemotronHMamba2Mixer',
-        values=(
+        'layers[i].mixer',
+        'NemotronHMamba2Mixer',
+        (
             ValueSpec(
                 'ssm_inputs',
                 _L_SSDHeads,
@@ -606,7 +632,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'time_steps',
                 _L_SSDSteps,
                 "The step Δ of each token and head, after dt_bias, the softplus and the clamp to time_step_limit: each token keeps exp(Δ A) of the head's state and writes Δ x B into it",
-                ReadPoint('op', 'op:clamp.output', 'the output of clamp (first call) inside the forward', side='output', op='clamp', occurrence=0),
+                ReadPoint('op', 'op:clamp.output', 'the output of clamp (first call) inside the forward', op='clamp'),
                 at='specs/nemotron_h.yaml:108:23',
             ),
             ValueSpec(
@@ -623,7 +649,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_SSDHeads,
                 "The scan's output y = C h + D x per head, before the gated norm",
                 ReadPoint('module', 'norm.input', "the child module norm's input", module=('norm',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('ssm_heads', 'ssm_head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('ssm_heads', 'ssm_head_dim'))),),
                 at='specs/nemotron_h.yaml:110:31',
             ),
             ValueSpec(
@@ -637,25 +663,46 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mixer_output',
                 _L_Residual,
                 "What the SSM mixer adds to the residual stream (out_proj's output)",
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/nemotron_h.yaml:112:25',
             ),
         ),
         identities=(
-            Identity('selective_scan(flatten(ssm_inputs, 2), flatten(time_steps[..., None] + 0 * ssm_inputs, 2), unflatten(flatten(state_decays[:, None, None] + 0 * state_output[0], 0), 0, [ssm_channels, ssm_state_size]), state_writes[:, :, 0], state_reads[:, :, 0], flatten(skip_weights[:, None] + 0 * state_output[0, :, :, 0], 0))[0] == flatten(ssm_outputs, 2)', ('ssm_inputs', 'time_steps', 'state_decays', 'state_output', 'ssm_channels', 'ssm_state_size', 'state_writes', 'state_reads', 'skip_weights', 'ssm_outputs'), _identity_layers_mixer_layers_block_type_i______linear_attention_0, '==', 1e-05, 0.0001, at='specs/nemotron_h.yaml:115:13'),
-            Identity('flatten(selective_scan(flatten(ssm_inputs, 2), flatten(time_steps[..., None] + 0 * ssm_inputs, 2), unflatten(flatten(state_decays[:, None, None] + 0 * state_output[0], 0), 0, [ssm_channels, ssm_state_size]), state_writes[:, :, 0], state_reads[:, :, 0], flatten(skip_weights[:, None] + 0 * state_output[0, :, :, 0], 0))[1], 1) == flatten(state_output, 1)', ('ssm_inputs', 'time_steps', 'state_decays', 'state_output', 'ssm_channels', 'ssm_state_size', 'state_writes', 'state_reads', 'skip_weights'), _identity_layers_mixer_layers_block_type_i______linear_attention_1, '==', 1e-05, 0.0001, at='specs/nemotron_h.yaml:116:13'),
-            Identity('state_decays < 0', ('state_decays',), _identity_layers_mixer_layers_block_type_i______linear_attention_2, '<', 0.0, 0.0, at='specs/nemotron_h.yaml:117:13'),
-            Identity('time_steps > 0', ('time_steps',), _identity_layers_mixer_layers_block_type_i______linear_attention_3, '>', 0.0, 0.0, at='specs/nemotron_h.yaml:118:13'),
-            Identity('out_proj.input == norm.output', ('out_proj.input', 'norm.output'), _identity_layers_mixer_layers_block_type_i______linear_attention_4, '==', 0.0, 0.0, at='specs/nemotron_h.yaml:119:13'),
+            Identity('selective_scan(flatten(ssm_inputs, 2), flatten(time_steps[..., None] + 0 * ssm_inputs, 2), unflatten(flatten(state_decays[:, None, None] + 0 * state_output[0], 0), 0, [ssm_channels, ssm_state_size]), state_writes[:, :, 0], state_reads[:, :, 0], flatten(skip_weights[:, None] + 0 * state_output[0, :, :, 0], 0))[0] == flatten(ssm_outputs, 2)', (
+                'ssm_inputs',
+                'time_steps',
+                'state_decays',
+                'state_output',
+                'ssm_channels',
+                'ssm_state_size',
+                'state_writes',
+                'state_reads',
+                'skip_weights',
+                'ssm_outputs',
+            ), _identity_layers_mixer_layers_block_type_i______linear_attention_0, atol=1e-05, rtol=0.0001, at='specs/nemotron_h.yaml:115:13'),
+            Identity('flatten(selective_scan(flatten(ssm_inputs, 2), flatten(time_steps[..., None] + 0 * ssm_inputs, 2), unflatten(flatten(state_decays[:, None, None] + 0 * state_output[0], 0), 0, [ssm_channels, ssm_state_size]), state_writes[:, :, 0], state_reads[:, :, 0], flatten(skip_weights[:, None] + 0 * state_output[0, :, :, 0], 0))[1], 1) == flatten(state_output, 1)', (
+                'ssm_inputs',
+                'time_steps',
+                'state_decays',
+                'state_output',
+                'ssm_channels',
+                'ssm_state_size',
+                'state_writes',
+                'state_reads',
+                'skip_weights',
+            ), _identity_layers_mixer_layers_block_type_i______linear_attention_1, atol=1e-05, rtol=0.0001, at='specs/nemotron_h.yaml:116:13'),
+            Identity('state_decays < 0', ('state_decays',), _identity_layers_mixer_layers_block_type_i______linear_attention_2, op='<', at='specs/nemotron_h.yaml:117:13'),
+            Identity('time_steps > 0', ('time_steps',), _identity_layers_mixer_layers_block_type_i______linear_attention_3, op='>', at='specs/nemotron_h.yaml:118:13'),
+            Identity('out_proj.input == norm.output', ('out_proj.input', 'norm.output'), _identity_layers_mixer_layers_block_type_i______linear_attention_4, at='specs/nemotron_h.yaml:119:13'),
         ),
         when=_when_layers_mixer_layers_block_type_i______linear_attention_5,
         when_text="layers_block_type[i] == 'linear_attention'",
         kind='mamba',
     ),
     HostSpec(
-        path='layers[i].mixer',
-        cls='NemotronHAttention',
-        values=(
+        'layers[i].mixer',
+        'NemotronHAttention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_Queries,
@@ -681,7 +728,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_Pattern,
                 'The attention scores entering the softmax, masked',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_eager,
                 at='specs/nemotron_h.yaml:126:36',
             ),
@@ -689,7 +736,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_Pattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_eager,
                 at='specs/nemotron_h.yaml:127:43',
             ),
@@ -697,7 +744,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_HeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', side='output', access=(0,), call='attention'),
+                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', access=(0,), call='attention'),
                 at='specs/nemotron_h.yaml:128:35',
             ),
             ValueSpec(
@@ -705,37 +752,37 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_HeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))),),
                 at='specs/nemotron_h.yaml:129:36',
             ),
             ValueSpec(
                 'attention_output',
                 _L_Residual,
                 'What the attention adds to the residual stream',
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/nemotron_h.yaml:130:29',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_mixer_layers_block_type_i______full_attention_0, '==', 0.0, 0.0, at='specs/nemotron_h.yaml:132:13'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_mixer_layers_block_type_i______full_attention_1, '==', 1e-05, 0.0, at='specs/nemotron_h.yaml:133:13'),
-            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_mixer_layers_block_type_i______full_attention_2, '==', 0.0, 0.0, at='specs/nemotron_h.yaml:134:13'),
-            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_mixer_layers_block_type_i______full_attention_3, '==', 1e-06, 0.0, at='specs/nemotron_h.yaml:135:13'),
-            Identity('attention_queries == transpose(unflatten(q_proj.output, -1, [num_heads, head_dim]), 1, 2)', ('attention_queries', 'q_proj.output', 'num_heads', 'head_dim'), _identity_layers_mixer_layers_block_type_i______full_attention_4, '==', 0.0, 0.0, at='specs/nemotron_h.yaml:137:13'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_mixer_layers_block_type_i______full_attention_0, at='specs/nemotron_h.yaml:132:13'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_mixer_layers_block_type_i______full_attention_1, atol=1e-05, at='specs/nemotron_h.yaml:133:13'),
+            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_mixer_layers_block_type_i______full_attention_2, at='specs/nemotron_h.yaml:134:13'),
+            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_mixer_layers_block_type_i______full_attention_3, atol=1e-06, at='specs/nemotron_h.yaml:135:13'),
+            Identity('attention_queries == transpose(unflatten(q_proj.output, -1, [num_heads, head_dim]), 1, 2)', ('attention_queries', 'q_proj.output', 'num_heads', 'head_dim'), _identity_layers_mixer_layers_block_type_i______full_attention_4, at='specs/nemotron_h.yaml:137:13'),
         ),
         when=_when_layers_mixer_layers_block_type_i______full_attention_6,
         when_text="layers_block_type[i] == 'full_attention'",
         kind='attention',
     ),
     HostSpec(
-        path='layers[i].mixer',
-        cls='NemotronHMLP',
-        values=(
+        'layers[i].mixer',
+        'NemotronHMLP',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_Neurons,
                 "The activation function's output",
-                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',), side='output'),
+                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',)),
                 at='specs/nemotron_h.yaml:141:27',
             ),
             ValueSpec(
@@ -749,22 +796,22 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_output',
                 _L_Residual,
                 'What the MLP adds to the residual stream',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/nemotron_h.yaml:143:23',
             ),
         ),
         identities=(
-            Identity('mlp_neurons == mlp_activation', ('mlp_neurons', 'mlp_activation'), _identity_layers_mixer_layers_block_type_i______mlp_0, '==', 0.0, 0.0, at='specs/nemotron_h.yaml:146:13'),
-            Identity('mlp_activation == ((up_proj.output + abs(up_proj.output)) / 2) * ((up_proj.output + abs(up_proj.output)) / 2)', ('mlp_activation', 'up_proj.output'), _identity_layers_mixer_layers_block_type_i______mlp_1, '==', 0.0, 0.0, at='specs/nemotron_h.yaml:147:13'),
+            Identity('mlp_neurons == mlp_activation', ('mlp_neurons', 'mlp_activation'), _identity_layers_mixer_layers_block_type_i______mlp_0, at='specs/nemotron_h.yaml:146:13'),
+            Identity('mlp_activation == ((up_proj.output + abs(up_proj.output)) / 2) * ((up_proj.output + abs(up_proj.output)) / 2)', ('mlp_activation', 'up_proj.output'), _identity_layers_mixer_layers_block_type_i______mlp_1, at='specs/nemotron_h.yaml:147:13'),
         ),
         when=_when_layers_mixer_layers_block_type_i______mlp_7,
         when_text="layers_block_type[i] == 'mlp'",
         kind='mlp',
     ),
     HostSpec(
-        path='layers[i].mixer',
-        cls='NemotronHMoE',
-        values=(
+        'layers[i].mixer',
+        'NemotronHMoE',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_Neurons,
@@ -783,8 +830,8 @@ HOSTS: tuple[HostSpec, ...] = (
                 'router_logits',
                 _L_RouterLogits,
                 "The router's logits, one per expert, before the scoring",
-                ReadPoint('op', 'router > op:linear.output', "inside router's forward: the output of linear (first call)", module=('router',), side='output', op='linear', occurrence=0),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                ReadPoint('op', 'router > op:linear.output', "inside router's forward: the output of linear (first call)", module=('router',), op='linear'),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/nemotron_h.yaml:161:33',
             ),
             ValueSpec(
@@ -792,7 +839,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_ExpertWeights,
                 "The weight each selected expert's output is scaled by",
                 ReadPoint('module', 'experts.input.top_k_weights', "the child module experts's input top_k_weights", module=('experts',), side='input', param='top_k_weights'),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/nemotron_h.yaml:162:34',
             ),
             ValueSpec(
@@ -800,52 +847,52 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_ExpertIndices,
                 'The expert each routing slot sends the token to',
                 ReadPoint('module', 'experts.input.top_k_index', "the child module experts's input top_k_index", module=('experts',), side='input', param='top_k_index'),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/nemotron_h.yaml:163:34',
             ),
             ValueSpec(
                 'routed_output',
                 _L_Residual,
                 "The routed experts' combined output",
-                ReadPoint('module', 'experts.output', "the child module experts's output", module=('experts',), side='output'),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                ReadPoint('module', 'experts.output', "the child module experts's output", module=('experts',)),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/nemotron_h.yaml:164:33',
             ),
             ValueSpec(
                 'shared_expert_output',
                 _L_Residual,
                 "The shared expert's output, after its gate",
-                ReadPoint('module', 'shared_experts.output', "the child module shared_experts's output", module=('shared_experts',), side='output'),
+                ReadPoint('module', 'shared_experts.output', "the child module shared_experts's output", module=('shared_experts',)),
                 at='specs/nemotron_h.yaml:165:33',
             ),
             ValueSpec(
                 'mlp_output',
                 _L_Residual,
                 'What the MLP adds to the residual stream',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/nemotron_h.yaml:166:23',
             ),
         ),
         identities=(
-            Identity('routed_output + shared_expert_output == mlp_output', ('routed_output', 'shared_expert_output', 'mlp_output'), _identity_layers_mixer_layers_block_type_i______moe_0, '==', 0.0, 0.0, at='specs/nemotron_h.yaml:169:13'),
-            Identity('sum(expert_weights, -1) == routed_scaling_factor * sum(topk_weights(sigmoid(router_logits), top_k, norm_topk_prob), -1)', ('expert_weights', 'routed_scaling_factor', 'router_logits', 'top_k', 'norm_topk_prob'), _identity_layers_mixer_layers_block_type_i______moe_1, '==', 1e-05, 0.0, at='specs/nemotron_h.yaml:172:13'),
-            Identity('sum(expert_indices, -1) == sum(topk_indices(sigmoid(router_logits), top_k), -1)', ('expert_indices', 'router_logits', 'top_k'), _identity_layers_mixer_layers_block_type_i______moe_2, '==', 0.0, 0.0, at='specs/nemotron_h.yaml:173:13'),
-            Identity('sum(expert_indices * expert_indices, -1) == sum(topk_indices(sigmoid(router_logits), top_k) * topk_indices(sigmoid(router_logits), top_k), -1)', ('expert_indices', 'router_logits', 'top_k'), _identity_layers_mixer_layers_block_type_i______moe_3, '==', 0.0, 0.0, at='specs/nemotron_h.yaml:174:13'),
+            Identity('routed_output + shared_expert_output == mlp_output', ('routed_output', 'shared_expert_output', 'mlp_output'), _identity_layers_mixer_layers_block_type_i______moe_0, at='specs/nemotron_h.yaml:169:13'),
+            Identity('sum(expert_weights, -1) == routed_scaling_factor * sum(topk_weights(sigmoid(router_logits), top_k, norm_topk_prob), -1)', ('expert_weights', 'routed_scaling_factor', 'router_logits', 'top_k', 'norm_topk_prob'), _identity_layers_mixer_layers_block_type_i______moe_1, atol=1e-05, at='specs/nemotron_h.yaml:172:13'),
+            Identity('sum(expert_indices, -1) == sum(topk_indices(sigmoid(router_logits), top_k), -1)', ('expert_indices', 'router_logits', 'top_k'), _identity_layers_mixer_layers_block_type_i______moe_2, at='specs/nemotron_h.yaml:173:13'),
+            Identity('sum(expert_indices * expert_indices, -1) == sum(topk_indices(sigmoid(router_logits), top_k) * topk_indices(sigmoid(router_logits), top_k), -1)', ('expert_indices', 'router_logits', 'top_k'), _identity_layers_mixer_layers_block_type_i______moe_3, at='specs/nemotron_h.yaml:174:13'),
         ),
-        dims=(('intermediate_size', 'moe_intermediate_size'),),
         when=_when_layers_mixer_layers_block_type_i______moe_8,
         when_text="layers_block_type[i] == 'moe'",
         kind='moe',
+        dims=(('intermediate_size', 'moe_intermediate_size'),),
     ),
     HostSpec(
-        path='layers[i].mixer.shared_experts',
-        cls='NemotronHMLP',
-        values=(
+        'layers[i].mixer.shared_experts',
+        'NemotronHMLP',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_Neurons,
                 "The activation function's output",
-                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',), side='output'),
+                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',)),
                 at='specs/nemotron_h.yaml:181:23',
             ),
             ValueSpec(
@@ -859,18 +906,18 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_output',
                 _L_Residual,
                 'What the MLP adds to the residual stream',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/nemotron_h.yaml:183:19',
             ),
         ),
         identities=(
-            Identity('mlp_neurons == mlp_activation', ('mlp_neurons', 'mlp_activation'), _identity_layers_mixer_shared_experts_layers_block_type_i______moe_0, '==', 0.0, 0.0, at='specs/nemotron_h.yaml:185:9'),
-            Identity('mlp_activation == ((up_proj.output + abs(up_proj.output)) / 2) * ((up_proj.output + abs(up_proj.output)) / 2)', ('mlp_activation', 'up_proj.output'), _identity_layers_mixer_shared_experts_layers_block_type_i______moe_1, '==', 0.0, 0.0, at='specs/nemotron_h.yaml:186:9'),
+            Identity('mlp_neurons == mlp_activation', ('mlp_neurons', 'mlp_activation'), _identity_layers_mixer_shared_experts_layers_block_type_i______moe_0, at='specs/nemotron_h.yaml:185:9'),
+            Identity('mlp_activation == ((up_proj.output + abs(up_proj.output)) / 2) * ((up_proj.output + abs(up_proj.output)) / 2)', ('mlp_activation', 'up_proj.output'), _identity_layers_mixer_shared_experts_layers_block_type_i______moe_1, at='specs/nemotron_h.yaml:186:9'),
         ),
-        dims=(('intermediate_size', 'shared_expert_intermediate_size'),),
         when=_when_layers_mixer_shared_experts_layers_block_type_i______moe_9,
         when_text="layers_block_type[i] == 'moe'",
         kind='moe',
+        dims=(('intermediate_size', 'shared_expert_intermediate_size'),),
     ),
 )
 
@@ -913,6 +960,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnatlas import functions as _fn
-from nnatlas.adapter import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas import expressions as _fn
+from nnatlas.hosts import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.spec import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,100 +21,119 @@ SPEC_SHA256 = '0e16a2f86a41b0a79c921f098c5c0dcc9a0655556c15d5d3b7c5c55008fe8255'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: Qwen2VLForConditionalGeneration"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
-    position_ids: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
+    position_ids: ValueSlot
     layers: HostList[Layer]
     vision: Vision
-    embed_tokens: Host
-    norm: Host
-    lm_head: Host
-    language_model: Host
-    projector: Host
+    embed_tokens: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    language_model: TypedHost
+    projector: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
+    vocab_size: Any
+    intermediate_size: Any
+    mrope_axes: Any
+    vision_hidden_size: Any
+    vision_head_dim: Any
+    vision_intermediate_size: Any
+    vision_num_layers: Any
+    vision_num_heads: Any
+    vision_patch_size: Any
+    vision_image_size: Any
+    vision_spatial_merge_size: Any
+    vision_window_size: Any
+    image_token_id: Any
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: Qwen2VLDecoderLayer"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
     self_attn: LayerSelfAttn
     mlp: LayerMlp
 
 
-class LayerSelfAttn(Host):
+class LayerSelfAttn(TypedHost):
     """layers[i].self_attn: Qwen2VLAttention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
 
 
-class LayerMlp(Host):
+class LayerMlp(TypedHost):
     """layers[i].mlp: Qwen2MLP"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
 
 
-class Vision(Host):
+class Vision(TypedHost):
     """vision: Qwen2VisionTransformerPretrainedModel"""
-    image_token_mask: Value
-    patch_embeddings: Value
-    tower_output: Value
-    image_features: Value
+    image_token_mask: ValueSlot
+    patch_embeddings: ValueSlot
+    tower_output: ValueSlot
+    image_features: ValueSlot
     layers: HostList[VisionLayers]
 
 
-class VisionLayersMlp(Host):
+class VisionLayersMlp(TypedHost):
     """vision.layers[i].mlp: VisionMlp"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
-    down_proj: Host
-    act_fn: Host
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
+    down_proj: TypedHost
+    act_fn: TypedHost
 
 
-class VisionLayers(Host):
+class VisionLayers(TypedHost):
     """vision.layers[i]: Qwen2VLVisionBlock"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
     mlp: VisionLayersMlp
     self_attn: VisionLayersSelfAttn
-    input_layernorm: Host
-    post_attention_layernorm: Host
+    input_layernorm: TypedHost
+    post_attention_layernorm: TypedHost
 
 
-class VisionLayersSelfAttn(Host):
+class VisionLayersSelfAttn(TypedHost):
     """vision.layers[i].self_attn: VisionAttention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
-    o_proj: Host
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
+    o_proj: TypedHost
 
 # ---- normalized config ----
 
@@ -316,25 +336,25 @@ def _draw_vision_config_hidden_size(c: Any) -> Any:
 
 # ---- layouts and conditions ----
 
-_L_Tokens = Layout('Tokens', ('batch', 'seq'), 'long', False)
-_L_scalar = Layout('scalar', (), 'object', False)
-_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'), 'float', False)
-_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'), 'float', False)
-_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'), 'float', False)
-_L_MRopePositions = Layout('MRopePositions', ('mrope_axes', 'batch', 'seq'), 'long', False)
-_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'), 'float', False)
-_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'), 'float', False)
-_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'), 'float', False)
-_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'), 'float', False)
-_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'), 'float', False)
-_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'), 'float', False)
-_L_ImageTokenMask = Layout('ImageTokenMask', ('batch', 'seq'), 'bool', False)
-_L_Patches = Layout('Patches', ('images', 'patches', 'vision_hidden_size'), 'float', False)
-_L_ImageFeatures = Layout('ImageFeatures', ('image_tokens', 'hidden_size'), 'float', False)
-_L_PatchNeurons = Layout('PatchNeurons', ('images', 'patches', 'vision_intermediate_size'), 'float', False)
-_L_PatchQKV = Layout('PatchQKV', ('images', 'vision_num_heads', 'patches', 'vision_head_dim'), 'float', False)
-_L_PatchPattern = Layout('PatchPattern', ('images', 'vision_num_heads', 'patches', 'patches'), 'float', False)
-_L_PatchHeadOutputs = Layout('PatchHeadOutputs', ('images', 'patches', 'vision_num_heads', 'vision_head_dim'), 'float', False)
+_L_Tokens = Layout('Tokens', ('batch', 'seq'), dtype='long')
+_L_scalar = Layout('scalar', (), dtype='object')
+_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'))
+_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'))
+_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'))
+_L_MRopePositions = Layout('MRopePositions', ('mrope_axes', 'batch', 'seq'), dtype='long')
+_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'))
+_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'))
+_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'))
+_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'))
+_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'))
+_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'))
+_L_ImageTokenMask = Layout('ImageTokenMask', ('batch', 'seq'), dtype='bool')
+_L_Patches = Layout('Patches', ('images', 'patches', 'vision_hidden_size'))
+_L_ImageFeatures = Layout('ImageFeatures', ('image_tokens', 'hidden_size'))
+_L_PatchNeurons = Layout('PatchNeurons', ('images', 'patches', 'vision_intermediate_size'))
+_L_PatchQKV = Layout('PatchQKV', ('images', 'vision_num_heads', 'patches', 'vision_head_dim'))
+_L_PatchPattern = Layout('PatchPattern', ('images', 'vision_num_heads', 'patches', 'patches'))
+_L_PatchHeadOutputs = Layout('PatchHeadOutputs', ('images', 'patches', 'vision_num_heads', 'vision_head_dim'))
 _C_processor = Condition('processor', 'needs the image-text load (a processor for images); a text-only load serves no vision value', 'nnatlas.load(path, task="image-text-to-text"), or nnatlas.wrap(model, processor=...)')
 _C_images = Condition('images', 'is computed only on a call with images', 'trace(prompt, images=[...]), or pass pixel_values, image_grid_thw and mm_token_type_ids', kind='call')
 _C_eager = Condition('eager', "needs attn_implementation='eager'", 'load with attn_implementation="eager" (nnatlas.load(..., attn_implementation="eager"))')
@@ -342,9 +362,9 @@ _C_no_pattern = Condition('no_pattern', "is not served under any load: no one te
 
 HOSTS: tuple[HostSpec, ...] = (
     HostSpec(
-        path='model',
-        cls='Qwen2VLForConditionalGeneration',
-        values=(
+        'model',
+        'Qwen2VLForConditionalGeneration',
+        (
             ValueSpec(
                 'input_ids',
                 _L_Tokens,
@@ -371,28 +391,28 @@ HOSTS: tuple[HostSpec, ...] = (
                 'token_embeddings',
                 _L_Residual,
                 "The embedding module's output; layers[0].input is what enters the first block",
-                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',), side='output'),
+                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',)),
                 at='specs/llama.yaml:36:25',
             ),
             ValueSpec(
                 'final_norm_output',
                 _L_Residual,
                 'The residual stream after the final norm, what lm_head reads',
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/llama.yaml:37:26',
             ),
             ValueSpec(
                 'lm_head_output',
                 _L_Logits,
                 "The head's logits before anything the model does past lm_head (a softcap, a scale)",
-                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',), side='output'),
+                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',)),
                 at='specs/llama.yaml:38:23',
             ),
             ValueSpec(
                 'logits',
                 _L_Logits,
                 'The logits the model returns, after anything it does past lm_head (a softcap, a scale)',
-                ReadPoint('module', 'output.logits', "the module's own output, .logits", side='output', access=('logits',)),
+                ReadPoint('module', 'output.logits', "the module's own output, .logits", access=('logits',)),
                 at='specs/llama.yaml:39:15',
             ),
             ValueSpec(
@@ -414,15 +434,15 @@ HOSTS: tuple[HostSpec, ...] = (
             ),
         ),
         identities=(
-            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, '==', 0.0, 0.0, at='specs/qwen2_vl.yaml:45:9'),
-            Identity('layers[0].layer_input[~vision.image_token_mask] == token_embeddings[~vision.image_token_mask]', ('layers[0].layer_input', 'vision.image_token_mask', 'token_embeddings'), _identity_model_1, '==', 0.0, 0.0, at='specs/qwen2_vl.yaml:46:9'),
-            Identity('position_ids[0, :, -1] < shape(input_ids)[1] - 1', ('position_ids', 'input_ids'), _identity_model_2, '<', 0.0, 0.0, at='specs/qwen2_vl.yaml:47:9'),
+            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, at='specs/qwen2_vl.yaml:45:9'),
+            Identity('layers[0].layer_input[~vision.image_token_mask] == token_embeddings[~vision.image_token_mask]', ('layers[0].layer_input', 'vision.image_token_mask', 'token_embeddings'), _identity_model_1, at='specs/qwen2_vl.yaml:46:9'),
+            Identity('position_ids[0, :, -1] < shape(input_ids)[1] - 1', ('position_ids', 'input_ids'), _identity_model_2, op='<', at='specs/qwen2_vl.yaml:47:9'),
         ),
     ),
     HostSpec(
-        path='layers[i]',
-        cls='Qwen2VLDecoderLayer',
-        values=(
+        'layers[i]',
+        'Qwen2VLDecoderLayer',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -434,7 +454,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Residual,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',), side='output'),
+                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',)),
                 at='specs/llama.yaml:49:30',
             ),
             ValueSpec(
@@ -448,7 +468,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Residual,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',), side='output'),
+                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',)),
                 at='specs/llama.yaml:51:24',
             ),
             ValueSpec(
@@ -462,20 +482,20 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/llama.yaml:53:21',
             ),
         ),
         identities=(
-            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_0, '==', 0.0, 0.0, at='specs/llama.yaml:55:9'),
-            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_1, '==', 0.0, 0.0, at='specs/llama.yaml:56:9'),
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_2, '==', 0.0, 0.0, at='specs/llama.yaml:57:9'),
+            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_0, at='specs/llama.yaml:55:9'),
+            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_1, at='specs/llama.yaml:56:9'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_2, at='specs/llama.yaml:57:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].self_attn',
-        cls='Qwen2VLAttention',
-        values=(
+        'layers[i].self_attn',
+        'Qwen2VLAttention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_Queries,
@@ -501,7 +521,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_Pattern,
                 'The attention scores entering the softmax, masked',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_eager,
                 at='specs/llama.yaml:65:32',
             ),
@@ -509,7 +529,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_Pattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_eager,
                 at='specs/llama.yaml:66:39',
             ),
@@ -517,7 +537,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_HeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', side='output', access=(0,), call='attention'),
+                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', access=(0,), call='attention'),
                 at='specs/llama.yaml:67:31',
             ),
             ValueSpec(
@@ -525,33 +545,33 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_HeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))),),
                 at='specs/llama.yaml:68:32',
             ),
             ValueSpec(
                 'attention_output',
                 _L_Residual,
                 'What the attention adds to the residual stream',
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/llama.yaml:69:25',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_0, '==', 0.0, 0.0, at='specs/llama.yaml:71:9'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_1, '==', 1e-05, 0.0, at='specs/llama.yaml:72:9'),
-            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_2, '==', 0.0, 0.0, at='specs/llama.yaml:73:9'),
-            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_3, '==', 1e-06, 0.0, at='specs/llama.yaml:74:9'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_0, at='specs/llama.yaml:71:9'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_1, atol=1e-05, at='specs/llama.yaml:72:9'),
+            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_2, at='specs/llama.yaml:73:9'),
+            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_3, atol=1e-06, at='specs/llama.yaml:74:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].mlp',
-        cls='Qwen2MLP',
-        values=(
+        'layers[i].mlp',
+        'Qwen2MLP',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_Neurons,
                 "The activation function's output",
-                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',), side='output'),
+                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',)),
                 at='specs/llama.yaml:79:23',
             ),
             ValueSpec(
@@ -565,19 +585,19 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_output',
                 _L_Residual,
                 'What the MLP adds to the residual stream',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/llama.yaml:81:19',
             ),
         ),
         identities=(
-            Identity('mlp_neurons == mlp_activation * up_proj.output', ('mlp_neurons', 'mlp_activation', 'up_proj.output'), _identity_layers_mlp_0, '==', 0.0, 0.0, at='specs/llama.yaml:83:9'),
-            Identity('mlp_activation == silu(gate_proj.output)', ('mlp_activation', 'gate_proj.output'), _identity_layers_mlp_1, '==', 0.0, 0.0, at='specs/llama.yaml:84:9'),
+            Identity('mlp_neurons == mlp_activation * up_proj.output', ('mlp_neurons', 'mlp_activation', 'up_proj.output'), _identity_layers_mlp_0, at='specs/llama.yaml:83:9'),
+            Identity('mlp_activation == silu(gate_proj.output)', ('mlp_activation', 'gate_proj.output'), _identity_layers_mlp_1, at='specs/llama.yaml:84:9'),
         ),
     ),
     HostSpec(
-        path='vision',
-        cls='Qwen2VisionTransformerPretrainedModel',
-        values=(
+        'vision',
+        'Qwen2VisionTransformerPretrainedModel',
+        (
             ValueSpec(
                 'image_token_mask',
                 _L_ImageTokenMask,
@@ -592,8 +612,8 @@ HOSTS: tuple[HostSpec, ...] = (
                 'patch_embeddings',
                 _L_Patches,
                 "The patch embedding's output, one row per patch",
-                ReadPoint('module', 'patch_embed.output', "the child module patch_embed's output", module=('patch_embed',), side='output'),
-                view=(ViewOp('unsqueeze', (0,)), ),
+                ReadPoint('module', 'patch_embed.output', "the child module patch_embed's output", module=('patch_embed',)),
+                view=(ViewOp('unsqueeze', (0,)),),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:57:32',
@@ -602,8 +622,8 @@ HOSTS: tuple[HostSpec, ...] = (
                 'tower_output',
                 _L_Patches,
                 "The last block's stream as the vision encoder returns it, after the merger has read it",
-                ReadPoint('module', 'output.last_hidden_state', "the module's own output, .last_hidden_state", side='output', access=('last_hidden_state',)),
-                view=(ViewOp('unsqueeze', (0,)), ),
+                ReadPoint('module', 'output.last_hidden_state', "the module's own output, .last_hidden_state", access=('last_hidden_state',)),
+                view=(ViewOp('unsqueeze', (0,)),),
                 needs=_C_processor,
                 readonly=True,
                 readonly_why="the merger has read the last block's stream before the encoder returns it, so an edit here reaches nothing; edit vision.layers[-1].layer_output or model.projector.input instead",
@@ -614,28 +634,28 @@ HOSTS: tuple[HostSpec, ...] = (
                 'image_features',
                 _L_ImageFeatures,
                 'The image features the text model receives at the image tokens, flat over them',
-                ReadPoint('op', 'model.model > op:masked_scatter.input[2]', "inside the root's child model's forward: the input of masked_scatter (first call), element 2", module=('model',), side='input', access=(2,), op='masked_scatter', occurrence=0, scope_root=True),
+                ReadPoint('op', 'model.model > op:masked_scatter.input[2]', "inside the root's child model's forward: the input of masked_scatter (first call), element 2", module=('model',), side='input', access=(2,), op='masked_scatter', scope_root=True),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:65:23',
             ),
         ),
         identities=(
-            Identity('layers[0].input == patch_embeddings[0]', ('layers[0].input', 'patch_embeddings'), _identity_vision_0, '==', 0.0, 0.0, at='specs/qwen2_vl.yaml:63:9'),
-            Identity('model.layers[0].layer_input[image_token_mask] == image_features', ('model.layers[0].layer_input', 'image_token_mask', 'image_features'), _identity_vision_1, '==', 0.0, 0.0, at='specs/qwen2_vl.yaml:64:9'),
-            Identity('model.projector.input == tower_output[0]', ('model.projector.input', 'tower_output'), _identity_vision_2, '==', 0.0, 0.0, at='specs/qwen2_vl.yaml:65:9'),
+            Identity('layers[0].input == patch_embeddings[0]', ('layers[0].input', 'patch_embeddings'), _identity_vision_0, at='specs/qwen2_vl.yaml:63:9'),
+            Identity('model.layers[0].layer_input[image_token_mask] == image_features', ('model.layers[0].layer_input', 'image_token_mask', 'image_features'), _identity_vision_1, at='specs/qwen2_vl.yaml:64:9'),
+            Identity('model.projector.input == tower_output[0]', ('model.projector.input', 'tower_output'), _identity_vision_2, at='specs/qwen2_vl.yaml:65:9'),
         ),
     ),
     HostSpec(
-        path='vision.layers[i].mlp',
-        cls='VisionMlp',
-        values=(
+        'vision.layers[i].mlp',
+        'VisionMlp',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_PatchNeurons,
                 "The activation function's output",
-                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',), side='output'),
-                view=(ViewOp('unsqueeze', (0,)), ),
+                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',)),
+                view=(ViewOp('unsqueeze', (0,)),),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:116:30',
@@ -645,7 +665,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_PatchNeurons,
                 'What the down projection receives',
                 ReadPoint('module', 'down_proj.input', "the child module down_proj's input", module=('down_proj',), side='input'),
-                view=(ViewOp('unsqueeze', (0,)), ),
+                view=(ViewOp('unsqueeze', (0,)),),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:117:27',
@@ -654,28 +674,28 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_output',
                 _L_Patches,
                 "What the MLP adds to the tower's stream",
-                ReadPoint('module', 'output', "the module's own output", side='output'),
-                view=(ViewOp('unsqueeze', (0,)), ),
+                ReadPoint('module', 'output', "the module's own output"),
+                view=(ViewOp('unsqueeze', (0,)),),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:118:26',
             ),
         ),
         identities=(
-            Identity('mlp_neurons == mlp_activation', ('mlp_neurons', 'mlp_activation'), _identity_vision_layers_mlp_0, '==', 0.0, 0.0, at='specs/qwen2_vl.yaml:69:9'),
-            Identity('mlp_activation == fc1.output * sigmoid(1.702 * fc1.output)', ('mlp_activation', 'fc1.output'), _identity_vision_layers_mlp_1, '==', 1e-06, 0.0, at='specs/qwen2_vl.yaml:70:9'),
+            Identity('mlp_neurons == mlp_activation', ('mlp_neurons', 'mlp_activation'), _identity_vision_layers_mlp_0, at='specs/qwen2_vl.yaml:69:9'),
+            Identity('mlp_activation == fc1.output * sigmoid(1.702 * fc1.output)', ('mlp_activation', 'fc1.output'), _identity_vision_layers_mlp_1, atol=1e-06, at='specs/qwen2_vl.yaml:70:9'),
         ),
     ),
     HostSpec(
-        path='vision.layers[i]',
-        cls='Qwen2VLVisionBlock',
-        values=(
+        'vision.layers[i]',
+        'Qwen2VLVisionBlock',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Patches,
                 "The tower's stream entering the block",
                 ReadPoint('module', 'input', "the module's own input", side='input'),
-                view=(ViewOp('unsqueeze', (0,)), ),
+                view=(ViewOp('unsqueeze', (0,)),),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:77:27',
@@ -684,8 +704,8 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Patches,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',), side='output'),
-                view=(ViewOp('unsqueeze', (0,)), ),
+                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',)),
+                view=(ViewOp('unsqueeze', (0,)),),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:78:37',
@@ -695,7 +715,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_Patches,
                 "The tower's stream after the attention add",
                 ReadPoint('module', 'post_attention_layernorm.input', "the child module post_attention_layernorm's input", module=('post_attention_layernorm',), side='input'),
-                view=(ViewOp('unsqueeze', (0,)), ),
+                view=(ViewOp('unsqueeze', (0,)),),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:79:25',
@@ -704,8 +724,8 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Patches,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',), side='output'),
-                view=(ViewOp('unsqueeze', (0,)), ),
+                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',)),
+                view=(ViewOp('unsqueeze', (0,)),),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:80:31',
@@ -715,7 +735,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_Patches,
                 'What the MLP is called with',
                 ReadPoint('module', 'mlp.input', "the child module mlp's input", module=('mlp',), side='input'),
-                view=(ViewOp('unsqueeze', (0,)), ),
+                view=(ViewOp('unsqueeze', (0,)),),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:81:25',
@@ -724,28 +744,28 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Patches,
                 "The tower's stream leaving the block",
-                ReadPoint('module', 'output', "the module's own output", side='output'),
-                view=(ViewOp('unsqueeze', (0,)), ),
+                ReadPoint('module', 'output', "the module's own output"),
+                view=(ViewOp('unsqueeze', (0,)),),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:82:28',
             ),
         ),
         identities=(
-            Identity('input + self_attn.attention_output + mlp.mlp_output == layer_output', ('input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_vision_layers_0, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:84:9'),
-            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_vision_layers_1, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:85:9'),
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_vision_layers_2, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:86:9'),
+            Identity('input + self_attn.attention_output + mlp.mlp_output == layer_output', ('input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_vision_layers_0, at='specs/parts/qwen_vit.yaml:84:9'),
+            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_vision_layers_1, at='specs/parts/qwen_vit.yaml:85:9'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_vision_layers_2, at='specs/parts/qwen_vit.yaml:86:9'),
         ),
     ),
     HostSpec(
-        path='vision.layers[i].self_attn',
-        cls='VisionAttention',
-        values=(
+        'vision.layers[i].self_attn',
+        'VisionAttention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_PatchQKV,
                 'The queries of every patch after the 2D rotary, whole (before the split per image)',
-                ReadPoint('op', 'op:unsqueeze#2.output', 'the output of unsqueeze (third call) inside the forward', side='output', op='unsqueeze', occurrence=2),
+                ReadPoint('op', 'op:unsqueeze#2.output', 'the output of unsqueeze (third call) inside the forward', op='unsqueeze', occurrence=2),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:94:26',
@@ -754,7 +774,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_keys',
                 _L_PatchQKV,
                 'The keys of every patch after the 2D rotary, whole (before the split per image)',
-                ReadPoint('op', 'op:unsqueeze#3.output', 'the output of unsqueeze (fourth call) inside the forward', side='output', op='unsqueeze', occurrence=3),
+                ReadPoint('op', 'op:unsqueeze#3.output', 'the output of unsqueeze (fourth call) inside the forward', op='unsqueeze', occurrence=3),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:95:23',
@@ -763,7 +783,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_values',
                 _L_PatchQKV,
                 'The values of every patch, whole (before the split per image)',
-                ReadPoint('op', 'op:unsqueeze#4.output', 'the output of unsqueeze (fifth call) inside the forward', side='output', op='unsqueeze', occurrence=4),
+                ReadPoint('op', 'op:unsqueeze#4.output', 'the output of unsqueeze (fifth call) inside the forward', op='unsqueeze', occurrence=4),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:96:25',
@@ -772,7 +792,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_PatchPattern,
                 'The attention scores entering the softmax',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_no_pattern,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:97:32',
@@ -781,7 +801,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_PatchPattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_no_pattern,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:98:39',
@@ -790,7 +810,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_PatchHeadOutputs,
                 "The per-image attention calls' outputs concatenated back, before the output projection",
-                ReadPoint('op', 'op:cat#2.output', 'the output of cat (third call) inside the forward', side='output', op='cat', occurrence=2),
+                ReadPoint('op', 'op:cat#2.output', 'the output of cat (third call) inside the forward', op='cat', occurrence=2),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:99:31',
@@ -800,7 +820,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_PatchHeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unsqueeze', (0,)), ViewOp('unflatten', (-1, ('vision_num_heads', 'vision_head_dim'))), ),
+                view=(ViewOp('unsqueeze', (0,)), ViewOp('unflatten', (-1, ('vision_num_heads', 'vision_head_dim')))),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:100:32',
@@ -809,18 +829,18 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_output',
                 _L_Patches,
                 "What the attention adds to the tower's stream",
-                ReadPoint('module', 'output', "the module's own output", side='output'),
-                view=(ViewOp('unsqueeze', (0,)), ),
+                ReadPoint('module', 'output', "the module's own output"),
+                view=(ViewOp('unsqueeze', (0,)),),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:101:32',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_vision_layers_self_attn_0, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:103:9'),
-            Identity('attention_values[0] == transpose(unflatten(qkv.output, -1, [3, vision_num_heads, vision_head_dim])[:, 2], 0, 1)', ('attention_values', 'qkv.output', 'vision_num_heads', 'vision_head_dim'), _identity_vision_layers_self_attn_1, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:106:9'),
-            Identity('vnorm(attention_queries[0]) == vnorm(transpose(unflatten(qkv.output, -1, [3, vision_num_heads, vision_head_dim])[:, 0], 0, 1))', ('attention_queries', 'qkv.output', 'vision_num_heads', 'vision_head_dim'), _identity_vision_layers_self_attn_2, '==', 1e-05, 0.0, at='specs/parts/qwen_vit.yaml:107:9'),
-            Identity('vnorm(attention_keys[0]) == vnorm(transpose(unflatten(qkv.output, -1, [3, vision_num_heads, vision_head_dim])[:, 1], 0, 1))', ('attention_keys', 'qkv.output', 'vision_num_heads', 'vision_head_dim'), _identity_vision_layers_self_attn_3, '==', 1e-05, 0.0, at='specs/parts/qwen_vit.yaml:108:9'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_vision_layers_self_attn_0, at='specs/parts/qwen_vit.yaml:103:9'),
+            Identity('attention_values[0] == transpose(unflatten(qkv.output, -1, [3, vision_num_heads, vision_head_dim])[:, 2], 0, 1)', ('attention_values', 'qkv.output', 'vision_num_heads', 'vision_head_dim'), _identity_vision_layers_self_attn_1, at='specs/parts/qwen_vit.yaml:106:9'),
+            Identity('vnorm(attention_queries[0]) == vnorm(transpose(unflatten(qkv.output, -1, [3, vision_num_heads, vision_head_dim])[:, 0], 0, 1))', ('attention_queries', 'qkv.output', 'vision_num_heads', 'vision_head_dim'), _identity_vision_layers_self_attn_2, atol=1e-05, at='specs/parts/qwen_vit.yaml:107:9'),
+            Identity('vnorm(attention_keys[0]) == vnorm(transpose(unflatten(qkv.output, -1, [3, vision_num_heads, vision_head_dim])[:, 1], 0, 1))', ('attention_keys', 'qkv.output', 'vision_num_heads', 'vision_head_dim'), _identity_vision_layers_self_attn_3, atol=1e-05, at='specs/parts/qwen_vit.yaml:108:9'),
         ),
     ),
 )
@@ -859,6 +879,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {

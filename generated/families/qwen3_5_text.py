@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnatlas import functions as _fn
-from nnatlas.adapter import Condition, Family, FunctionGroup, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas import expressions as _fn
+from nnatlas.hosts import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.spec import Condition, Family, FunctionGroup, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,114 +21,140 @@ SPEC_SHA256 = 'ca5e3b7cea84da82c16fe79ec6c3bc20df1bbbe3158cf27f0303799e0f50d9f7'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: Qwen3_5ForCausalLM"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
     layers: HostList[Layer]
     vision: Vision
-    embed_tokens: Host
-    norm: Host
-    lm_head: Host
-    projector: Host
+    embed_tokens: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    projector: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
+    vocab_size: Any
+    intermediate_size: Any
+    rotary_dim: Any
+    heads: Any
+    key_heads: Any
+    key_dim: Any
+    value_dim: Any
+    conv_kernel: Any
+    vision_num_layers: Any
+    vision_hidden_size: Any
+    vision_num_heads: Any
+    vision_head_dim: Any
+    vision_intermediate_size: Any
+    vision_patch_size: Any
+    vision_image_size: Any
+    vision_spatial_merge_size: Any
+    vision_window_size: Any
+    image_token_id: Any
+    linear_attention_layers: list[int]
+    attention_layers: list[int]
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: Qwen3_5DecoderLayer"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
     linear_attn: LayerLinearAttn
     self_attn: LayerSelfAttn
     mlp: LayerMlp
 
 
-class LayerLinearAttn(Host):
+class LayerLinearAttn(TypedHost):
     """layers[i].linear_attn: Qwen3_5GatedDeltaNet"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    decays: Value
-    betas: Value
-    state_input: Value
-    state: Value
-    states: Value
-    attention_head_outputs: Value
-    state_output: Value
-    attention_output: Value
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    decays: ValueSlot
+    betas: ValueSlot
+    state_input: ValueSlot
+    state: ValueSlot
+    states: ValueSlot
+    attention_head_outputs: ValueSlot
+    state_output: ValueSlot
+    attention_output: ValueSlot
 
 
-class LayerSelfAttn(Host):
+class LayerSelfAttn(TypedHost):
     """layers[i].self_attn: Qwen3_5Attention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
 
 
-class LayerMlp(Host):
+class LayerMlp(TypedHost):
     """layers[i].mlp: Qwen3_5MLP"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
 
 
-class Vision(Host):
+class Vision(TypedHost):
     """vision: Qwen3_5VisionModel"""
-    image_token_mask: Value
-    patch_embeddings: Value
-    position_embeddings: Value
-    tower_output: Value
-    image_features: Value
+    image_token_mask: ValueSlot
+    patch_embeddings: ValueSlot
+    position_embeddings: ValueSlot
+    tower_output: ValueSlot
+    image_features: ValueSlot
     layers: HostList[VisionLayers]
 
 
-class VisionLayers(Host):
+class VisionLayers(TypedHost):
     """vision.layers[i]: Qwen3_5VisionBlock"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
     self_attn: VisionLayersSelfAttn
     mlp: VisionLayersMlp
-    input_layernorm: Host
-    post_attention_layernorm: Host
+    input_layernorm: TypedHost
+    post_attention_layernorm: TypedHost
 
 
-class VisionLayersSelfAttn(Host):
+class VisionLayersSelfAttn(TypedHost):
     """vision.layers[i].self_attn: Qwen3_5VisionAttention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
-    o_proj: Host
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
+    o_proj: TypedHost
 
 
-class VisionLayersMlp(Host):
+class VisionLayersMlp(TypedHost):
     """vision.layers[i].mlp: Qwen3_5VisionMLP"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
-    down_proj: Host
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
+    down_proj: TypedHost
 
 # ---- normalized config ----
 
@@ -390,30 +417,30 @@ def _draw_image_text_vision_config_out_hidden_size(c: Any) -> Any:
 
 # ---- layouts and conditions ----
 
-_L_Tokens = Layout('Tokens', ('batch', 'seq'), 'long', False)
-_L_scalar = Layout('scalar', (), 'object', False)
-_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'), 'float', False)
-_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'), 'float', False)
-_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'), 'float', False)
-_L_LinearQK = Layout('LinearQK', ('batch', 'seq', 'key_heads', 'key_dim'), 'float', False)
-_L_LinearV = Layout('LinearV', ('batch', 'seq', 'heads', 'value_dim'), 'float', False)
-_L_Gates = Layout('Gates', ('batch', 'seq', 'heads'), 'float', False)
-_L_State_or_none = Layout('State', ('batch', 'heads', 'key_dim', 'value_dim'), 'float', True)
-_L_State = Layout('State', ('batch', 'heads', 'key_dim', 'value_dim'), 'float', False)
-_L_States = Layout('States', ('batch', 'seq', 'heads', 'key_dim', 'value_dim'), 'float', False)
-_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'), 'float', False)
-_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'), 'float', False)
-_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'), 'float', False)
-_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'), 'float', False)
-_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'), 'float', False)
-_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'), 'float', False)
-_L_ImageTokenMask = Layout('ImageTokenMask', ('batch', 'seq'), 'bool', False)
-_L_Patches = Layout('Patches', ('images', 'patches', 'vision_hidden_size'), 'float', False)
-_L_ImageFeatures = Layout('ImageFeatures', ('image_tokens', 'hidden_size'), 'float', False)
-_L_PatchQKV = Layout('PatchQKV', ('images', 'vision_num_heads', 'patches', 'vision_head_dim'), 'float', False)
-_L_PatchPattern = Layout('PatchPattern', ('images', 'vision_num_heads', 'patches', 'patches'), 'float', False)
-_L_PatchHeadOutputs = Layout('PatchHeadOutputs', ('images', 'patches', 'vision_num_heads', 'vision_head_dim'), 'float', False)
-_L_PatchNeurons = Layout('PatchNeurons', ('images', 'patches', 'vision_intermediate_size'), 'float', False)
+_L_Tokens = Layout('Tokens', ('batch', 'seq'), dtype='long')
+_L_scalar = Layout('scalar', (), dtype='object')
+_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'))
+_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'))
+_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'))
+_L_LinearQK = Layout('LinearQK', ('batch', 'seq', 'key_heads', 'key_dim'))
+_L_LinearV = Layout('LinearV', ('batch', 'seq', 'heads', 'value_dim'))
+_L_Gates = Layout('Gates', ('batch', 'seq', 'heads'))
+_L_State_or_none = Layout('State', ('batch', 'heads', 'key_dim', 'value_dim'), optional=True)
+_L_State = Layout('State', ('batch', 'heads', 'key_dim', 'value_dim'))
+_L_States = Layout('States', ('batch', 'seq', 'heads', 'key_dim', 'value_dim'))
+_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'))
+_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'))
+_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'))
+_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'))
+_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'))
+_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'))
+_L_ImageTokenMask = Layout('ImageTokenMask', ('batch', 'seq'), dtype='bool')
+_L_Patches = Layout('Patches', ('images', 'patches', 'vision_hidden_size'))
+_L_ImageFeatures = Layout('ImageFeatures', ('image_tokens', 'hidden_size'))
+_L_PatchQKV = Layout('PatchQKV', ('images', 'vision_num_heads', 'patches', 'vision_head_dim'))
+_L_PatchPattern = Layout('PatchPattern', ('images', 'vision_num_heads', 'patches', 'patches'))
+_L_PatchHeadOutputs = Layout('PatchHeadOutputs', ('images', 'patches', 'vision_num_heads', 'vision_head_dim'))
+_L_PatchNeurons = Layout('PatchNeurons', ('images', 'patches', 'vision_intermediate_size'))
 _C_torch_kernels = Condition('torch_kernels', "needs route_kernels(family, 'torch')", 'trace inside `with nnatlas.route_kernels(model.family, "torch"):` (or set model.kernels = "torch"), which runs each recurrent kernel call token by token')
 _C_eager = Condition('eager', "needs attn_implementation='eager'", 'load with attn_implementation="eager" (nnatlas.load(..., attn_implementation="eager"))')
 _C_processor = Condition('processor', 'needs the image-text load (a processor for images); a text-only load serves no vision value', 'nnatlas.load(path, task="image-text-to-text"), or nnatlas.wrap(model, processor=...)')
@@ -422,9 +449,9 @@ _C_no_pattern = Condition('no_pattern', "is not served under any load: no one te
 
 HOSTS: tuple[HostSpec, ...] = (
     HostSpec(
-        path='model',
-        cls='Qwen3_5ForCausalLM',
-        values=(
+        'model',
+        'Qwen3_5ForCausalLM',
+        (
             ValueSpec(
                 'input_ids',
                 _L_Tokens,
@@ -451,28 +478,28 @@ HOSTS: tuple[HostSpec, ...] = (
                 'token_embeddings',
                 _L_Residual,
                 "The embedding module's output; layers[0].input is what enters the first block",
-                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',), side='output'),
+                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',)),
                 at='specs/qwen3_5_text.yaml:70:25',
             ),
             ValueSpec(
                 'final_norm_output',
                 _L_Residual,
                 'The residual stream after the final norm, what lm_head reads',
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/qwen3_5_text.yaml:71:26',
             ),
             ValueSpec(
                 'lm_head_output',
                 _L_Logits,
                 "The head's logits before anything the model does past lm_head (a softcap, a scale)",
-                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',), side='output'),
+                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',)),
                 at='specs/qwen3_5_text.yaml:72:23',
             ),
             ValueSpec(
                 'logits',
                 _L_Logits,
                 'The logits the model returns, after anything it does past lm_head (a softcap, a scale)',
-                ReadPoint('module', 'output.logits', "the module's own output, .logits", side='output', access=('logits',)),
+                ReadPoint('module', 'output.logits', "the module's own output, .logits", access=('logits',)),
                 at='specs/qwen3_5_text.yaml:73:15',
             ),
             ValueSpec(
@@ -485,14 +512,14 @@ HOSTS: tuple[HostSpec, ...] = (
             ),
         ),
         identities=(
-            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, '==', 0.0, 0.0, at='specs/qwen3_5_text.yaml:76:9'),
-            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, '==', 0.0, 0.0, at='specs/qwen3_5_text.yaml:77:9'),
+            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, at='specs/qwen3_5_text.yaml:76:9'),
+            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, at='specs/qwen3_5_text.yaml:77:9'),
         ),
     ),
     HostSpec(
-        path='layers[i]',
-        cls='Qwen3_5DecoderLayer',
-        values=(
+        'layers[i]',
+        'Qwen3_5DecoderLayer',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -504,7 +531,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Residual,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',), side='output'),
+                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',)),
                 at='specs/qwen3_5_text.yaml:83:30',
             ),
             ValueSpec(
@@ -518,7 +545,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Residual,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',), side='output'),
+                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',)),
                 at='specs/qwen3_5_text.yaml:85:24',
             ),
             ValueSpec(
@@ -532,23 +559,23 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/qwen3_5_text.yaml:87:21',
             ),
         ),
         identities=(
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_layer_types_i______linear_attention_0, '==', 0.0, 0.0, at='specs/qwen3_5_text.yaml:89:9'),
-            Identity('layer_input + linear_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'linear_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_layer_types_i______linear_attention_1, '==', 0.0, 0.0, at='specs/qwen3_5_text.yaml:94:13'),
-            Identity('layer_input + linear_attn.attention_output == layer_mid', ('layer_input', 'linear_attn.attention_output', 'layer_mid'), _identity_layers_layer_types_i______linear_attention_2, '==', 0.0, 0.0, at='specs/qwen3_5_text.yaml:95:13'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_layer_types_i______linear_attention_0, at='specs/qwen3_5_text.yaml:89:9'),
+            Identity('layer_input + linear_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'linear_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_layer_types_i______linear_attention_1, at='specs/qwen3_5_text.yaml:94:13'),
+            Identity('layer_input + linear_attn.attention_output == layer_mid', ('layer_input', 'linear_attn.attention_output', 'layer_mid'), _identity_layers_layer_types_i______linear_attention_2, at='specs/qwen3_5_text.yaml:95:13'),
         ),
         when=_when_layers_layer_types_i______linear_attention_1,
         when_text="layer_types[i] == 'linear_attention'",
         kind='linear_attention',
     ),
     HostSpec(
-        path='layers[i]',
-        cls='Qwen3_5DecoderLayer',
-        values=(
+        'layers[i]',
+        'Qwen3_5DecoderLayer',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -560,7 +587,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Residual,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',), side='output'),
+                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',)),
                 at='specs/qwen3_5_text.yaml:83:30',
             ),
             ValueSpec(
@@ -574,7 +601,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Residual,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',), side='output'),
+                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',)),
                 at='specs/qwen3_5_text.yaml:85:24',
             ),
             ValueSpec(
@@ -588,23 +615,23 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/qwen3_5_text.yaml:87:21',
             ),
         ),
         identities=(
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_layer_types_i______full_attention_0, '==', 0.0, 0.0, at='specs/qwen3_5_text.yaml:89:9'),
-            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_layer_types_i______full_attention_1, '==', 0.0, 0.0, at='specs/qwen3_5_text.yaml:99:13'),
-            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_layer_types_i______full_attention_2, '==', 0.0, 0.0, at='specs/qwen3_5_text.yaml:100:13'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_layer_types_i______full_attention_0, at='specs/qwen3_5_text.yaml:89:9'),
+            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_layer_types_i______full_attention_1, at='specs/qwen3_5_text.yaml:99:13'),
+            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_layer_types_i______full_attention_2, at='specs/qwen3_5_text.yaml:100:13'),
         ),
         when=_when_layers_layer_types_i______full_attention_2,
         when_text="layer_types[i] == 'full_attention'",
         kind='attention',
     ),
     HostSpec(
-        path='layers[i].linear_attn',
-        cls='Qwen3_5GatedDeltaNet',
-        values=(
+        'layers[i].linear_attn',
+        'Qwen3_5GatedDeltaNet',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_LinearQK,
@@ -686,22 +713,38 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_output',
                 _L_Residual,
                 'What the mixer adds to the residual stream',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/qwen3_5_text.yaml:117:25',
             ),
         ),
         identities=(
-            Identity('delta_rule(attention_queries, attention_keys, attention_values, decays, betas, state_input)[0] == attention_head_outputs', ('attention_queries', 'attention_keys', 'attention_values', 'decays', 'betas', 'state_input', 'attention_head_outputs'), _identity_layers_linear_attn_0, '==', 1e-05, 0.0001, at='specs/qwen3_5_text.yaml:119:9'),
-            Identity('delta_rule(attention_queries, attention_keys, attention_values, decays, betas, state_input)[1] == state_output', ('attention_queries', 'attention_keys', 'attention_values', 'decays', 'betas', 'state_input', 'state_output'), _identity_layers_linear_attn_1, '==', 1e-05, 0.0001, at='specs/qwen3_5_text.yaml:120:9'),
-            Identity('decays <= 0', ('decays',), _identity_layers_linear_attn_2, '<=', 0.0, 0.0, at='specs/qwen3_5_text.yaml:121:9'),
-            Identity('betas > 0', ('betas',), _identity_layers_linear_attn_3, '>', 0.0, 0.0, at='specs/qwen3_5_text.yaml:122:9'),
-            Identity('betas < 1', ('betas',), _identity_layers_linear_attn_4, '<', 0.0, 0.0, at='specs/qwen3_5_text.yaml:123:9'),
+            Identity('delta_rule(attention_queries, attention_keys, attention_values, decays, betas, state_input)[0] == attention_head_outputs', (
+                'attention_queries',
+                'attention_keys',
+                'attention_values',
+                'decays',
+                'betas',
+                'state_input',
+                'attention_head_outputs',
+            ), _identity_layers_linear_attn_0, atol=1e-05, rtol=0.0001, at='specs/qwen3_5_text.yaml:119:9'),
+            Identity('delta_rule(attention_queries, attention_keys, attention_values, decays, betas, state_input)[1] == state_output', (
+                'attention_queries',
+                'attention_keys',
+                'attention_values',
+                'decays',
+                'betas',
+                'state_input',
+                'state_output',
+            ), _identity_layers_linear_attn_1, atol=1e-05, rtol=0.0001, at='specs/qwen3_5_text.yaml:120:9'),
+            Identity('decays <= 0', ('decays',), _identity_layers_linear_attn_2, op='<=', at='specs/qwen3_5_text.yaml:121:9'),
+            Identity('betas > 0', ('betas',), _identity_layers_linear_attn_3, op='>', at='specs/qwen3_5_text.yaml:122:9'),
+            Identity('betas < 1', ('betas',), _identity_layers_linear_attn_4, op='<', at='specs/qwen3_5_text.yaml:123:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].self_attn',
-        cls='Qwen3_5Attention',
-        values=(
+        'layers[i].self_attn',
+        'Qwen3_5Attention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_Queries,
@@ -727,7 +770,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_Pattern,
                 'The attention scores entering the softmax, masked',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_eager,
                 at='specs/qwen3_5_text.yaml:131:32',
             ),
@@ -735,7 +778,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_Pattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_eager,
                 at='specs/qwen3_5_text.yaml:132:39',
             ),
@@ -743,7 +786,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_HeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', side='output', access=(0,), call='attention'),
+                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', access=(0,), call='attention'),
                 at='specs/qwen3_5_text.yaml:133:31',
             ),
             ValueSpec(
@@ -751,34 +794,34 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_HeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))),),
                 at='specs/qwen3_5_text.yaml:134:32',
             ),
             ValueSpec(
                 'attention_output',
                 _L_Residual,
                 'What the attention adds to the residual stream',
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/qwen3_5_text.yaml:135:25',
             ),
         ),
         identities=(
-            Identity('o_proj.input == flatten(attention_head_outputs * sigmoid(chunk(unflatten(q_proj.output, -1, [num_heads, 2 * head_dim]), 2, -1)[1]), 2)', ('o_proj.input', 'attention_head_outputs', 'q_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_0, '==', 1e-06, 0.0, at='specs/qwen3_5_text.yaml:139:9'),
-            Identity('attention_queries[..., rotary_dim:] == transpose(q_norm.output, 1, 2)[..., rotary_dim:]', ('attention_queries', 'rotary_dim', 'q_norm.output'), _identity_layers_self_attn_1, '==', 0.0, 0.0, at='specs/qwen3_5_text.yaml:140:9'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_2, '==', 1e-05, 0.0, at='specs/qwen3_5_text.yaml:141:9'),
-            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_3, '==', 0.0, 0.0, at='specs/qwen3_5_text.yaml:142:9'),
-            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_4, '==', 1e-06, 0.0, at='specs/qwen3_5_text.yaml:143:9'),
+            Identity('o_proj.input == flatten(attention_head_outputs * sigmoid(chunk(unflatten(q_proj.output, -1, [num_heads, 2 * head_dim]), 2, -1)[1]), 2)', ('o_proj.input', 'attention_head_outputs', 'q_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_0, atol=1e-06, at='specs/qwen3_5_text.yaml:139:9'),
+            Identity('attention_queries[..., rotary_dim:] == transpose(q_norm.output, 1, 2)[..., rotary_dim:]', ('attention_queries', 'rotary_dim', 'q_norm.output'), _identity_layers_self_attn_1, at='specs/qwen3_5_text.yaml:140:9'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_2, atol=1e-05, at='specs/qwen3_5_text.yaml:141:9'),
+            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_3, at='specs/qwen3_5_text.yaml:142:9'),
+            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_4, atol=1e-06, at='specs/qwen3_5_text.yaml:143:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].mlp',
-        cls='Qwen3_5MLP',
-        values=(
+        'layers[i].mlp',
+        'Qwen3_5MLP',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_Neurons,
                 "The activation function's output",
-                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',), side='output'),
+                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',)),
                 at='specs/qwen3_5_text.yaml:148:23',
             ),
             ValueSpec(
@@ -792,18 +835,16 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_output',
                 _L_Residual,
                 'What the MLP adds to the residual stream',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/qwen3_5_text.yaml:150:19',
             ),
         ),
-        identities=(
-            Identity('mlp_neurons == mlp_activation * up_proj.output', ('mlp_neurons', 'mlp_activation', 'up_proj.output'), _identity_layers_mlp_0, '==', 0.0, 0.0, at='specs/qwen3_5_text.yaml:152:9'),
-        ),
+        identities=(Identity('mlp_neurons == mlp_activation * up_proj.output', ('mlp_neurons', 'mlp_activation', 'up_proj.output'), _identity_layers_mlp_0, at='specs/qwen3_5_text.yaml:152:9'),),
     ),
     HostSpec(
-        path='vision',
-        cls='Qwen3_5VisionModel',
-        values=(
+        'vision',
+        'Qwen3_5VisionModel',
+        (
             ValueSpec(
                 'image_token_mask',
                 _L_ImageTokenMask,
@@ -818,8 +859,8 @@ HOSTS: tuple[HostSpec, ...] = (
                 'patch_embeddings',
                 _L_Patches,
                 "The patch embedding's output, one row per patch",
-                ReadPoint('module', 'patch_embed.output', "the child module patch_embed's output", module=('patch_embed',), side='output'),
-                view=(ViewOp('unsqueeze', (0,)), ),
+                ReadPoint('module', 'patch_embed.output', "the child module patch_embed's output", module=('patch_embed',)),
+                view=(ViewOp('unsqueeze', (0,)),),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:57:32',
@@ -829,7 +870,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_Patches,
                 "The learned position table resampled to each image's grid, added to patch_embeddings before block 0",
                 ReadPoint('op', 'op:add#5.input[1]', 'the input of add (sixth call) inside the forward, element 1', side='input', access=(1,), op='add', occurrence=5),
-                view=(ViewOp('unsqueeze', (0,)), ),
+                view=(ViewOp('unsqueeze', (0,)),),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:58:35',
@@ -838,8 +879,8 @@ HOSTS: tuple[HostSpec, ...] = (
                 'tower_output',
                 _L_Patches,
                 "The last block's stream as the vision encoder returns it, after the merger has read it",
-                ReadPoint('module', 'output.last_hidden_state', "the module's own output, .last_hidden_state", side='output', access=('last_hidden_state',)),
-                view=(ViewOp('unsqueeze', (0,)), ),
+                ReadPoint('module', 'output.last_hidden_state', "the module's own output, .last_hidden_state", access=('last_hidden_state',)),
+                view=(ViewOp('unsqueeze', (0,)),),
                 needs=_C_processor,
                 readonly=True,
                 readonly_why="the merger has read the last block's stream before the encoder returns it, so an edit here reaches nothing; edit vision.layers[-1].layer_output or model.projector.input instead",
@@ -850,28 +891,28 @@ HOSTS: tuple[HostSpec, ...] = (
                 'image_features',
                 _L_ImageFeatures,
                 'The image features the text model receives at the image tokens, flat over them',
-                ReadPoint('op', 'model.model > op:masked_scatter.input[2]', "inside the root's child model's forward: the input of masked_scatter (first call), element 2", module=('model',), side='input', access=(2,), op='masked_scatter', occurrence=0, scope_root=True),
+                ReadPoint('op', 'model.model > op:masked_scatter.input[2]', "inside the root's child model's forward: the input of masked_scatter (first call), element 2", module=('model',), side='input', access=(2,), op='masked_scatter', scope_root=True),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:65:23',
             ),
         ),
         identities=(
-            Identity('layers[0].input == patch_embeddings[0] + position_embeddings[0]', ('layers[0].input', 'patch_embeddings', 'position_embeddings'), _identity_vision_0, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:67:9'),
-            Identity('model.layers[0].layer_input[image_token_mask] == image_features', ('model.layers[0].layer_input', 'image_token_mask', 'image_features'), _identity_vision_1, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:68:9'),
-            Identity('model.projector.input == tower_output[0]', ('model.projector.input', 'tower_output'), _identity_vision_2, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:69:9'),
+            Identity('layers[0].input == patch_embeddings[0] + position_embeddings[0]', ('layers[0].input', 'patch_embeddings', 'position_embeddings'), _identity_vision_0, at='specs/parts/qwen_vit.yaml:67:9'),
+            Identity('model.layers[0].layer_input[image_token_mask] == image_features', ('model.layers[0].layer_input', 'image_token_mask', 'image_features'), _identity_vision_1, at='specs/parts/qwen_vit.yaml:68:9'),
+            Identity('model.projector.input == tower_output[0]', ('model.projector.input', 'tower_output'), _identity_vision_2, at='specs/parts/qwen_vit.yaml:69:9'),
         ),
     ),
     HostSpec(
-        path='vision.layers[i]',
-        cls='Qwen3_5VisionBlock',
-        values=(
+        'vision.layers[i]',
+        'Qwen3_5VisionBlock',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Patches,
                 "The tower's stream entering the block",
                 ReadPoint('module', 'input', "the module's own input", side='input'),
-                view=(ViewOp('unsqueeze', (0,)), ),
+                view=(ViewOp('unsqueeze', (0,)),),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:77:27',
@@ -880,8 +921,8 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Patches,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',), side='output'),
-                view=(ViewOp('unsqueeze', (0,)), ),
+                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',)),
+                view=(ViewOp('unsqueeze', (0,)),),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:78:37',
@@ -891,7 +932,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_Patches,
                 "The tower's stream after the attention add",
                 ReadPoint('module', 'post_attention_layernorm.input', "the child module post_attention_layernorm's input", module=('post_attention_layernorm',), side='input'),
-                view=(ViewOp('unsqueeze', (0,)), ),
+                view=(ViewOp('unsqueeze', (0,)),),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:79:25',
@@ -900,8 +941,8 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Patches,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',), side='output'),
-                view=(ViewOp('unsqueeze', (0,)), ),
+                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',)),
+                view=(ViewOp('unsqueeze', (0,)),),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:80:31',
@@ -911,7 +952,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_Patches,
                 'What the MLP is called with',
                 ReadPoint('module', 'mlp.input', "the child module mlp's input", module=('mlp',), side='input'),
-                view=(ViewOp('unsqueeze', (0,)), ),
+                view=(ViewOp('unsqueeze', (0,)),),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:81:25',
@@ -920,28 +961,28 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Patches,
                 "The tower's stream leaving the block",
-                ReadPoint('module', 'output', "the module's own output", side='output'),
-                view=(ViewOp('unsqueeze', (0,)), ),
+                ReadPoint('module', 'output', "the module's own output"),
+                view=(ViewOp('unsqueeze', (0,)),),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:82:28',
             ),
         ),
         identities=(
-            Identity('input + self_attn.attention_output + mlp.mlp_output == layer_output', ('input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_vision_layers_0, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:84:9'),
-            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_vision_layers_1, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:85:9'),
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_vision_layers_2, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:86:9'),
+            Identity('input + self_attn.attention_output + mlp.mlp_output == layer_output', ('input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_vision_layers_0, at='specs/parts/qwen_vit.yaml:84:9'),
+            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_vision_layers_1, at='specs/parts/qwen_vit.yaml:85:9'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_vision_layers_2, at='specs/parts/qwen_vit.yaml:86:9'),
         ),
     ),
     HostSpec(
-        path='vision.layers[i].self_attn',
-        cls='Qwen3_5VisionAttention',
-        values=(
+        'vision.layers[i].self_attn',
+        'Qwen3_5VisionAttention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_PatchQKV,
                 'The queries of every patch after the 2D rotary, whole (before the split per image)',
-                ReadPoint('op', 'op:unsqueeze#2.output', 'the output of unsqueeze (third call) inside the forward', side='output', op='unsqueeze', occurrence=2),
+                ReadPoint('op', 'op:unsqueeze#2.output', 'the output of unsqueeze (third call) inside the forward', op='unsqueeze', occurrence=2),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:94:26',
@@ -950,7 +991,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_keys',
                 _L_PatchQKV,
                 'The keys of every patch after the 2D rotary, whole (before the split per image)',
-                ReadPoint('op', 'op:unsqueeze#3.output', 'the output of unsqueeze (fourth call) inside the forward', side='output', op='unsqueeze', occurrence=3),
+                ReadPoint('op', 'op:unsqueeze#3.output', 'the output of unsqueeze (fourth call) inside the forward', op='unsqueeze', occurrence=3),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:95:23',
@@ -959,7 +1000,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_values',
                 _L_PatchQKV,
                 'The values of every patch, whole (before the split per image)',
-                ReadPoint('op', 'op:unsqueeze#4.output', 'the output of unsqueeze (fifth call) inside the forward', side='output', op='unsqueeze', occurrence=4),
+                ReadPoint('op', 'op:unsqueeze#4.output', 'the output of unsqueeze (fifth call) inside the forward', op='unsqueeze', occurrence=4),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:96:25',
@@ -968,7 +1009,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_PatchPattern,
                 'The attention scores entering the softmax',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_no_pattern,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:97:32',
@@ -977,7 +1018,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_PatchPattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_no_pattern,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:98:39',
@@ -986,7 +1027,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_PatchHeadOutputs,
                 "The per-image attention calls' outputs concatenated back, before the output projection",
-                ReadPoint('op', 'op:cat#2.output', 'the output of cat (third call) inside the forward', side='output', op='cat', occurrence=2),
+                ReadPoint('op', 'op:cat#2.output', 'the output of cat (third call) inside the forward', op='cat', occurrence=2),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:99:31',
@@ -996,7 +1037,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_PatchHeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unsqueeze', (0,)), ViewOp('unflatten', (-1, ('vision_num_heads', 'vision_head_dim'))), ),
+                view=(ViewOp('unsqueeze', (0,)), ViewOp('unflatten', (-1, ('vision_num_heads', 'vision_head_dim')))),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:100:32',
@@ -1005,30 +1046,30 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_output',
                 _L_Patches,
                 "What the attention adds to the tower's stream",
-                ReadPoint('module', 'output', "the module's own output", side='output'),
-                view=(ViewOp('unsqueeze', (0,)), ),
+                ReadPoint('module', 'output', "the module's own output"),
+                view=(ViewOp('unsqueeze', (0,)),),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:101:32',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_vision_layers_self_attn_0, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:103:9'),
-            Identity('attention_values[0] == transpose(unflatten(qkv.output, -1, [3, vision_num_heads, vision_head_dim])[:, 2], 0, 1)', ('attention_values', 'qkv.output', 'vision_num_heads', 'vision_head_dim'), _identity_vision_layers_self_attn_1, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:106:9'),
-            Identity('vnorm(attention_queries[0]) == vnorm(transpose(unflatten(qkv.output, -1, [3, vision_num_heads, vision_head_dim])[:, 0], 0, 1))', ('attention_queries', 'qkv.output', 'vision_num_heads', 'vision_head_dim'), _identity_vision_layers_self_attn_2, '==', 1e-05, 0.0, at='specs/parts/qwen_vit.yaml:107:9'),
-            Identity('vnorm(attention_keys[0]) == vnorm(transpose(unflatten(qkv.output, -1, [3, vision_num_heads, vision_head_dim])[:, 1], 0, 1))', ('attention_keys', 'qkv.output', 'vision_num_heads', 'vision_head_dim'), _identity_vision_layers_self_attn_3, '==', 1e-05, 0.0, at='specs/parts/qwen_vit.yaml:108:9'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_vision_layers_self_attn_0, at='specs/parts/qwen_vit.yaml:103:9'),
+            Identity('attention_values[0] == transpose(unflatten(qkv.output, -1, [3, vision_num_heads, vision_head_dim])[:, 2], 0, 1)', ('attention_values', 'qkv.output', 'vision_num_heads', 'vision_head_dim'), _identity_vision_layers_self_attn_1, at='specs/parts/qwen_vit.yaml:106:9'),
+            Identity('vnorm(attention_queries[0]) == vnorm(transpose(unflatten(qkv.output, -1, [3, vision_num_heads, vision_head_dim])[:, 0], 0, 1))', ('attention_queries', 'qkv.output', 'vision_num_heads', 'vision_head_dim'), _identity_vision_layers_self_attn_2, atol=1e-05, at='specs/parts/qwen_vit.yaml:107:9'),
+            Identity('vnorm(attention_keys[0]) == vnorm(transpose(unflatten(qkv.output, -1, [3, vision_num_heads, vision_head_dim])[:, 1], 0, 1))', ('attention_keys', 'qkv.output', 'vision_num_heads', 'vision_head_dim'), _identity_vision_layers_self_attn_3, atol=1e-05, at='specs/parts/qwen_vit.yaml:108:9'),
         ),
     ),
     HostSpec(
-        path='vision.layers[i].mlp',
-        cls='Qwen3_5VisionMLP',
-        values=(
+        'vision.layers[i].mlp',
+        'Qwen3_5VisionMLP',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_PatchNeurons,
                 "The activation function's output",
-                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',), side='output'),
-                view=(ViewOp('unsqueeze', (0,)), ),
+                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',)),
+                view=(ViewOp('unsqueeze', (0,)),),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:116:30',
@@ -1038,7 +1079,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_PatchNeurons,
                 'What the down projection receives',
                 ReadPoint('module', 'down_proj.input', "the child module down_proj's input", module=('down_proj',), side='input'),
-                view=(ViewOp('unsqueeze', (0,)), ),
+                view=(ViewOp('unsqueeze', (0,)),),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:117:27',
@@ -1047,16 +1088,14 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_output',
                 _L_Patches,
                 "What the MLP adds to the tower's stream",
-                ReadPoint('module', 'output', "the module's own output", side='output'),
-                view=(ViewOp('unsqueeze', (0,)), ),
+                ReadPoint('module', 'output', "the module's own output"),
+                view=(ViewOp('unsqueeze', (0,)),),
                 needs=_C_processor,
                 reached=_C_images,
                 at='specs/parts/qwen_vit.yaml:118:26',
             ),
         ),
-        identities=(
-            Identity('mlp_neurons == mlp_activation', ('mlp_neurons', 'mlp_activation'), _identity_vision_layers_mlp_0, '==', 0.0, 0.0, at='specs/parts/qwen_vit.yaml:120:9'),
-        ),
+        identities=(Identity('mlp_neurons == mlp_activation', ('mlp_neurons', 'mlp_activation'), _identity_vision_layers_mlp_0, at='specs/parts/qwen_vit.yaml:120:9'),),
     ),
 )
 
@@ -1102,6 +1141,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnatlas import functions as _fn
-from nnatlas.adapter import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas import expressions as _fn
+from nnatlas.hosts import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.spec import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,57 +21,68 @@ SPEC_SHA256 = '766f053fde81046c55206cb5357084e62ba2b4d9cad8e19019e695369582c57c'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: Qwen3MoeForCausalLM"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
     layers: HostList[Layer]
-    embed_tokens: Host
-    norm: Host
-    lm_head: Host
+    embed_tokens: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
+    vocab_size: Any
+    intermediate_size: Any
+    num_experts: Any
+    top_k: Any
+    norm_topk_prob: Any
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: Qwen3MoeDecoderLayer"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
     self_attn: LayerSelfAttn
     mlp: LayerMlp
 
 
-class LayerSelfAttn(Host):
+class LayerSelfAttn(TypedHost):
     """layers[i].self_attn: Qwen3MoeAttention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
 
 
-class LayerMlp(Host):
+class LayerMlp(TypedHost):
     """layers[i].mlp: Qwen3MoeSparseMoeBlock"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
-    router_logits: Value
-    expert_weights: Value
-    expert_indices: Value
-    expert_outputs: Value
-    routed_output: Value
-    router: Host
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
+    router_logits: ValueSlot
+    expert_weights: ValueSlot
+    expert_indices: ValueSlot
+    expert_outputs: ValueSlot
+    routed_output: ValueSlot
+    router: TypedHost
 
 # ---- normalized config ----
 
@@ -185,29 +197,29 @@ def _draw_num_key_value_heads(c: Any) -> Any:
 
 # ---- layouts and conditions ----
 
-_L_Tokens = Layout('Tokens', ('batch', 'seq'), 'long', False)
-_L_scalar = Layout('scalar', (), 'object', False)
-_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'), 'float', False)
-_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'), 'float', False)
-_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'), 'float', False)
-_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'), 'float', False)
-_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'), 'float', False)
-_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'), 'float', False)
-_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'), 'float', False)
-_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'), 'float', False)
-_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'), 'float', False)
-_L_RouterLogits = Layout('RouterLogits', ('batch', 'seq', 'num_experts'), 'float', False)
-_L_ExpertWeights = Layout('ExpertWeights', ('batch', 'seq', 'top_k'), 'float', False)
-_L_ExpertIndices = Layout('ExpertIndices', ('batch', 'seq', 'top_k'), 'long', False)
-_L_ExpertOutputs = Layout('ExpertOutputs', ('batch', 'seq', 'top_k', 'hidden_size'), 'float', False)
+_L_Tokens = Layout('Tokens', ('batch', 'seq'), dtype='long')
+_L_scalar = Layout('scalar', (), dtype='object')
+_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'))
+_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'))
+_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'))
+_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'))
+_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'))
+_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'))
+_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'))
+_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'))
+_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'))
+_L_RouterLogits = Layout('RouterLogits', ('batch', 'seq', 'num_experts'))
+_L_ExpertWeights = Layout('ExpertWeights', ('batch', 'seq', 'top_k'))
+_L_ExpertIndices = Layout('ExpertIndices', ('batch', 'seq', 'top_k'), dtype='long')
+_L_ExpertOutputs = Layout('ExpertOutputs', ('batch', 'seq', 'top_k', 'hidden_size'))
 _C_eager = Condition('eager', "needs attn_implementation='eager'", 'load with attn_implementation="eager" (nnatlas.load(..., attn_implementation="eager"))')
 _C_experts_mm = Condition('experts_mm', "needs experts_implementation 'grouped_mm' (the default) or 'batched_mm'", 'model.native.set_experts_implementation("grouped_mm") (or load with experts_implementation="grouped_mm")', attribute='_experts_implementation', values=('grouped_mm', 'batched_mm'))
 
 HOSTS: tuple[HostSpec, ...] = (
     HostSpec(
-        path='model',
-        cls='Qwen3MoeForCausalLM',
-        values=(
+        'model',
+        'Qwen3MoeForCausalLM',
+        (
             ValueSpec(
                 'input_ids',
                 _L_Tokens,
@@ -234,28 +246,28 @@ HOSTS: tuple[HostSpec, ...] = (
                 'token_embeddings',
                 _L_Residual,
                 "The embedding module's output; layers[0].input is what enters the first block",
-                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',), side='output'),
+                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',)),
                 at='specs/llama.yaml:36:25',
             ),
             ValueSpec(
                 'final_norm_output',
                 _L_Residual,
                 'The residual stream after the final norm, what lm_head reads',
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/llama.yaml:37:26',
             ),
             ValueSpec(
                 'lm_head_output',
                 _L_Logits,
                 "The head's logits before anything the model does past lm_head (a softcap, a scale)",
-                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',), side='output'),
+                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',)),
                 at='specs/llama.yaml:38:23',
             ),
             ValueSpec(
                 'logits',
                 _L_Logits,
                 'The logits the model returns, after anything it does past lm_head (a softcap, a scale)',
-                ReadPoint('module', 'output.logits', "the module's own output, .logits", side='output', access=('logits',)),
+                ReadPoint('module', 'output.logits', "the module's own output, .logits", access=('logits',)),
                 at='specs/llama.yaml:39:15',
             ),
             ValueSpec(
@@ -268,14 +280,14 @@ HOSTS: tuple[HostSpec, ...] = (
             ),
         ),
         identities=(
-            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, '==', 0.0, 0.0, at='specs/llama.yaml:42:9'),
-            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, '==', 0.0, 0.0, at='specs/llama.yaml:43:9'),
+            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, at='specs/llama.yaml:42:9'),
+            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, at='specs/llama.yaml:43:9'),
         ),
     ),
     HostSpec(
-        path='layers[i]',
-        cls='Qwen3MoeDecoderLayer',
-        values=(
+        'layers[i]',
+        'Qwen3MoeDecoderLayer',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -287,7 +299,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Residual,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',), side='output'),
+                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',)),
                 at='specs/llama.yaml:49:30',
             ),
             ValueSpec(
@@ -301,7 +313,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Residual,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',), side='output'),
+                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',)),
                 at='specs/llama.yaml:51:24',
             ),
             ValueSpec(
@@ -315,20 +327,20 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/llama.yaml:53:21',
             ),
         ),
         identities=(
-            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_0, '==', 0.0, 0.0, at='specs/llama.yaml:55:9'),
-            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_1, '==', 0.0, 0.0, at='specs/llama.yaml:56:9'),
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_2, '==', 0.0, 0.0, at='specs/llama.yaml:57:9'),
+            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_0, at='specs/llama.yaml:55:9'),
+            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_1, at='specs/llama.yaml:56:9'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_2, at='specs/llama.yaml:57:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].self_attn',
-        cls='Qwen3MoeAttention',
-        values=(
+        'layers[i].self_attn',
+        'Qwen3MoeAttention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_Queries,
@@ -354,7 +366,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_Pattern,
                 'The attention scores entering the softmax, masked',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_eager,
                 at='specs/llama.yaml:65:32',
             ),
@@ -362,7 +374,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_Pattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_eager,
                 at='specs/llama.yaml:66:39',
             ),
@@ -370,7 +382,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_HeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', side='output', access=(0,), call='attention'),
+                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', access=(0,), call='attention'),
                 at='specs/llama.yaml:67:31',
             ),
             ValueSpec(
@@ -378,28 +390,28 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_HeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))),),
                 at='specs/llama.yaml:68:32',
             ),
             ValueSpec(
                 'attention_output',
                 _L_Residual,
                 'What the attention adds to the residual stream',
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/llama.yaml:69:25',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_0, '==', 0.0, 0.0, at='specs/llama.yaml:71:9'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_1, '==', 1e-05, 0.0, at='specs/llama.yaml:72:9'),
-            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_2, '==', 0.0, 0.0, at='specs/llama.yaml:73:9'),
-            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_3, '==', 1e-06, 0.0, at='specs/llama.yaml:74:9'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_0, at='specs/llama.yaml:71:9'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_1, atol=1e-05, at='specs/llama.yaml:72:9'),
+            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_2, at='specs/llama.yaml:73:9'),
+            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_3, atol=1e-06, at='specs/llama.yaml:74:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].mlp',
-        cls='Qwen3MoeSparseMoeBlock',
-        values=(
+        'layers[i].mlp',
+        'Qwen3MoeSparseMoeBlock',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_Neurons,
@@ -418,15 +430,15 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_output',
                 _L_Residual,
                 'What the MLP adds to the residual stream',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/mixtral.yaml:49:19',
             ),
             ValueSpec(
                 'router_logits',
                 _L_RouterLogits,
                 "The router's logits, one per expert, before the scoring",
-                ReadPoint('op', 'router > op:linear.output', "inside router's forward: the output of linear (first call)", module=('router',), side='output', op='linear', occurrence=0),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                ReadPoint('op', 'router > op:linear.output', "inside router's forward: the output of linear (first call)", module=('router',), op='linear'),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/mixtral.yaml:41:29',
             ),
             ValueSpec(
@@ -434,7 +446,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_ExpertWeights,
                 "The weight each selected expert's output is scaled by",
                 ReadPoint('module', 'experts.input.top_k_weights', "the child module experts's input top_k_weights", module=('experts',), side='input', param='top_k_weights'),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/mixtral.yaml:42:30',
             ),
             ValueSpec(
@@ -442,15 +454,15 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_ExpertIndices,
                 'The expert each routing slot sends the token to',
                 ReadPoint('module', 'experts.input.top_k_index', "the child module experts's input top_k_index", module=('experts',), side='input', param='top_k_index'),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/mixtral.yaml:43:30',
             ),
             ValueSpec(
                 'expert_outputs',
                 _L_ExpertOutputs,
                 "Each routing slot's weighted expert output",
-                ReadPoint('op', 'experts > call:experts > op:view.output', "inside experts's forward: the output of view (first call) inside the experts interface call", module=('experts',), side='output', call='experts', op='view', occurrence=0),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                ReadPoint('op', 'experts > call:experts > op:view.output', "inside experts's forward: the output of view (first call) inside the experts interface call", module=('experts',), call='experts', op='view'),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 needs=_C_experts_mm,
                 at='specs/mixtral.yaml:45:15',
             ),
@@ -458,16 +470,16 @@ HOSTS: tuple[HostSpec, ...] = (
                 'routed_output',
                 _L_Residual,
                 "The routed experts' combined output",
-                ReadPoint('module', 'experts.output', "the child module experts's output", module=('experts',), side='output'),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                ReadPoint('module', 'experts.output', "the child module experts's output", module=('experts',)),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/mixtral.yaml:48:29',
             ),
         ),
         identities=(
-            Identity('routed_output == mlp_output', ('routed_output', 'mlp_output'), _identity_layers_mlp_0, '==', 0.0, 0.0, at='specs/mixtral.yaml:51:9'),
-            Identity('expert_weights == topk_weights(softmax(router_logits, -1), top_k, norm_topk_prob)', ('expert_weights', 'router_logits', 'top_k', 'norm_topk_prob'), _identity_layers_mlp_1, '==', 0.0, 0.0, at='specs/mixtral.yaml:52:9'),
-            Identity('expert_indices == topk_indices(softmax(router_logits, -1), top_k)', ('expert_indices', 'router_logits', 'top_k'), _identity_layers_mlp_2, '==', 0.0, 0.0, at='specs/mixtral.yaml:53:9'),
-            Identity('sum(expert_outputs, 2) == routed_output', ('expert_outputs', 'routed_output'), _identity_layers_mlp_3, '==', 1e-06, 0.0, at='specs/mixtral.yaml:54:9'),
+            Identity('routed_output == mlp_output', ('routed_output', 'mlp_output'), _identity_layers_mlp_0, at='specs/mixtral.yaml:51:9'),
+            Identity('expert_weights == topk_weights(softmax(router_logits, -1), top_k, norm_topk_prob)', ('expert_weights', 'router_logits', 'top_k', 'norm_topk_prob'), _identity_layers_mlp_1, at='specs/mixtral.yaml:52:9'),
+            Identity('expert_indices == topk_indices(softmax(router_logits, -1), top_k)', ('expert_indices', 'router_logits', 'top_k'), _identity_layers_mlp_2, at='specs/mixtral.yaml:53:9'),
+            Identity('sum(expert_outputs, 2) == routed_output', ('expert_outputs', 'routed_output'), _identity_layers_mlp_3, atol=1e-06, at='specs/mixtral.yaml:54:9'),
         ),
     ),
 )
@@ -498,6 +510,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {

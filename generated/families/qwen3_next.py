@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnatlas import functions as _fn
-from nnatlas.adapter import Condition, Family, FunctionGroup, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas import expressions as _fn
+from nnatlas.hosts import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.spec import Condition, Family, FunctionGroup, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,82 +21,103 @@ SPEC_SHA256 = '0f0480f988e1fd1177360788f8cec4c2d23ede982d5d581c12e727b9771fae56'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: Qwen3NextForCausalLM"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
     layers: HostList[Layer]
-    embed_tokens: Host
-    norm: Host
-    lm_head: Host
+    embed_tokens: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
+    vocab_size: Any
+    intermediate_size: Any
+    rotary_dim: Any
+    heads: Any
+    key_heads: Any
+    key_dim: Any
+    value_dim: Any
+    conv_kernel: Any
+    num_experts: Any
+    top_k: Any
+    norm_topk_prob: Any
+    moe_intermediate_size: Any
+    shared_expert_intermediate_size: Any
+    linear_attention_layers: list[int]
+    attention_layers: list[int]
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: Qwen3NextDecoderLayer"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
     linear_attn: LayerLinearAttn
     self_attn: LayerSelfAttn
     mlp: LayerMlp
 
 
-class LayerLinearAttn(Host):
+class LayerLinearAttn(TypedHost):
     """layers[i].linear_attn: Qwen3NextGatedDeltaNet"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    decays: Value
-    betas: Value
-    state_input: Value
-    state: Value
-    states: Value
-    attention_head_outputs: Value
-    state_output: Value
-    attention_output: Value
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    decays: ValueSlot
+    betas: ValueSlot
+    state_input: ValueSlot
+    state: ValueSlot
+    states: ValueSlot
+    attention_head_outputs: ValueSlot
+    state_output: ValueSlot
+    attention_output: ValueSlot
 
 
-class LayerSelfAttn(Host):
+class LayerSelfAttn(TypedHost):
     """layers[i].self_attn: Qwen3NextAttention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
 
 
-class LayerMlp(Host):
+class LayerMlp(TypedHost):
     """layers[i].mlp: Qwen3NextSparseMoeBlock"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
-    router_logits: Value
-    expert_weights: Value
-    expert_indices: Value
-    expert_outputs: Value
-    routed_output: Value
-    shared_expert_output: Value
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
+    router_logits: ValueSlot
+    expert_weights: ValueSlot
+    expert_indices: ValueSlot
+    expert_outputs: ValueSlot
+    routed_output: ValueSlot
+    shared_expert_output: ValueSlot
     shared_experts: LayerMlpSharedExperts
-    router: Host
+    router: TypedHost
 
 
-class LayerMlpSharedExperts(Host):
+class LayerMlpSharedExperts(TypedHost):
     """layers[i].mlp.shared_experts: Qwen3NextMLP"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
 
 # ---- normalized config ----
 
@@ -306,36 +328,36 @@ def _draw_linear_num_value_heads(c: Any) -> Any:
 
 # ---- layouts and conditions ----
 
-_L_Tokens = Layout('Tokens', ('batch', 'seq'), 'long', False)
-_L_scalar = Layout('scalar', (), 'object', False)
-_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'), 'float', False)
-_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'), 'float', False)
-_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'), 'float', False)
-_L_LinearQK = Layout('LinearQK', ('batch', 'seq', 'key_heads', 'key_dim'), 'float', False)
-_L_LinearV = Layout('LinearV', ('batch', 'seq', 'heads', 'value_dim'), 'float', False)
-_L_Gates = Layout('Gates', ('batch', 'seq', 'heads'), 'float', False)
-_L_State_or_none = Layout('State', ('batch', 'heads', 'key_dim', 'value_dim'), 'float', True)
-_L_State = Layout('State', ('batch', 'heads', 'key_dim', 'value_dim'), 'float', False)
-_L_States = Layout('States', ('batch', 'seq', 'heads', 'key_dim', 'value_dim'), 'float', False)
-_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'), 'float', False)
-_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'), 'float', False)
-_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'), 'float', False)
-_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'), 'float', False)
-_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'), 'float', False)
-_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'), 'float', False)
-_L_RouterLogits = Layout('RouterLogits', ('batch', 'seq', 'num_experts'), 'float', False)
-_L_ExpertWeights = Layout('ExpertWeights', ('batch', 'seq', 'top_k'), 'float', False)
-_L_ExpertIndices = Layout('ExpertIndices', ('batch', 'seq', 'top_k'), 'long', False)
-_L_ExpertOutputs = Layout('ExpertOutputs', ('batch', 'seq', 'top_k', 'hidden_size'), 'float', False)
+_L_Tokens = Layout('Tokens', ('batch', 'seq'), dtype='long')
+_L_scalar = Layout('scalar', (), dtype='object')
+_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'))
+_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'))
+_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'))
+_L_LinearQK = Layout('LinearQK', ('batch', 'seq', 'key_heads', 'key_dim'))
+_L_LinearV = Layout('LinearV', ('batch', 'seq', 'heads', 'value_dim'))
+_L_Gates = Layout('Gates', ('batch', 'seq', 'heads'))
+_L_State_or_none = Layout('State', ('batch', 'heads', 'key_dim', 'value_dim'), optional=True)
+_L_State = Layout('State', ('batch', 'heads', 'key_dim', 'value_dim'))
+_L_States = Layout('States', ('batch', 'seq', 'heads', 'key_dim', 'value_dim'))
+_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'))
+_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'))
+_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'))
+_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'))
+_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'))
+_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'))
+_L_RouterLogits = Layout('RouterLogits', ('batch', 'seq', 'num_experts'))
+_L_ExpertWeights = Layout('ExpertWeights', ('batch', 'seq', 'top_k'))
+_L_ExpertIndices = Layout('ExpertIndices', ('batch', 'seq', 'top_k'), dtype='long')
+_L_ExpertOutputs = Layout('ExpertOutputs', ('batch', 'seq', 'top_k', 'hidden_size'))
 _C_torch_kernels = Condition('torch_kernels', "needs route_kernels(family, 'torch')", 'trace inside `with nnatlas.route_kernels(model.family, "torch"):` (or set model.kernels = "torch"), which runs each recurrent kernel call token by token')
 _C_eager = Condition('eager', "needs attn_implementation='eager'", 'load with attn_implementation="eager" (nnatlas.load(..., attn_implementation="eager"))')
 _C_experts_mm = Condition('experts_mm', "needs experts_implementation 'grouped_mm' (the default) or 'batched_mm'", 'model.native.set_experts_implementation("grouped_mm") (or load with experts_implementation="grouped_mm")', attribute='_experts_implementation', values=('grouped_mm', 'batched_mm'))
 
 HOSTS: tuple[HostSpec, ...] = (
     HostSpec(
-        path='model',
-        cls='Qwen3NextForCausalLM',
-        values=(
+        'model',
+        'Qwen3NextForCausalLM',
+        (
             ValueSpec(
                 'input_ids',
                 _L_Tokens,
@@ -362,28 +384,28 @@ HOSTS: tuple[HostSpec, ...] = (
                 'token_embeddings',
                 _L_Residual,
                 "The embedding module's output; layers[0].input is what enters the first block",
-                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',), side='output'),
+                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',)),
                 at='specs/qwen3_5_text.yaml:70:25',
             ),
             ValueSpec(
                 'final_norm_output',
                 _L_Residual,
                 'The residual stream after the final norm, what lm_head reads',
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/qwen3_5_text.yaml:71:26',
             ),
             ValueSpec(
                 'lm_head_output',
                 _L_Logits,
                 "The head's logits before anything the model does past lm_head (a softcap, a scale)",
-                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',), side='output'),
+                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',)),
                 at='specs/qwen3_5_text.yaml:72:23',
             ),
             ValueSpec(
                 'logits',
                 _L_Logits,
                 'The logits the model returns, after anything it does past lm_head (a softcap, a scale)',
-                ReadPoint('module', 'output.logits', "the module's own output, .logits", side='output', access=('logits',)),
+                ReadPoint('module', 'output.logits', "the module's own output, .logits", access=('logits',)),
                 at='specs/qwen3_5_text.yaml:73:15',
             ),
             ValueSpec(
@@ -396,14 +418,14 @@ HOSTS: tuple[HostSpec, ...] = (
             ),
         ),
         identities=(
-            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, '==', 0.0, 0.0, at='specs/qwen3_5_text.yaml:76:9'),
-            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, '==', 0.0, 0.0, at='specs/qwen3_5_text.yaml:77:9'),
+            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, at='specs/qwen3_5_text.yaml:76:9'),
+            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, at='specs/qwen3_5_text.yaml:77:9'),
         ),
     ),
     HostSpec(
-        path='layers[i]',
-        cls='Qwen3NextDecoderLayer',
-        values=(
+        'layers[i]',
+        'Qwen3NextDecoderLayer',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -415,7 +437,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Residual,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',), side='output'),
+                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',)),
                 at='specs/qwen3_5_text.yaml:83:30',
             ),
             ValueSpec(
@@ -429,7 +451,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Residual,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',), side='output'),
+                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',)),
                 at='specs/qwen3_5_text.yaml:85:24',
             ),
             ValueSpec(
@@ -443,23 +465,23 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/qwen3_5_text.yaml:87:21',
             ),
         ),
         identities=(
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_layer_types_i______linear_attention_0, '==', 0.0, 0.0, at='specs/qwen3_5_text.yaml:89:9'),
-            Identity('layer_input + linear_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'linear_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_layer_types_i______linear_attention_1, '==', 0.0, 0.0, at='specs/qwen3_5_text.yaml:94:13'),
-            Identity('layer_input + linear_attn.attention_output == layer_mid', ('layer_input', 'linear_attn.attention_output', 'layer_mid'), _identity_layers_layer_types_i______linear_attention_2, '==', 0.0, 0.0, at='specs/qwen3_5_text.yaml:95:13'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_layer_types_i______linear_attention_0, at='specs/qwen3_5_text.yaml:89:9'),
+            Identity('layer_input + linear_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'linear_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_layer_types_i______linear_attention_1, at='specs/qwen3_5_text.yaml:94:13'),
+            Identity('layer_input + linear_attn.attention_output == layer_mid', ('layer_input', 'linear_attn.attention_output', 'layer_mid'), _identity_layers_layer_types_i______linear_attention_2, at='specs/qwen3_5_text.yaml:95:13'),
         ),
         when=_when_layers_layer_types_i______linear_attention_1,
         when_text="layer_types[i] == 'linear_attention'",
         kind='linear_attention',
     ),
     HostSpec(
-        path='layers[i]',
-        cls='Qwen3NextDecoderLayer',
-        values=(
+        'layers[i]',
+        'Qwen3NextDecoderLayer',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -471,7 +493,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Residual,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',), side='output'),
+                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',)),
                 at='specs/qwen3_5_text.yaml:83:30',
             ),
             ValueSpec(
@@ -485,7 +507,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Residual,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',), side='output'),
+                ReadPoint('module', 'post_attention_layernorm.output', "the child module post_attention_layernorm's output", module=('post_attention_layernorm',)),
                 at='specs/qwen3_5_text.yaml:85:24',
             ),
             ValueSpec(
@@ -499,23 +521,23 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/qwen3_5_text.yaml:87:21',
             ),
         ),
         identities=(
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_layer_types_i______full_attention_0, '==', 0.0, 0.0, at='specs/qwen3_5_text.yaml:89:9'),
-            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_layer_types_i______full_attention_1, '==', 0.0, 0.0, at='specs/qwen3_5_text.yaml:99:13'),
-            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_layer_types_i______full_attention_2, '==', 0.0, 0.0, at='specs/qwen3_5_text.yaml:100:13'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_layer_types_i______full_attention_0, at='specs/qwen3_5_text.yaml:89:9'),
+            Identity('layer_input + self_attn.attention_output + mlp.mlp_output == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_output'), _identity_layers_layer_types_i______full_attention_1, at='specs/qwen3_5_text.yaml:99:13'),
+            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_layer_types_i______full_attention_2, at='specs/qwen3_5_text.yaml:100:13'),
         ),
         when=_when_layers_layer_types_i______full_attention_2,
         when_text="layer_types[i] == 'full_attention'",
         kind='attention',
     ),
     HostSpec(
-        path='layers[i].linear_attn',
-        cls='Qwen3NextGatedDeltaNet',
-        values=(
+        'layers[i].linear_attn',
+        'Qwen3NextGatedDeltaNet',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_LinearQK,
@@ -597,22 +619,38 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_output',
                 _L_Residual,
                 'What the mixer adds to the residual stream',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/qwen3_5_text.yaml:117:25',
             ),
         ),
         identities=(
-            Identity('delta_rule(attention_queries, attention_keys, attention_values, decays, betas, state_input)[0] == attention_head_outputs', ('attention_queries', 'attention_keys', 'attention_values', 'decays', 'betas', 'state_input', 'attention_head_outputs'), _identity_layers_linear_attn_0, '==', 1e-05, 0.0001, at='specs/qwen3_5_text.yaml:119:9'),
-            Identity('delta_rule(attention_queries, attention_keys, attention_values, decays, betas, state_input)[1] == state_output', ('attention_queries', 'attention_keys', 'attention_values', 'decays', 'betas', 'state_input', 'state_output'), _identity_layers_linear_attn_1, '==', 1e-05, 0.0001, at='specs/qwen3_5_text.yaml:120:9'),
-            Identity('decays <= 0', ('decays',), _identity_layers_linear_attn_2, '<=', 0.0, 0.0, at='specs/qwen3_5_text.yaml:121:9'),
-            Identity('betas > 0', ('betas',), _identity_layers_linear_attn_3, '>', 0.0, 0.0, at='specs/qwen3_5_text.yaml:122:9'),
-            Identity('betas < 1', ('betas',), _identity_layers_linear_attn_4, '<', 0.0, 0.0, at='specs/qwen3_5_text.yaml:123:9'),
+            Identity('delta_rule(attention_queries, attention_keys, attention_values, decays, betas, state_input)[0] == attention_head_outputs', (
+                'attention_queries',
+                'attention_keys',
+                'attention_values',
+                'decays',
+                'betas',
+                'state_input',
+                'attention_head_outputs',
+            ), _identity_layers_linear_attn_0, atol=1e-05, rtol=0.0001, at='specs/qwen3_5_text.yaml:119:9'),
+            Identity('delta_rule(attention_queries, attention_keys, attention_values, decays, betas, state_input)[1] == state_output', (
+                'attention_queries',
+                'attention_keys',
+                'attention_values',
+                'decays',
+                'betas',
+                'state_input',
+                'state_output',
+            ), _identity_layers_linear_attn_1, atol=1e-05, rtol=0.0001, at='specs/qwen3_5_text.yaml:120:9'),
+            Identity('decays <= 0', ('decays',), _identity_layers_linear_attn_2, op='<=', at='specs/qwen3_5_text.yaml:121:9'),
+            Identity('betas > 0', ('betas',), _identity_layers_linear_attn_3, op='>', at='specs/qwen3_5_text.yaml:122:9'),
+            Identity('betas < 1', ('betas',), _identity_layers_linear_attn_4, op='<', at='specs/qwen3_5_text.yaml:123:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].self_attn',
-        cls='Qwen3NextAttention',
-        values=(
+        'layers[i].self_attn',
+        'Qwen3NextAttention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_Queries,
@@ -638,7 +676,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_Pattern,
                 'The attention scores entering the softmax, masked',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_eager,
                 at='specs/qwen3_5_text.yaml:131:32',
             ),
@@ -646,7 +684,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_Pattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_eager,
                 at='specs/qwen3_5_text.yaml:132:39',
             ),
@@ -654,7 +692,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_HeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', side='output', access=(0,), call='attention'),
+                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', access=(0,), call='attention'),
                 at='specs/qwen3_5_text.yaml:133:31',
             ),
             ValueSpec(
@@ -662,29 +700,29 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_HeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))),),
                 at='specs/qwen3_5_text.yaml:134:32',
             ),
             ValueSpec(
                 'attention_output',
                 _L_Residual,
                 'What the attention adds to the residual stream',
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/qwen3_5_text.yaml:135:25',
             ),
         ),
         identities=(
-            Identity('o_proj.input == flatten(attention_head_outputs * sigmoid(chunk(unflatten(q_proj.output, -1, [num_heads, 2 * head_dim]), 2, -1)[1]), 2)', ('o_proj.input', 'attention_head_outputs', 'q_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_0, '==', 1e-06, 0.0, at='specs/qwen3_5_text.yaml:139:9'),
-            Identity('attention_queries[..., rotary_dim:] == transpose(q_norm.output, 1, 2)[..., rotary_dim:]', ('attention_queries', 'rotary_dim', 'q_norm.output'), _identity_layers_self_attn_1, '==', 0.0, 0.0, at='specs/qwen3_5_text.yaml:140:9'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_2, '==', 1e-05, 0.0, at='specs/qwen3_5_text.yaml:141:9'),
-            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_3, '==', 0.0, 0.0, at='specs/qwen3_5_text.yaml:142:9'),
-            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_4, '==', 1e-06, 0.0, at='specs/qwen3_5_text.yaml:143:9'),
+            Identity('o_proj.input == flatten(attention_head_outputs * sigmoid(chunk(unflatten(q_proj.output, -1, [num_heads, 2 * head_dim]), 2, -1)[1]), 2)', ('o_proj.input', 'attention_head_outputs', 'q_proj.output', 'num_heads', 'head_dim'), _identity_layers_self_attn_0, atol=1e-06, at='specs/qwen3_5_text.yaml:139:9'),
+            Identity('attention_queries[..., rotary_dim:] == transpose(q_norm.output, 1, 2)[..., rotary_dim:]', ('attention_queries', 'rotary_dim', 'q_norm.output'), _identity_layers_self_attn_1, at='specs/qwen3_5_text.yaml:140:9'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_2, atol=1e-05, at='specs/qwen3_5_text.yaml:141:9'),
+            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_3, at='specs/qwen3_5_text.yaml:142:9'),
+            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_4, atol=1e-06, at='specs/qwen3_5_text.yaml:143:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].mlp',
-        cls='Qwen3NextSparseMoeBlock',
-        values=(
+        'layers[i].mlp',
+        'Qwen3NextSparseMoeBlock',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_Neurons,
@@ -703,15 +741,15 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_output',
                 _L_Residual,
                 'What the MLP adds to the residual stream',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/qwen3_next.yaml:62:19',
             ),
             ValueSpec(
                 'router_logits',
                 _L_RouterLogits,
                 "The router's logits, one per expert, before the scoring",
-                ReadPoint('op', 'router > op:linear.output', "inside router's forward: the output of linear (first call)", module=('router',), side='output', op='linear', occurrence=0),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                ReadPoint('op', 'router > op:linear.output', "inside router's forward: the output of linear (first call)", module=('router',), op='linear'),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/qwen3_next.yaml:53:29',
             ),
             ValueSpec(
@@ -719,7 +757,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_ExpertWeights,
                 "The weight each selected expert's output is scaled by",
                 ReadPoint('module', 'experts.input.top_k_weights', "the child module experts's input top_k_weights", module=('experts',), side='input', param='top_k_weights'),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/qwen3_next.yaml:54:30',
             ),
             ValueSpec(
@@ -727,15 +765,15 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_ExpertIndices,
                 'The expert each routing slot sends the token to',
                 ReadPoint('module', 'experts.input.top_k_index', "the child module experts's input top_k_index", module=('experts',), side='input', param='top_k_index'),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/qwen3_next.yaml:55:30',
             ),
             ValueSpec(
                 'expert_outputs',
                 _L_ExpertOutputs,
                 "Each routing slot's weighted expert output",
-                ReadPoint('op', 'experts > call:experts > op:view.output', "inside experts's forward: the output of view (first call) inside the experts interface call", module=('experts',), side='output', call='experts', op='view', occurrence=0),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                ReadPoint('op', 'experts > call:experts > op:view.output', "inside experts's forward: the output of view (first call) inside the experts interface call", module=('experts',), call='experts', op='view'),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 needs=_C_experts_mm,
                 at='specs/qwen3_next.yaml:57:15',
             ),
@@ -743,37 +781,37 @@ HOSTS: tuple[HostSpec, ...] = (
                 'routed_output',
                 _L_Residual,
                 "The routed experts' combined output",
-                ReadPoint('module', 'experts.output', "the child module experts's output", module=('experts',), side='output'),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                ReadPoint('module', 'experts.output', "the child module experts's output", module=('experts',)),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/qwen3_next.yaml:60:29',
             ),
             ValueSpec(
                 'shared_expert_output',
                 _L_Residual,
                 "The shared expert's output, after its gate",
-                ReadPoint('op', 'op:mul.output', 'the output of mul (first call) inside the forward', side='output', op='mul', occurrence=0),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                ReadPoint('op', 'op:mul.output', 'the output of mul (first call) inside the forward', op='mul'),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/qwen3_next.yaml:61:36',
             ),
         ),
         identities=(
-            Identity('routed_output + shared_expert_output == mlp_output', ('routed_output', 'shared_expert_output', 'mlp_output'), _identity_layers_mlp_0, '==', 0.0, 0.0, at='specs/qwen3_next.yaml:64:9'),
-            Identity('expert_weights == topk_weights(softmax(router_logits, -1), top_k, norm_topk_prob)', ('expert_weights', 'router_logits', 'top_k', 'norm_topk_prob'), _identity_layers_mlp_1, '==', 0.0, 0.0, at='specs/qwen3_next.yaml:65:9'),
-            Identity('expert_indices == topk_indices(softmax(router_logits, -1), top_k)', ('expert_indices', 'router_logits', 'top_k'), _identity_layers_mlp_2, '==', 0.0, 0.0, at='specs/qwen3_next.yaml:66:9'),
-            Identity('sum(expert_outputs, 2) == routed_output', ('expert_outputs', 'routed_output'), _identity_layers_mlp_3, '==', 1e-06, 0.0, at='specs/qwen3_next.yaml:67:9'),
-            Identity('sigmoid(shared_expert_gate.output) * shared_experts.output == tokens(shared_expert_output)', ('shared_expert_gate.output', 'shared_experts.output', 'shared_expert_output'), _identity_layers_mlp_4, '==', 0.0, 0.0, at='specs/qwen3_next.yaml:68:9'),
+            Identity('routed_output + shared_expert_output == mlp_output', ('routed_output', 'shared_expert_output', 'mlp_output'), _identity_layers_mlp_0, at='specs/qwen3_next.yaml:64:9'),
+            Identity('expert_weights == topk_weights(softmax(router_logits, -1), top_k, norm_topk_prob)', ('expert_weights', 'router_logits', 'top_k', 'norm_topk_prob'), _identity_layers_mlp_1, at='specs/qwen3_next.yaml:65:9'),
+            Identity('expert_indices == topk_indices(softmax(router_logits, -1), top_k)', ('expert_indices', 'router_logits', 'top_k'), _identity_layers_mlp_2, at='specs/qwen3_next.yaml:66:9'),
+            Identity('sum(expert_outputs, 2) == routed_output', ('expert_outputs', 'routed_output'), _identity_layers_mlp_3, atol=1e-06, at='specs/qwen3_next.yaml:67:9'),
+            Identity('sigmoid(shared_expert_gate.output) * shared_experts.output == tokens(shared_expert_output)', ('shared_expert_gate.output', 'shared_experts.output', 'shared_expert_output'), _identity_layers_mlp_4, at='specs/qwen3_next.yaml:68:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].mlp.shared_experts',
-        cls='Qwen3NextMLP',
-        values=(
+        'layers[i].mlp.shared_experts',
+        'Qwen3NextMLP',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_Neurons,
                 "The activation function's output",
-                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',), side='output'),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',)),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/qwen3_next.yaml:74:30',
             ),
             ValueSpec(
@@ -781,21 +819,19 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_Neurons,
                 'What the down projection receives: act(gate)·up on a gated MLP, the activation itself otherwise',
                 ReadPoint('module', 'down_proj.input', "the child module down_proj's input", module=('down_proj',), side='input'),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/qwen3_next.yaml:75:27',
             ),
             ValueSpec(
                 'mlp_output',
                 _L_Residual,
                 'What the MLP adds to the residual stream',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
-                view=(ViewOp('unflatten', (0, ('batch', 'seq'))), ),
+                ReadPoint('module', 'output', "the module's own output"),
+                view=(ViewOp('unflatten', (0, ('batch', 'seq'))),),
                 at='specs/qwen3_next.yaml:76:26',
             ),
         ),
-        identities=(
-            Identity('tokens(mlp_neurons) == tokens(mlp_activation) * up_proj.output', ('mlp_neurons', 'mlp_activation', 'up_proj.output'), _identity_layers_mlp_shared_experts_0, '==', 0.0, 0.0, at='specs/qwen3_next.yaml:78:9'),
-        ),
+        identities=(Identity('tokens(mlp_neurons) == tokens(mlp_activation) * up_proj.output', ('mlp_neurons', 'mlp_activation', 'up_proj.output'), _identity_layers_mlp_shared_experts_0, at='specs/qwen3_next.yaml:78:9'),),
         dims=(('intermediate_size', 'shared_expert_intermediate_size'),),
     ),
 )
@@ -837,6 +873,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnatlas import functions as _fn
-from nnatlas.adapter import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas import expressions as _fn
+from nnatlas.hosts import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.spec import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,66 +21,79 @@ SPEC_SHA256 = '7838d001664c5725dc3ce1a7e43140c0abc116937ec53ae363926435f31c51b2'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: RecurrentGemmaForCausalLM"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
     layers: HostList[Layer]
-    embed_tokens: Host
-    norm: Host
-    lm_head: Host
+    embed_tokens: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
+    vocab_size: Any
+    intermediate_size: Any
+    lru_width: Any
+    sliding_window: Any
+    logit_softcap: Any
+    recurrent_layers: list[int]
+    attention_layers: list[int]
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: RecurrentGemmaDecoderLayer"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
     temporal_block: LayerTemporalBlock
     mlp: LayerMlp
 
 
-class LayerTemporalBlock(Host):
+class LayerTemporalBlock(TypedHost):
     """layers[i].temporal_block: RecurrentGemmaRecurrentBlock, RecurrentGemmaAttention"""
-    lru_inputs: Value
-    lru_gates: Value
-    lru_outputs: Value
-    mixer_output: Value
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
+    lru_inputs: ValueSlot
+    lru_gates: ValueSlot
+    lru_outputs: ValueSlot
+    mixer_output: ValueSlot
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
     rg_lru: LayerTemporalBlockRgLru
 
 
-class LayerTemporalBlockRgLru(Host):
+class LayerTemporalBlockRgLru(TypedHost):
     """layers[i].temporal_block.rg_lru: RecurrentGemmaRglru"""
-    lru_inputs: Value
-    input_gates: Value
-    recurrence_gates: Value
-    scan_inputs: Value
-    lru_outputs: Value
-    state_output: Value
+    lru_inputs: ValueSlot
+    input_gates: ValueSlot
+    recurrence_gates: ValueSlot
+    scan_inputs: ValueSlot
+    lru_outputs: ValueSlot
+    state_output: ValueSlot
 
 
-class LayerMlp(Host):
+class LayerMlp(TypedHost):
     """layers[i].mlp: RecurrentGemmaMlp"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
 
 # ---- normalized config ----
 
@@ -262,26 +276,26 @@ def _draw_num_key_value_heads(c: Any) -> Any:
 
 # ---- layouts and conditions ----
 
-_L_Tokens = Layout('Tokens', ('batch', 'seq'), 'long', False)
-_L_scalar = Layout('scalar', (), 'object', False)
-_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'), 'float', False)
-_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'), 'float', False)
-_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'), 'float', False)
-_L_LRUChannels = Layout('LRUChannels', ('batch', 'seq', 'lru_width'), 'float', False)
-_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'), 'float', False)
-_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'), 'float', False)
-_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'), 'float', False)
-_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'), 'float', False)
-_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'), 'float', False)
-_L_LRUState = Layout('LRUState', ('batch', 'lru_width'), 'float', False)
-_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'), 'float', False)
+_L_Tokens = Layout('Tokens', ('batch', 'seq'), dtype='long')
+_L_scalar = Layout('scalar', (), dtype='object')
+_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'))
+_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'))
+_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'))
+_L_LRUChannels = Layout('LRUChannels', ('batch', 'seq', 'lru_width'))
+_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'))
+_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'))
+_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'))
+_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'))
+_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'))
+_L_LRUState = Layout('LRUState', ('batch', 'lru_width'))
+_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'))
 _C_eager = Condition('eager', "needs attn_implementation='eager'", 'load with attn_implementation="eager" (nnatlas.load(..., attn_implementation="eager"))')
 
 HOSTS: tuple[HostSpec, ...] = (
     HostSpec(
-        path='model',
-        cls='RecurrentGemmaForCausalLM',
-        values=(
+        'model',
+        'RecurrentGemmaForCausalLM',
+        (
             ValueSpec(
                 'input_ids',
                 _L_Tokens,
@@ -308,28 +322,28 @@ HOSTS: tuple[HostSpec, ...] = (
                 'token_embeddings',
                 _L_Residual,
                 "The embedding module's output; layers[0].input is what enters the first block",
-                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',), side='output'),
+                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',)),
                 at='specs/recurrent_gemma.yaml:49:25',
             ),
             ValueSpec(
                 'final_norm_output',
                 _L_Residual,
                 'The residual stream after the final norm, what lm_head reads',
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/recurrent_gemma.yaml:50:26',
             ),
             ValueSpec(
                 'lm_head_output',
                 _L_Logits,
                 "The head's logits before anything the model does past lm_head (a softcap, a scale)",
-                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',), side='output'),
+                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',)),
                 at='specs/recurrent_gemma.yaml:51:23',
             ),
             ValueSpec(
                 'logits',
                 _L_Logits,
                 'The logits the model returns, after anything it does past lm_head (a softcap, a scale)',
-                ReadPoint('module', 'output.logits', "the module's own output, .logits", side='output', access=('logits',)),
+                ReadPoint('module', 'output.logits', "the module's own output, .logits", access=('logits',)),
                 at='specs/recurrent_gemma.yaml:52:15',
             ),
             ValueSpec(
@@ -342,14 +356,14 @@ HOSTS: tuple[HostSpec, ...] = (
             ),
         ),
         identities=(
-            Identity('logits == logit_softcap * tanh(lm_head_output / logit_softcap)', ('logits', 'logit_softcap', 'lm_head_output'), _identity_model_0, '==', 1e-05, 0.0, at='specs/recurrent_gemma.yaml:55:9'),
-            Identity('layers[0].layer_input == token_embeddings * hidden_size ** 0.5', ('layers[0].layer_input', 'token_embeddings', 'hidden_size'), _identity_model_1, '==', 0.0, 0.004, at='specs/recurrent_gemma.yaml:57:9'),
+            Identity('logits == logit_softcap * tanh(lm_head_output / logit_softcap)', ('logits', 'logit_softcap', 'lm_head_output'), _identity_model_0, atol=1e-05, at='specs/recurrent_gemma.yaml:55:9'),
+            Identity('layers[0].layer_input == token_embeddings * hidden_size ** 0.5', ('layers[0].layer_input', 'token_embeddings', 'hidden_size'), _identity_model_1, rtol=0.004, at='specs/recurrent_gemma.yaml:57:9'),
         ),
     ),
     HostSpec(
-        path='layers[i]',
-        cls='RecurrentGemmaDecoderLayer',
-        values=(
+        'layers[i]',
+        'RecurrentGemmaDecoderLayer',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -361,7 +375,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Residual,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'temporal_pre_norm.output', "the child module temporal_pre_norm's output", module=('temporal_pre_norm',), side='output'),
+                ReadPoint('module', 'temporal_pre_norm.output', "the child module temporal_pre_norm's output", module=('temporal_pre_norm',)),
                 at='specs/recurrent_gemma.yaml:63:30',
             ),
             ValueSpec(
@@ -375,7 +389,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Residual,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'channel_pre_norm.output', "the child module channel_pre_norm's output", module=('channel_pre_norm',), side='output'),
+                ReadPoint('module', 'channel_pre_norm.output', "the child module channel_pre_norm's output", module=('channel_pre_norm',)),
                 at='specs/recurrent_gemma.yaml:65:24',
             ),
             ValueSpec(
@@ -389,24 +403,24 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/recurrent_gemma.yaml:67:21',
             ),
         ),
         identities=(
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_layers_block_type_i______linear_attention_0, '==', 0.0, 0.0, at='specs/recurrent_gemma.yaml:69:9'),
-            Identity('attention_norm_output == temporal_block.input', ('attention_norm_output', 'temporal_block.input'), _identity_layers_layers_block_type_i______linear_attention_1, '==', 0.0, 0.0, at='specs/recurrent_gemma.yaml:70:9'),
-            Identity('mlp.mlp_output + layer_mid == layer_output', ('mlp.mlp_output', 'layer_mid', 'layer_output'), _identity_layers_layers_block_type_i______linear_attention_2, '==', 0.0, 0.0, at='specs/recurrent_gemma.yaml:71:9'),
-            Identity('temporal_block.mixer_output + layer_input == layer_mid', ('temporal_block.mixer_output', 'layer_input', 'layer_mid'), _identity_layers_layers_block_type_i______linear_attention_3, '==', 0.0, 0.0, at='specs/recurrent_gemma.yaml:76:13'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_layers_block_type_i______linear_attention_0, at='specs/recurrent_gemma.yaml:69:9'),
+            Identity('attention_norm_output == temporal_block.input', ('attention_norm_output', 'temporal_block.input'), _identity_layers_layers_block_type_i______linear_attention_1, at='specs/recurrent_gemma.yaml:70:9'),
+            Identity('mlp.mlp_output + layer_mid == layer_output', ('mlp.mlp_output', 'layer_mid', 'layer_output'), _identity_layers_layers_block_type_i______linear_attention_2, at='specs/recurrent_gemma.yaml:71:9'),
+            Identity('temporal_block.mixer_output + layer_input == layer_mid', ('temporal_block.mixer_output', 'layer_input', 'layer_mid'), _identity_layers_layers_block_type_i______linear_attention_3, at='specs/recurrent_gemma.yaml:76:13'),
         ),
         when=_when_layers_layers_block_type_i______linear_attention_1,
         when_text="layers_block_type[i] == 'linear_attention'",
         kind='recurrent',
     ),
     HostSpec(
-        path='layers[i]',
-        cls='RecurrentGemmaDecoderLayer',
-        values=(
+        'layers[i]',
+        'RecurrentGemmaDecoderLayer',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -418,7 +432,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Residual,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'temporal_pre_norm.output', "the child module temporal_pre_norm's output", module=('temporal_pre_norm',), side='output'),
+                ReadPoint('module', 'temporal_pre_norm.output', "the child module temporal_pre_norm's output", module=('temporal_pre_norm',)),
                 at='specs/recurrent_gemma.yaml:63:30',
             ),
             ValueSpec(
@@ -432,7 +446,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Residual,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'channel_pre_norm.output', "the child module channel_pre_norm's output", module=('channel_pre_norm',), side='output'),
+                ReadPoint('module', 'channel_pre_norm.output', "the child module channel_pre_norm's output", module=('channel_pre_norm',)),
                 at='specs/recurrent_gemma.yaml:65:24',
             ),
             ValueSpec(
@@ -446,24 +460,24 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/recurrent_gemma.yaml:67:21',
             ),
         ),
         identities=(
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_layers_block_type_i______sliding_attention_0, '==', 0.0, 0.0, at='specs/recurrent_gemma.yaml:69:9'),
-            Identity('attention_norm_output == temporal_block.input', ('attention_norm_output', 'temporal_block.input'), _identity_layers_layers_block_type_i______sliding_attention_1, '==', 0.0, 0.0, at='specs/recurrent_gemma.yaml:70:9'),
-            Identity('mlp.mlp_output + layer_mid == layer_output', ('mlp.mlp_output', 'layer_mid', 'layer_output'), _identity_layers_layers_block_type_i______sliding_attention_2, '==', 0.0, 0.0, at='specs/recurrent_gemma.yaml:71:9'),
-            Identity('temporal_block.attention_output + layer_input == layer_mid', ('temporal_block.attention_output', 'layer_input', 'layer_mid'), _identity_layers_layers_block_type_i______sliding_attention_3, '==', 0.0, 0.0, at='specs/recurrent_gemma.yaml:80:13'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_layers_block_type_i______sliding_attention_0, at='specs/recurrent_gemma.yaml:69:9'),
+            Identity('attention_norm_output == temporal_block.input', ('attention_norm_output', 'temporal_block.input'), _identity_layers_layers_block_type_i______sliding_attention_1, at='specs/recurrent_gemma.yaml:70:9'),
+            Identity('mlp.mlp_output + layer_mid == layer_output', ('mlp.mlp_output', 'layer_mid', 'layer_output'), _identity_layers_layers_block_type_i______sliding_attention_2, at='specs/recurrent_gemma.yaml:71:9'),
+            Identity('temporal_block.attention_output + layer_input == layer_mid', ('temporal_block.attention_output', 'layer_input', 'layer_mid'), _identity_layers_layers_block_type_i______sliding_attention_3, at='specs/recurrent_gemma.yaml:80:13'),
         ),
         when=_when_layers_layers_block_type_i______sliding_attention_2,
         when_text="layers_block_type[i] == 'sliding_attention'",
         kind='attention',
     ),
     HostSpec(
-        path='layers[i].temporal_block',
-        cls='RecurrentGemmaRecurrentBlock',
-        values=(
+        'layers[i].temporal_block',
+        'RecurrentGemmaRecurrentBlock',
+        (
             ValueSpec(
                 'lru_inputs',
                 _L_LRUChannels,
@@ -475,36 +489,36 @@ HOSTS: tuple[HostSpec, ...] = (
                 'lru_gates',
                 _L_LRUChannels,
                 "The other branch: gelu(linear_y(x)), which multiplies the recurrence's output before linear_out",
-                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',), side='output'),
+                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',)),
                 at='specs/recurrent_gemma.yaml:90:22',
             ),
             ValueSpec(
                 'lru_outputs',
                 _L_LRUChannels,
                 "The state h after each token, the recurrence's output (h = a h + scan_inputs)",
-                ReadPoint('module', 'rg_lru.output', "the child module rg_lru's output", module=('rg_lru',), side='output'),
+                ReadPoint('module', 'rg_lru.output', "the child module rg_lru's output", module=('rg_lru',)),
                 at='specs/recurrent_gemma.yaml:91:24',
             ),
             ValueSpec(
                 'mixer_output',
                 _L_Residual,
                 "What the recurrent block adds to the residual stream (linear_out's output)",
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/recurrent_gemma.yaml:92:25',
             ),
         ),
         identities=(
-            Identity('linear_out.input == lru_outputs * lru_gates', ('linear_out.input', 'lru_outputs', 'lru_gates'), _identity_layers_temporal_block_layers_block_type_i______linear_attention_0, '==', 0.0, 0.0, at='specs/recurrent_gemma.yaml:94:13'),
-            Identity("lru_gates == gelu(linear_y.output, approximate='tanh')", ('lru_gates', 'linear_y.output'), _identity_layers_temporal_block_layers_block_type_i______linear_attention_1, '==', 1e-06, 0.0, at='specs/recurrent_gemma.yaml:95:13'),
+            Identity('linear_out.input == lru_outputs * lru_gates', ('linear_out.input', 'lru_outputs', 'lru_gates'), _identity_layers_temporal_block_layers_block_type_i______linear_attention_0, at='specs/recurrent_gemma.yaml:94:13'),
+            Identity("lru_gates == gelu(linear_y.output, approximate='tanh')", ('lru_gates', 'linear_y.output'), _identity_layers_temporal_block_layers_block_type_i______linear_attention_1, atol=1e-06, at='specs/recurrent_gemma.yaml:95:13'),
         ),
         when=_when_layers_temporal_block_layers_block_type_i______linear_attention_3,
         when_text="layers_block_type[i] == 'linear_attention'",
         kind='recurrent',
     ),
     HostSpec(
-        path='layers[i].temporal_block',
-        cls='RecurrentGemmaAttention',
-        values=(
+        'layers[i].temporal_block',
+        'RecurrentGemmaAttention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_Queries,
@@ -530,7 +544,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_Pattern,
                 'The attention scores entering the softmax, masked',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_eager,
                 at='specs/recurrent_gemma.yaml:102:36',
             ),
@@ -538,7 +552,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_Pattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_eager,
                 at='specs/recurrent_gemma.yaml:103:43',
             ),
@@ -546,7 +560,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_HeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', side='output', access=(0,), call='attention'),
+                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', access=(0,), call='attention'),
                 at='specs/recurrent_gemma.yaml:104:35',
             ),
             ValueSpec(
@@ -554,31 +568,31 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_HeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))),),
                 at='specs/recurrent_gemma.yaml:105:36',
             ),
             ValueSpec(
                 'attention_output',
                 _L_Residual,
                 'What the attention adds to the residual stream',
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/recurrent_gemma.yaml:106:29',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_temporal_block_layers_block_type_i______sliding_attention_0, '==', 0.0, 0.0, at='specs/recurrent_gemma.yaml:108:13'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_temporal_block_layers_block_type_i______sliding_attention_1, '==', 1e-05, 0.0, at='specs/recurrent_gemma.yaml:109:13'),
-            Identity('masked(attention_probabilities, window=sliding_window) == 0', ('attention_probabilities', 'sliding_window'), _identity_layers_temporal_block_layers_block_type_i______sliding_attention_2, '==', 0.0, 0.0, at='specs/recurrent_gemma.yaml:110:13'),
-            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_temporal_block_layers_block_type_i______sliding_attention_3, '==', 1e-06, 0.0, at='specs/recurrent_gemma.yaml:111:13'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_temporal_block_layers_block_type_i______sliding_attention_0, at='specs/recurrent_gemma.yaml:108:13'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_temporal_block_layers_block_type_i______sliding_attention_1, atol=1e-05, at='specs/recurrent_gemma.yaml:109:13'),
+            Identity('masked(attention_probabilities, window=sliding_window) == 0', ('attention_probabilities', 'sliding_window'), _identity_layers_temporal_block_layers_block_type_i______sliding_attention_2, at='specs/recurrent_gemma.yaml:110:13'),
+            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_temporal_block_layers_block_type_i______sliding_attention_3, atol=1e-06, at='specs/recurrent_gemma.yaml:111:13'),
         ),
         when=_when_layers_temporal_block_layers_block_type_i______sliding_attention_4,
         when_text="layers_block_type[i] == 'sliding_attention'",
         kind='attention',
     ),
     HostSpec(
-        path='layers[i].temporal_block.rg_lru',
-        cls='RecurrentGemmaRglru',
-        values=(
+        'layers[i].temporal_block.rg_lru',
+        'RecurrentGemmaRglru',
+        (
             ValueSpec(
                 'lru_inputs',
                 _L_LRUChannels,
@@ -590,60 +604,60 @@ HOSTS: tuple[HostSpec, ...] = (
                 'input_gates',
                 _L_LRUChannels,
                 'The input gate i = sigmoid(W_i x + b_i) per channel (block-diagonal per head)',
-                ReadPoint('op', 'op:sigmoid#0.output', 'the output of sigmoid (first call) inside the forward', side='output', op='sigmoid', occurrence=0),
+                ReadPoint('op', 'op:sigmoid#0.output', 'the output of sigmoid (first call) inside the forward', op='sigmoid'),
                 at='specs/recurrent_gemma.yaml:120:20',
             ),
             ValueSpec(
                 'recurrence_gates',
                 _L_LRUChannels,
                 'The decay a = exp(-8 r softplus(Λ)) of each token and channel, r = sigmoid(W_a x + b_a): h = a h + (what the token writes)',
-                ReadPoint('op', 'op:exp#0.output', 'the output of exp (first call) inside the forward', side='output', op='exp', occurrence=0),
+                ReadPoint('op', 'op:exp#0.output', 'the output of exp (first call) inside the forward', op='exp'),
                 at='specs/recurrent_gemma.yaml:121:25',
             ),
             ValueSpec(
                 'scan_inputs',
                 _L_LRUChannels,
                 "What each token writes into the state: i x times sqrt(1 - a²) (times 1 on a sequence's first token)",
-                ReadPoint('op', 'op:mul#5.output', 'the output of mul (sixth call) inside the forward', side='output', op='mul', occurrence=5),
+                ReadPoint('op', 'op:mul#5.output', 'the output of mul (sixth call) inside the forward', op='mul', occurrence=5),
                 at='specs/recurrent_gemma.yaml:122:20',
             ),
             ValueSpec(
                 'lru_outputs',
                 _L_LRUChannels,
                 "The state h after each token, the recurrence's output (h = a h + scan_inputs)",
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/recurrent_gemma.yaml:123:20',
             ),
             ValueSpec(
                 'state_output',
                 _L_LRUState,
                 "The recurrent state h after the call's last token (served on a call that keeps a cache, the default)",
-                ReadPoint('method', 'method:_rnn_scan.output[1]', "the output of the module's method _rnn_scan (the first call), element 1", side='output', access=(1,), method='_rnn_scan', occurrence=0),
+                ReadPoint('method', 'method:_rnn_scan.output[1]', "the output of the module's method _rnn_scan (the first call), element 1", access=(1,), method='_rnn_scan'),
                 edit='later',
                 at='specs/recurrent_gemma.yaml:124:28',
             ),
         ),
         identities=(
-            Identity('scan_inputs[:, 1:] == (lru_inputs * input_gates * (1 - recurrence_gates * recurrence_gates) ** 0.5)[:, 1:]', ('scan_inputs', 'lru_inputs', 'input_gates', 'recurrence_gates'), _identity_layers_temporal_block_rg_lru_layers_block_type_i______linear_attention_0, '==', 1e-05, 0.0001, at='specs/recurrent_gemma.yaml:127:9'),
-            Identity('scan_inputs[:, :1] == (lru_inputs * input_gates)[:, :1]', ('scan_inputs', 'lru_inputs', 'input_gates'), _identity_layers_temporal_block_rg_lru_layers_block_type_i______linear_attention_1, '==', 0.0, 0.0, at='specs/recurrent_gemma.yaml:128:9'),
-            Identity('selective_scan(scan_inputs / (0 - log(recurrence_gates)), 0 - log(recurrence_gates), (0 * recurrence_gates[0, 0] - 1)[:, None], 0 * recurrence_gates[..., :1] + 1, 0 * recurrence_gates[..., :1] + 1)[0] == lru_outputs', ('scan_inputs', 'recurrence_gates', 'lru_outputs'), _identity_layers_temporal_block_rg_lru_layers_block_type_i______linear_attention_2, '==', 1e-05, 0.0001, at='specs/recurrent_gemma.yaml:130:9'),
-            Identity('lru_outputs[:, -1] == state_output', ('lru_outputs', 'state_output'), _identity_layers_temporal_block_rg_lru_layers_block_type_i______linear_attention_3, '==', 0.0, 0.0, at='specs/recurrent_gemma.yaml:131:9'),
-            Identity('recurrence_gates > 0', ('recurrence_gates',), _identity_layers_temporal_block_rg_lru_layers_block_type_i______linear_attention_4, '>', 0.0, 0.0, at='specs/recurrent_gemma.yaml:132:9'),
-            Identity('recurrence_gates < 1', ('recurrence_gates',), _identity_layers_temporal_block_rg_lru_layers_block_type_i______linear_attention_5, '<', 0.0, 0.0, at='specs/recurrent_gemma.yaml:133:9'),
+            Identity('scan_inputs[:, 1:] == (lru_inputs * input_gates * (1 - recurrence_gates * recurrence_gates) ** 0.5)[:, 1:]', ('scan_inputs', 'lru_inputs', 'input_gates', 'recurrence_gates'), _identity_layers_temporal_block_rg_lru_layers_block_type_i______linear_attention_0, atol=1e-05, rtol=0.0001, at='specs/recurrent_gemma.yaml:127:9'),
+            Identity('scan_inputs[:, :1] == (lru_inputs * input_gates)[:, :1]', ('scan_inputs', 'lru_inputs', 'input_gates'), _identity_layers_temporal_block_rg_lru_layers_block_type_i______linear_attention_1, at='specs/recurrent_gemma.yaml:128:9'),
+            Identity('selective_scan(scan_inputs / (0 - log(recurrence_gates)), 0 - log(recurrence_gates), (0 * recurrence_gates[0, 0] - 1)[:, None], 0 * recurrence_gates[..., :1] + 1, 0 * recurrence_gates[..., :1] + 1)[0] == lru_outputs', ('scan_inputs', 'recurrence_gates', 'lru_outputs'), _identity_layers_temporal_block_rg_lru_layers_block_type_i______linear_attention_2, atol=1e-05, rtol=0.0001, at='specs/recurrent_gemma.yaml:130:9'),
+            Identity('lru_outputs[:, -1] == state_output', ('lru_outputs', 'state_output'), _identity_layers_temporal_block_rg_lru_layers_block_type_i______linear_attention_3, at='specs/recurrent_gemma.yaml:131:9'),
+            Identity('recurrence_gates > 0', ('recurrence_gates',), _identity_layers_temporal_block_rg_lru_layers_block_type_i______linear_attention_4, op='>', at='specs/recurrent_gemma.yaml:132:9'),
+            Identity('recurrence_gates < 1', ('recurrence_gates',), _identity_layers_temporal_block_rg_lru_layers_block_type_i______linear_attention_5, op='<', at='specs/recurrent_gemma.yaml:133:9'),
         ),
         when=_when_layers_temporal_block_rg_lru_layers_block_type_i______linear_attention_5,
         when_text="layers_block_type[i] == 'linear_attention'",
         kind='recurrent',
     ),
     HostSpec(
-        path='layers[i].mlp',
-        cls='RecurrentGemmaMlp',
-        values=(
+        'layers[i].mlp',
+        'RecurrentGemmaMlp',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_Neurons,
                 "The activation function's output",
-                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',), side='output'),
+                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',)),
                 at='specs/recurrent_gemma.yaml:138:23',
             ),
             ValueSpec(
@@ -657,13 +671,13 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_output',
                 _L_Residual,
                 'What the MLP adds to the residual stream',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/recurrent_gemma.yaml:140:19',
             ),
         ),
         identities=(
-            Identity('mlp_neurons == mlp_activation * up_proj.output', ('mlp_neurons', 'mlp_activation', 'up_proj.output'), _identity_layers_mlp_0, '==', 0.0, 0.0, at='specs/recurrent_gemma.yaml:142:9'),
-            Identity("mlp_activation == gelu(gate_proj.output, approximate='tanh')", ('mlp_activation', 'gate_proj.output'), _identity_layers_mlp_1, '==', 1e-06, 0.0, at='specs/recurrent_gemma.yaml:143:9'),
+            Identity('mlp_neurons == mlp_activation * up_proj.output', ('mlp_neurons', 'mlp_activation', 'up_proj.output'), _identity_layers_mlp_0, at='specs/recurrent_gemma.yaml:142:9'),
+            Identity("mlp_activation == gelu(gate_proj.output, approximate='tanh')", ('mlp_activation', 'gate_proj.output'), _identity_layers_mlp_1, atol=1e-06, at='specs/recurrent_gemma.yaml:143:9'),
         ),
     ),
 )
@@ -694,6 +708,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {

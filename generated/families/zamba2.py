@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnatlas import functions as _fn
-from nnatlas.adapter import Condition, Family, FunctionGroup, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas import expressions as _fn
+from nnatlas.hosts import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.spec import Condition, Family, FunctionGroup, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,73 +21,90 @@ SPEC_SHA256 = '795b561b6a347675632c4b2cd6289edc40a41f71a3f0be2716a1fa7da81b1bf5'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: Zamba2ForCausalLM"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
     layers: HostList[Layer]
-    embed_tokens: Host
-    norm: Host
-    lm_head: Host
+    embed_tokens: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
+    vocab_size: Any
+    intermediate_size: Any
+    ssm_channels: Any
+    ssm_heads: Any
+    ssm_head_dim: Any
+    ssm_groups: Any
+    ssm_state_size: Any
+    conv_kernel: Any
+    chunk_size: Any
+    mamba_layers: list[int]
+    hybrid_layers: list[int]
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: Zamba2MambaDecoderLayer, Zamba2HybridLayer"""
-    layer_input: Value
-    layer_output: Value
-    mixer_norm_output: Value
-    shared_block_output: Value
+    layer_input: ValueSlot
+    layer_output: ValueSlot
+    mixer_norm_output: ValueSlot
+    shared_block_output: ValueSlot
     mamba: LayerMamba
     shared_transformer: LayerSharedTransformer
 
 
-class LayerMamba(Host):
+class LayerMamba(TypedHost):
     """layers[i].mamba: Zamba2MambaMixer"""
-    ssm_inputs: Value
-    state_decays: Value
-    state_writes: Value
-    state_reads: Value
-    skip_weights: Value
-    time_steps: Value
-    state_output: Value
-    ssm_outputs: Value
-    ssm_gates: Value
-    mixer_output: Value
+    ssm_inputs: ValueSlot
+    state_decays: ValueSlot
+    state_writes: ValueSlot
+    state_reads: ValueSlot
+    skip_weights: ValueSlot
+    time_steps: ValueSlot
+    state_output: ValueSlot
+    ssm_outputs: ValueSlot
+    ssm_gates: ValueSlot
+    mixer_output: ValueSlot
 
 
-class LayerSharedTransformer(Host):
+class LayerSharedTransformer(TypedHost):
     """layers[i].shared_transformer: Zamba2AttentionDecoderLayer"""
-    mlp_norm_output: Value
-    mlp_input: Value
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
     self_attn: LayerSharedTransformerSelfAttn
     mlp: LayerSharedTransformerMlp
 
 
-class LayerSharedTransformerSelfAttn(Host):
+class LayerSharedTransformerSelfAttn(TypedHost):
     """layers[i].shared_transformer.self_attn: Zamba2Attention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_raw_output: Value
-    attention_output: Value
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_raw_output: ValueSlot
+    attention_output: ValueSlot
 
 
-class LayerSharedTransformerMlp(Host):
+class LayerSharedTransformerMlp(TypedHost):
     """layers[i].shared_transformer.mlp: Zamba2MLP"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_raw_output: Value
-    mlp_output: Value
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_raw_output: ValueSlot
+    mlp_output: ValueSlot
 
 # ---- normalized config ----
 
@@ -285,31 +303,31 @@ def _draw_num_key_value_heads(c: Any) -> Any:
 
 # ---- layouts and conditions ----
 
-_L_Tokens = Layout('Tokens', ('batch', 'seq'), 'long', False)
-_L_scalar = Layout('scalar', (), 'object', False)
-_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'), 'float', False)
-_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'), 'float', False)
-_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'), 'float', False)
-_L_SSDHeads = Layout('SSDHeads', ('batch', 'seq', 'ssm_heads', 'ssm_head_dim'), 'float', False)
-_L_SSDHeadWeights = Layout('SSDHeadWeights', ('ssm_heads',), 'float', False)
-_L_SSDStateVectors = Layout('SSDStateVectors', ('batch', 'seq', 'ssm_groups', 'ssm_state_size'), 'float', False)
-_L_SSDSteps = Layout('SSDSteps', ('batch', 'seq', 'ssm_heads'), 'float', False)
-_L_SSDState = Layout('SSDState', ('batch', 'ssm_heads', 'ssm_head_dim', 'ssm_state_size'), 'float', False)
-_L_SSMChannels = Layout('SSMChannels', ('batch', 'seq', 'ssm_channels'), 'float', False)
-_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'), 'float', False)
-_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'), 'float', False)
-_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'), 'float', False)
-_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'), 'float', False)
-_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'), 'float', False)
-_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'), 'float', False)
+_L_Tokens = Layout('Tokens', ('batch', 'seq'), dtype='long')
+_L_scalar = Layout('scalar', (), dtype='object')
+_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'))
+_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'))
+_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'))
+_L_SSDHeads = Layout('SSDHeads', ('batch', 'seq', 'ssm_heads', 'ssm_head_dim'))
+_L_SSDHeadWeights = Layout('SSDHeadWeights', ('ssm_heads',))
+_L_SSDStateVectors = Layout('SSDStateVectors', ('batch', 'seq', 'ssm_groups', 'ssm_state_size'))
+_L_SSDSteps = Layout('SSDSteps', ('batch', 'seq', 'ssm_heads'))
+_L_SSDState = Layout('SSDState', ('batch', 'ssm_heads', 'ssm_head_dim', 'ssm_state_size'))
+_L_SSMChannels = Layout('SSMChannels', ('batch', 'seq', 'ssm_channels'))
+_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'))
+_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'))
+_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'))
+_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'))
+_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'))
+_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'))
 _C_cached = Condition('cached', 'is computed only on a call that keeps a cache (the scan returns its final state only then)', 'trace without use_cache=False (the default keeps a cache)', kind='call')
 _C_eager = Condition('eager', "needs attn_implementation='eager'", 'load with attn_implementation="eager" (nnatlas.load(..., attn_implementation="eager"))')
 
 HOSTS: tuple[HostSpec, ...] = (
     HostSpec(
-        path='model',
-        cls='Zamba2ForCausalLM',
-        values=(
+        'model',
+        'Zamba2ForCausalLM',
+        (
             ValueSpec(
                 'input_ids',
                 _L_Tokens,
@@ -336,28 +354,28 @@ HOSTS: tuple[HostSpec, ...] = (
                 'token_embeddings',
                 _L_Residual,
                 "The embedding module's output; layers[0].input is what enters the first block",
-                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',), side='output'),
+                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',)),
                 at='specs/zamba2.yaml:63:25',
             ),
             ValueSpec(
                 'final_norm_output',
                 _L_Residual,
                 'The residual stream after the final norm, what lm_head reads',
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/zamba2.yaml:64:26',
             ),
             ValueSpec(
                 'lm_head_output',
                 _L_Logits,
                 "The head's logits before anything the model does past lm_head (a softcap, a scale)",
-                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',), side='output'),
+                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',)),
                 at='specs/zamba2.yaml:65:23',
             ),
             ValueSpec(
                 'logits',
                 _L_Logits,
                 'The logits the model returns, after anything it does past lm_head (a softcap, a scale)',
-                ReadPoint('module', 'output.logits', "the module's own output, .logits", side='output', access=('logits',)),
+                ReadPoint('module', 'output.logits', "the module's own output, .logits", access=('logits',)),
                 at='specs/zamba2.yaml:66:15',
             ),
             ValueSpec(
@@ -370,14 +388,14 @@ HOSTS: tuple[HostSpec, ...] = (
             ),
         ),
         identities=(
-            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, '==', 0.0, 0.0, at='specs/zamba2.yaml:69:9'),
-            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, '==', 0.0, 0.0, at='specs/zamba2.yaml:70:9'),
+            Identity('logits == lm_head_output', ('logits', 'lm_head_output'), _identity_model_0, at='specs/zamba2.yaml:69:9'),
+            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, at='specs/zamba2.yaml:70:9'),
         ),
     ),
     HostSpec(
-        path='layers[i]',
-        cls='Zamba2MambaDecoderLayer',
-        values=(
+        'layers[i]',
+        'Zamba2MambaDecoderLayer',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -389,30 +407,30 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/zamba2.yaml:75:21',
             ),
             ValueSpec(
                 'mixer_norm_output',
                 _L_Residual,
                 "The normed stream entering the block's mixer (an SSM block's only norm)",
-                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',), side='output'),
+                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',)),
                 at='specs/zamba2.yaml:83:30',
             ),
         ),
         identities=(
-            Identity('layer_input + mamba.mixer_output == layer_output', ('layer_input', 'mamba.mixer_output', 'layer_output'), _identity_layers_layers_block_type_i______linear_attention_0, '==', 0.0, 0.0, at='specs/zamba2.yaml:77:9'),
-            Identity('mixer_norm_output == mamba.input', ('mixer_norm_output', 'mamba.input'), _identity_layers_layers_block_type_i______linear_attention_1, '==', 0.0, 0.0, at='specs/zamba2.yaml:85:13'),
-            Identity('input_layernorm.input == layer_input', ('input_layernorm.input', 'layer_input'), _identity_layers_layers_block_type_i______linear_attention_2, '==', 0.0, 0.0, at='specs/zamba2.yaml:86:13'),
+            Identity('layer_input + mamba.mixer_output == layer_output', ('layer_input', 'mamba.mixer_output', 'layer_output'), _identity_layers_layers_block_type_i______linear_attention_0, at='specs/zamba2.yaml:77:9'),
+            Identity('mixer_norm_output == mamba.input', ('mixer_norm_output', 'mamba.input'), _identity_layers_layers_block_type_i______linear_attention_1, at='specs/zamba2.yaml:85:13'),
+            Identity('input_layernorm.input == layer_input', ('input_layernorm.input', 'layer_input'), _identity_layers_layers_block_type_i______linear_attention_2, at='specs/zamba2.yaml:86:13'),
         ),
         when=_when_layers_layers_block_type_i______linear_attention_1,
         when_text="layers_block_type[i] == 'linear_attention'",
         kind='mamba',
     ),
     HostSpec(
-        path='layers[i]',
-        cls='Zamba2HybridLayer',
-        values=(
+        'layers[i]',
+        'Zamba2HybridLayer',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -424,38 +442,38 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/zamba2.yaml:75:21',
             ),
             ValueSpec(
                 'mixer_norm_output',
                 _L_Residual,
                 "The normed stream entering the block's mixer (an SSM block's only norm)",
-                ReadPoint('module', 'mamba_decoder.input_layernorm.output', "the child module mamba_decoder.input_layernorm's output", module=('mamba_decoder', 'input_layernorm'), side='output'),
+                ReadPoint('module', 'mamba_decoder.input_layernorm.output', "the child module mamba_decoder.input_layernorm's output", module=('mamba_decoder', 'input_layernorm')),
                 at='specs/zamba2.yaml:91:30',
             ),
             ValueSpec(
                 'shared_block_output',
                 _L_Residual,
                 "What a shared transformer block adds to the stream the block's mixer reads (Zamba 2's shared attention block, through the block's own linear); the residual stream receives only the mixer's output",
-                ReadPoint('module', 'linear.output', "the child module linear's output", module=('linear',), side='output'),
+                ReadPoint('module', 'linear.output', "the child module linear's output", module=('linear',)),
                 at='specs/zamba2.yaml:92:32',
             ),
         ),
         identities=(
-            Identity('layer_input + mamba.mixer_output == layer_output', ('layer_input', 'mamba.mixer_output', 'layer_output'), _identity_layers_layers_block_type_i______hybrid_0, '==', 0.0, 0.0, at='specs/zamba2.yaml:77:9'),
-            Identity('mixer_norm_output == mamba.input', ('mixer_norm_output', 'mamba.input'), _identity_layers_layers_block_type_i______hybrid_1, '==', 0.0, 0.0, at='specs/zamba2.yaml:94:13'),
-            Identity('mamba_decoder.input_layernorm.input == layer_input + shared_block_output', ('mamba_decoder.input_layernorm.input', 'layer_input', 'shared_block_output'), _identity_layers_layers_block_type_i______hybrid_2, '==', 0.0, 0.0, at='specs/zamba2.yaml:96:13'),
-            Identity('linear.input == shared_transformer.mlp.mlp_raw_output', ('linear.input', 'shared_transformer.mlp.mlp_raw_output'), _identity_layers_layers_block_type_i______hybrid_3, '==', 0.0, 0.0, at='specs/zamba2.yaml:97:13'),
+            Identity('layer_input + mamba.mixer_output == layer_output', ('layer_input', 'mamba.mixer_output', 'layer_output'), _identity_layers_layers_block_type_i______hybrid_0, at='specs/zamba2.yaml:77:9'),
+            Identity('mixer_norm_output == mamba.input', ('mixer_norm_output', 'mamba.input'), _identity_layers_layers_block_type_i______hybrid_1, at='specs/zamba2.yaml:94:13'),
+            Identity('mamba_decoder.input_layernorm.input == layer_input + shared_block_output', ('mamba_decoder.input_layernorm.input', 'layer_input', 'shared_block_output'), _identity_layers_layers_block_type_i______hybrid_2, at='specs/zamba2.yaml:96:13'),
+            Identity('linear.input == shared_transformer.mlp.mlp_raw_output', ('linear.input', 'shared_transformer.mlp.mlp_raw_output'), _identity_layers_layers_block_type_i______hybrid_3, at='specs/zamba2.yaml:97:13'),
         ),
         when=_when_layers_layers_block_type_i______hybrid_2,
         when_text="layers_block_type[i] == 'hybrid'",
         kind='hybrid',
     ),
     HostSpec(
-        path='layers[i].mamba',
-        cls='Zamba2MambaMixer',
-        values=(
+        'layers[i].mamba',
+        'Zamba2MambaMixer',
+        (
             ValueSpec(
                 'ssm_inputs',
                 _L_SSDHeads,
@@ -495,7 +513,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'time_steps',
                 _L_SSDSteps,
                 "The step Δ of each token and head, after dt_bias, the softplus and the clamp to time_step_limit: each token keeps exp(Δ A) of the head's state and writes Δ x B into it",
-                ReadPoint('op', 'op:clamp.output', 'the output of clamp (first call) inside the forward', side='output', op='clamp', occurrence=0),
+                ReadPoint('op', 'op:clamp.output', 'the output of clamp (first call) inside the forward', op='clamp'),
                 at='specs/zamba2.yaml:108:19',
             ),
             ValueSpec(
@@ -512,7 +530,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_SSDHeads,
                 "The scan's output y = C h + D x per head, before the gated norm",
                 ReadPoint('module', 'norm.input', "the child module norm's input", module=('norm',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('ssm_heads', 'ssm_head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('ssm_heads', 'ssm_head_dim'))),),
                 at='specs/zamba2.yaml:110:27',
             ),
             ValueSpec(
@@ -526,27 +544,48 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mixer_output',
                 _L_Residual,
                 "What the SSM mixer adds to the residual stream (out_proj's output)",
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/zamba2.yaml:112:21',
             ),
         ),
         identities=(
-            Identity('selective_scan(flatten(ssm_inputs, 2), flatten(time_steps[..., None] + 0 * ssm_inputs, 2), unflatten(flatten(state_decays[:, None, None] + 0 * state_output[0], 0), 0, [ssm_channels, ssm_state_size]), state_writes[:, :, 0], state_reads[:, :, 0], flatten(skip_weights[:, None] + 0 * state_output[0, :, :, 0], 0))[0] == flatten(ssm_outputs, 2)', ('ssm_inputs', 'time_steps', 'state_decays', 'state_output', 'ssm_channels', 'ssm_state_size', 'state_writes', 'state_reads', 'skip_weights', 'ssm_outputs'), _identity_layers_mamba_0, '==', 1e-05, 0.0001, at='specs/zamba2.yaml:115:9'),
-            Identity('flatten(selective_scan(flatten(ssm_inputs, 2), flatten(time_steps[..., None] + 0 * ssm_inputs, 2), unflatten(flatten(state_decays[:, None, None] + 0 * state_output[0], 0), 0, [ssm_channels, ssm_state_size]), state_writes[:, :, 0], state_reads[:, :, 0], flatten(skip_weights[:, None] + 0 * state_output[0, :, :, 0], 0))[1], 1) == flatten(state_output, 1)', ('ssm_inputs', 'time_steps', 'state_decays', 'state_output', 'ssm_channels', 'ssm_state_size', 'state_writes', 'state_reads', 'skip_weights'), _identity_layers_mamba_1, '==', 1e-05, 0.0001, at='specs/zamba2.yaml:116:9'),
-            Identity('state_decays < 0', ('state_decays',), _identity_layers_mamba_2, '<', 0.0, 0.0, at='specs/zamba2.yaml:117:9'),
-            Identity('time_steps > 0', ('time_steps',), _identity_layers_mamba_3, '>', 0.0, 0.0, at='specs/zamba2.yaml:118:9'),
-            Identity('out_proj.input == norm.output', ('out_proj.input', 'norm.output'), _identity_layers_mamba_4, '==', 0.0, 0.0, at='specs/zamba2.yaml:119:9'),
+            Identity('selective_scan(flatten(ssm_inputs, 2), flatten(time_steps[..., None] + 0 * ssm_inputs, 2), unflatten(flatten(state_decays[:, None, None] + 0 * state_output[0], 0), 0, [ssm_channels, ssm_state_size]), state_writes[:, :, 0], state_reads[:, :, 0], flatten(skip_weights[:, None] + 0 * state_output[0, :, :, 0], 0))[0] == flatten(ssm_outputs, 2)', (
+                'ssm_inputs',
+                'time_steps',
+                'state_decays',
+                'state_output',
+                'ssm_channels',
+                'ssm_state_size',
+                'state_writes',
+                'state_reads',
+                'skip_weights',
+                'ssm_outputs',
+            ), _identity_layers_mamba_0, atol=1e-05, rtol=0.0001, at='specs/zamba2.yaml:115:9'),
+            Identity('flatten(selective_scan(flatten(ssm_inputs, 2), flatten(time_steps[..., None] + 0 * ssm_inputs, 2), unflatten(flatten(state_decays[:, None, None] + 0 * state_output[0], 0), 0, [ssm_channels, ssm_state_size]), state_writes[:, :, 0], state_reads[:, :, 0], flatten(skip_weights[:, None] + 0 * state_output[0, :, :, 0], 0))[1], 1) == flatten(state_output, 1)', (
+                'ssm_inputs',
+                'time_steps',
+                'state_decays',
+                'state_output',
+                'ssm_channels',
+                'ssm_state_size',
+                'state_writes',
+                'state_reads',
+                'skip_weights',
+            ), _identity_layers_mamba_1, atol=1e-05, rtol=0.0001, at='specs/zamba2.yaml:116:9'),
+            Identity('state_decays < 0', ('state_decays',), _identity_layers_mamba_2, op='<', at='specs/zamba2.yaml:117:9'),
+            Identity('time_steps > 0', ('time_steps',), _identity_layers_mamba_3, op='>', at='specs/zamba2.yaml:118:9'),
+            Identity('out_proj.input == norm.output', ('out_proj.input', 'norm.output'), _identity_layers_mamba_4, at='specs/zamba2.yaml:119:9'),
         ),
     ),
     HostSpec(
-        path='layers[i].shared_transformer',
-        cls='Zamba2AttentionDecoderLayer',
-        values=(
+        'layers[i].shared_transformer',
+        'Zamba2AttentionDecoderLayer',
+        (
             ValueSpec(
                 'mlp_norm_output',
                 _L_Residual,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'pre_ff_layernorm.output', "the child module pre_ff_layernorm's output", module=('pre_ff_layernorm',), side='output'),
+                ReadPoint('module', 'pre_ff_layernorm.output', "the child module pre_ff_layernorm's output", module=('pre_ff_layernorm',)),
                 at='specs/zamba2.yaml:127:24',
             ),
             ValueSpec(
@@ -558,18 +597,18 @@ HOSTS: tuple[HostSpec, ...] = (
             ),
         ),
         identities=(
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_shared_transformer_layers_block_type_i______hybrid_0, '==', 0.0, 0.0, at='specs/zamba2.yaml:130:9'),
-            Identity('pre_ff_layernorm.input == self_attn.attention_raw_output', ('pre_ff_layernorm.input', 'self_attn.attention_raw_output'), _identity_layers_shared_transformer_layers_block_type_i______hybrid_1, '==', 0.0, 0.0, at='specs/zamba2.yaml:131:9'),
-            Identity('self_attn.input == input_layernorm.output', ('self_attn.input', 'input_layernorm.output'), _identity_layers_shared_transformer_layers_block_type_i______hybrid_2, '==', 0.0, 0.0, at='specs/zamba2.yaml:132:9'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_shared_transformer_layers_block_type_i______hybrid_0, at='specs/zamba2.yaml:130:9'),
+            Identity('pre_ff_layernorm.input == self_attn.attention_raw_output', ('pre_ff_layernorm.input', 'self_attn.attention_raw_output'), _identity_layers_shared_transformer_layers_block_type_i______hybrid_1, at='specs/zamba2.yaml:131:9'),
+            Identity('self_attn.input == input_layernorm.output', ('self_attn.input', 'input_layernorm.output'), _identity_layers_shared_transformer_layers_block_type_i______hybrid_2, at='specs/zamba2.yaml:132:9'),
         ),
         when=_when_layers_shared_transformer_layers_block_type_i______hybrid_4,
         when_text="layers_block_type[i] == 'hybrid'",
         kind='hybrid',
     ),
     HostSpec(
-        path='layers[i].shared_transformer.self_attn',
-        cls='Zamba2Attention',
-        values=(
+        'layers[i].shared_transformer.self_attn',
+        'Zamba2Attention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_Queries,
@@ -595,7 +634,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_Pattern,
                 'The attention scores entering the softmax, masked',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_eager,
                 at='specs/zamba2.yaml:141:32',
             ),
@@ -603,7 +642,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_Pattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_eager,
                 at='specs/zamba2.yaml:142:39',
             ),
@@ -611,7 +650,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_HeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', side='output', access=(0,), call='attention'),
+                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', access=(0,), call='attention'),
                 at='specs/zamba2.yaml:143:31',
             ),
             ValueSpec(
@@ -619,14 +658,14 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_HeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))), ),
+                view=(ViewOp('unflatten', (-1, ('num_heads', 'head_dim'))),),
                 at='specs/zamba2.yaml:144:32',
             ),
             ValueSpec(
                 'attention_raw_output',
                 _L_Residual,
                 "The attention module's own output, before a norm the block applies to it (sandwich norms: attention_output is that norm's output)",
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/zamba2.yaml:145:29',
             ),
             ValueSpec(
@@ -638,24 +677,24 @@ HOSTS: tuple[HostSpec, ...] = (
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_shared_transformer_self_attn_layers_block_type_i______hybrid_0, '==', 0.0, 0.0, at='specs/zamba2.yaml:152:9'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_shared_transformer_self_attn_layers_block_type_i______hybrid_1, '==', 1e-05, 0.0, at='specs/zamba2.yaml:153:9'),
-            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_shared_transformer_self_attn_layers_block_type_i______hybrid_2, '==', 0.0, 0.0, at='specs/zamba2.yaml:154:9'),
-            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_shared_transformer_self_attn_layers_block_type_i______hybrid_3, '==', 1e-06, 0.0, at='specs/zamba2.yaml:155:9'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_shared_transformer_self_attn_layers_block_type_i______hybrid_0, at='specs/zamba2.yaml:152:9'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_shared_transformer_self_attn_layers_block_type_i______hybrid_1, atol=1e-05, at='specs/zamba2.yaml:153:9'),
+            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_shared_transformer_self_attn_layers_block_type_i______hybrid_2, at='specs/zamba2.yaml:154:9'),
+            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_shared_transformer_self_attn_layers_block_type_i______hybrid_3, atol=1e-06, at='specs/zamba2.yaml:155:9'),
         ),
         when=_when_layers_shared_transformer_self_attn_layers_block_type_i______hybrid_5,
         when_text="layers_block_type[i] == 'hybrid'",
         kind='hybrid',
     ),
     HostSpec(
-        path='layers[i].shared_transformer.mlp',
-        cls='Zamba2MLP',
-        values=(
+        'layers[i].shared_transformer.mlp',
+        'Zamba2MLP',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_Neurons,
                 "The activation function's output",
-                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',), side='output'),
+                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',)),
                 at='specs/zamba2.yaml:161:23',
             ),
             ValueSpec(
@@ -669,7 +708,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_raw_output',
                 _L_Residual,
                 "The MLP module's own output, before a norm the block applies to it (sandwich norms: mlp_output is that norm's output)",
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/zamba2.yaml:163:23',
             ),
             ValueSpec(
@@ -681,8 +720,8 @@ HOSTS: tuple[HostSpec, ...] = (
             ),
         ),
         identities=(
-            Identity('mlp_activation == gelu(act_fn.input)', ('mlp_activation', 'act_fn.input'), _identity_layers_shared_transformer_mlp_layers_block_type_i______hybrid_0, '==', 0.0, 0.0, at='specs/zamba2.yaml:170:9'),
-            Identity('mlp_raw_output == down_proj.output', ('mlp_raw_output', 'down_proj.output'), _identity_layers_shared_transformer_mlp_layers_block_type_i______hybrid_1, '==', 0.0, 0.0, at='specs/zamba2.yaml:171:9'),
+            Identity('mlp_activation == gelu(act_fn.input)', ('mlp_activation', 'act_fn.input'), _identity_layers_shared_transformer_mlp_layers_block_type_i______hybrid_0, at='specs/zamba2.yaml:170:9'),
+            Identity('mlp_raw_output == down_proj.output', ('mlp_raw_output', 'down_proj.output'), _identity_layers_shared_transformer_mlp_layers_block_type_i______hybrid_1, at='specs/zamba2.yaml:171:9'),
         ),
         when=_when_layers_shared_transformer_mlp_layers_block_type_i______hybrid_6,
         when_text="layers_block_type[i] == 'hybrid'",
@@ -723,6 +762,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {

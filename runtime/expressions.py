@@ -1,6 +1,8 @@
 """Helpers the generated adapters call: config lookups and the functions specs may use.
 
-Every name here is whitelisted by ``nnatlas.compiler.expr``; nothing else is reachable from a spec.
+Each implements an entry of the one whitelist, ``nnatlas.spec.FUNCTIONS`` (``cfg_NAME`` one of
+``CONFIG_FUNCTIONS``); nothing else is reachable from a spec, and importing this module fails when an
+entry has no implementation here.
 """
 
 from __future__ import annotations
@@ -9,6 +11,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+
+from .errors import Unavailable
+from .spec import CONFIG_FUNCTIONS, FUNCTIONS
 
 _MISSING = object()
 
@@ -123,8 +128,6 @@ def vnorm(x: torch.Tensor) -> torch.Tensor:
 
 
 def config_unavailable(reason: str) -> Any:
-    from .errors import Unavailable
-
     raise Unavailable(reason)
 
 
@@ -251,3 +254,14 @@ def selective_scan(x: Any, dt: Any, A: Any, B: Any, C: Any, D: Any = None, z: An
     if z is not None:
         y = y * torch.nn.functional.silu(z.double())
     return y.to(x.dtype), h.float()
+
+
+def unimplemented() -> list[str]:
+    """The whitelisted names without a helper here (none: the import below refuses any)."""
+    here = globals()
+    return ([n for n in FUNCTIONS if not callable(here.get(n))]
+            + [f"cfg_{n}" for n in CONFIG_FUNCTIONS if not callable(here.get(f"cfg_{n}"))])
+
+
+if unimplemented():
+    raise ImportError(f"nnatlas.expressions implements no {', '.join(unimplemented())} of nnatlas.spec's whitelist")

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .adapter import HostSpec, ValueSpec
-from .envoy import Host, resolve_native
+from .hosts import Host, Value, resolve_native
 from .patterns import RECOMPUTED_WORDS
+from .spec import HostSpec, ValueSpec
 
 if TYPE_CHECKING:
     from .model import AtlasModel
@@ -185,8 +185,6 @@ def _example_hosts(model: AtlasModel) -> list[tuple[str, Host, list[HostSpec]]]:
 
 
 def support(model: AtlasModel) -> Support:
-    from .envoy import Value
-
     rows = []
     for label, host, specs in _example_hosts(model):
         for spec in specs:

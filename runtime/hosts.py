@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
 
-from .adapter import HostSpec, ReadPoint, ValueSpec
 from .errors import InputError, NnatlasError, Unavailable, UnknownName
-from .trace import Box, Expr, Request, Target, Tracer
+from .requests import Box, Expr, Request, Target
+from .spec import HostSpec, ReadPoint, ValueSpec
+from .trace import Tracer
 from .validate import check_edit
 
 if TYPE_CHECKING:

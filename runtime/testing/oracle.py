@@ -1,0 +1,133 @@
+"""The oracle: nnatlas's values against what transformers returns itself, exactly."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..model import AtlasModel
+from .checks import HIDDEN_STATES_AFTER_BLOCKS, ORACLE_ATOL, _fixed_inputs
+from .tiny import adapter_module, attention_loads, build, tiny_of
+from .values import _blocks_with
+
+
+def _oracle_names(model: Any) -> set[str]:
+    """Value names the family serves under some load (not missing, not 'never')."""
+    return {v.name for h in model.hosts for v in h.values
+            if v.read.kind != "missing" and not (v.needs is not None and v.needs.never)}
+
+
+def _accepts(cls: Any, flag: str) -> bool:
+    import inspect
+
+    return flag in inspect.signature(cls.forward).parameters
+
+
+def oracle_checks(family: str) -> tuple[tuple[str, str], ...]:
+    """(check, attention load) pairs the family's oracle runs on its tiny load: ``hidden_states``
+    and ``logits`` under every attention load the tests run; ``attentions`` under eager where the
+    family serves ``attention_probabilities``; ``router_logits`` where it serves them and the class
+    accepts ``output_router_logits`` (a parameter, or through the router_logits it records); ``image_hidden_states`` and ``image_logits`` on a prompt with
+    images where the load takes images."""
+    import transformers
+
+    fam = adapter_module(family).FAMILY
+    tiny = tiny_of(family)
+    names = _oracle_names(fam)
+    loads = attention_loads(family)
+    out = [(check, a) for a in loads for check in ("hidden_states", "logits")]
+    if "eager" in loads and "attention_probabilities" in names:
+        out.append(("attentions", "eager"))
+    cls = getattr(transformers, tiny["model_class"])
+    # the flag is a parameter of the forward, or taken through **kwargs by a class that records
+    # router_logits with transformers' output capturing (Glm4Moe, DeepseekV3)
+    records = "router_logits" in (getattr(cls, "_can_record_outputs", None) or {})
+    if "router_logits" in names and (_accepts(cls, "output_router_logits") or records):
+        out.append(("router_logits", loads[0]))
+    if tiny.get("processor"):
+        out += [(check, loads[0]) for check in ("image_hidden_states", "image_logits")]
+    return tuple(out)
+
+
+def _exact(ours: Any, theirs: Any, what: str) -> None:
+    assert isinstance(theirs, torch.Tensor), f"{what}: transformers returned {type(theirs).__name__}"
+    assert tuple(ours.shape) == tuple(theirs.shape), f"{what}: nnatlas {tuple(ours.shape)}, transformers {tuple(theirs.shape)}"
+    torch.testing.assert_close(ours, theirs, atol=ORACLE_ATOL, rtol=0, msg=lambda m: f"{what}\n{m}")
+
+
+def check_oracle(family: str, check: str, attn: str) -> None:
+    """nnatlas's values equal what transformers returns for the same tiny model and inputs."""
+    model = build(family, attn_implementation=attn)
+    native: Any = model.native
+    images = check.startswith("image_")
+    inputs = _fixed_inputs(model, text_only=not images)
+    kind = check.removeprefix("image_")
+    at = f"{family} [{attn}]{' with images' if images else ''}"
+    with torch.no_grad():
+        if kind == "logits":
+            theirs = native(**inputs).logits
+            with model.trace(dict(inputs)):
+                ours = model.logits.save()
+            _exact(ours, theirs, f"{at}: logits, plain forward")
+        elif kind == "hidden_states":
+            _oracle_hidden_states(model, native, inputs, at, images)
+        elif kind == "attentions":
+            _oracle_attentions(model, native, inputs, at)
+        elif kind == "router_logits":
+            _oracle_router_logits(model, native, inputs, at)
+        else:
+            raise ValueError(f"unknown oracle check {check!r}")
+
+
+def _oracle_hidden_states(model: AtlasModel, native: Any, inputs: Mapping[str, torch.Tensor], at: str,
+                          images: bool) -> None:
+    n = int(model.num_layers)
+    layers: Any = model.layers
+    final = "final_norm_output" in _oracle_names(model._family)
+    with model.trace(dict(inputs), order="any"):
+        ins = [layers[i].layer_input.save() for i in range(n)]
+        outs = [layers[i].layer_output.save() for i in range(n)]
+        normed = model.final_norm_output.save() if final else None  # type: ignore[attr-defined]
+    hs = native(**inputs, output_hidden_states=True).hidden_states
+    assert hs is not None and len(hs) == n + 1, f"{at}: {len(hs or ())} hidden states for {n} blocks"
+    if type(native).__name__ in HIDDEN_STATES_AFTER_BLOCKS:
+        for i in range(n - 1):
+            _exact(outs[i], hs[i], f"{at}: layers[{i}].layer_output vs hidden_states[{i}] (after each block)")
+            _exact(ins[i + 1], hs[i], f"{at}: layers[{i + 1}].layer_input vs hidden_states[{i}] (after each block)")
+        if normed is not None:
+            _exact(normed, hs[n], f"{at}: final_norm_output vs hidden_states[{n}] (after the final norm)")
+        return
+    _exact(ins[0], hs[0], f"{at}: layers[0].layer_input vs hidden_states[0]")
+    for i in range(1, n):
+        _exact(outs[i - 1], hs[i], f"{at}: layers[{i - 1}].layer_output vs hidden_states[{i}]")
+        if not images:  # with images, DeepStack may add to the stream between blocks
+            _exact(ins[i], hs[i], f"{at}: layers[{i}].layer_input vs hidden_states[{i}]")
+    if normed is not None:
+        _exact(normed, hs[n], f"{at}: final_norm_output vs hidden_states[{n}] (after the final norm)")
+
+
+def _oracle_attentions(model: AtlasModel, native: Any, inputs: Mapping[str, torch.Tensor], at: str) -> None:
+    hosts = _blocks_with(model, "attention_probabilities")
+    assert hosts, f"{at}: no block serves attention_probabilities"
+    with model.trace(dict(inputs), order="any"):
+        ours = [(i, host.attention_probabilities.save()) for i, host in hosts]
+    theirs = native(**inputs, output_attentions=True).attentions
+    assert theirs is not None and len(theirs) == len(ours), \
+        f"{at}: transformers returned {len(theirs or ())} attention patterns, nnatlas serves {len(ours)}"
+    for (i, p), q in zip(ours, theirs):
+        _exact(p, q, f"{at}: layers[{i}] attention_probabilities vs attentions")
+
+
+def _oracle_router_logits(model: AtlasModel, native: Any, inputs: Mapping[str, torch.Tensor], at: str) -> None:
+    hosts = _blocks_with(model, "router_logits")
+    assert hosts, f"{at}: no block serves router_logits"
+    with model.trace(dict(inputs), order="any"):
+        ours = [(i, host.router_logits.save()) for i, host in hosts]
+    theirs = native(**inputs, output_router_logits=True).router_logits
+    assert theirs is not None and len(theirs) == len(ours), \
+        f"{at}: transformers returned {len(theirs or ())} router logits, nnatlas serves {len(ours)}"
+    for (i, r), q in zip(ours, theirs):
+        assert r.numel() == q.numel(), f"{at}: layers[{i}] router_logits {tuple(r.shape)} vs {tuple(q.shape)}"
+        _exact(r.reshape(q.shape), q, f"{at}: layers[{i}] router_logits vs router_logits (tokens flattened)")

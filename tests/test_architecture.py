@@ -1,0 +1,198 @@
+"""One direction: specs → compiler → generated → runtime. The runtime never imports the compiler,
+``import nnatlas`` loads neither the compiler nor its dependencies, and the import graph has no circles
+where it has been untangled. Read from the source (``tests/imports.py``) and checked in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import sizes
+
+from . import imports as I  # the import graph, read from the source
+
+# the runtime's one door to the compiler: ``python -m nnatlas generate ...`` hands the command line to
+# the compiler's CLI (the program's entry point; nothing imports it)
+ENTRY = "nnatlas.__main__"
+
+
+def _fresh(code: str) -> dict[str, list[str]]:
+    """Run ``code`` in a fresh interpreter; the modules it left loaded, grouped as the tests ask."""
+    probe = code + "\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"compiler": [m for m in loaded if m == "nnatlas.compiler" or m.startswith("nnatlas.compiler.")],
+            "deps": [m for m in loaded if m.split(".")[0] in ("jinja2", "pydantic", "markupsafe", "yaml")],
+            "torch": [m for m in loaded if m == "torch"]}
+
+
+def test_import_nnatlas_loads_no_compiler_no_torch() -> None:
+    loaded = _fresh("import nnatlas")
+    assert loaded == {"compiler": [], "deps": [], "torch": []}
+
+
+def test_wrapping_and_tracing_load_no_compiler() -> None:
+    """The whole runtime at work (every family adapter, a wrap, a trace) never loads the compiler (transformers
+    itself loads jinja2 for chat templates, so only the compiler's own modules are counted here)."""
+    loaded = _fresh("import nnatlas, torch\n"
+                    "from nnatlas import testing\n"
+                    "nnatlas.all_families()\n"
+                    "model = testing.build('llama')\n"
+                    "with model.trace('a b c'):\n"
+                    "    out = model.layers[0].layer_output.save()\n"
+                    "assert out.shape[-1] == model.hidden_size")
+    assert loaded["compiler"] == []
+
+
+def test_the_runtime_never_imports_the_compiler() -> None:
+    """Not at module level, not inside a function: only the program's entry point hands over to it."""
+    g = I.graph("nnatlas", "nnatlas.compiler", "nnatlas.families")
+    runtime = [m for m in I.modules("nnatlas") if not m.startswith(("nnatlas.compiler", "nnatlas.families"))]
+    found = [f"{i.source}:{i.line} imports {i.target}" for m in runtime if m != ENTRY for i in g[m]
+             if i.target.startswith("nnatlas.compiler")]
+    assert found == []
+    text = [f"{m}: {i.target}" for m in runtime if m != ENTRY
+            for i in I.imports(I.modules("nnatlas")[m]) if i.target.split(".")[0] in ("jinja2", "pydantic")]
+    assert text == []
+
+
+def test_generated_adapters_import_the_runtime_only() -> None:
+    g = I.graph("nnatlas", "nnatlas.compiler", "nnatlas.families")
+    for name in I.modules("nnatlas.families"):
+        bad = [i.target for i in g[name] if i.target.startswith("nnatlas.compiler")]
+        assert bad == [], name
+
+
+def test_compiler_has_no_import_circles() -> None:
+    assert I.circles(I.graph("nnatlas.compiler")) == []
+
+
+def test_the_runtime_has_no_import_circles() -> None:
+    assert I.circles(I.graph("nnatlas")) == []
+
+
+# the runtime's layers, bottom up: a module imports only from its own layer or those below
+LAYERS = (
+    ("data model", {"nnatlas.errors", "nnatlas.spec", "nnatlas.conditions", "nnatlas.expressions",
+                    "nnatlas.registry", "nnatlas.cache_data", "nnatlas.cache_store"}),
+    ("sites", {"nnatlas.interrupts", "nnatlas.sites", "nnatlas.patterns"}),
+    ("requests and the tracer", {"nnatlas.requests", "nnatlas.installers", "nnatlas.trace", "nnatlas.validate"}),
+    ("hosts, values and inputs", {"nnatlas.hosts", "nnatlas.processing", "nnatlas.inputs"}),
+    ("model facade and load", {"nnatlas.model", "nnatlas.typed", "nnatlas.describe", "nnatlas.cache"}),
+    ("entry points", {"nnatlas", "nnatlas.cache_cli", "nnatlas.__main__"}),
+)
+
+
+def test_the_runtime_is_layered() -> None:
+    g = I.graph("nnatlas")
+    runtime = {m for m in g if not m.startswith("nnatlas.testing")}
+    layer = {m: k for k, (_, mods) in enumerate(LAYERS) for m in mods}
+    assert runtime == set(layer), f"unplaced: {sorted(runtime - set(layer))}, gone: {sorted(set(layer) - runtime)}"
+    upward = [f"{m} ({LAYERS[layer[m]][0]}) imports {i.target} ({LAYERS[layer[i.target]][0]})"
+              for m in runtime for i in g[m] if layer[i.target] > layer[m]]
+    assert upward == []
+
+
+# the command lines load the model only when a command runs (``nnatlas cache --help`` stays quick)
+DEFERRED = {"nnatlas.__main__", "nnatlas.cache_cli"}
+
+
+def test_the_runtime_imports_its_modules_at_module_level() -> None:
+    """No import inside a function hides a circle: each module's imports of nnatlas are at its top."""
+    g = I.graph("nnatlas")
+    local = [f"{i.source}:{i.line} imports {i.target}" for m, imps in g.items() if m not in DEFERRED
+             for i in imps if i.local]
+    assert local == []
+
+
+def test_nnatlas_testing_imports_the_runtime_and_is_never_imported_by_it() -> None:
+    g = I.graph("nnatlas")
+    runtime = [m for m in g if not m.startswith("nnatlas.testing")]
+    assert [f"{m} imports {i.target}" for m in runtime for i in g[m] if i.target.startswith("nnatlas.testing")] == []
+    assert any(i.target == "nnatlas.model" for m in g if m.startswith("nnatlas.testing") for i in g[m])
+
+
+def test_no_global_torch_setting_at_import() -> None:
+    """Importing nnatlas, its test helpers and every family adapter leaves torch's thread count alone."""
+    code = ("import torch\nbefore = torch.get_num_threads()\nimport nnatlas, nnatlas.testing\n"
+            "nnatlas.all_families()\nassert torch.get_num_threads() == before == 2, torch.get_num_threads()\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300, env=env)
+
+
+def test_the_size_report_names_the_largest_modules_and_classes() -> None:
+    mods = sizes.modules()
+    assert mods == sorted(mods, key=lambda s: (-s.lines, s.name))
+    biggest = mods[0]
+    assert biggest.lines == len((I.ROOT / biggest.name).read_text().splitlines())
+    text = sizes.report(3)
+    assert text.splitlines()[0].startswith("largest modules") and biggest.name in text
+    cls = sizes.classes()[0]
+    assert cls.methods > 0 and f"{cls.lines:5d}  {cls.methods:3d}  {cls.name}" in text
+
+
+# ---- one data model: the compiler builds the runtime's own ----
+
+# what the compiler's core (resolve, emit, the IR, expressions, read points) may import of the runtime
+DATA_MODEL = {"nnatlas.spec", "nnatlas.conditions"}
+# the compiler's tools that run models with the runtime, and what each uses of it
+TOOLS = {"nnatlas.compiler.printouts": {"nnatlas"},  # nnatlas.wrap, on the meta device
+         "nnatlas.compiler.treecheck": {"nnatlas.model", "nnatlas.hosts", "nnatlas.testing"},
+         "nnatlas.compiler.cli": {"nnatlas.cache_cli"}}  # the `nnatlas cache` command
+
+
+def test_the_compiler_imports_the_runtimes_data_model_only() -> None:
+    g = I.graph("nnatlas", "nnatlas.compiler", "nnatlas.families")
+    for name in I.modules("nnatlas.compiler"):
+        used = {i.target for i in g[name] if not i.target.startswith("nnatlas.compiler")}
+        if name.startswith("nnatlas.compiler.draft"):  # the drafter renders an adapter and loads it like the runtime
+            used -= {"nnatlas.registry", "nnatlas.families"}
+        assert used <= DATA_MODEL | TOOLS.get(name, set()), f"{name} imports {sorted(used)}"
+
+
+def test_generated_adapters_hold_what_the_compiler_built() -> None:
+    """The adapter written for llama holds exactly the ValueSpecs, Layouts and Conditions the compiler
+    resolved: one data model, written out, not a second one kept in step by hand."""
+    from nnatlas.compiler import compile_atlas, emit, readpoint
+    from nnatlas.families import llama
+    from nnatlas.spec import Condition, Layout, ReadPoint
+
+    atlas = compile_atlas(I.ROOT / "specs", I.ROOT)
+    f = next(x for x in atlas.families if x.name == "llama")
+    assert isinstance(readpoint.parse("call:attention > op:softmax.output"), ReadPoint)
+    written = [v for h in llama.FAMILY.hosts for v in h.values]
+    resolved = [v for h in f.hosts for v in h.values]
+    assert len(written) == len(resolved)
+    for v, ir in zip(written, resolved, strict=True):
+        assert isinstance(ir.layout, Layout) and (ir.needs is None or isinstance(ir.needs, Condition))
+        built = emit.value_spec(ir, "derive" if ir.derived is not None else None)
+        assert built == v, v.name  # (a derive function is compared by name of its read, not identity)
+
+
+def test_every_vocabulary_condition_is_decided_by_the_runtime(spec_root: Path) -> None:
+    from nnatlas import conditions
+    from nnatlas.compiler import SpecError, compile_atlas
+
+    atlas = compile_atlas(I.ROOT / "specs", I.ROOT)
+    named = {c.name: c for f in atlas.families for h in f.hosts for v in h.values for c in (v.needs, v.reached) if c}
+    for c in named.values():
+        assert c.attribute or c.never or conditions.decided_here(c.name, c.kind), c
+    vocab = spec_root / "specs" / "_vocabulary.yaml"
+    vocab.write_text(vocab.read_text().replace("conditions:\n", "conditions:\n  sunny:\n    says: needs sun\n"
+                                                                   "    fix: wait\n", 1))
+    with pytest.raises(SpecError, match="condition sunny: the runtime decides no load condition of that name "
+                                        r"\(it decides eager, processor, torch_kernels\)"):
+        compile_atlas(spec_root / "specs", spec_root)
+
+
+def test_one_expression_whitelist() -> None:
+    from nnatlas import expressions, spec
+    from nnatlas.compiler import expr
+
+    assert expr.FUNCTIONS is spec.FUNCTIONS and expr.VIEW_OPS is spec.VIEW_OPS
+    assert expressions.unimplemented() == []
