@@ -315,7 +315,7 @@ def test_cfg_reads_an_item_of_a_sequence_between_attributes() -> None:
                               layer_types=["sliding_attention", "full_attention"])
     with pytest.raises(RuntimeError, match="per-layer attribute"):
         config.head_dim  # noqa: B018
-    assert functions.cfg(config, "per_layer_config[0].head_dim") == 4
-    assert functions.cfg(config, "per_layer_config[1].head_dim") == 8
-    assert functions.cfg({"a": [[1, 2]]}, "a[0][1]") == 2
-    assert functions.cfg(config, "missing[0].head_dim") is None
+    assert expressions.cfg(config, "per_layer_config[0].head_dim") == 4
+    assert expressions.cfg(config, "per_layer_config[1].head_dim") == 8
+    assert expressions.cfg({"a": [[1, 2]]}, "a[0][1]") == 2
+    assert expressions.cfg(config, "missing[0].head_dim") is None

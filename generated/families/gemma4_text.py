@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnatlas import functions as _fn
-from nnatlas.adapter import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.envoy import Host, HostList, Value
-from nnatlas.model import AtlasModel
+from nnatlas import expressions as _fn
+from nnatlas.hosts import HostList
+from nnatlas.model import Loader, Wrapper
+from nnatlas.spec import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
+from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 
 _cfg = _fn.cfg
 
@@ -20,57 +21,81 @@ SPEC_SHA256 = '4af793106d38899d7581801a36c1ec5721d9b40a4a6d56b9262e572a7a7a4106'
 # ---- typed hosts: what an editor or a type checker sees under each standard name ----
 
 
-class Model(AtlasModel):
+class Model(TypedModel):
     """model: Gemma4ForCausalLM"""
-    input_ids: Value
-    attention_mask: Value
-    input_size: Value
-    token_embeddings: Value
-    final_norm_output: Value
-    lm_head_output: Value
-    logits: Value
-    next_token_probs: Value
-    embedding_lookup: Value
+    input_ids: ValueSlot
+    attention_mask: ValueSlot
+    input_size: ValueSlot
+    token_embeddings: ValueSlot
+    final_norm_output: ValueSlot
+    lm_head_output: ValueSlot
+    logits: ValueSlot
+    next_token_probs: ValueSlot
+    embedding_lookup: ValueSlot
     layers: HostList[Layer]
-    embed_tokens: Host
-    norm: Host
-    lm_head: Host
+    embed_tokens: TypedHost
+    norm: TypedHost
+    lm_head: TypedHost
+    num_layers: Any
+    hidden_size: Any
+    num_heads: Any
+    num_kv_heads: Any
+    head_dim: Any
+    qk_head_dim: Any
+    vocab_size: Any
+    intermediate_size: Any
+    sliding_window: Any
+    embed_scale: Any
+    attn_scale: Any
+    logit_softcap: Any
+    per_layer_size: Any
+    global_head_dim: Any
+    global_kv_heads: Any
+    double_intermediate_size: Any
+    ple_layers: list[int]
+    plain_layers: list[int]
+    sliding_layers: list[int]
+    full_layers: list[int]
+    sliding_shared_layers: list[int]
+    full_shared_layers: list[int]
+    single_layers: list[int]
+    double_layers: list[int]
 
 
-class Layer(Host):
+class Layer(TypedHost):
     """layers[i]: Gemma4TextDecoderLayer"""
-    layer_input: Value
-    attention_norm_output: Value
-    layer_mid: Value
-    mlp_norm_output: Value
-    mlp_input: Value
-    layer_output: Value
-    layer_scalar: Value
-    per_layer_input: Value
-    per_layer_output: Value
+    layer_input: ValueSlot
+    attention_norm_output: ValueSlot
+    layer_mid: ValueSlot
+    mlp_norm_output: ValueSlot
+    mlp_input: ValueSlot
+    layer_output: ValueSlot
+    layer_scalar: ValueSlot
+    per_layer_input: ValueSlot
+    per_layer_output: ValueSlot
     self_attn: LayerSelfAttn
     mlp: LayerMlp
 
 
-class LayerSelfAttn(Host):
+class LayerSelfAttn(TypedHost):
     """layers[i].self_attn: Gemma4TextAttention"""
-    attention_queries: Value
-    attention_keys: Value
-    attention_values: Value
-    attention_scores: Value
-    attention_probabilities: Value
-    attention_head_outputs: Value
-    attention_premix: Value
-    attention_output: Value
-    attention_raw_output: Value
+    attention_queries: ValueSlot
+    attention_keys: ValueSlot
+    attention_values: ValueSlot
+    attention_scores: ValueSlot
+    attention_probabilities: ValueSlot
+    attention_head_outputs: ValueSlot
+    attention_premix: ValueSlot
+    attention_output: ValueSlot
+    attention_raw_output: ValueSlot
 
 
-class LayerMlp(Host):
+class LayerMlp(TypedHost):
     """layers[i].mlp: Gemma4TextMLP"""
-    mlp_activation: Value
-    mlp_neurons: Value
-    mlp_output: Value
-    mlp_raw_output: Value
+    mlp_activation: ValueSlot
+    mlp_neurons: ValueSlot
+    mlp_output: ValueSlot
+    mlp_raw_output: ValueSlot
 
 # ---- normalized config ----
 
@@ -357,26 +382,26 @@ def _draw_num_kv_shared_layers(c: Any) -> Any:
 
 # ---- layouts and conditions ----
 
-_L_Tokens = Layout('Tokens', ('batch', 'seq'), 'long', False)
-_L_scalar = Layout('scalar', (), 'object', False)
-_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'), 'float', False)
-_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'), 'float', False)
-_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'), 'float', False)
-_L_BlockScale = Layout('BlockScale', ('one',), 'float', False)
-_L_PerLayerInputs = Layout('PerLayerInputs', ('batch', 'seq', 'per_layer_size'), 'float', False)
-_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'), 'float', False)
-_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'), 'float', False)
-_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'), 'float', False)
-_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'), 'float', False)
-_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'), 'float', False)
-_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'), 'float', False)
+_L_Tokens = Layout('Tokens', ('batch', 'seq'), dtype='long')
+_L_scalar = Layout('scalar', (), dtype='object')
+_L_Residual = Layout('Residual', ('batch', 'seq', 'hidden_size'))
+_L_Logits = Layout('Logits', ('batch', 'seq', 'vocab_size'))
+_L_NextTokenProbs = Layout('NextTokenProbs', ('batch', 'vocab_size'))
+_L_BlockScale = Layout('BlockScale', ('one',))
+_L_PerLayerInputs = Layout('PerLayerInputs', ('batch', 'seq', 'per_layer_size'))
+_L_Queries = Layout('Queries', ('batch', 'num_heads', 'seq', 'qk_head_dim'))
+_L_Keys = Layout('Keys', ('batch', 'num_kv_heads', 'key', 'qk_head_dim'))
+_L_Values = Layout('Values', ('batch', 'num_kv_heads', 'key', 'head_dim'))
+_L_Pattern = Layout('Pattern', ('batch', 'num_heads', 'query', 'key'))
+_L_HeadOutputs = Layout('HeadOutputs', ('batch', 'seq', 'num_heads', 'head_dim'))
+_L_Neurons = Layout('Neurons', ('batch', 'seq', 'intermediate_size'))
 _C_eager = Condition('eager', "needs attn_implementation='eager'", 'load with attn_implementation="eager" (nnatlas.load(..., attn_implementation="eager"))')
 
 HOSTS: tuple[HostSpec, ...] = (
     HostSpec(
-        path='model',
-        cls='Gemma4ForCausalLM',
-        values=(
+        'model',
+        'Gemma4ForCausalLM',
+        (
             ValueSpec(
                 'input_ids',
                 _L_Tokens,
@@ -403,28 +428,28 @@ HOSTS: tuple[HostSpec, ...] = (
                 'token_embeddings',
                 _L_Residual,
                 "The embedding module's output; layers[0].input is what enters the first block",
-                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',), side='output'),
+                ReadPoint('module', 'embed_tokens.output', "the child module embed_tokens's output", module=('embed_tokens',)),
                 at='specs/llama.yaml:36:25',
             ),
             ValueSpec(
                 'final_norm_output',
                 _L_Residual,
                 'The residual stream after the final norm, what lm_head reads',
-                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',), side='output'),
+                ReadPoint('module', 'norm.output', "the child module norm's output", module=('norm',)),
                 at='specs/llama.yaml:37:26',
             ),
             ValueSpec(
                 'lm_head_output',
                 _L_Logits,
                 "The head's logits before anything the model does past lm_head (a softcap, a scale)",
-                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',), side='output'),
+                ReadPoint('module', 'lm_head.output', "the child module lm_head's output", module=('lm_head',)),
                 at='specs/llama.yaml:38:23',
             ),
             ValueSpec(
                 'logits',
                 _L_Logits,
                 'The logits the model returns, after anything it does past lm_head (a softcap, a scale)',
-                ReadPoint('module', 'output.logits', "the module's own output, .logits", side='output', access=('logits',)),
+                ReadPoint('module', 'output.logits', "the module's own output, .logits", access=('logits',)),
                 at='specs/llama.yaml:39:15',
             ),
             ValueSpec(
@@ -439,20 +464,20 @@ HOSTS: tuple[HostSpec, ...] = (
                 'embedding_lookup',
                 _L_Residual,
                 "The embedding table's rows for the tokens, before the scale the embedding module multiplies them by (Gemma: sqrt(hidden_size)); token_embeddings is the scaled output",
-                ReadPoint('op', 'embed_tokens > op:embedding.output', "inside embed_tokens's forward: the output of embedding (first call)", module=('embed_tokens',), side='output', op='embedding', occurrence=0),
+                ReadPoint('op', 'embed_tokens > op:embedding.output', "inside embed_tokens's forward: the output of embedding (first call)", module=('embed_tokens',), op='embedding'),
                 at='specs/gemma3_text.yaml:28:25',
             ),
         ),
         identities=(
-            Identity('logits == logit_softcap * tanh(lm_head_output / logit_softcap)', ('logits', 'logit_softcap', 'lm_head_output'), _identity_model_0, '==', 1e-06, 0.0, at='specs/gemma4_text.yaml:40:9'),
-            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, '==', 0.0, 0.0, at='specs/gemma4_text.yaml:41:9'),
-            Identity('token_embeddings == embedding_lookup * embed_scale', ('token_embeddings', 'embedding_lookup', 'embed_scale'), _identity_model_2, '==', 1e-06, 0.0, at='specs/gemma4_text.yaml:42:9'),
+            Identity('logits == logit_softcap * tanh(lm_head_output / logit_softcap)', ('logits', 'logit_softcap', 'lm_head_output'), _identity_model_0, atol=1e-06, at='specs/gemma4_text.yaml:40:9'),
+            Identity('layers[0].layer_input == token_embeddings', ('layers[0].layer_input', 'token_embeddings'), _identity_model_1, at='specs/gemma4_text.yaml:41:9'),
+            Identity('token_embeddings == embedding_lookup * embed_scale', ('token_embeddings', 'embedding_lookup', 'embed_scale'), _identity_model_2, atol=1e-06, at='specs/gemma4_text.yaml:42:9'),
         ),
     ),
     HostSpec(
-        path='layers[i]',
-        cls='Gemma4TextDecoderLayer',
-        values=(
+        'layers[i]',
+        'Gemma4TextDecoderLayer',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -464,7 +489,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Residual,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',), side='output'),
+                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',)),
                 at='specs/llama.yaml:49:30',
             ),
             ValueSpec(
@@ -478,7 +503,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Residual,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'pre_feedforward_layernorm.output', "the child module pre_feedforward_layernorm's output", module=('pre_feedforward_layernorm',), side='output'),
+                ReadPoint('module', 'pre_feedforward_layernorm.output', "the child module pre_feedforward_layernorm's output", module=('pre_feedforward_layernorm',)),
                 at='specs/gemma2.yaml:33:24',
             ),
             ValueSpec(
@@ -492,45 +517,52 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/llama.yaml:53:21',
             ),
             ValueSpec(
                 'layer_scalar',
                 _L_BlockScale,
                 'The scalar the block multiplies its whole output by, after the last residual add',
-                ReadPoint('op', 'op:mul_.input[1]', 'the input of mul_ (first call) inside the forward, element 1', side='input', access=(1,), op='mul_', occurrence=0),
+                ReadPoint('op', 'op:mul_.input[1]', 'the input of mul_ (first call) inside the forward, element 1', side='input', access=(1,), op='mul_'),
                 at='specs/gemma4_text.yaml:46:21',
             ),
             ValueSpec(
                 'per_layer_input',
                 _L_PerLayerInputs,
                 "The block's own slice of the per-layer input embeddings (a token's embedding and a projection of its main embedding), which gates the block's third residual term",
-                ReadPoint('op', 'op:mul.input[1]', 'the input of mul (first call) inside the forward, element 1', side='input', access=(1,), op='mul', occurrence=0),
+                ReadPoint('op', 'op:mul.input[1]', 'the input of mul (first call) inside the forward, element 1', side='input', access=(1,), op='mul'),
                 at='specs/gemma4_text.yaml:56:28',
             ),
             ValueSpec(
                 'per_layer_output',
                 _L_Residual,
                 "What the block's per-layer input branch adds to the stream, after its norm",
-                ReadPoint('module', 'post_per_layer_input_norm.output', "the child module post_per_layer_input_norm's output", module=('post_per_layer_input_norm',), side='output'),
+                ReadPoint('module', 'post_per_layer_input_norm.output', "the child module post_per_layer_input_norm's output", module=('post_per_layer_input_norm',)),
                 at='specs/gemma4_text.yaml:57:29',
             ),
         ),
         identities=(
-            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_hidden_size_per_layer_input_0, '==', 0.0, 0.0, at='specs/gemma4_text.yaml:48:9'),
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_hidden_size_per_layer_input_1, '==', 0.0, 0.0, at='specs/gemma4_text.yaml:49:9'),
-            Identity('(layer_input + self_attn.attention_output + mlp.mlp_output + per_layer_output) * layer_scalar == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'per_layer_output', 'layer_scalar', 'layer_output'), _identity_layers_hidden_size_per_layer_input_2, '==', 1e-05, 0.0, at='specs/gemma4_text.yaml:59:13'),
-            Identity("per_layer_projection.input == gelu(per_layer_input_gate.output, approximate='tanh') * per_layer_input", ('per_layer_projection.input', 'per_layer_input_gate.output', 'per_layer_input'), _identity_layers_hidden_size_per_layer_input_3, '==', 1e-06, 0.0, at='specs/gemma4_text.yaml:60:13'),
+            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_hidden_size_per_layer_input_0, at='specs/gemma4_text.yaml:48:9'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_hidden_size_per_layer_input_1, at='specs/gemma4_text.yaml:49:9'),
+            Identity('(layer_input + self_attn.attention_output + mlp.mlp_output + per_layer_output) * layer_scalar == layer_output', (
+                'layer_input',
+                'self_attn.attention_output',
+                'mlp.mlp_output',
+                'per_layer_output',
+                'layer_scalar',
+                'layer_output',
+            ), _identity_layers_hidden_size_per_layer_input_2, atol=1e-05, at='specs/gemma4_text.yaml:59:13'),
+            Identity("per_layer_projection.input == gelu(per_layer_input_gate.output, approximate='tanh') * per_layer_input", ('per_layer_projection.input', 'per_layer_input_gate.output', 'per_layer_input'), _identity_layers_hidden_size_per_layer_input_3, atol=1e-06, at='specs/gemma4_text.yaml:60:13'),
         ),
         when=_when_layers_hidden_size_per_layer_input_1,
         when_text='hidden_size_per_layer_input',
         kind='ple',
     ),
     HostSpec(
-        path='layers[i]',
-        cls='Gemma4TextDecoderLayer',
-        values=(
+        'layers[i]',
+        'Gemma4TextDecoderLayer',
+        (
             ValueSpec(
                 'layer_input',
                 _L_Residual,
@@ -542,7 +574,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_norm_output',
                 _L_Residual,
                 'The normed stream entering the attention',
-                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',), side='output'),
+                ReadPoint('module', 'input_layernorm.output', "the child module input_layernorm's output", module=('input_layernorm',)),
                 at='specs/llama.yaml:49:30',
             ),
             ValueSpec(
@@ -556,7 +588,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_norm_output',
                 _L_Residual,
                 'The normed stream entering the MLP',
-                ReadPoint('module', 'pre_feedforward_layernorm.output', "the child module pre_feedforward_layernorm's output", module=('pre_feedforward_layernorm',), side='output'),
+                ReadPoint('module', 'pre_feedforward_layernorm.output', "the child module pre_feedforward_layernorm's output", module=('pre_feedforward_layernorm',)),
                 at='specs/gemma2.yaml:33:24',
             ),
             ValueSpec(
@@ -570,30 +602,30 @@ HOSTS: tuple[HostSpec, ...] = (
                 'layer_output',
                 _L_Residual,
                 'The residual stream leaving the block, a tensor even when the block returns a tuple',
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/llama.yaml:53:21',
             ),
             ValueSpec(
                 'layer_scalar',
                 _L_BlockScale,
                 'The scalar the block multiplies its whole output by, after the last residual add',
-                ReadPoint('op', 'op:mul_.input[1]', 'the input of mul_ (first call) inside the forward, element 1', side='input', access=(1,), op='mul_', occurrence=0),
+                ReadPoint('op', 'op:mul_.input[1]', 'the input of mul_ (first call) inside the forward, element 1', side='input', access=(1,), op='mul_'),
                 at='specs/gemma4_text.yaml:46:21',
             ),
         ),
         identities=(
-            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_not_hidden_size_per_layer_input_0, '==', 0.0, 0.0, at='specs/gemma4_text.yaml:48:9'),
-            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_not_hidden_size_per_layer_input_1, '==', 0.0, 0.0, at='specs/gemma4_text.yaml:49:9'),
-            Identity('(layer_input + self_attn.attention_output + mlp.mlp_output) * layer_scalar == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_scalar', 'layer_output'), _identity_layers_not_hidden_size_per_layer_input_2, '==', 1e-05, 0.0, at='specs/gemma4_text.yaml:65:13'),
+            Identity('layer_input + self_attn.attention_output == layer_mid', ('layer_input', 'self_attn.attention_output', 'layer_mid'), _identity_layers_not_hidden_size_per_layer_input_0, at='specs/gemma4_text.yaml:48:9'),
+            Identity('mlp_norm_output == mlp_input', ('mlp_norm_output', 'mlp_input'), _identity_layers_not_hidden_size_per_layer_input_1, at='specs/gemma4_text.yaml:49:9'),
+            Identity('(layer_input + self_attn.attention_output + mlp.mlp_output) * layer_scalar == layer_output', ('layer_input', 'self_attn.attention_output', 'mlp.mlp_output', 'layer_scalar', 'layer_output'), _identity_layers_not_hidden_size_per_layer_input_2, atol=1e-05, at='specs/gemma4_text.yaml:65:13'),
         ),
         when=_when_layers_not_hidden_size_per_layer_input_2,
         when_text='not hidden_size_per_layer_input',
         kind='plain',
     ),
     HostSpec(
-        path='layers[i].self_attn',
-        cls='Gemma4TextAttention',
-        values=(
+        'layers[i].self_attn',
+        'Gemma4TextAttention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_Queries,
@@ -619,7 +651,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_Pattern,
                 'The attention scores entering the softmax, masked',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_eager,
                 at='specs/llama.yaml:65:32',
             ),
@@ -627,7 +659,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_Pattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_eager,
                 at='specs/llama.yaml:66:39',
             ),
@@ -635,7 +667,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_HeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', side='output', access=(0,), call='attention'),
+                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', access=(0,), call='attention'),
                 at='specs/llama.yaml:67:31',
             ),
             ValueSpec(
@@ -643,42 +675,42 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_HeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('num_heads', -1))), ),
+                view=(ViewOp('unflatten', (-1, ('num_heads', -1))),),
                 at='specs/gemma4_text.yaml:69:32',
             ),
             ValueSpec(
                 'attention_output',
                 _L_Residual,
                 'What the attention adds to the residual stream',
-                ReadPoint('module', '^.post_attention_layernorm.output', "the sibling module post_attention_layernorm's output", module=('post_attention_layernorm',), side='output', up=1),
+                ReadPoint('module', '^.post_attention_layernorm.output', "the sibling module post_attention_layernorm's output", module=('post_attention_layernorm',), up=1),
                 at='specs/gemma2.yaml:38:25',
             ),
             ValueSpec(
                 'attention_raw_output',
                 _L_Residual,
                 "The attention module's own output, before a norm the block applies to it (sandwich norms: attention_output is that norm's output)",
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/gemma2.yaml:37:29',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______s_0, '==', 0.0, 0.0, at='specs/gemma4_text.yaml:71:9'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______s_1, '==', 1e-05, 0.0, at='specs/gemma4_text.yaml:72:9'),
-            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______s_2, '==', 0.0, 0.0, at='specs/gemma4_text.yaml:73:9'),
-            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______s_3, '==', 1e-06, 0.0, at='specs/gemma4_text.yaml:74:9'),
-            Identity('vnorm(attention_queries) == transpose(vnorm(q_norm.output), 1, 2)', ('attention_queries', 'q_norm.output'), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______s_4, '==', 1e-05, 0.0, at='specs/gemma4_text.yaml:75:9'),
-            Identity('masked(attention_probabilities, window=sliding_window) == 0', ('attention_probabilities', 'sliding_window'), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______s_5, '==', 0.0, 0.0, at='specs/gemma3_text.yaml:46:13'),
-            Identity('vnorm(attention_keys) == transpose(vnorm(k_norm.output), 1, 2)', ('attention_keys', 'k_norm.output'), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______s_6, '==', 1e-05, 0.0, at='specs/gemma4_text.yaml:83:13'),
-            Identity('attention_values == transpose(v_norm.output, 1, 2)', ('attention_values', 'v_norm.output'), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______s_7, '==', 0.0, 0.0, at='specs/gemma4_text.yaml:84:13'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______s_0, at='specs/gemma4_text.yaml:71:9'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______s_1, atol=1e-05, at='specs/gemma4_text.yaml:72:9'),
+            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______s_2, at='specs/gemma4_text.yaml:73:9'),
+            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______s_3, atol=1e-06, at='specs/gemma4_text.yaml:74:9'),
+            Identity('vnorm(attention_queries) == transpose(vnorm(q_norm.output), 1, 2)', ('attention_queries', 'q_norm.output'), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______s_4, atol=1e-05, at='specs/gemma4_text.yaml:75:9'),
+            Identity('masked(attention_probabilities, window=sliding_window) == 0', ('attention_probabilities', 'sliding_window'), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______s_5, at='specs/gemma3_text.yaml:46:13'),
+            Identity('vnorm(attention_keys) == transpose(vnorm(k_norm.output), 1, 2)', ('attention_keys', 'k_norm.output'), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______s_6, atol=1e-05, at='specs/gemma4_text.yaml:83:13'),
+            Identity('attention_values == transpose(v_norm.output, 1, 2)', ('attention_values', 'v_norm.output'), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______s_7, at='specs/gemma4_text.yaml:84:13'),
         ),
         when=_when_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______s_3,
         when_text="kv_sharing_modes[i] != 'reuse' and layer_types[i][0] == 's'",
         kind='sliding',
     ),
     HostSpec(
-        path='layers[i].self_attn',
-        cls='Gemma4TextAttention',
-        values=(
+        'layers[i].self_attn',
+        'Gemma4TextAttention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_Queries,
@@ -704,7 +736,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_Pattern,
                 'The attention scores entering the softmax, masked',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_eager,
                 at='specs/llama.yaml:65:32',
             ),
@@ -712,7 +744,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_Pattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_eager,
                 at='specs/llama.yaml:66:39',
             ),
@@ -720,7 +752,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_HeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', side='output', access=(0,), call='attention'),
+                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', access=(0,), call='attention'),
                 at='specs/llama.yaml:67:31',
             ),
             ValueSpec(
@@ -728,43 +760,47 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_HeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('num_heads', -1))), ),
+                view=(ViewOp('unflatten', (-1, ('num_heads', -1))),),
                 at='specs/gemma4_text.yaml:69:32',
             ),
             ValueSpec(
                 'attention_output',
                 _L_Residual,
                 'What the attention adds to the residual stream',
-                ReadPoint('module', '^.post_attention_layernorm.output', "the sibling module post_attention_layernorm's output", module=('post_attention_layernorm',), side='output', up=1),
+                ReadPoint('module', '^.post_attention_layernorm.output', "the sibling module post_attention_layernorm's output", module=('post_attention_layernorm',), up=1),
                 at='specs/gemma2.yaml:38:25',
             ),
             ValueSpec(
                 'attention_raw_output',
                 _L_Residual,
                 "The attention module's own output, before a norm the block applies to it (sandwich norms: attention_output is that norm's output)",
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/gemma2.yaml:37:29',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______f_0, '==', 0.0, 0.0, at='specs/gemma4_text.yaml:71:9'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______f_1, '==', 1e-05, 0.0, at='specs/gemma4_text.yaml:72:9'),
-            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______f_2, '==', 0.0, 0.0, at='specs/gemma4_text.yaml:73:9'),
-            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______f_3, '==', 1e-06, 0.0, at='specs/gemma4_text.yaml:74:9'),
-            Identity('vnorm(attention_queries) == transpose(vnorm(q_norm.output), 1, 2)', ('attention_queries', 'q_norm.output'), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______f_4, '==', 1e-05, 0.0, at='specs/gemma4_text.yaml:75:9'),
-            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______f_5, '==', 0.0, 0.0, at='specs/gemma3_text.yaml:50:13'),
-            Identity('vnorm(attention_keys) == transpose(vnorm(k_norm.output), 1, 2)', ('attention_keys', 'k_norm.output'), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______f_6, '==', 1e-05, 0.0, at='specs/gemma4_text.yaml:89:13'),
-            Identity('attention_values == transpose(v_norm.output, 1, 2)', ('attention_values', 'v_norm.output'), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______f_7, '==', 0.0, 0.0, at='specs/gemma4_text.yaml:90:13'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______f_0, at='specs/gemma4_text.yaml:71:9'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______f_1, atol=1e-05, at='specs/gemma4_text.yaml:72:9'),
+            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______f_2, at='specs/gemma4_text.yaml:73:9'),
+            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______f_3, atol=1e-06, at='specs/gemma4_text.yaml:74:9'),
+            Identity('vnorm(attention_queries) == transpose(vnorm(q_norm.output), 1, 2)', ('attention_queries', 'q_norm.output'), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______f_4, atol=1e-05, at='specs/gemma4_text.yaml:75:9'),
+            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______f_5, at='specs/gemma3_text.yaml:50:13'),
+            Identity('vnorm(attention_keys) == transpose(vnorm(k_norm.output), 1, 2)', ('attention_keys', 'k_norm.output'), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______f_6, atol=1e-05, at='specs/gemma4_text.yaml:89:13'),
+            Identity('attention_values == transpose(v_norm.output, 1, 2)', ('attention_values', 'v_norm.output'), _identity_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______f_7, at='specs/gemma4_text.yaml:90:13'),
         ),
-        dims=(('head_dim', 'global_head_dim'), ('qk_head_dim', 'global_head_dim'), ('num_kv_heads', 'global_kv_heads')),
         when=_when_layers_self_attn_kv_sharing_modes_i______reuse__and_layer_types_i__0______f_4,
         when_text="kv_sharing_modes[i] != 'reuse' and layer_types[i][0] == 'f'",
         kind='full',
+        dims=(
+            ('head_dim', 'global_head_dim'),
+            ('qk_head_dim', 'global_head_dim'),
+            ('num_kv_heads', 'global_kv_heads'),
+        ),
     ),
     HostSpec(
-        path='layers[i].self_attn',
-        cls='Gemma4TextAttention',
-        values=(
+        'layers[i].self_attn',
+        'Gemma4TextAttention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_Queries,
@@ -790,7 +826,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_Pattern,
                 'The attention scores entering the softmax, masked',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_eager,
                 at='specs/llama.yaml:65:32',
             ),
@@ -798,7 +834,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_Pattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_eager,
                 at='specs/llama.yaml:66:39',
             ),
@@ -806,7 +842,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_HeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', side='output', access=(0,), call='attention'),
+                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', access=(0,), call='attention'),
                 at='specs/llama.yaml:67:31',
             ),
             ValueSpec(
@@ -814,40 +850,40 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_HeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('num_heads', -1))), ),
+                view=(ViewOp('unflatten', (-1, ('num_heads', -1))),),
                 at='specs/gemma4_text.yaml:69:32',
             ),
             ValueSpec(
                 'attention_output',
                 _L_Residual,
                 'What the attention adds to the residual stream',
-                ReadPoint('module', '^.post_attention_layernorm.output', "the sibling module post_attention_layernorm's output", module=('post_attention_layernorm',), side='output', up=1),
+                ReadPoint('module', '^.post_attention_layernorm.output', "the sibling module post_attention_layernorm's output", module=('post_attention_layernorm',), up=1),
                 at='specs/gemma2.yaml:38:25',
             ),
             ValueSpec(
                 'attention_raw_output',
                 _L_Residual,
                 "The attention module's own output, before a norm the block applies to it (sandwich norms: attention_output is that norm's output)",
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/gemma2.yaml:37:29',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_layer_types_i__0______s__and_kv_sharing_modes_i______reuse_0, '==', 0.0, 0.0, at='specs/gemma4_text.yaml:71:9'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_layer_types_i__0______s__and_kv_sharing_modes_i______reuse_1, '==', 1e-05, 0.0, at='specs/gemma4_text.yaml:72:9'),
-            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_layer_types_i__0______s__and_kv_sharing_modes_i______reuse_2, '==', 0.0, 0.0, at='specs/gemma4_text.yaml:73:9'),
-            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_layer_types_i__0______s__and_kv_sharing_modes_i______reuse_3, '==', 1e-06, 0.0, at='specs/gemma4_text.yaml:74:9'),
-            Identity('vnorm(attention_queries) == transpose(vnorm(q_norm.output), 1, 2)', ('attention_queries', 'q_norm.output'), _identity_layers_self_attn_layer_types_i__0______s__and_kv_sharing_modes_i______reuse_4, '==', 1e-05, 0.0, at='specs/gemma4_text.yaml:75:9'),
-            Identity('masked(attention_probabilities, window=sliding_window) == 0', ('attention_probabilities', 'sliding_window'), _identity_layers_self_attn_layer_types_i__0______s__and_kv_sharing_modes_i______reuse_5, '==', 0.0, 0.0, at='specs/gemma4_text.yaml:94:13'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_layer_types_i__0______s__and_kv_sharing_modes_i______reuse_0, at='specs/gemma4_text.yaml:71:9'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_layer_types_i__0______s__and_kv_sharing_modes_i______reuse_1, atol=1e-05, at='specs/gemma4_text.yaml:72:9'),
+            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_layer_types_i__0______s__and_kv_sharing_modes_i______reuse_2, at='specs/gemma4_text.yaml:73:9'),
+            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_layer_types_i__0______s__and_kv_sharing_modes_i______reuse_3, atol=1e-06, at='specs/gemma4_text.yaml:74:9'),
+            Identity('vnorm(attention_queries) == transpose(vnorm(q_norm.output), 1, 2)', ('attention_queries', 'q_norm.output'), _identity_layers_self_attn_layer_types_i__0______s__and_kv_sharing_modes_i______reuse_4, atol=1e-05, at='specs/gemma4_text.yaml:75:9'),
+            Identity('masked(attention_probabilities, window=sliding_window) == 0', ('attention_probabilities', 'sliding_window'), _identity_layers_self_attn_layer_types_i__0______s__and_kv_sharing_modes_i______reuse_5, at='specs/gemma4_text.yaml:94:13'),
         ),
         when=_when_layers_self_attn_layer_types_i__0______s__and_kv_sharing_modes_i______reuse_5,
         when_text="layer_types[i][0] == 's' and kv_sharing_modes[i] == 'reuse'",
         kind='sliding_shared',
     ),
     HostSpec(
-        path='layers[i].self_attn',
-        cls='Gemma4TextAttention',
-        values=(
+        'layers[i].self_attn',
+        'Gemma4TextAttention',
+        (
             ValueSpec(
                 'attention_queries',
                 _L_Queries,
@@ -873,7 +909,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_scores',
                 _L_Pattern,
                 'The attention scores entering the softmax, masked',
-                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax', occurrence=0),
+                ReadPoint('op', 'call:attention > op:softmax.input[0]', 'the input of softmax (first call) inside the attention interface call, element 0', side='input', access=(0,), call='attention', op='softmax'),
                 needs=_C_eager,
                 at='specs/llama.yaml:65:32',
             ),
@@ -881,7 +917,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_probabilities',
                 _L_Pattern,
                 'The attention pattern the values are mixed with',
-                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', side='output', call='attention', op='dropout', occurrence=0),
+                ReadPoint('op', 'call:attention > op:dropout.output', 'the output of dropout (first call) inside the attention interface call', call='attention', op='dropout'),
                 needs=_C_eager,
                 at='specs/llama.yaml:66:39',
             ),
@@ -889,7 +925,7 @@ HOSTS: tuple[HostSpec, ...] = (
                 'attention_head_outputs',
                 _L_HeadOutputs,
                 'The per-head outputs before the output projection',
-                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', side='output', access=(0,), call='attention'),
+                ReadPoint('call', 'call:attention.output[0]', 'inside the forward: the output of the attention interface call, element 0', access=(0,), call='attention'),
                 at='specs/llama.yaml:67:31',
             ),
             ValueSpec(
@@ -897,46 +933,50 @@ HOSTS: tuple[HostSpec, ...] = (
                 _L_HeadOutputs,
                 "Every head's output side by side, as the output projection takes it",
                 ReadPoint('module', 'o_proj.input', "the child module o_proj's input", module=('o_proj',), side='input'),
-                view=(ViewOp('unflatten', (-1, ('num_heads', -1))), ),
+                view=(ViewOp('unflatten', (-1, ('num_heads', -1))),),
                 at='specs/gemma4_text.yaml:69:32',
             ),
             ValueSpec(
                 'attention_output',
                 _L_Residual,
                 'What the attention adds to the residual stream',
-                ReadPoint('module', '^.post_attention_layernorm.output', "the sibling module post_attention_layernorm's output", module=('post_attention_layernorm',), side='output', up=1),
+                ReadPoint('module', '^.post_attention_layernorm.output', "the sibling module post_attention_layernorm's output", module=('post_attention_layernorm',), up=1),
                 at='specs/gemma2.yaml:38:25',
             ),
             ValueSpec(
                 'attention_raw_output',
                 _L_Residual,
                 "The attention module's own output, before a norm the block applies to it (sandwich norms: attention_output is that norm's output)",
-                ReadPoint('module', 'output[0]', "the module's own output, element 0", side='output', access=(0,)),
+                ReadPoint('module', 'output[0]', "the module's own output, element 0", access=(0,)),
                 at='specs/gemma2.yaml:37:29',
             ),
         ),
         identities=(
-            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_layer_types_i__0______f__and_kv_sharing_modes_i______reuse_0, '==', 0.0, 0.0, at='specs/gemma4_text.yaml:71:9'),
-            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_layer_types_i__0______f__and_kv_sharing_modes_i______reuse_1, '==', 1e-05, 0.0, at='specs/gemma4_text.yaml:72:9'),
-            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_layer_types_i__0______f__and_kv_sharing_modes_i______reuse_2, '==', 0.0, 0.0, at='specs/gemma4_text.yaml:73:9'),
-            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_layer_types_i__0______f__and_kv_sharing_modes_i______reuse_3, '==', 1e-06, 0.0, at='specs/gemma4_text.yaml:74:9'),
-            Identity('vnorm(attention_queries) == transpose(vnorm(q_norm.output), 1, 2)', ('attention_queries', 'q_norm.output'), _identity_layers_self_attn_layer_types_i__0______f__and_kv_sharing_modes_i______reuse_4, '==', 1e-05, 0.0, at='specs/gemma4_text.yaml:75:9'),
-            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_layer_types_i__0______f__and_kv_sharing_modes_i______reuse_5, '==', 0.0, 0.0, at='specs/gemma4_text.yaml:99:13'),
+            Identity('attention_premix == attention_head_outputs', ('attention_premix', 'attention_head_outputs'), _identity_layers_self_attn_layer_types_i__0______f__and_kv_sharing_modes_i______reuse_0, at='specs/gemma4_text.yaml:71:9'),
+            Identity('sum(attention_probabilities, -1) == 1', ('attention_probabilities',), _identity_layers_self_attn_layer_types_i__0______f__and_kv_sharing_modes_i______reuse_1, atol=1e-05, at='specs/gemma4_text.yaml:72:9'),
+            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_layer_types_i__0______f__and_kv_sharing_modes_i______reuse_2, at='specs/gemma4_text.yaml:73:9'),
+            Identity('softmax(attention_scores, -1) == attention_probabilities', ('attention_scores', 'attention_probabilities'), _identity_layers_self_attn_layer_types_i__0______f__and_kv_sharing_modes_i______reuse_3, atol=1e-06, at='specs/gemma4_text.yaml:74:9'),
+            Identity('vnorm(attention_queries) == transpose(vnorm(q_norm.output), 1, 2)', ('attention_queries', 'q_norm.output'), _identity_layers_self_attn_layer_types_i__0______f__and_kv_sharing_modes_i______reuse_4, atol=1e-05, at='specs/gemma4_text.yaml:75:9'),
+            Identity('masked(attention_probabilities) == 0', ('attention_probabilities',), _identity_layers_self_attn_layer_types_i__0______f__and_kv_sharing_modes_i______reuse_5, at='specs/gemma4_text.yaml:99:13'),
         ),
-        dims=(('head_dim', 'global_head_dim'), ('qk_head_dim', 'global_head_dim'), ('num_kv_heads', 'global_kv_heads')),
         when=_when_layers_self_attn_layer_types_i__0______f__and_kv_sharing_modes_i______reuse_6,
         when_text="layer_types[i][0] == 'f' and kv_sharing_modes[i] == 'reuse'",
         kind='full_shared',
+        dims=(
+            ('head_dim', 'global_head_dim'),
+            ('qk_head_dim', 'global_head_dim'),
+            ('num_kv_heads', 'global_kv_heads'),
+        ),
     ),
     HostSpec(
-        path='layers[i].mlp',
-        cls='Gemma4TextMLP',
-        values=(
+        'layers[i].mlp',
+        'Gemma4TextMLP',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_Neurons,
                 "The activation function's output",
-                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',), side='output'),
+                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',)),
                 at='specs/llama.yaml:79:23',
             ),
             ValueSpec(
@@ -950,34 +990,34 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_output',
                 _L_Residual,
                 'What the MLP adds to the residual stream',
-                ReadPoint('module', '^.post_feedforward_layernorm.output', "the sibling module post_feedforward_layernorm's output", module=('post_feedforward_layernorm',), side='output', up=1),
+                ReadPoint('module', '^.post_feedforward_layernorm.output', "the sibling module post_feedforward_layernorm's output", module=('post_feedforward_layernorm',), up=1),
                 at='specs/gemma2.yaml:43:19',
             ),
             ValueSpec(
                 'mlp_raw_output',
                 _L_Residual,
                 "The MLP module's own output, before a norm the block applies to it (sandwich norms: mlp_output is that norm's output)",
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/gemma2.yaml:42:23',
             ),
         ),
         identities=(
-            Identity('mlp_neurons == mlp_activation * up_proj.output', ('mlp_neurons', 'mlp_activation', 'up_proj.output'), _identity_layers_mlp_not_use_double_wide_mlp_or_kv_sharing_modes_i______reuse_0, '==', 0.0, 0.0, at='specs/gemma2.yaml:45:9'),
-            Identity("mlp_activation == gelu(gate_proj.output, approximate='tanh')", ('mlp_activation', 'gate_proj.output'), _identity_layers_mlp_not_use_double_wide_mlp_or_kv_sharing_modes_i______reuse_1, '==', 1e-06, 0.0, at='specs/gemma2.yaml:46:9'),
+            Identity('mlp_neurons == mlp_activation * up_proj.output', ('mlp_neurons', 'mlp_activation', 'up_proj.output'), _identity_layers_mlp_not_use_double_wide_mlp_or_kv_sharing_modes_i______reuse_0, at='specs/gemma2.yaml:45:9'),
+            Identity("mlp_activation == gelu(gate_proj.output, approximate='tanh')", ('mlp_activation', 'gate_proj.output'), _identity_layers_mlp_not_use_double_wide_mlp_or_kv_sharing_modes_i______reuse_1, atol=1e-06, at='specs/gemma2.yaml:46:9'),
         ),
         when=_when_layers_mlp_not_use_double_wide_mlp_or_kv_sharing_modes_i______reuse_7,
         when_text="not use_double_wide_mlp or kv_sharing_modes[i] != 'reuse'",
         kind='single',
     ),
     HostSpec(
-        path='layers[i].mlp',
-        cls='Gemma4TextMLP',
-        values=(
+        'layers[i].mlp',
+        'Gemma4TextMLP',
+        (
             ValueSpec(
                 'mlp_activation',
                 _L_Neurons,
                 "The activation function's output",
-                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',), side='output'),
+                ReadPoint('module', 'act_fn.output', "the child module act_fn's output", module=('act_fn',)),
                 at='specs/llama.yaml:79:23',
             ),
             ValueSpec(
@@ -991,25 +1031,25 @@ HOSTS: tuple[HostSpec, ...] = (
                 'mlp_output',
                 _L_Residual,
                 'What the MLP adds to the residual stream',
-                ReadPoint('module', '^.post_feedforward_layernorm.output', "the sibling module post_feedforward_layernorm's output", module=('post_feedforward_layernorm',), side='output', up=1),
+                ReadPoint('module', '^.post_feedforward_layernorm.output', "the sibling module post_feedforward_layernorm's output", module=('post_feedforward_layernorm',), up=1),
                 at='specs/gemma2.yaml:43:19',
             ),
             ValueSpec(
                 'mlp_raw_output',
                 _L_Residual,
                 "The MLP module's own output, before a norm the block applies to it (sandwich norms: mlp_output is that norm's output)",
-                ReadPoint('module', 'output', "the module's own output", side='output'),
+                ReadPoint('module', 'output', "the module's own output"),
                 at='specs/gemma2.yaml:42:23',
             ),
         ),
         identities=(
-            Identity('mlp_neurons == mlp_activation * up_proj.output', ('mlp_neurons', 'mlp_activation', 'up_proj.output'), _identity_layers_mlp_use_double_wide_mlp_and_kv_sharing_modes_i______reuse_0, '==', 0.0, 0.0, at='specs/gemma2.yaml:45:9'),
-            Identity("mlp_activation == gelu(gate_proj.output, approximate='tanh')", ('mlp_activation', 'gate_proj.output'), _identity_layers_mlp_use_double_wide_mlp_and_kv_sharing_modes_i______reuse_1, '==', 1e-06, 0.0, at='specs/gemma2.yaml:46:9'),
+            Identity('mlp_neurons == mlp_activation * up_proj.output', ('mlp_neurons', 'mlp_activation', 'up_proj.output'), _identity_layers_mlp_use_double_wide_mlp_and_kv_sharing_modes_i______reuse_0, at='specs/gemma2.yaml:45:9'),
+            Identity("mlp_activation == gelu(gate_proj.output, approximate='tanh')", ('mlp_activation', 'gate_proj.output'), _identity_layers_mlp_use_double_wide_mlp_and_kv_sharing_modes_i______reuse_1, atol=1e-06, at='specs/gemma2.yaml:46:9'),
         ),
-        dims=(('intermediate_size', 'double_intermediate_size'),),
         when=_when_layers_mlp_use_double_wide_mlp_and_kv_sharing_modes_i______reuse_8,
         when_text="use_double_wide_mlp and kv_sharing_modes[i] == 'reuse'",
         kind='double',
+        dims=(('intermediate_size', 'double_intermediate_size'),),
     ),
 )
 
@@ -1044,6 +1084,10 @@ FAMILY = Family(
     spec_file=SPEC_FILE,
     spec_sha256=SPEC_SHA256,
 )
+
+# ---- typed entry points: nnatlas.load / nnatlas.wrap as this family, returning its Model ----
+load: Loader[Model] = Loader(Model, FAMILY)
+wrap: Wrapper[Model] = Wrapper(Model, FAMILY)
 
 # ---- how the generated tests build this family small ----
 TINY: dict[str, Any] = {
