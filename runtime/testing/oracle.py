@@ -25,6 +25,20 @@ def _accepts(cls: Any, flag: str) -> bool:
     return flag in inspect.signature(cls.forward).parameters
 
 
+def _records_router_logits(cls: type) -> bool:
+    """The flag is taken through **kwargs by a class that records router_logits with transformers'
+    output capturing: the class itself (Glm4Moe, DeepseekV3), or the model it wraps, a class of the
+    same modeling file and config whose name ends in Model (Llama4ForCausalLM's Llama4TextModel)."""
+    import sys
+
+    import transformers
+
+    module = vars(sys.modules[cls.__module__]).values()
+    inner = [c for c in module if isinstance(c, type) and issubclass(c, transformers.PreTrainedModel) and c is not cls
+             and c.__name__.endswith("Model") and getattr(c, "config_class", None) is getattr(cls, "config_class", cls)]
+    return any("router_logits" in (getattr(c, "_can_record_outputs", None) or {}) for c in (cls, *inner))
+
+
 def oracle_checks(family: str) -> tuple[tuple[str, str], ...]:
     """(check, attention load) pairs the family's oracle runs on its tiny load: ``hidden_states``
     and ``logits`` under every attention load the tests run; ``attentions`` under eager where the
@@ -41,10 +55,7 @@ def oracle_checks(family: str) -> tuple[tuple[str, str], ...]:
     if "eager" in loads and "attention_probabilities" in names:
         out.append(("attentions", "eager"))
     cls = getattr(transformers, tiny["model_class"])
-    # the flag is a parameter of the forward, or taken through **kwargs by a class that records
-    # router_logits with transformers' output capturing (Glm4Moe, DeepseekV3)
-    records = "router_logits" in (getattr(cls, "_can_record_outputs", None) or {})
-    if "router_logits" in names and (_accepts(cls, "output_router_logits") or records):
+    if "router_logits" in names and (_accepts(cls, "output_router_logits") or _records_router_logits(cls)):
         out.append(("router_logits", loads[0]))
     if tiny.get("processor"):
         out += [(check, loads[0]) for check in ("image_hidden_states", "image_logits")]
