@@ -28,6 +28,19 @@ from nnatlas.requests import RUNNING_TRACE
 pytestmark = pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs signal.setitimer (POSIX)")
 
 
+@pytest.fixture(autouse=True)
+def python_sigint_handler() -> Any:
+    """These tests are about the Python handler a user has on Ctrl-C (KeyboardInterrupt): give the
+    process one for each test, whatever it inherited. A process started in the background by a
+    non-interactive shell (CI runners do) inherits SIGINT ignored, and Python then installs no
+    handler: nnatlas rightly wraps nothing there, and these tests would test nothing."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _ours(fn: Any) -> bool:
     try:
         names = (str(getattr(fn, "__module__", "")), str(getattr(fn, "__qualname__", "")))
