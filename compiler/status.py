@@ -13,6 +13,7 @@ run did not see reads "not run"; one whose spec changed since, "stale".
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -189,8 +190,6 @@ def merge(previous: Mapping[str, Any] | None, new: dict[str, Any], ran: Iterable
 def stale(atlas: Atlas, status: Mapping[str, Any] | None, root: Path, version: str) -> list[str]:
     """The families whose last run under ``version`` is missing, or saw another spec or other tests
     than the ones now in ``root`` (what ``nnatlas status --stale`` reruns)."""
-    import hashlib
-
     out = []
     for f in atlas.families:
         run = (status or {}).get("families", {}).get(f.name, {}).get("runs", {}).get(version) or {}
