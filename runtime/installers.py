@@ -14,22 +14,20 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from . import patterns, sites
 from .errors import NnatlasError
+from .protocols import WrappedModel
 from .requests import FN_SITES, RUNNING_TRACE, Request, SiteKey
-
-if TYPE_CHECKING:
-    from .model import AtlasModel
 
 
 class SiteInstaller:
     """Installs the sites of one trace's requests (see the module's docstring)."""
 
-    def __init__(self, model: AtlasModel, by_site: dict[SiteKey, list[Request]], call_dims: dict[int, tuple[int, int]],
+    def __init__(self, model: WrappedModel, by_site: dict[SiteKey, list[Request]], call_dims: dict[int, tuple[int, int]],
                  serve: Callable[[SiteKey, Any], Any]):
         self.model, self.by_site, self.call_dims, self.serve = model, by_site, call_dims, serve
 

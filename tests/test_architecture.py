@@ -73,17 +73,32 @@ def test_compiler_has_no_import_circles() -> None:
 
 
 def test_the_runtime_has_no_import_circles() -> None:
-    assert I.circles(I.graph("nnatlas")) == []
+    """Imports under ``if TYPE_CHECKING:`` count: a lower layer annotates against ``nnatlas.protocols``
+    (or a class of its own layer or below), never against the model facade above it."""
+    g = I.graph("nnatlas")
+    assert any(i.typing for imps in g.values() for i in imps)  # (the graph holds them: nnatlas/__init__.py's)
+    assert I.circles(g) == []
 
 
-# the runtime's layers, bottom up: a module imports only from its own layer or those below
+def test_the_import_graph_counts_type_checking_imports() -> None:
+    init = I.imports(I.modules("nnatlas")["nnatlas"], set(I.modules("nnatlas")))
+    typing = {i.target for i in init if i.typing}
+    assert {"nnatlas.model", "nnatlas.loading", "nnatlas.cache"} <= typing
+    assert not any(i.typing for i in init if i.target == "nnatlas.errors")  # (imported to run)
+
+
+# the runtime's layers, bottom up: a module imports only from its own layer or those below (TYPE_CHECKING
+# imports included)
 LAYERS = (
     ("data model", {"nnatlas.errors", "nnatlas.spec", "nnatlas.conditions", "nnatlas.expressions",
-                    "nnatlas.registry", "nnatlas.cache_data", "nnatlas.cache_store"}),
+                    "nnatlas.registry", "nnatlas.cache_data", "nnatlas.cache_store", "nnatlas.protocols"}),
     ("sites", {"nnatlas.interrupts", "nnatlas.sites", "nnatlas.patterns"}),
     ("requests and the tracer", {"nnatlas.requests", "nnatlas.installers", "nnatlas.trace", "nnatlas.validate"}),
-    ("hosts, values and inputs", {"nnatlas.hosts", "nnatlas.processing", "nnatlas.inputs"}),
-    ("model facade and load", {"nnatlas.model", "nnatlas.typed", "nnatlas.describe", "nnatlas.cache"}),
+    ("hosts and values", {"nnatlas.hosts", "nnatlas.processing", "nnatlas.inputs", "nnatlas.model_tree",
+                          "nnatlas.targets"}),
+    ("what a model shows", {"nnatlas.describe", "nnatlas.cache"}),
+    ("model facade", {"nnatlas.model", "nnatlas.typed"}),
+    ("load", {"nnatlas.loading"}),
     ("entry points", {"nnatlas", "nnatlas.cache_cli", "nnatlas.__main__"}),
 )
 
@@ -96,6 +111,17 @@ def test_the_runtime_is_layered() -> None:
     upward = [f"{m} ({LAYERS[layer[m]][0]}) imports {i.target} ({LAYERS[layer[i.target]][0]})"
               for m in runtime for i in g[m] if layer[i.target] > layer[m]]
     assert upward == []
+
+
+def test_the_layers_are_named_in_order() -> None:
+    """Bottom up: data model → sites → requests and the tracer → hosts and values → model facade → load; the
+    Protocols the lower layers annotate against sit at the bottom, the facade above all it uses."""
+    names = [name for name, _ in LAYERS]
+    assert names == ["data model", "sites", "requests and the tracer", "hosts and values", "what a model shows",
+                     "model facade", "load", "entry points"]
+    layer = {m: k for k, (_, mods) in enumerate(LAYERS) for m in mods}
+    assert layer["nnatlas.protocols"] < layer["nnatlas.trace"] < layer["nnatlas.hosts"] < layer["nnatlas.model"]
+    assert layer["nnatlas.model"] < layer["nnatlas.loading"]
 
 
 # the command lines load the model only when a command runs (``nnatlas cache --help`` stays quick)
