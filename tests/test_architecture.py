@@ -94,7 +94,7 @@ LAYERS = (
                     "nnatlas.registry", "nnatlas.cache_data", "nnatlas.cache_store", "nnatlas.protocols"}),
     ("sites", {"nnatlas.interrupts", "nnatlas.sites", "nnatlas.patterns"}),
     ("requests and the tracer", {"nnatlas.requests", "nnatlas.installers", "nnatlas.trace", "nnatlas.validate"}),
-    ("hosts and values", {"nnatlas.hosts", "nnatlas.processing", "nnatlas.inputs", "nnatlas.model_tree",
+    ("hosts and values", {"nnatlas.hosts", "nnatlas.processing", "nnatlas.inputs", "nnatlas.introspect", "nnatlas.model_tree",
                           "nnatlas.targets"}),
     ("what a model shows", {"nnatlas.describe", "nnatlas.cache"}),
     ("model facade", {"nnatlas.model", "nnatlas.typed"}),
@@ -166,9 +166,9 @@ def test_the_size_report_names_the_largest_modules_and_classes() -> None:
 
 # what the compiler's core (resolve, emit, the IR, expressions, read points) may import of the runtime
 DATA_MODEL = {"nnatlas.spec", "nnatlas.conditions"}
-# the compiler's tools that run models with the runtime, and what each uses of it
+# the compiler's tools that run models with the runtime, and what each uses of it: the public API
 TOOLS = {"nnatlas.compiler.printouts": {"nnatlas"},  # nnatlas.wrap, on the meta device
-         "nnatlas.compiler.treecheck": {"nnatlas.model", "nnatlas.hosts", "nnatlas.testing"},
+         "nnatlas.compiler.treecheck": {"nnatlas", "nnatlas.introspect", "nnatlas.testing"},
          "nnatlas.compiler.cli": {"nnatlas.cache_cli"}}  # the `nnatlas cache` command
 
 
@@ -176,9 +176,57 @@ def test_the_compiler_imports_the_runtimes_data_model_only() -> None:
     g = I.graph("nnatlas", "nnatlas.compiler", "nnatlas.families")
     for name in I.modules("nnatlas.compiler"):
         used = {i.target for i in g[name] if not i.target.startswith("nnatlas.compiler")}
-        if name.startswith("nnatlas.compiler.draft"):  # the drafter renders an adapter and loads it like the runtime
-            used -= {"nnatlas.registry", "nnatlas.families"}
         assert used <= DATA_MODEL | TOOLS.get(name, set()), f"{name} imports {sorted(used)}"
+
+
+def _runtime_private_members() -> set[str]:
+    """The runtime's private member names (``_module``, ``_specs_for``, ``_parent`` …): its classes' own
+    methods and attributes, what it sets on ``self``, and the keys it keeps in instance dicts."""
+    import ast
+    import re
+
+    names: set[str] = set()
+    for path in I.modules("nnatlas").values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                for b in node.body:
+                    if isinstance(b, ast.FunctionDef | ast.AsyncFunctionDef):
+                        names.add(b.name)
+                    elif isinstance(b, ast.AnnAssign) and isinstance(b.target, ast.Name):
+                        names.add(b.target.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and \
+                    isinstance(node.value, ast.Name) and node.value.id == "self":  # (not a config's own, set by a site)
+                names.add(node.attr)
+            elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+                names.add(str(node.slice.value))
+    return {n for n in names if re.fullmatch(r"_[a-z]\w*", n)}
+
+
+def test_the_compiler_reaches_no_private_runtime_member() -> None:
+    """The compiler's tools use the runtime's public API (``nnatlas.introspect`` for a host's module, label,
+    parent and children): no private member of a runtime object (an attribute, an instance-dict key, a
+    ``getattr`` name) and no underscore name imported from the runtime. The drafter's generated conftest
+    (text it writes) is held to the same rule."""
+    import ast
+
+    from nnatlas.compiler.draft import check as draft_check
+
+    private = _runtime_private_members()
+    assert {"_module", "_specs_for", "_parent", "_child", "_family"} <= private
+    found = []
+    sources = {name: path.read_text() for name, path in I.modules("nnatlas.compiler").items()}
+    sources["the drafter's conftest"] = draft_check.CONFTEST
+    for name, text in sources.items():
+        for node in ast.walk(ast.parse(text)):
+            own = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+            if isinstance(node, ast.Attribute) and node.attr in private and not own:
+                found.append(f"{name}:{node.lineno} .{node.attr}")
+            elif isinstance(node, ast.Constant) and node.value in private:
+                found.append(f"{name}:{node.lineno} {node.value!r}")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("nnatlas") and \
+                    not (node.module or "").startswith("nnatlas.compiler") and not node.level:
+                found += [f"{name}:{node.lineno} imports {a.name}" for a in node.names if a.name.startswith("_")]
+    assert found == []
 
 
 def test_generated_adapters_hold_what_the_compiler_built() -> None:
@@ -222,3 +270,22 @@ def test_one_expression_whitelist() -> None:
 
     assert expr.FUNCTIONS is spec.FUNCTIONS and expr.VIEW_OPS is spec.VIEW_OPS
     assert expressions.unimplemented() == []
+
+
+def test_a_drafted_adapter_goes_first_through_the_registrys_public_function() -> None:
+    """``registry.put_first``, which the drafter's conftest calls: the adapter is the family of its name and
+    is picked before the generated family of the same model type (in a fresh process: it changes the registry)."""
+    code = ("import sys, types, transformers\n"
+            "import nnatlas.families as fams\n"
+            "from nnatlas import registry\n"
+            "from nnatlas.families import mistral\n"
+            "draft = types.ModuleType('nnatlas.families.mistral')\n"
+            "exec(compile(open(mistral.__file__).read(), 'draft', 'exec'), draft.__dict__)\n"
+            "assert registry.get('mistral') is mistral.FAMILY and list(registry.all_families())[0] != 'mistral'\n"
+            "registry.put_first(draft)\n"
+            "assert list(registry.all_families())[0] == 'mistral' and registry.get('mistral') is draft.FAMILY\n"
+            "assert sys.modules['nnatlas.families.mistral'] is draft and fams.mistral is draft\n"
+            "hf = transformers.MistralForCausalLM(transformers.MistralConfig(hidden_size=16, intermediate_size=32,"
+            " num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, vocab_size=32))\n"
+            "assert registry.pick(hf) is draft.FAMILY\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300, capture_output=True)
