@@ -57,4 +57,4 @@ draft-sweep: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m nnatlas.compiler.draft.sweep --timeout 300
 
 clean:
-	rm -rf $(VENV) site artifacts
+	rm -rf $(VENV) site artifacts build/typecheck
