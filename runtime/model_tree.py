@@ -54,7 +54,6 @@ class ModelTree(Host):
         object.__setattr__(self, "_tracer", None)
         object.__setattr__(self, "_config_view", ConfigView(getattr(hf_model, "config", None)))
         object.__setattr__(self, "_hosts_cache", {})
-        object.__setattr__(self, "_targets_cache", {})
         object.__setattr__(self, "_value_specs", {})
         with _LOCKS_GUARD:
             lock = _LOCKS.setdefault(hf_model, threading.RLock())

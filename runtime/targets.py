@@ -12,12 +12,16 @@ from .errors import NnatlasError, Unavailable
 from .hosts import Host, Value, resolve_native
 from .model_tree import ModelTree
 from .requests import CallDim, SiteKey, Target
-from .spec import CALL_DIMS, Condition
+from .spec import CALL_DIMS, Condition, Family
 from .trace import Tracer
 
 
 class ModelTargets(ModelTree):
     """The model's value handles resolved to their sites (cached per module and value)."""
+
+    def __init__(self, hf_model: torch.nn.Module, family: Family, tokenizer: Any = None, processor: Any = None):
+        super().__init__(hf_model, family, tokenizer, processor)
+        object.__setattr__(self, "_targets_cache", {})  # (module, read, extra, label) -> (Target, native path)
 
     def _active_tracer(self, label: str) -> Tracer:
         tracer = self._tracer
