@@ -127,7 +127,8 @@ def _fallback_config(f: FamilyIR) -> list[dict[str, Any]]:
 
 # the words beside a pattern read inside eager attention (ValueIR.recomputed; runtime/patterns.py)
 RECOMPUTED_WORDS = ("read in eager attention, recomputed under sdpa and flex attention from the call's queries "
-                    "and keys; edits need attn_implementation='eager'")
+                    "and keys (equal to eager's in the generated tests, under each of them the class runs on CPU); "
+                    "edits need attn_implementation='eager'")
 
 
 def _card(h: HostIR, v: ValueIR, f: FamilyIR) -> Card:

@@ -3,6 +3,7 @@ support(), the notes' examples, the image-text load."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -17,7 +18,10 @@ from ..errors import NnatlasError, NotReached, Unavailable
 from ..hosts import Value
 from ..model import AtlasModel
 from ..patterns import RECOMPUTED
+from .flex import runs_on_cpu as flex_runs_on_cpu
+from .flex import uncompiled_flex_attention
 from .tiny import (
+    accepted_attention,
     adapter_module,
     attention_loads,
     build,
@@ -488,14 +492,24 @@ def recomputed_pattern_loads(family: str, variant: str | None = None) -> tuple[s
     fam = adapter_module(family).FAMILY
     inside = any(v.name in PATTERN_VALUES and v.read.kind == "op" and v.read.call == "attention"
                  for h in fam.hosts for v in h.values)
-    return tuple(a for a in attention_loads(family, variant) if inside and a in RECOMPUTED)
+    if not inside:
+        return ()
+    # flex attention too where the class accepts it and transformers runs it on CPU (uncompiled: testing/flex.py)
+    flex = ("flex_attention",) if "flex_attention" in accepted_attention(family, variant) \
+        and flex_runs_on_cpu(family, fam.traits) else ()
+    return tuple(a for a in attention_loads(family, variant) if a in RECOMPUTED) + flex
 
 
 def check_recomputed_patterns(family: str, attn: str, variant: str | None = None) -> float:
     """Under ``attn``, every block's attention_scores and attention_probabilities equal eager's (the same
     weights, inputs with and without padding) within 1e-6, reading them leaves the logits bit-identical
     to a trace that reads nothing, and an edit of them raises Unavailable naming eager. Returns the
-    largest error."""
+    largest error. Flex attention runs uncompiled (:func:`uncompiled_flex_attention`)."""
+    with uncompiled_flex_attention() if attn == "flex_attention" else contextlib.nullcontext():
+        return _check_recomputed_patterns(family, attn, variant)
+
+
+def _check_recomputed_patterns(family: str, attn: str, variant: str | None) -> float:
     eager = build(family, attn_implementation="eager", variant=variant)
     fused = build(family, attn_implementation=attn, variant=variant)
     vocab = int(eager.normalized_config["vocab_size"])
