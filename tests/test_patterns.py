@@ -207,3 +207,38 @@ def test_generated_pattern_test_exactly_where_a_load_recomputes() -> None:
     for family in nnatlas.all_families():
         has = "def test_pattern_recomputed_equals_eager" in (root / f"test_{family}.py").read_text()
         assert has == bool(T.recomputed_pattern_loads(family)), family
+
+
+def test_falcon_pattern_recomputed_from_its_own_sdpa_call() -> None:
+    """Falcon calls scaled_dot_product_attention itself under sdpa (recompute: sdpa): a trace that reads
+    the pattern serves eager's softmax computed from that call's arguments (multi-query: one key head),
+    bit for bit eager's on block 0 (the same queries and keys), with padding; the forward's output is the
+    sdpa call's, and nothing stays swapped."""
+    from nnatlas import sites
+
+    inputs = _inputs(T.build("falcon", attn_implementation="eager"))
+    got = {}
+    for impl in ("eager", "sdpa"):
+        model = T.build("falcon", attn_implementation=impl)
+        attn = model.layers[0].self_attn
+        with torch.no_grad(), model.trace(dict(inputs)):
+            got[impl] = (attn.attention_scores.save(), attn.attention_probabilities.save(), model.logits.save())
+        assert sites.patched_ops() == []
+    sdpa = T.build("falcon", attn_implementation="sdpa")
+    with torch.no_grad(), sdpa.trace(dict(inputs)):
+        plain = sdpa.logits.save()
+    scores, probs, logits = got["sdpa"]
+    assert torch.equal(logits, plain)  # reading the pattern leaves the forward alone
+    assert probs.shape == (2, sdpa.num_heads, 6, 6)
+    hidden = got["eager"][0] <= torch.finfo(torch.float32).min / 2
+    assert torch.equal(hidden, scores <= torch.finfo(torch.float32).min / 2) and hidden[1, :, :, :2].all()
+    assert torch.equal(scores.masked_fill(hidden, 0), got["eager"][0].masked_fill(hidden, 0))
+    assert torch.equal(probs, got["eager"][1])
+
+
+def test_falcon_with_alibi_is_not_recomputed_under_sdpa() -> None:
+    """The alibi branch (not in the spec's tiny configs) scales after adding alibi: a read under sdpa says so."""
+    params = {**T.first_params("falcon"), "alibi": True}
+    model = T.build("falcon", params, attn_implementation="sdpa")
+    with pytest.raises(nnatlas.Unavailable, match="alibi.*attn_implementation='eager'"), model.trace(_inputs(model)):
+        model.layers[0].self_attn.attention_probabilities.save()  # type: ignore[attr-defined]

@@ -487,17 +487,19 @@ PATTERN_ERRORS: dict[tuple[str, str], float] = {}  # (family, attention load) ->
 
 
 def recomputed_pattern_loads(family: str, variant: str | None = None) -> tuple[str, ...]:
-    """The loads the tests run ``family`` under (eager aside) where its pattern, read inside eager
-    attention (``call:attention > op:...``), is recomputed; empty when it is read elsewhere (or missing)."""
+    """The loads the tests run ``family`` under (eager aside) where its pattern is recomputed: sdpa and
+    flex attention for a pattern read inside eager attention (``call:attention > op:...``), sdpa for one
+    read at eager's softmax in the forward with ``recompute: sdpa``; empty when it is read elsewhere."""
     fam = adapter_module(family).FAMILY
-    inside = any(v.name in PATTERN_VALUES and v.read.kind == "op" and v.read.call == "attention"
-                 for h in fam.hosts for v in h.values)
-    if not inside:
-        return ()
-    # flex attention too where the class accepts it and transformers runs it on CPU (uncompiled: testing/flex.py)
-    flex = ("flex_attention",) if "flex_attention" in accepted_attention(family, variant) \
-        and flex_runs_on_cpu(family, fam.traits) else ()
-    return tuple(a for a in attention_loads(family, variant) if a in RECOMPUTED) + flex
+    reads = [v.read for h in fam.hosts for v in h.values if v.name in PATTERN_VALUES and v.read.kind == "op"]
+    if any(r.call == "attention" for r in reads):
+        # flex attention too where the class accepts it and transformers runs it on CPU (uncompiled: testing/flex.py)
+        flex = ("flex_attention",) if "flex_attention" in accepted_attention(family, variant) \
+            and flex_runs_on_cpu(family, fam.traits) else ()
+        return tuple(a for a in attention_loads(family, variant) if a in RECOMPUTED) + flex
+    # at eager's softmax in the forward, recomputed from the forward's own sdpa call (recompute: sdpa)
+    marked = {r.recompute for r in reads if r.recompute}
+    return tuple(a for a in attention_loads(family, variant) if a in marked)
 
 
 def check_recomputed_patterns(family: str, attn: str, variant: str | None = None) -> float:
