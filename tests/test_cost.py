@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from nnatlas import sites
 from nnatlas.testing import build, draw_inputs, standard_values
