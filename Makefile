@@ -35,7 +35,7 @@ $(CHROMIUM):
 	$(SUDO) apt-get install -y -qq --no-install-recommends chromium
 
 test: $(STAMP) $(CHROMIUM)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest --durations=25
 
 # every family's generated tests under each transformers version of pyproject.toml's [tool.nnatlas]
 # status-transformers (one venv each under .venv-status/), folded into generated/docs/status.json (committed);

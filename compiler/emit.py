@@ -358,10 +358,15 @@ def render_tests(f: FamilyIR) -> str:
         readonly = [x for x in readonly if x[0] not in vision_paths]
     # a pattern read inside eager attention on a text block: recomputed under sdpa / flex, checked against eager
     # (under a load the CPU tests run: sdpa; flex attention compiles for minutes on CPU, tests/test_patterns.py has one)
+    # the hosts whose values are read at the experts (their identities run under every experts
+    # implementation of the tiny spec; the other hosts' identities do not depend on it: the first only)
+    expert_paths = tuple(dict.fromkeys(h.path for h in f.hosts for v in h.values if v.read is not None
+                                       and (v.read.call == "experts" or "experts" in v.read.module)))
     recomputed = any(v.recomputed for h in f.hosts if h.path.startswith("layers[i]") for v in h.values) \
         and (f.attention is None or "sdpa" in f.attention)
     return env().get_template("test_family.py.j2").render(
         f=f, recomputed=recomputed, host_paths=host_paths, identity_ids=tuple(identity_ids), writable=tuple(writable),
+        expert_paths=expert_paths,
         readonly=tuple(readonly), missing=tuple(missing), examples=tuple(examples), vision_paths=vision_paths,
         vision_identities=vision_identities, vision_writable=vision_writable, vision_readonly=vision_readonly)
 

@@ -209,7 +209,7 @@ class TinyLoadRaw(Strict):
         default={}, description="drawn config entries: a list of choices, or an expression of earlier entries")
     processor: ProcessorRaw = Field(description="the processor built for it")
     images: ImagesRaw = Field(description="the images drawn")
-    examples: StrictInt = Field(default=6, description="hypothesis examples per test")
+    examples: StrictInt = Field(default=3, description="hypothesis examples per test (3 to 1000)")
 
 
 class TinyRaw(Strict):
@@ -223,7 +223,8 @@ class TinyRaw(Strict):
         "drawn or fixed before it (n_embd: n_head * _head_dim; a name starting with _ is a helper, not passed)")
     batch: tuple[StrictInt, StrictInt] = Field(default=(1, 3), description="[low, high] of the batch size drawn")
     seq: tuple[StrictInt, StrictInt] = Field(default=(1, 8), description="[low, high] of the sequence length drawn")
-    examples: StrictInt = Field(default=12, description="hypothesis examples per test")
+    examples: StrictInt = Field(default=3, description="hypothesis examples per test (3 to 1000): each family's tests "
+                                 "must stay cheap as families multiply; a reference family may ask for more")
     experts: list[StrictStr] = Field(
         default=[], description="the experts implementations (eager, batched_mm, grouped_mm) the generated tests run under")
     processor: ProcessorRaw | None = Field(default=None, description="a processor built locally, for image inputs")

@@ -61,7 +61,7 @@ EXPERTS_IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm")  # what transfor
 SHARED_NOTES = "_notes.yaml"  # groups of notes written once, referenced by families as {shared: NAME}
 PARTS = "parts"  # specs/parts/<part>.yaml: fragments families include (no family: nothing generated for one)
 _EDITS = ("logits", "later", "none")
-MAX_EXAMPLES = 1000  # hypothesis examples per generated test
+MIN_EXAMPLES, MAX_EXAMPLES = 3, 1000  # hypothesis examples per generated test (fewer draws too little of the config space)
 MAX_TINY_RANGE = 4096  # the largest batch or sequence a generated test may draw
 _HOST_PATH = re.compile(r"model|[a-z_][a-z0-9_]*(\[i\])?(\.[a-z_][a-z0-9_]*(\[i\])?)*")
 _FAMILY_NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -691,10 +691,11 @@ class _Family:
                     check((*base, "processor", "image_processor"), names.problem(load.processor.image_processor, "image_processor"))
                 for key in load.draw:
                     check((*base, "draw", key), names.path_problem(key, "draw key", block_index=False), key=True)
-            if not 1 <= t.examples <= MAX_EXAMPLES:
-                self.err(("tiny", "examples"), f"tiny.examples: between 1 and {MAX_EXAMPLES}")
-            if t.image_text is not None and not 1 <= t.image_text.examples <= MAX_EXAMPLES:
-                self.err(("tiny", "image_text", "examples"), f"tiny.image_text.examples: between 1 and {MAX_EXAMPLES}")
+            if not MIN_EXAMPLES <= t.examples <= MAX_EXAMPLES:
+                self.err(("tiny", "examples"), f"tiny.examples: between {MIN_EXAMPLES} and {MAX_EXAMPLES}")
+            if t.image_text is not None and not MIN_EXAMPLES <= t.image_text.examples <= MAX_EXAMPLES:
+                self.err(("tiny", "image_text", "examples"),
+                         f"tiny.image_text.examples: between {MIN_EXAMPLES} and {MAX_EXAMPLES}")
         classes: dict[str, str] = {}
         for path in r.hosts:
             if not _HOST_PATH.fullmatch(path) or names.path_problem(path):

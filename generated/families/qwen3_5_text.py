@@ -1169,7 +1169,7 @@ TINY: dict[str, Any] = {
     ),
     "batch": (1, 3),
     "seq": (1, 7),
-    "examples": 12,
+    "examples": 3,
     "experts": (),
     "processor": None,
     "images": None,
