@@ -51,6 +51,7 @@ class SiteInstaller:
         bounds: dict[int, list[SiteKey | None]] = {}  # module -> [its pre site, its post site] (those read)
         fwd_ops: dict[int, set[str]] = {}
         interfaces: dict[int, set[str]] = {}
+        call_ops: dict[tuple[int, str], set[str]] = {}  # (module, interface) -> the ops read inside its calls
         methods: dict[int, set[str]] = {}
         dims_modules: dict[int, torch.nn.Module] = {}
         for key, reqs in self.by_site.items():  # one pass: sites by module
@@ -69,6 +70,8 @@ class SiteInstaller:
                 fwd_ops.setdefault(mid, set()).add(key.op)  # type: ignore[arg-type]
             elif kind in ("call_in", "call_out") or kind == "op":  # (an op inside an interface call)
                 interfaces.setdefault(mid, set()).add(key.name)  # type: ignore[arg-type]
+                if kind == "op" and key.op:
+                    call_ops.setdefault((key.module, key.name), set()).add(key.op)  # type: ignore[arg-type]
             elif kind in ("method_in", "method_out"):
                 methods.setdefault(mid, set()).add(key.name)  # type: ignore[arg-type]
             for r in reqs:
@@ -91,7 +94,8 @@ class SiteInstaller:
                 self._wrap_forward(mod, bound[0], bound[1], restore)
             if interfaces:
                 for interface in sorted(interfaces.get(mid, ())):
-                    routes[(interface, mid)] = self._call_handler(mid, interface, installed)
+                    routes[(interface, mid)] = self._call_handler(mid, interface, installed,
+                                                                  call_ops.get((mid, interface), set()))
             if methods:
                 for name in sorted(methods.get(mid, ())):
                     self._install_method(mod, name, restore)
@@ -320,8 +324,8 @@ class SiteInstaller:
 
         return count_children
 
-    def _call_handler(self, mid: int, interface: str, installed: list[Any]) -> Callable[..., Any]:
-        ops = {k.op for k in self.by_site if k.kind == "op" and k.module == mid and k.name == interface and k.op}
+    def _call_handler(self, mid: int, interface: str, installed: list[Any], ops: set[str]) -> Callable[..., Any]:
+        """The handler of ``mid``'s calls of ``interface``, counting ``ops`` (the op names read inside them)."""
         serve = self._op_server(mid, interface)
         key_in, key_out = SiteKey("call_in", mid, interface), SiteKey("call_out", mid, interface)
         swapped: set[str] = set()
