@@ -73,11 +73,10 @@ class Table:
         if case != "a" and values:
             words += f", then {(extra - base) / values * 1e6:.1f} µs for each of {values} values"
         split = self.phases.get((model, case))
-        if split is not None:  # where it goes (medians of separate runs: they need not add up to the total)
+        if split is not None:  # where it goes (the least of each phase over separate runs: phases.split)
             per = f" ({split['record'] / values * 1e6:.1f} µs per value)" if values else ""
-            words += (f"; recording {split['record'] * 1e6:.0f} µs{per}, installing {split['install'] * 1e6:.0f} µs, "
-                      f"the forward {(split['forward'] - plain) * 1e6:+.0f} µs over plain, "
-                      f"closing {split['close'] * 1e6:.0f} µs")
+            words += (f"; at best, recording {split['record'] * 1e6:.0f} µs{per}, installing {split['install'] * 1e6:.0f} µs, "
+                      f"the forward {split['forward'] * 1e6:+.0f} µs over plain, closing {split['close'] * 1e6:.0f} µs")
         return words
 
     def print(self) -> None:
@@ -111,7 +110,7 @@ def bench_model(table: Table, name: str, scope: str, family: str, model: Any, ea
                 fns["ours_same"] = theirs[f"{case}:ours"]
         t = measure(fns, gen_runs if case == "e" else runs, warmup=1 if scope == "mid" else 3)
         if case in "abc":  # (for the why of a miss)
-            table.phases[(name, case)] = phases.split(w.ours, max(5, runs // 4))
+            table.phases[(name, case)] = phases.split(w.ours, w.plain, max(5, runs // 4))
         table.add(name, scope, family, case, t, notes.get(case, ""), w.values)
 
 
