@@ -357,13 +357,15 @@ def render_tests(f: FamilyIR) -> str:
         writable = [x for x in writable if x[0] not in vision_paths]
         readonly = [x for x in readonly if x[0] not in vision_paths]
     # a pattern read inside eager attention on a text block: recomputed under sdpa / flex, checked against eager
-    # (under a load the CPU tests run: sdpa; flex attention compiles for minutes on CPU, tests/test_patterns.py has one)
+    # under the loads the CPU tests run (nnatlas.testing.recomputed_pattern_loads): sdpa, and flex attention
+    # (uncompiled) unless the family has attention sinks, which transformers refuses under flex on CPU
+    cpu_flex = "Attention sinks" not in (name for name, _ in f.traits)  # nnatlas.testing.flex.REFUSED_ON_CPU
     # the hosts whose values are read at the experts (their identities run under every experts
     # implementation of the tiny spec; the other hosts' identities do not depend on it: the first only)
     expert_paths = tuple(dict.fromkeys(h.path for h in f.hosts for v in h.values if v.read is not None
                                        and (v.read.call == "experts" or "experts" in v.read.module)))
     recomputed = any(v.recomputed for h in f.hosts if h.path.startswith("layers[i]") for v in h.values) \
-        and (f.attention is None or "sdpa" in f.attention)
+        and (f.attention is None or "sdpa" in f.attention or ("flex_attention" in f.attention and cpu_flex))
     return env().get_template("test_family.py.j2").render(
         f=f, recomputed=recomputed, host_paths=host_paths, identity_ids=tuple(identity_ids), writable=tuple(writable),
         expert_paths=expert_paths,

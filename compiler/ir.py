@@ -42,9 +42,11 @@ class ValueIR:
     @property
     def recomputed(self) -> bool:
         """Read inside eager attention (``call:attention > op:...``): the runtime recomputes it under sdpa
-        and flex attention from the call's queries and keys (runtime/patterns.py); edits need eager."""
-        return bool(self.needs and self.needs.name == "eager" and self.read is not None
-                    and self.read.kind == "op" and self.read.call == "attention")
+        and flex attention from the call's queries and keys; or read at eager's softmax in the host's own
+        forward with ``recompute: sdpa``: recomputed under sdpa from the forward's scaled_dot_product_attention
+        call (runtime/patterns.py). Edits need eager."""
+        return bool(self.needs and self.needs.name == "eager" and self.read is not None and self.read.kind == "op"
+                    and (self.read.call == "attention" or self.read.recompute == "sdpa"))
 
     @property
     def readonly(self) -> bool:

@@ -86,6 +86,12 @@ class ValueRaw(Strict):
     edit: StrictStr = Field(
         default="logits", description='what an edit reaches: "logits" (this forward), "later" (only later calls: a '
         'state written to the cache), "none" (a record of what ran: read-only)')
+    recompute: StrictStr | None = Field(
+        default=None, description='"sdpa": an attention pattern read at eager\'s softmax in the host\'s own forward '
+        '(op:softmax.input[0] or op:softmax.output, needs: eager), where under attn_implementation="sdpa" the '
+        "forward calls torch's scaled_dot_product_attention instead: a trace that reads it recomputes eager's "
+        "softmax from that call's queries, keys, scale and mask (Falcon). Reads inside eager attention "
+        "(call:attention > op:...) are recomputed without it")
     served_copy: StrictBool = Field(
         default=False, alias="copy", description="a save keeps a copy taken when the value is produced, an edit "
         "is a copy put in the call's place: for a tensor the model changes in place later in the same run (a "

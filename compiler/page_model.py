@@ -127,7 +127,11 @@ def _fallback_config(f: FamilyIR) -> list[dict[str, Any]]:
 
 # the words beside a pattern read inside eager attention (ValueIR.recomputed; runtime/patterns.py)
 RECOMPUTED_WORDS = ("read in eager attention, recomputed under sdpa and flex attention from the call's queries "
-                    "and keys; edits need attn_implementation='eager'")
+                    "and keys (equal to eager's in the generated tests, under each of them the class runs on CPU); "
+                    "edits need attn_implementation='eager'")
+# a read at eager's softmax in the host's own forward, with recompute: sdpa (Falcon)
+SDPA_RECOMPUTED_WORDS = ("read at eager's softmax, recomputed under sdpa from the forward's scaled_dot_product_attention "
+                         "call (equal to eager's in the generated tests); edits need attn_implementation='eager'")
 
 
 def _card(h: HostIR, v: ValueIR, f: FamilyIR) -> Card:
@@ -440,7 +444,7 @@ class PageModel:
     def served_words(v: ValueIR) -> str:
         """How the loads serve a conditional value the page serves."""
         if v.recomputed:
-            return RECOMPUTED_WORDS
+            return SDPA_RECOMPUTED_WORDS if v.read is not None and v.read.recompute else RECOMPUTED_WORDS
         return v.needs.says.replace("needs ", "served by ", 1) if v.needs else ""
 
     def warn(self, v: ValueIR) -> bool:

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from nnatlas import conditions
-from nnatlas.spec import CALL_DIMS, Condition, Layout
+from nnatlas.spec import CALL_DIMS, Condition, Layout, ReadPoint
 
 from . import expr, names, page_model, readpoint
 from .errors import Problem, Problems, SpecError
@@ -1028,6 +1028,8 @@ class _Family:
                 reached = Condition(cname, cond.says, cond.fix, kind=cond.kind)
         if v.edit not in _EDITS:
             self.err((*at, "edit"), f"{name}: edit is one of {', '.join(_EDITS)} (what an edit of the value reaches)")
+        if v.recompute is not None:
+            read = self.recompute(name, v, read, needs, at)
         layout = self.layouts.get(vocab_value.layout)
         if layout is None:
             return None
@@ -1037,6 +1039,27 @@ class _Family:
             self.err((*at, "readonly"), f"{name}: a derived value is read-only already")
         return ValueIR(name, layout, vocab_value.meaning, read, derived, v.derived, tuple(view), v.view, needs,
                        reached=reached, readonly_why=v.readonly, edit=v.edit, copy=v.served_copy)
+
+    def recompute(self, name: str, v: ValueRaw, read: ReadPoint | None, needs: Condition | None,
+                  at: DataPath) -> ReadPoint | None:
+        """``recompute: sdpa``: the read, marked, when it is eager's softmax in the host's own forward."""
+        where = (*at, "recompute")
+        if v.recompute != "sdpa":
+            self.err(where, f"{name}: recompute takes 'sdpa' (the load under which the host's forward calls "
+                     f"scaled_dot_product_attention in place of eager's softmax), not {v.recompute!r}")
+        elif read is None or read.kind != "op" or read.op != "softmax" or read.call is not None or \
+                (read.side, read.access) not in (("input", (0,)), ("output", ())):
+            inside = read is not None and read.kind == "op" and read.call is not None
+            self.err(where, f"{name}: recompute: sdpa stands for eager's softmax in the host's own forward: read "
+                     "op:softmax.input[0] (the scores) or op:softmax.output (the probabilities)"
+                     + ("; a read inside eager attention (call:attention > op:...) is recomputed without it"
+                        if inside else ""))
+        elif needs is None or needs.name != "eager":
+            self.err(where, f"{name}: recompute: sdpa recomputes what only eager attention forms: the value "
+                     "needs eager ('needs: eager')")
+        else:
+            return dataclasses.replace(read, recompute="sdpa")
+        return read
 
     def root_value_names(self) -> set[str]:
         root = self.raw.hosts.get("model")

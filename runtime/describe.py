@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from . import patterns
 from .hosts import Host, Value, resolve_native
-from .patterns import RECOMPUTED_WORDS
 from .spec import HostSpec, ValueSpec
 
 if TYPE_CHECKING:
@@ -194,7 +194,7 @@ def support(model: AtlasModel) -> Support:
                 missing = v.read.kind == "missing"
                 says = v.read.words if missing else v.needs.says if v.needs else ""
                 if why is None and v.needs is not None and model._why_unavailable(handle, edit=True) is not None:
-                    says = f"{RECOMPUTED_WORDS}; an edit {v.needs.says}"  # read, but not editable, under this load
+                    says = f"{patterns.words(v.read)}; an edit {v.needs.says}"  # read, but not editable, under this load
                 rows.append(Row(label, type(host._module).__name__, v.name, v.layout.text,
                                 "available" if why is None else "missing" if missing else "unavailable",
                                 says, v.needs is not None))

@@ -288,6 +288,9 @@ class SiteInstaller:
         the depth counters on the children (called after every other wrapper is on, so that they
         wrap those too)."""
         serve = self._op_server(id(mod), None)
+        if "softmax" in names and sites.attention_implementation(getattr(mod, "config", None)) == "sdpa":
+            # eager's softmax read where the forward calls sdpa instead (recompute: sdpa; patterns)
+            serve, names = patterns.softmax_from_sdpa(serve, mod), names | {patterns.SDPA}
         swapped, fallback = self._op_swaps(installed).split(names)
         running: list[tuple[sites.OpScope | None, sites.OpMode | None]] = []
         original = mod.forward

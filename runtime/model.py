@@ -308,7 +308,7 @@ class AtlasModel(Host):
                 return None
             impl = sites.attention_implementation(getattr(module, "config", None) or self.config)
             return Unavailable(f"{value.label} cannot be edited under this load (attn_implementation={impl!r}): it is "
-                               f"{patterns.RECOMPUTED_WORDS}, and {patterns.EDIT_WORDS}. Fix: {spec.needs.fix}")
+                               f"{patterns.words(value._read)}, and {patterns.EDIT_WORDS}. Fix: {spec.needs.fix}")
         tracer = self._tracer
         cfg = getattr(module, "config", None) or self.config
         met: bool | None
@@ -471,10 +471,13 @@ def _names_call_dims(view: Any) -> bool:
 
 
 def recomputed(read: Any, module: torch.nn.Module, config: Any) -> bool:
-    """Whether a read inside eager attention (``call:attention > op:...``) is served by recomputing the
-    pattern under this load (sdpa, flex attention: ``patterns``)."""
-    return read.kind == "op" and read.call == "attention" and \
-        sites.attention_implementation(getattr(module, "config", None) or config) in patterns.RECOMPUTED
+    """Whether a read inside eager attention (``call:attention > op:...``), or at eager's softmax in the
+    forward with ``recompute: sdpa``, is served by recomputing the pattern under this load (sdpa, flex
+    attention: ``patterns``)."""
+    if read.kind != "op" or (read.call != "attention" and read.recompute is None):
+        return False
+    impl = sites.attention_implementation(getattr(module, "config", None) or config)
+    return impl in patterns.RECOMPUTED if read.call == "attention" else impl == read.recompute
 
 
 def conditions_met(name: str, model: AtlasModel, module: torch.nn.Module, condition: Condition | None = None) -> bool:

@@ -72,6 +72,9 @@ class ReadPoint:
     kind ``missing``: the family has no such value; ``words`` says why (reading it raises Unavailable).
     ``up``: the read starts that many hosts above the host (``^.post_attention_layernorm.output``
     reads a sibling's boundary: what the stream receives from a sandwich-normed mixer).
+    ``recompute`` ``"sdpa"`` (an ``op:softmax`` read of the host's own forward): under that load the
+    forward calls torch's ``scaled_dot_product_attention`` in place of eager's softmax, and a trace
+    serves the read from eager's softmax computed from that call's arguments (``patterns``).
     """
 
     kind: ReadKind
@@ -91,6 +94,7 @@ class ReadPoint:
     up: int = 0  # ``^.`` levels: the read starts at the host's parent (1), its grandparent (2), ...
     deps: tuple[str, ...] = ()
     derive: Callable[[Mapping[str, Any]], Any] | None = field(default=None, compare=False)
+    recompute: str | None = None
 
     @property
     def by_position(self) -> bool:

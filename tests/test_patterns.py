@@ -1,6 +1,7 @@
 """Attention patterns under sdpa and flex attention (runtime/patterns.py): recomputed only when read,
 not editable, in the autograd graph of the queries and keys; flex attention's BlockMask in eager's
-form. (Every family's generated tests compare the recomputed pattern with eager's under sdpa.)"""
+form. (Every family's generated tests compare the recomputed pattern with eager's under sdpa and, uncompiled,
+flex attention: nnatlas.testing.flex.)"""
 
 from __future__ import annotations
 
@@ -131,3 +132,113 @@ def test_vision_pattern_recomputed_under_sdpa() -> None:
         got[impl] = (scores, probs)
     assert got["sdpa"][1].shape[0] == 2
     torch.testing.assert_close(got["sdpa"], got["eager"], rtol=0, atol=1e-6)
+
+
+def _flex_state() -> tuple[object, ...]:
+    import torch.nn.attention.flex_attention as torch_flex
+    import transformers.integrations.flex_attention as fa
+    import transformers.masking_utils as masking
+
+    return (fa.WrappedFlexAttention.__dict__.get("_instance"), masking.create_block_mask, fa.create_block_mask,
+            torch_flex.create_block_mask, torch_flex.flex_attention, torch_flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG)
+
+
+def test_uncompiled_flex_attention_restores_what_it_changed() -> None:
+    """Inside, transformers' singleton hands out torch's uncompiled flex_attention, block masks are
+    built uncompiled and torch runs the operator without tracing it; after, on success and on error,
+    the singleton and the globals are what they were (also a singleton transformers made before, whose
+    fields stay untouched)."""
+    import transformers.integrations.flex_attention as fa
+    import transformers.masking_utils as masking
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+    before = _flex_state()
+    with T.uncompiled_flex_attention():
+        assert fa.WrappedFlexAttention(False)() is flex_attention
+        assert fa.WrappedFlexAttention(True)() is flex_attention  # training or not: never compiled
+        block = masking.create_block_mask(lambda b, h, q, k: k <= q, None, None, 4, 4, device="cpu")
+        assert isinstance(block, BlockMask)
+    assert _flex_state() == before
+    with pytest.raises(KeyError), T.uncompiled_flex_attention():
+        raise KeyError("inside")
+    assert _flex_state() == before
+    made = fa.WrappedFlexAttention(False)  # the singleton transformers makes (compiles lazily: nothing runs)
+    fields = dict(vars(made))
+    try:
+        with T.uncompiled_flex_attention():
+            assert fa.WrappedFlexAttention(False) is not made
+        assert fa.WrappedFlexAttention.__dict__["_instance"] is made and vars(made) == fields
+    finally:
+        fa.WrappedFlexAttention._instance = before[0]  # type: ignore[misc]
+    assert _flex_state() == before
+
+
+def test_gpt_oss_sinks_are_refused_under_flex_on_cpu() -> None:
+    """Why gpt_oss has no flex pattern test: transformers refuses attention sinks under flex on CPU."""
+    from nnatlas.testing import flex
+
+    assert flex.REFUSED_ON_CPU in nnatlas.families.gpt_oss.FAMILY.traits  # type: ignore[attr-defined]
+    assert T.recomputed_pattern_loads("gpt_oss") == ()
+    with T.uncompiled_flex_attention():
+        model = T.build("gpt_oss", attn_implementation="flex_attention")
+        with pytest.raises(ValueError, match="Attention sinks cannot be run on CPU with flex attention"):
+            model.native(**_inputs(model))
+
+
+@pytest.mark.parametrize("family", sorted(__import__("nnatlas.testing.flex", fromlist=["GAPS"]).GAPS))
+def test_flex_gaps_pinned(family: str) -> None:
+    """A known gap of the traced pattern under flex attention fails as pinned (a fix makes this fail:
+    then remove the entry from nnatlas.testing.flex.GAPS, and the family's generated test runs flex)."""
+    from nnatlas.testing import flex
+
+    assert "flex_attention" not in T.recomputed_pattern_loads(family)
+    with T.uncompiled_flex_attention():
+        model = T.build(family, attn_implementation="flex_attention")
+        with pytest.raises(RuntimeError, match=flex.GAPS[family]), torch.no_grad(), model.trace(_inputs(model)):
+            model.layers[0].self_attn.attention_probabilities.save()  # type: ignore[attr-defined]
+
+
+def test_generated_pattern_test_exactly_where_a_load_recomputes() -> None:
+    """The compiler renders test_pattern_recomputed_equals_eager for a family exactly when the tests
+    recompute its pattern under some load (no empty parametrization: that would be a skip)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "generated" / "tests"
+    for family in nnatlas.all_families():
+        has = "def test_pattern_recomputed_equals_eager" in (root / f"test_{family}.py").read_text()
+        assert has == bool(T.recomputed_pattern_loads(family)), family
+
+
+def test_falcon_pattern_recomputed_from_its_own_sdpa_call() -> None:
+    """Falcon calls scaled_dot_product_attention itself under sdpa (recompute: sdpa): a trace that reads
+    the pattern serves eager's softmax computed from that call's arguments (multi-query: one key head),
+    bit for bit eager's on block 0 (the same queries and keys), with padding; the forward's output is the
+    sdpa call's, and nothing stays swapped."""
+    from nnatlas import sites
+
+    inputs = _inputs(T.build("falcon", attn_implementation="eager"))
+    got = {}
+    for impl in ("eager", "sdpa"):
+        model = T.build("falcon", attn_implementation=impl)
+        attn = model.layers[0].self_attn
+        with torch.no_grad(), model.trace(dict(inputs)):
+            got[impl] = (attn.attention_scores.save(), attn.attention_probabilities.save(), model.logits.save())
+        assert sites.patched_ops() == []
+    sdpa = T.build("falcon", attn_implementation="sdpa")
+    with torch.no_grad(), sdpa.trace(dict(inputs)):
+        plain = sdpa.logits.save()
+    scores, probs, logits = got["sdpa"]
+    assert torch.equal(logits, plain)  # reading the pattern leaves the forward alone
+    assert probs.shape == (2, sdpa.num_heads, 6, 6)
+    hidden = got["eager"][0] <= torch.finfo(torch.float32).min / 2
+    assert torch.equal(hidden, scores <= torch.finfo(torch.float32).min / 2) and hidden[1, :, :, :2].all()
+    assert torch.equal(scores.masked_fill(hidden, 0), got["eager"][0].masked_fill(hidden, 0))
+    assert torch.equal(probs, got["eager"][1])
+
+
+def test_falcon_with_alibi_is_not_recomputed_under_sdpa() -> None:
+    """The alibi branch (not in the spec's tiny configs) scales after adding alibi: a read under sdpa says so."""
+    params = {**T.first_params("falcon"), "alibi": True}
+    model = T.build("falcon", params, attn_implementation="sdpa")
+    with pytest.raises(nnatlas.Unavailable, match="alibi.*attn_implementation='eager'"), model.trace(_inputs(model)):
+        model.layers[0].self_attn.attention_probabilities.save()  # type: ignore[attr-defined]

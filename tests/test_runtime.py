@@ -127,12 +127,14 @@ def test_not_reached(llama: nnatlas.AtlasModel, inputs: dict) -> None:
 
 
 def test_unavailable_says_which_load(inputs: dict) -> None:
-    # falcon's attention is its module's own code: under sdpa no pattern is formed, nor recomputed
+    # falcon's attention is its module's own code: under sdpa it forms no pattern, a read recomputes it
+    # from its sdpa call (recompute: sdpa), and an edit could reach nothing
     falcon = testing.build("falcon", attn_implementation="sdpa")
     with pytest.raises(Unavailable) as info:
         with falcon.trace(inputs):
-            falcon.layers[0].self_attn.attention_probabilities.save()
-    assert "attn_implementation='eager'" in str(info.value) and 'attn_implementation="eager"' in str(info.value)
+            falcon.layers[0].self_attn.attention_probabilities[:] = 0
+    assert "attn_implementation='sdpa'" in str(info.value) and 'attn_implementation="eager"' in str(info.value)
+    assert "scaled_dot_product_attention" in str(info.value)
     assert_clean(falcon, "sdpa")
     sdpa = testing.build("llama", attn_implementation="sdpa")  # llama's is recomputed, but not editable
     with pytest.raises(Unavailable) as info:
@@ -250,10 +252,11 @@ def test_printout_and_support(llama: nnatlas.AtlasModel) -> None:
     table = sdpa.support()
     assert ("layers[0].self_attn", "attention_probabilities") in table.available()
     assert "(conditional: read in eager attention, recomputed under sdpa" in repr(table)
-    falcon = testing.build("falcon", attn_implementation="sdpa")
+    falcon = testing.build("falcon", attn_implementation="sdpa")  # its own sdpa call (recompute: sdpa)
     table = falcon.support()
-    assert ("layers[0].self_attn", "attention_probabilities", "needs attn_implementation='eager'") in table.unavailable()
-    assert "⚠︎ attention_scores" in repr(table)
+    assert ("layers[0].self_attn", "attention_probabilities") in table.available()
+    assert "(conditional: read at eager's softmax, recomputed under sdpa from the forward's " \
+        "scaled_dot_product_attention call; an edit needs attn_implementation='eager')" in repr(table)
 
 
 def test_load_round_trip(tmp_path, llama: nnatlas.AtlasModel, inputs: dict) -> None:

@@ -119,7 +119,7 @@ def test_the_matrix_warns_only_where_the_text_value_is_conditional_and_has_a_leg
         for value in ("layer_output", "attention_output", "mlp_output", "mlp_input", "layer_input"):
             assert "●" in cell(value, fam), (fam, value)
         assert "●" in cell("attention_probabilities", fam)  # recomputed under sdpa: served on every load
-    assert "⚠︎" in cell("attention_probabilities", "falcon")  # the module's own attention code: eager only
+    assert "●" in cell("attention_probabilities", "falcon")  # its own code's sdpa call: recomputed (recompute: sdpa)
     assert "●" in cell("patch_embeddings", "qwen3_5_text")  # the page's image-text load serves it
     assert cell("router_logits", "llama") == ""
 
@@ -164,7 +164,7 @@ def test_coming_from_rows_follow_the_spec() -> None:
     assert llama["blocks.{i}.attn.hook_pattern"]["nnatlas"] == "model.layers[i].self_attn.attention_probabilities"
     assert not llama["blocks.{i}.attn.hook_pattern"]["warn"]  # read under eager, recomputed under sdpa
     falcon = {r["tl"]: r for r in page_model.PageModel(_family("falcon"), _facts("falcon")).coming_from()}
-    assert falcon["blocks.{i}.attn.hook_pattern"]["warn"]  # eager only
+    assert not falcon["blocks.{i}.attn.hook_pattern"]["warn"]  # read under eager, recomputed under sdpa
     assert llama["blocks.{i}.hook_resid_post"]["nnsight"] == "model.model.layers[i].output"
     assert not llama["blocks.{i}.hook_resid_post"]["warn"]
     gpt2 = {r["tl"]: r for r in page_model.PageModel(_family("gpt2"), _facts("gpt2")).coming_from()}

@@ -133,3 +133,33 @@ def test_cli_exit_status_2_lists_every_problem(spec_root: Path) -> None:
     lines = proc.stderr.splitlines()
     assert lines[0].startswith("specs/gpt2.yaml:") and lines[1].startswith("specs/llama.yaml:")
     assert lines[-1] == "nnatlas: 2 problems in the specs; nothing was written"
+
+
+def test_recompute_sdpa_misused(spec_root: Path) -> None:
+    """``recompute: sdpa`` takes only 'sdpa', only on eager's softmax in the host's own forward, only on a
+    value that needs eager; each misuse names file:line:col of the value it was given."""
+    edit(spec_root, "falcon.yaml", '{read: "op:softmax.input[0]", needs: eager, recompute: sdpa}',
+         '{read: "op:softmax.input[0]", recompute: sdpa}')
+    edit(spec_root, "falcon.yaml", '{read: "op:softmax.output", needs: eager, recompute: sdpa}',
+         '{read: "op:softmax.output", needs: eager, recompute: flex}')
+    edit(spec_root, "llama.yaml", '{read: "call:attention > op:softmax.input[0]", needs: eager}',
+         '{read: "call:attention > op:softmax.input[0]", needs: eager, recompute: sdpa}')
+    edit(spec_root, "gpt2.yaml", "      mlp_neurons: down_proj.input\n",
+         "      mlp_neurons: {read: down_proj.input, needs: eager, recompute: sdpa}\n")
+
+    def at(name: str, needle: str, value: str) -> str:
+        n = line_of(spec_root, name, needle)
+        c = (spec_root / "specs" / name).read_text().splitlines()[n - 1].index("recompute: ") + len("recompute: ") + 1
+        return f"specs/{name}:{n}:{c}: {value}"  # the column of the key's value
+
+    got = errors(spec_root)
+    assert at("falcon.yaml", "recompute: flex", "attention_probabilities: recompute takes 'sdpa' (the load "
+                        "under which the host's forward calls scaled_dot_product_attention in place of eager's "
+                        "softmax), not 'flex'") in got
+    assert at("falcon.yaml", "recompute: sdpa", "attention_scores: recompute: sdpa recomputes what only eager attention "
+              "forms: the value needs eager ('needs: eager')") in got
+    assert at("gpt2.yaml", "recompute: sdpa", "mlp_neurons: recompute: sdpa stands for eager's softmax in the host's "
+              "own forward: read op:softmax.input[0] (the scores) or op:softmax.output (the probabilities)") in got
+    assert at("llama.yaml", "recompute: sdpa", "attention_scores: recompute: sdpa stands for eager's softmax in the "
+              "host's own forward: read op:softmax.input[0] (the scores) or op:softmax.output (the probabilities); "
+              "a read inside eager attention (call:attention > op:...) is recomputed without it") in got

@@ -3,6 +3,7 @@ support(), the notes' examples, the image-text load."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -17,7 +18,10 @@ from ..errors import NnatlasError, NotReached, Unavailable
 from ..hosts import Value
 from ..model import AtlasModel
 from ..patterns import RECOMPUTED
+from .flex import runs_on_cpu as flex_runs_on_cpu
+from .flex import uncompiled_flex_attention
 from .tiny import (
+    accepted_attention,
     adapter_module,
     attention_loads,
     build,
@@ -483,19 +487,31 @@ PATTERN_ERRORS: dict[tuple[str, str], float] = {}  # (family, attention load) ->
 
 
 def recomputed_pattern_loads(family: str, variant: str | None = None) -> tuple[str, ...]:
-    """The loads the tests run ``family`` under (eager aside) where its pattern, read inside eager
-    attention (``call:attention > op:...``), is recomputed; empty when it is read elsewhere (or missing)."""
+    """The loads the tests run ``family`` under (eager aside) where its pattern is recomputed: sdpa and
+    flex attention for a pattern read inside eager attention (``call:attention > op:...``), sdpa for one
+    read at eager's softmax in the forward with ``recompute: sdpa``; empty when it is read elsewhere."""
     fam = adapter_module(family).FAMILY
-    inside = any(v.name in PATTERN_VALUES and v.read.kind == "op" and v.read.call == "attention"
-                 for h in fam.hosts for v in h.values)
-    return tuple(a for a in attention_loads(family, variant) if inside and a in RECOMPUTED)
+    reads = [v.read for h in fam.hosts for v in h.values if v.name in PATTERN_VALUES and v.read.kind == "op"]
+    if any(r.call == "attention" for r in reads):
+        # flex attention too where the class accepts it and transformers runs it on CPU (uncompiled: testing/flex.py)
+        flex = ("flex_attention",) if "flex_attention" in accepted_attention(family, variant) \
+            and flex_runs_on_cpu(family, fam.traits) else ()
+        return tuple(a for a in attention_loads(family, variant) if a in RECOMPUTED) + flex
+    # at eager's softmax in the forward, recomputed from the forward's own sdpa call (recompute: sdpa)
+    marked = {r.recompute for r in reads if r.recompute}
+    return tuple(a for a in attention_loads(family, variant) if a in marked)
 
 
 def check_recomputed_patterns(family: str, attn: str, variant: str | None = None) -> float:
     """Under ``attn``, every block's attention_scores and attention_probabilities equal eager's (the same
     weights, inputs with and without padding) within 1e-6, reading them leaves the logits bit-identical
     to a trace that reads nothing, and an edit of them raises Unavailable naming eager. Returns the
-    largest error."""
+    largest error. Flex attention runs uncompiled (:func:`uncompiled_flex_attention`)."""
+    with uncompiled_flex_attention() if attn == "flex_attention" else contextlib.nullcontext():
+        return _check_recomputed_patterns(family, attn, variant)
+
+
+def _check_recomputed_patterns(family: str, attn: str, variant: str | None) -> float:
     eager = build(family, attn_implementation="eager", variant=variant)
     fused = build(family, attn_implementation=attn, variant=variant)
     vocab = int(eager.normalized_config["vocab_size"])

@@ -85,9 +85,9 @@ def check_oracle(family: str, check: str, attn: str) -> None:
         elif kind == "hidden_states":
             _oracle_hidden_states(model, native, inputs, at, images)
         elif kind == "attentions":
-            _oracle_attentions(model, native, inputs, at)
+            _oracle_blocks(model, native, inputs, at, "attention_probabilities", "output_attentions")
         elif kind == "router_logits":
-            _oracle_router_logits(model, native, inputs, at)
+            _oracle_blocks(model, native, inputs, at, "router_logits", "output_router_logits", tokens_flattened=True)
         else:
             raise ValueError(f"unknown oracle check {check!r}")
 
@@ -119,26 +119,23 @@ def _oracle_hidden_states(model: AtlasModel, native: Any, inputs: Mapping[str, t
         _exact(normed, hs[n], f"{at}: final_norm_output vs hidden_states[{n}] (after the final norm)")
 
 
-def _oracle_attentions(model: AtlasModel, native: Any, inputs: Mapping[str, torch.Tensor], at: str) -> None:
-    hosts = _blocks_with(model, "attention_probabilities")
-    assert hosts, f"{at}: no block serves attention_probabilities"
+def _oracle_blocks(model: AtlasModel, native: Any, inputs: Mapping[str, torch.Tensor], at: str, value: str,
+                   flag: str, tokens_flattened: bool = False) -> None:
+    """Every block's ``value``, traced, against what transformers returns for ``flag=True`` (the output's
+    field of the flag's name without ``output_``: ``attentions``, ``router_logits``), block by block;
+    ``tokens_flattened``: transformers returns it with the tokens flattened (router logits), ours is
+    compared in that shape."""
+    hosts = _blocks_with(model, value)
+    assert hosts, f"{at}: no block serves {value}"
     with model.trace(dict(inputs), order="any"):
-        ours = [(i, host.attention_probabilities.save()) for i, host in hosts]
-    theirs = native(**inputs, output_attentions=True).attentions
+        ours = [(i, getattr(host, value).save()) for i, host in hosts]
+    field = flag.removeprefix("output_")
+    theirs = getattr(native(**inputs, **{flag: True}), field)
     assert theirs is not None and len(theirs) == len(ours), \
-        f"{at}: transformers returned {len(theirs or ())} attention patterns, nnatlas serves {len(ours)}"
-    for (i, p), q in zip(ours, theirs):
-        _exact(p, q, f"{at}: layers[{i}] attention_probabilities vs attentions")
-
-
-def _oracle_router_logits(model: AtlasModel, native: Any, inputs: Mapping[str, torch.Tensor], at: str) -> None:
-    hosts = _blocks_with(model, "router_logits")
-    assert hosts, f"{at}: no block serves router_logits"
-    with model.trace(dict(inputs), order="any"):
-        ours = [(i, host.router_logits.save()) for i, host in hosts]
-    theirs = native(**inputs, output_router_logits=True).router_logits
-    assert theirs is not None and len(theirs) == len(ours), \
-        f"{at}: transformers returned {len(theirs or ())} router logits, nnatlas serves {len(ours)}"
+        f"{at}: transformers returned {len(theirs or ())} {field}, nnatlas serves {len(ours)}"
     for (i, r), q in zip(ours, theirs):
-        assert r.numel() == q.numel(), f"{at}: layers[{i}] router_logits {tuple(r.shape)} vs {tuple(q.shape)}"
-        _exact(r.reshape(q.shape), q, f"{at}: layers[{i}] router_logits vs router_logits (tokens flattened)")
+        if tokens_flattened:
+            assert r.numel() == q.numel(), f"{at}: layers[{i}] {value} {tuple(r.shape)} vs {tuple(q.shape)}"
+            _exact(r.reshape(q.shape), q, f"{at}: layers[{i}] {value} vs {field} (tokens flattened)")
+        else:
+            _exact(r, q, f"{at}: layers[{i}] {value} vs {field}")

@@ -179,12 +179,19 @@ def attention_loads(family: str, variant: str | None = None) -> tuple[str, ...]:
     """The attention implementations the generated tests load ``family`` under: those the spec
     declares (``loads.attention``) or, when it declares none, those the tiny model class accepts;
     of them, the ones that run on CPU."""
+    accepted = accepted_attention(family, variant)
+    return tuple(a for a in CPU_ATTENTION if a in accepted)
+
+
+def accepted_attention(family: str, variant: str | None = None) -> tuple[str, ...]:
+    """The attention implementations ``family``'s tiny class accepts: those the spec declares
+    (``loads.attention``) or, when it declares none, those the class's flags say."""
     import transformers
 
     declared = adapter_module(family).FAMILY.attention
-    accepted = declared if declared is not None else \
-        _class_attention(getattr(transformers, tiny_of(family, variant)["model_class"]))
-    return tuple(a for a in CPU_ATTENTION if a in accepted)
+    if declared is not None:
+        return tuple(declared)
+    return _class_attention(getattr(transformers, tiny_of(family, variant)["model_class"]))
 
 
 def check_attention_loads(family: str) -> None:
