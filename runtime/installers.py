@@ -23,7 +23,6 @@ from .errors import NnatlasError
 from .protocols import WrappedModel
 from .requests import FN_SITES, RUNNING_TRACE, Request, SiteKey
 
-
 _running = RUNNING_TRACE.get  # (a wrapper asks it on every call: the trace whose forward runs here)
 
 
