@@ -21,7 +21,7 @@ from collections.abc import Callable, Hashable
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from types import CodeType, FrameType
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -96,11 +96,11 @@ def _registry(interface: str) -> dict[Any, Callable[..., Any]]:
     if interface == "attention":
         from transformers.modeling_utils import AttentionInterface
 
-        return AttentionInterface._global_mapping  # type: ignore[no-any-return]
+        return cast("dict[Any, Callable[..., Any]]", AttentionInterface._global_mapping)
     if interface == "experts":
         from transformers.integrations.moe import ExpertsInterface
 
-        return ExpertsInterface._global_mapping  # type: ignore[no-any-return]
+        return cast("dict[Any, Callable[..., Any]]", ExpertsInterface._global_mapping)
     raise KeyError(f"unknown interface '{interface}'")
 
 
@@ -168,14 +168,14 @@ def acquire(interface: str, impl: str | None) -> None:
 
     def install() -> Callable[[], None]:
         mapping = _registry(interface)
-        held = mapping.get(impl, _NOTHING)  # type: ignore[arg-type]
-        mapping[impl] = _router(interface, held)  # type: ignore[index]
+        held = mapping.get(impl, _NOTHING)
+        mapping[impl] = _router(interface, held)
 
         def undo() -> None:
             if held is _NOTHING:
-                del mapping[impl]  # type: ignore[arg-type]
+                del mapping[impl]
             else:
-                mapping[impl] = held  # type: ignore[index]
+                mapping[impl] = held
         return undo
 
     _PATCHES.acquire(("registry", interface, impl), install, f"{interface}:{impl}")
