@@ -163,26 +163,37 @@ def _router(interface: str, held: Callable[..., Any]) -> Callable[..., Any]:
     return route
 
 
+def _looked_up(interface: str, impl: str | None) -> str | None:
+    """The key ``get_interface(impl, ...)`` reads (attention drops a ``paged|`` prefix, bar ``paged|eager``'s)."""
+    if interface == "attention" and impl is not None and impl.startswith("paged|") and impl != "paged|eager":
+        return impl.removeprefix("paged|")
+    return impl
+
+
 def acquire(interface: str, impl: str | None) -> None:
-    """Put the router of ``interface`` under ``impl``'s own name in its registry (refcounted)."""
+    """Put the router of ``interface`` under the name ``impl`` is looked up by (refcounted). A name
+    with no entry other than eager's (None's) is left alone: transformers refuses it, as outside a trace."""
+    key = _looked_up(interface, impl)
 
     def install() -> Callable[[], None]:
         mapping = _registry(interface)
-        held = mapping.get(impl, _NOTHING)
-        mapping[impl] = _router(interface, held)
+        held = mapping.get(key, _NOTHING)
+        if held is _NOTHING and key not in ("eager", None):
+            return lambda: None
+        mapping[key] = _router(interface, held)
 
         def undo() -> None:
             if held is _NOTHING:
-                del mapping[impl]
+                del mapping[key]
             else:
-                mapping[impl] = held
+                mapping[key] = held
         return undo
 
-    _PATCHES.acquire(("registry", interface, impl), install, f"{interface}:{impl}")
+    _PATCHES.acquire(("registry", interface, key), install, f"{interface}:{key}")
 
 
 def release(interface: str, impl: str | None) -> None:
-    _PATCHES.release(("registry", interface, impl))
+    _PATCHES.release(("registry", interface, _looked_up(interface, impl)))
 
 
 def registered_names() -> set[str]:

@@ -134,8 +134,9 @@ class NameComparing(torch.nn.Module):
         return fn(self, x, x, x, None)[0], branch
 
 
-@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+@pytest.mark.parametrize("impl", ["eager", "sdpa", "paged|sdpa"])
 def test_router_serves_routed_modules_and_passes_every_other_call(impl: str) -> None:
+    key = impl.removeprefix("paged|")  # what get_interface looks up
     routed, other = NameComparing(impl), NameComparing(impl)
     x = torch.randn(1, 2, 4, 3)
     want_routed, branch = routed(x)
@@ -154,17 +155,34 @@ def test_router_serves_routed_modules_and_passes_every_other_call(impl: str) -> 
     try:
         got_routed, got_branch = routed(x)
         got_other, _ = other(x)
-        assert sites.registered_names() == {f"attention:{impl}"}
+        assert sites.registered_names() == {f"attention:{key}"}
     finally:
         sites._ROUTES.reset(token)
         sites.release("attention", impl)
-    assert sites.registered_names() == {f"attention:{impl}"}  # one user left
+    assert sites.registered_names() == {f"attention:{key}"}  # one user left
     sites.release("attention", impl)
     assert got_branch == branch
     # eager: the default the caller passes get_interface; sdpa: what the registry held
-    assert originals == [tiny_eager_attention_forward if impl == "eager" else AttentionInterface._global_mapping["sdpa"]]
+    assert originals == [tiny_eager_attention_forward if impl == "eager" else AttentionInterface._global_mapping[key]]
     assert torch.equal(got_routed, want_routed * 2)
     assert torch.equal(got_other, want_other)
+    assert _registries() == before
+    assert sites.registered_names() == set()
+
+
+def test_an_unregistered_name_is_refused_inside_a_trace_as_outside() -> None:
+    module = NameComparing("no_such_attention")
+    x = torch.randn(1, 2, 4, 3)
+    with pytest.raises(KeyError, match="no_such_attention"):
+        module(x)
+    before = _registries()
+    sites.acquire("attention", "no_such_attention")
+    try:
+        assert _registries() == before  # nothing registered: no eager stands in for it
+        with pytest.raises(KeyError, match="no_such_attention"):
+            module(x)
+    finally:
+        sites.release("attention", "no_such_attention")
     assert _registries() == before
     assert sites.registered_names() == set()
 
@@ -198,3 +216,64 @@ def test_eager_experts_router_calls_the_class_forward() -> None:
     assert torch.equal(got_first, -want_first)
     assert torch.equal(got_second, want_second)
     assert _registries() == before
+
+
+def test_concurrent_traces_of_two_models_share_one_entry_and_plain_forwards_pass_through() -> None:
+    """Two threads trace two sdpa models (one shared "sdpa" entry, refcounted) while a third runs
+    plain forwards of a third sdpa model: each trace's edit reaches only its own model, the plain
+    forwards are untouched, and the registry ends as it began."""
+    import threading
+
+    before = _registries()
+    models = {"llama": T.build("llama", attn_implementation="sdpa"), "gpt2": T.build("gpt2", attn_implementation="sdpa")}
+    plain = T.build("llama", attn_implementation="sdpa", seed=5)
+    inputs = {name: _inputs(m) for name, m in models.items()}
+    with torch.no_grad():
+        want = {name: m.native(**inputs[name]).logits for name, m in models.items()}
+        plain_want = plain.native(**inputs["llama"]).logits
+    zeroed: dict[str, torch.Tensor] = {}
+    for name, m in models.items():  # one after another: the reference
+        with torch.no_grad(), m.trace(inputs[name]):
+            m.layers[0].self_attn.attention_head_outputs[:] = 0  # type: ignore[attr-defined]
+            zeroed[name] = m.logits.save()
+        assert not torch.equal(zeroed[name], want[name])
+    start = threading.Barrier(3)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    got: dict[str, list[torch.Tensor]] = {name: [] for name in models}
+    plain_got: list[torch.Tensor] = []
+
+    def trace(name: str) -> None:
+        try:
+            m = models[name]
+            start.wait()
+            for _ in range(5):
+                with torch.no_grad(), m.trace(inputs[name]):
+                    m.layers[0].self_attn.attention_head_outputs[:] = 0  # type: ignore[attr-defined]
+                    got[name].append(m.logits.save())
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    def forwards() -> None:
+        try:
+            start.wait()
+            while not stop.is_set():
+                with torch.no_grad():
+                    plain_got.append(plain.native(**inputs["llama"]).logits)
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=trace, args=(name,)) for name in models]
+    worker = threading.Thread(target=forwards)
+    for t in (*threads, worker):
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    worker.join()
+    assert not errors, errors
+    for name in models:
+        assert len(got[name]) == 5 and all(torch.equal(g, zeroed[name]) for g in got[name])
+    assert plain_got and all(torch.equal(p, plain_want) for p in plain_got)
+    assert _registries() == before
+    assert sites.registered_names() == set()
