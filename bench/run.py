@@ -13,7 +13,7 @@ import nnatlas
 from nnatlas.testing import standard_values
 
 from . import cache as bench_cache
-from . import compile_time, gradients, memory, models
+from . import compile_time, gradients, memory, models, phases
 from .timing import Timings, measure
 from .workloads import CASES, layer_values, nnsight_available, ours_workloads, theirs_workloads
 
@@ -38,6 +38,7 @@ class Table:
         self.misses: list[str] = []
         self.met: list[str] = []
         self.costs: dict[tuple[str, str], tuple[float, int]] = {}  # (model, case) -> (ours - plain in s, values)
+        self.phases: dict[tuple[str, str], dict[str, float]] = {}  # (model, case) -> seconds per phase (phases.split)
 
     def add(self, model: str, scope: str, family: str, case: str, timings: Timings, note: str = "",
             values: int = 0) -> None:
@@ -71,6 +72,11 @@ class Table:
         words = f"{extra * 1e6:.0f} µs over a {plain * 1e3:.2f} ms forward; per trace {base * 1e6:.0f} µs (row a)"
         if case != "a" and values:
             words += f", then {(extra - base) / values * 1e6:.1f} µs for each of {values} values"
+        split = self.phases.get((model, case))
+        if split is not None:  # where it goes (the least of each phase over separate runs: phases.split)
+            per = f" ({split['record'] / values * 1e6:.1f} µs per value)" if values else ""
+            words += (f"; at best, recording {split['record'] * 1e6:.0f} µs{per}, installing {split['install'] * 1e6:.0f} µs, "
+                      f"the forward {split['forward'] * 1e6:+.0f} µs over plain, closing {split['close'] * 1e6:.0f} µs")
         return words
 
     def print(self) -> None:
@@ -103,6 +109,8 @@ def bench_model(table: Table, name: str, scope: str, family: str, model: Any, ea
             if f"{case}:ours" in theirs:  # nnsight reads a subset: ours on the same subset, for ours/nnsight
                 fns["ours_same"] = theirs[f"{case}:ours"]
         t = measure(fns, gen_runs if case == "e" else runs, warmup=1 if scope == "mid" else 3)
+        if case in "abc":  # (for the why of a miss)
+            table.phases[(name, case)] = phases.split(w.ours, w.plain, max(5, runs // 4))
         table.add(name, scope, family, case, t, notes.get(case, ""), w.values)
 
 

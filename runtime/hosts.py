@@ -218,7 +218,10 @@ class HostList(Generic[H]):
         return host  # type: ignore[return-value]
 
     def __iter__(self) -> Iterator[H]:
-        return (self[i] for i in range(len(self)))
+        hosts = self._hosts
+        for i, module in enumerate(self._module._modules.values()):  # (the order of ModuleList's keys "0", "1", ...)
+            host = hosts.get(i)
+            yield host if host is not None and host._module is module else self[i]
 
     def _child(self, name: str) -> None:
         return None
@@ -314,14 +317,15 @@ def _lazy_attr(node: Any, name: str) -> Any:
 
 
 _HOLDER_DTYPES = {"long": torch.long, "bool": torch.bool}
+# an empty tensor of each holder dtype: ``new()`` of one is the cheapest fresh tensor to make (a third of
+# ``torch.Tensor()``'s time), with its own storage and version counter
+_EMPTY = {dtype: torch.empty(0, dtype=dtype) for dtype in (torch.float32, *_HOLDER_DTYPES.values())}
 
 
 def _placeholder(kind: Any, label: str) -> Any:
-    """What ``save()`` returns: a tensor whose ``.data`` the forward points at the value (``torch.Tensor()``
-    is the cheapest tensor to make), or a :class:`Box` for a value that is not one."""
-    if kind is torch.float32:
-        return torch.Tensor()
-    return Box(label) if kind is Box else torch.empty(0, dtype=kind)
+    """What ``save()`` returns: a tensor whose ``.data`` the forward points at the value, or a
+    :class:`Box` for a value that is not one."""
+    return Box(label) if kind is Box else _EMPTY[kind].new()
 
 
 class Value(_Lazy):
@@ -387,18 +391,26 @@ class Value(_Lazy):
 
     def save(self) -> Any:
         """The value, once the forward computed it: a tensor (a view, no copy) or a :class:`Box`."""
-        model = self._host._model
+        host = self._host
+        model = host._model
         tracer = model._tracer or model._active_tracer(self.label)
         d = self.__dict__
         fast = d.get("_save_as")
-        # saved before, without a load condition, and the path from the host still leads to the same module
-        if fast is not None and (fast[2] is None or resolve_native(self._host._module, fast[2]) is fast[0].module):
-            target, kind, _ = fast
-            holder = _placeholder(kind, target.label)
-            tracer.requests.append(Request(tracer.seq, target.label, "save", target, holder, tracer.current_step,
-                                           tracer.current_call if target.per_call else target.call))
-            tracer.seq += 1
-            return holder
+        if fast is not None:  # saved before, without a load condition
+            target, kind, parts = fast
+            if parts is not None:  # the path from the host must still lead to the same module
+                node: torch.nn.Module | None = host._module
+                for part in parts:
+                    node = node._modules.get(part)  # type: ignore[union-attr]  # (None ends the walk)
+                    if node is None:
+                        break
+            if parts is None or node is target.module:
+                holder = _placeholder(kind, target.label)
+                seq = tracer.seq
+                tracer.requests.append(Request(seq, target.label, "save", target, holder, tracer.current_step,
+                                               tracer.current_call if target.per_call else target.call))
+                tracer.seq = seq + 1
+                return holder
         kind = self._holder_kind()
         holder = _placeholder(kind, self.label)
         if self._read.kind == "derived":
@@ -410,7 +422,7 @@ class Value(_Lazy):
         cached = d.get("_cached_target")
         if cached is not None and cached[0] is target and (spec is None or (spec.needs is None and
                                                                             spec.read.kind != "missing")):
-            d["_save_as"] = (target, kind, cached[1])
+            d["_save_as"] = (target, kind, None if cached[1] is None else tuple(cached[1].split(".")))
         return holder
 
     def _holder_kind(self) -> Any:

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from .model import AtlasModel
 
 
+_running = RUNNING_TRACE.get  # (a wrapper asks it on every call: the trace whose forward runs here)
+
+
 class SiteInstaller:
     """Installs the sites of one trace's requests (see the module's docstring)."""
 
@@ -45,26 +48,36 @@ class SiteInstaller:
     def _install(self, installed: list[Any], restore: list[Callable[[], None]]
                  ) -> dict[tuple[str, int], Callable[..., Any]]:
         modules: dict[int, torch.nn.Module] = {}
-        kinds: dict[int, set[str]] = {}
+        bounds: dict[int, list[SiteKey | None]] = {}  # module -> [its pre site, its post site] (those read)
         fwd_ops: dict[int, set[str]] = {}
         interfaces: dict[int, set[str]] = {}
+        call_ops: dict[tuple[int, str], set[str]] = {}  # (module, interface) -> the ops read inside its calls
         methods: dict[int, set[str]] = {}
         dims_modules: dict[int, torch.nn.Module] = {}
         for key, reqs in self.by_site.items():  # one pass: sites by module
-            assert reqs[0].target is not None
-            mod = reqs[0].target.module
+            target = reqs[0].target
+            assert target is not None
+            mod = target.module
             mid = id(mod)
             modules[mid] = mod
-            kinds.setdefault(mid, set()).add(key.kind)
-            if key.kind == "op" and key.name is None:  # an operation of the module's own forward
+            kind = key[0]
+            if kind == "post" or kind == "pre":  # (the common case first)
+                bound = bounds.get(mid)
+                if bound is None:
+                    bound = bounds[mid] = [None, None]
+                bound[kind == "post"] = key
+            elif kind == "op" and key.name is None:  # an operation of the module's own forward
                 fwd_ops.setdefault(mid, set()).add(key.op)  # type: ignore[arg-type]
-            elif key.kind in ("call_in", "call_out") or key.kind == "op":  # (an op inside an interface call)
+            elif kind in ("call_in", "call_out") or kind == "op":  # (an op inside an interface call)
                 interfaces.setdefault(mid, set()).add(key.name)  # type: ignore[arg-type]
-            elif key.kind in ("method_in", "method_out"):
+                if kind == "op" and key.op:
+                    call_ops.setdefault((key.module, key.name), set()).add(key.op)  # type: ignore[arg-type]
+            elif kind in ("method_in", "method_out"):
                 methods.setdefault(mid, set()).add(key.name)  # type: ignore[arg-type]
             for r in reqs:
-                if r.target is not None and r.target.dims_module is not None:
-                    dims_modules[id(r.target.dims_module)] = r.target.dims_module
+                dims = r.target.dims_module  # type: ignore[union-attr]  # (every request in by_site has a target)
+                if dims is not None:
+                    dims_modules[id(dims)] = dims
         for dm in dims_modules.values():
             installed.append(dm.register_forward_pre_hook(self._dims_hook, with_kwargs=True, prepend=True))
         routes: dict[tuple[str, int], Callable[..., Any]] = {}
@@ -75,14 +88,17 @@ class SiteInstaller:
         children: list[Callable[[], None]] = []
         for mid, names in fwd_ops.items():
             children.append(self._install_forward_ops(modules[mid], names, installed, restore))
-        for mid, kind in kinds.items():
-            mod = modules[mid]
-            if "pre" in kind or "post" in kind:
-                self._wrap_forward(mod, "pre" in kind, "post" in kind, restore)
-            for interface in sorted(interfaces.get(mid, ())):
-                routes[(interface, mid)] = self._call_handler(mid, interface, installed)
-            for name in sorted(methods.get(mid, ())):
-                self._install_method(mod, name, restore)
+        for mid, mod in modules.items():
+            bound = bounds.get(mid)
+            if bound is not None:
+                self._wrap_forward(mod, bound[0], bound[1], restore)
+            if interfaces:
+                for interface in sorted(interfaces.get(mid, ())):
+                    routes[(interface, mid)] = self._call_handler(mid, interface, installed,
+                                                                  call_ops.get((mid, interface), set()))
+            if methods:
+                for name in sorted(methods.get(mid, ())):
+                    self._install_method(mod, name, restore)
         for count_children in children:
             count_children()
         if routes:
@@ -216,37 +232,38 @@ class SiteInstaller:
             self.serve(SiteKey("fn_steps", mid, group), stacked)
         return tuple(result)
 
-    def _wrap_forward(self, mod: torch.nn.Module, pre: bool, post: bool, restore: list[Callable[[], None]]) -> None:
+    def _wrap_forward(self, mod: torch.nn.Module, pre_key: SiteKey | None, post_key: SiteKey | None,
+                      restore: list[Callable[[], None]]) -> None:
         """Serve a module's boundary sites from its own ``forward``: an instance attribute wraps the
         forward ``Module.__call__`` would run (the class's, or one accelerate put on the instance)
         for this trace only, and is taken away afterwards. It sees what forward hooks would see
         (the call's args and kwargs, the output) inside any hooks on the module, and costs a
         quarter of a forward hook (which sends every call of the module down torch's slow path)."""
-        mid = id(mod)
         original = mod.forward
         serve = self.serve
-        pre_key, post_key = SiteKey("pre", mid), SiteKey("post", mid)
         # the forward of this trace runs in the context where RUNNING_TRACE is this trace's own dict: a
         # call of the module from another thread (a plain forward beside the trace) is left alone
-        mine, current = self.call_dims, RUNNING_TRACE.get
+        mine = self.call_dims
         forward: Callable[..., Any]
-        if pre and post:
+        if pre_key is not None and post_key is not None:
             def forward(*args: Any, **kwargs: Any) -> Any:
-                if current() is not mine:
+                if _running() is not mine:
                     return original(*args, **kwargs)
                 args, kwargs = serve(pre_key, (args, kwargs))
                 return serve(post_key, original(*args, **kwargs))
-        elif pre:
+        elif pre_key is not None:
             def forward(*args: Any, **kwargs: Any) -> Any:
-                if current() is not mine:
+                if _running() is not mine:
                     return original(*args, **kwargs)
                 args, kwargs = serve(pre_key, (args, kwargs))
                 return original(*args, **kwargs)
         else:
+            post: SiteKey = post_key  # type: ignore[assignment]  # (one of the two is read)
+
             def forward(*args: Any, **kwargs: Any) -> Any:
-                if current() is not mine:
+                if _running() is not mine:
                     return original(*args, **kwargs)
-                return serve(post_key, original(*args, **kwargs))
+                return serve(post, original(*args, **kwargs))
 
         _shadow(mod, "forward", forward, restore)
 
@@ -310,8 +327,8 @@ class SiteInstaller:
 
         return count_children
 
-    def _call_handler(self, mid: int, interface: str, installed: list[Any]) -> Callable[..., Any]:
-        ops = {k.op for k in self.by_site if k.kind == "op" and k.module == mid and k.name == interface and k.op}
+    def _call_handler(self, mid: int, interface: str, installed: list[Any], ops: set[str]) -> Callable[..., Any]:
+        """The handler of ``mid``'s calls of ``interface``, counting ``ops`` (the op names read inside them)."""
         serve = self._op_server(mid, interface)
         key_in, key_out = SiteKey("call_in", mid, interface), SiteKey("call_out", mid, interface)
         swapped: set[str] = set()
@@ -356,17 +373,15 @@ def _shadow(mod: torch.nn.Module, name: str, fn: Callable[..., Any], restore: li
     """Put ``fn`` on the module instance as ``name`` (shadowing the class's method, or wrapping what
     was on the instance) for this trace only: ``restore`` gets what puts the old state back."""
     d = mod.__dict__
-    had = name in d
-    previous = d.get(name)
-
-    def undo() -> None:
-        if had:
-            d[name] = previous
-        else:
-            d.pop(name, None)
-
-    restore.append(undo)
+    restore.append(functools.partial(_unshadow, d, name, name in d, d.get(name)))  # (fewer objects than a closure)
     d[name] = fn
+
+
+def _unshadow(d: dict[str, Any], name: str, had: bool, previous: Any) -> None:
+    if had:
+        d[name] = previous
+    else:
+        d.pop(name, None)
 
 
 _PARAMS: dict[int, tuple[tuple[str, ...], bool]] = {}

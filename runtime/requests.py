@@ -131,6 +131,12 @@ class Target:
                 return _same
             a0 = access[0]
             return lambda payload: payload[a0]
+        if plain and self.side == "args" and len(access) == 1:  # an argument of an interface call (by position)
+            a0 = access[0]
+            return lambda payload: payload[0][a0]
+        if not self.view and not self.extra and self.side in ("output", "fn_output", "inputs") and len(access) == 1:
+            a0 = access[0]
+            return lambda payload: get_item(payload, a0)  # (a named output: ``logits``)
         if plain and self.side == "input" and not access:
             idx, name = self._param_index()
 

@@ -502,6 +502,7 @@ def run_scoped(original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
             stack.pop()
         if scope is not None:
             pop_scope(scope)
+            scope.entry = None  # (the frame holds the scope: a cycle through every frame above it, left to the GC)
 
 
 def push_scope(scope: OpScope) -> None:

@@ -33,6 +33,7 @@ from .requests import (
     SiteKey,
     Target,
     _editable,
+    _same,
     _seq,
     fill,
     save_with_grad,
@@ -69,7 +70,7 @@ class Tracer:
         self.requests: list[Request] = []
         self._ordered: list[Request] = []
         self.by_site: dict[SiteKey, list[Request]] = {}
-        self.fired: dict[tuple[SiteKey, int], int] = {}
+        self.fired: dict[int | tuple[int, int], int] = {}  # times each site fired (by id of its list in by_site, and step)
         self.call_dims: dict[int, tuple[int, int]] = {}
         self.conditions: dict[tuple[int, int], bool] = {}  # load conditions asked while recording
 
@@ -143,18 +144,12 @@ class Tracer:
             self.model._lock.release()
 
     # -- serving (the forward) --
-    def _first_undone(self) -> Request | None:
-        while self._cursor < len(self._ordered) and (self._ordered[self._cursor].done
-                                                     or not self._ordered[self._cursor].ordered):
-            self._cursor += 1
-        return self._ordered[self._cursor] if self._cursor < len(self._ordered) else None
-
     def serve(self, key: SiteKey, payload: Any) -> Any:
         reqs = self.by_site.get(key)
         if reqs is None:
             return payload
         step = self.step
-        fired = (key, step)
+        fired = id(reqs) if step == 0 else (id(reqs), step)  # (a site's list of requests: one per site for the trace)
         n = self.fired.get(fired, 0)
         self.fired[fired] = n + 1
         strict = self.strict
@@ -164,13 +159,18 @@ class Tracer:
             call = r.call
             if call != -1 and (r.done or call != n):
                 continue
-            if strict and r.ordered:
-                first = self._first_undone()
-                if first is not None and first.seq < r.seq:
-                    raise OutOfOrderError(first.label, r.label)
+            if strict and r.ordered:  # the first request not served yet must be this one (_first_undone, inlined)
+                ordered = self._ordered
+                i, end = self._cursor, len(ordered)
+                while i < end and (ordered[i].done or not ordered[i].ordered):
+                    i += 1
+                self._cursor = i
+                if i < end and ordered[i].seq < r.seq:
+                    raise OutOfOrderError(ordered[i].label, r.label)
             t: Target = r.target  # type: ignore[assignment]  # (every request in by_site has one)
             if r.action == "save" and not t.copy:  # the common case, inlined: point the holder at the value
-                value = t.get(payload)
+                get = t.get
+                value = payload if get is _same else get(payload)
                 holder = r.payload
                 if self.grad_live:
                     save_with_grad(t, holder, payload, value, r.label)
@@ -273,10 +273,12 @@ class Tracer:
     def _execute(self) -> None:
         ordered = self._ordered = sorted(self.requests, key=_seq)
         by_site = self.by_site
-        conditional = functions = False
+        conditional = functions = derived = False
         for r in ordered:
             t = r.target
-            if t is not None:
+            if t is None:
+                derived = True
+            else:
                 if t.reached is not None:
                     conditional = True
                 if t.fn_site:
@@ -326,6 +328,9 @@ class Tracer:
         finally:
             _teardown(installed, restore, tokens, grad, modes)
         missing = [r for r in self._ordered if not r.done and r.owner is None]
+        if derived:  # a derived value and its inputs point at each other: unlinked, they go with the last reference
+            for r in ordered:
+                r.owner = r.deps = None
         if missing:
             names = ", ".join(r.label + (f" (step {r.step})" if self.steps is not None else "") for r in missing)
             raise NotReached(f"the forward finished without computing {names}: "

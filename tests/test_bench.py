@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
+import torch
 
 from bench import models, run
 from bench.workloads import serve_order
 from nnatlas.testing import standard_values
+from nnatlas.trace import Tracer
 
 
 def test_the_bench_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
@@ -74,3 +77,33 @@ def test_a_missed_row_says_where_its_time_goes() -> None:
     table.add("m", "deep", "llama", "b", Timings({"plain": 1e-3, "ours": 1.2e-3}, {"ours": 1.2}), values=10)
     assert table.misses == ["m (b) ours/plain 1.200 ≤ 1.05: 200 µs over a 1.00 ms forward; per trace 10 µs "
                             "(row a), then 19.0 µs for each of 10 values"]
+
+
+def test_a_missed_row_says_which_phase_its_time_goes_to() -> None:
+    """With the phases of the traced call measured (bench.phases), the why splits the time: recording
+    (per value), installing, the forward over plain, closing."""
+    from bench import phases
+    from bench.timing import Timings
+
+    model, _eager, inputs = models.tiny("llama")
+
+    def saves() -> list[Any]:
+        with model.trace(inputs):
+            saved = [layer.output.save() for layer in model.layers]
+        return saved
+
+    exit_, forward = Tracer.__exit__, Tracer._forward
+    def plain() -> Any:
+        with torch.no_grad():
+            return model.native(**inputs)
+
+    split = phases.split(saves, plain, 3)
+    assert set(split) == set(phases.PHASES)
+    assert all(split[p] > 0 for p in ("record", "install", "close"))  # (the forward over plain may be either sign)
+    assert (Tracer.__exit__, Tracer._forward) == (exit_, forward)  # put back
+    table = run.Table()
+    table.phases[("m", "b")] = {"record": 30e-6, "install": 10e-6, "forward": 50e-6, "close": 5e-6}
+    table.add("m", "deep", "llama", "b", Timings({"plain": 1e-3, "ours": 1.2e-3}, {"ours": 1.2}), values=10)
+    assert table.misses == ["m (b) ours/plain 1.200 ≤ 1.05: 200 µs over a 1.00 ms forward; per trace 0 µs "
+                            "(row a), then 20.0 µs for each of 10 values; at best, recording 30 µs (3.0 µs per value), "
+                            "installing 10 µs, the forward +50 µs over plain, closing 5 µs"]

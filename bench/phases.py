@@ -1,0 +1,54 @@
+"""Where a traced call's time goes, for the why of a miss: recording (``model.trace(...)`` to the end
+of the body), installing (the block's end to the forward), the forward over the plain call, closing
+(the forward's end to the block's end: teardown and checks). Each is the least over warm runs
+interleaved with the plain call: what the code costs when nothing else takes the machine (a median
+of a phase a few µs long moves with the load more than the phase itself)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from nnatlas.trace import Tracer
+
+PHASES = ("record", "install", "forward", "close")
+
+
+def split(fn: Callable[[], object], plain: Callable[[], object], runs: int) -> dict[str, float]:
+    """Seconds of each phase of ``fn`` (one traced call), ``forward`` less ``plain``'s call, over ``runs`` runs."""
+    marks: dict[str, float] = {}
+    clock = time.perf_counter
+    exit_, forward = Tracer.__exit__, Tracer._forward
+
+    def timed_exit(self: Tracer, *exc: Any) -> None:
+        marks["exit"] = clock()
+        exit_(self, *exc)
+
+    def timed_forward(self: Tracer) -> Any:
+        marks["forward"] = clock()
+        try:
+            return forward(self)
+        finally:
+            marks["forward_end"] = clock()
+
+    best = dict.fromkeys((*PHASES, "plain"), float("inf"))
+    Tracer.__exit__ = timed_exit  # type: ignore[method-assign]
+    Tracer._forward = timed_forward  # type: ignore[method-assign]
+    try:
+        fn()
+        for _ in range(runs):
+            start = clock()
+            plain()
+            best["plain"] = min(best["plain"], clock() - start)
+            start = clock()
+            fn()
+            end = clock()
+            for phase, took in (("record", marks["exit"] - start), ("install", marks["forward"] - marks["exit"]),
+                                ("forward", marks["forward_end"] - marks["forward"]), ("close", end - marks["forward_end"])):
+                best[phase] = min(best[phase], took)
+    finally:
+        Tracer.__exit__ = exit_  # type: ignore[method-assign]
+        Tracer._forward = forward  # type: ignore[method-assign]
+    best["forward"] -= best.pop("plain")
+    return best

@@ -1,0 +1,112 @@
+"""What a saved value costs, counted rather than timed (``make bench`` times it): the Python calls
+nnatlas makes per value in the forward, the torch function modes it enters, and the objects a
+trace leaves to the garbage collector."""
+
+from __future__ import annotations
+
+import gc
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nnatlas import sites
+from nnatlas.testing import build, draw_inputs, standard_values
+from nnatlas.trace import Tracer
+
+RUNTIME = str(Path(sites.__file__).parent)
+
+
+@contextmanager
+def runtime_calls_in_forward() -> Iterator[list[str]]:
+    """The names of the nnatlas runtime functions called while traced forwards run (``Tracer._forward``)."""
+    calls: list[str] = []
+    forward = Tracer._forward
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(RUNTIME) and frame.f_code.co_name != "_forward":
+            calls.append(frame.f_code.co_qualname)
+
+    def counted(self: Tracer) -> Any:
+        sys.setprofile(profile)
+        try:
+            return forward(self)
+        finally:
+            sys.setprofile(None)
+
+    Tracer._forward = counted  # type: ignore[method-assign]
+    try:
+        yield calls
+    finally:
+        Tracer._forward = forward  # type: ignore[method-assign]
+
+
+def _llama(layers: int = 3, attn: str = "sdpa") -> Any:
+    model = build("llama", {"num_hidden_layers": layers}, attn_implementation=attn)
+    return model, draw_inputs(int(model.normalized_config["vocab_size"]), 1, 8, [0], seed=1)
+
+
+@pytest.mark.parametrize("layers", [3, 12])
+def test_a_layer_output_costs_one_wrapper_call_and_one_serve(layers: int) -> None:
+    model, inputs = _llama(layers)
+    with runtime_calls_in_forward() as calls, model.trace(inputs):
+        saved = [layer.output.save() for layer in model.layers]
+    assert all(s.shape[-2] == 8 for s in saved)
+    # per layer: the wrapper of its forward, and the tracer serving the one request there; nothing else
+    wrapper, serve = "SiteInstaller._wrap_forward.<locals>.forward", "Tracer.serve"
+    assert sorted(calls) == sorted(["AtlasModel.trace.<locals>.<lambda>", *[wrapper, serve] * layers])
+
+
+def test_an_empty_trace_runs_no_nnatlas_code_in_the_forward() -> None:
+    model, inputs = _llama()
+    with runtime_calls_in_forward() as calls, model.trace(inputs):
+        pass
+    assert calls == ["AtlasModel.trace.<locals>.<lambda>"]  # (the call of the model itself)
+
+
+def test_standard_values_of_llama_enter_no_torch_function_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every standard value of llama is served by a wrapper, an interface handler or a swapped torch
+    callable: none sends each torch call of its scope through Python (``OpMode``)."""
+    model, inputs = _llama(attn="eager")
+    modes: list[set[str]] = []
+    init: Callable[..., None] = sites.OpMode.__init__
+
+    def spy(self: sites.OpMode, wanted: set[str], serve: Any) -> None:
+        modes.append(wanted)
+        init(self, wanted, serve)
+
+    monkeypatch.setattr(sites.OpMode, "__init__", spy)
+    values = standard_values(model, needs_images=False)
+    with runtime_calls_in_forward() as calls, model.trace(inputs, order="any"):
+        saved = [v.save() for v in values]
+    assert len(saved) > 50 and modes == []
+    # and the forward's nnatlas calls stay few per value (wrappers, serving, the attention handler,
+    # the swapped softmax and dropout): measured 3.7 per value
+    assert len(calls) <= 4 * len(values), f"{len(calls)} runtime calls for {len(values)} values"
+
+
+def test_a_trace_leaves_nothing_to_the_garbage_collector() -> None:
+    """A trace makes no reference cycles (an op scope's entry frame, a derived value and its inputs):
+    what it allocated goes with its last reference, not at a collection, which would also keep the
+    forward's tensors alive until then."""
+    model, inputs = _llama(attn="eager")
+    values = standard_values(model, needs_images=False)
+    assert any(v._read.kind == "derived" for v in values)
+
+    def trace() -> None:
+        with model.trace(inputs, order="any"):
+            [v.save() for v in values]
+
+    trace()
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        trace()
+        assert gc.collect() == 0
+    finally:
+        if enabled:
+            gc.enable()
