@@ -353,23 +353,17 @@ class SiteInstaller:
 
     def _route(self, modules: dict[int, torch.nn.Module], routes: dict[tuple[str, int], Any],
                restore: list[Callable[[], None]]) -> None:
-        """Point each routed module's config at the nnatlas routing function of its interface."""
-        configs: dict[tuple[str, int], Any] = {}
+        """Put the router of each routed module's interface under the name its config reads (the
+        config is never touched: model code comparing the name takes the same branch as outside)."""
+        names: dict[tuple[str, str | None], None] = {}
         for interface, mid in routes:
             cfg = getattr(modules[mid], "config", None)
             if cfg is None:
                 raise NnatlasError(f"{type(modules[mid]).__name__} has no config to route its {interface} through")
-            configs[(interface, id(cfg))] = cfg
-        for (interface, _), cfg in configs.items():
-            impl = getattr(cfg, sites.CONFIG_ATTRIBUTE[interface])
-            name = sites.acquire(interface, impl)
-
-            def undo(cfg: Any = cfg, impl: str = impl, name: str = name, interface: str = interface) -> None:
-                sites.set_implementation(cfg, interface, impl)
-                sites.release(interface, name)
-
-            restore.append(undo)
-            sites.set_implementation(cfg, interface, name)
+            names[(interface, getattr(cfg, sites.CONFIG_ATTRIBUTE[interface]))] = None
+        for interface, impl in names:
+            sites.acquire(interface, impl)
+            restore.append(functools.partial(sites.release, interface, impl))
 
 
 def _shadow(mod: torch.nn.Module, name: str, fn: Callable[..., Any], restore: list[Callable[[], None]]) -> None:

@@ -20,19 +20,25 @@ import threading
 from collections.abc import Callable, Hashable
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
-from typing import Any
+from types import CodeType, FrameType
+from typing import Any, cast
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 # ---- transformers' function interfaces: attention and experts ------------------------------
 #
-# Both interfaces dispatch on a string in the module's config (``_attn_implementation``,
-# ``_experts_implementation``) through a registry. For one forward, a trace registers a routing
-# function under ``nnatlas_<impl>`` (refcounted: two traces share one entry), points the configs
-# of the modules it reads at it, and the router hands each call to the handler the trace
-# registered for that module in a ContextVar, or to the original function. Everything is
-# undone in the trace's ``finally``.
+# Both interfaces dispatch on a string in the module's config through a registry:
+# ``ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, eager_attention_forward)`` and
+# ``ALL_EXPERTS_FUNCTIONS.get_interface(config._experts_implementation, <the class's own forward>)``.
+# For one forward, a trace puts a router under the *same* name in the registry (refcounted: two
+# traces share one entry) and never touches a config, so model code that compares the name
+# (``config._attn_implementation == "sdpa"``) takes the same branch inside a trace as outside. The
+# router hands a call of a module the running trace routes (``_ROUTES``) to the handler the trace
+# registered for it, with what the registry held under the name (where it held nothing, as for
+# "eager", what ``get_interface`` would have returned: the caller's eager function) as the
+# original; every other call goes straight to that original. The last trace out puts the entry
+# back exactly as it was (or removes it).
 
 # ---- shared places: one refcounted patcher for every registry entry, torch callable and global ----
 #
@@ -82,129 +88,117 @@ _PATCHES = SharedPatches()  # keys: ("registry", interface, name), ("op", id(hol
 
 _ROUTES: ContextVar[dict[tuple[str, int], Callable[..., Any]] | None] = ContextVar("nnatlas_routes", default=None)
 _PREFIX = "nnatlas_"
+_NOTHING: Any = object()  # a registry held no entry under the name
 
 
-_REGISTRIES: dict[str, list[Any]] = {}
-
-
-def _registries(interface: str) -> list[Any]:
-    """The registries a routing function of ``interface`` is entered in (the first is the interface's own)."""
-    found = _REGISTRIES.get(interface)
-    if found is None:
-        found = _REGISTRIES[interface] = _find_registries(interface)
-    return found
-
-
-def _find_registries(interface: str) -> list[Any]:
+def _registry(interface: str) -> dict[Any, Callable[..., Any]]:
+    """The mapping of transformers' registry of ``interface`` that every instance of it reads."""
     if interface == "attention":
-        from transformers.masking_utils import AttentionMaskInterface
         from transformers.modeling_utils import AttentionInterface
 
-        return [AttentionInterface, AttentionMaskInterface]
+        return cast("dict[Any, Callable[..., Any]]", AttentionInterface._global_mapping)
     if interface == "experts":
         from transformers.integrations.moe import ExpertsInterface
 
-        return [ExpertsInterface]
+        return cast("dict[Any, Callable[..., Any]]", ExpertsInterface._global_mapping)
     raise KeyError(f"unknown interface '{interface}'")
 
 
 CONFIG_ATTRIBUTE = {"attention": "_attn_implementation", "experts": "_experts_implementation"}
 
 
-def _original(interface: str, impl: str | None, module: torch.nn.Module) -> Callable[..., Any]:
-    if interface == "experts":
-        if impl in (None, "eager"):
-            # "eager" is the class's own forward, which the experts decorator wraps
-            for klass in type(module).__mro__:
-                fwd = klass.__dict__.get("forward")
-                if fwd is not None and hasattr(fwd, "__wrapped__"):
-                    return fwd.__wrapped__  # type: ignore[no-any-return]
-            raise RuntimeError(f"{type(module).__name__} does not dispatch through the experts interface")
-        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
-
-        return ALL_EXPERTS_FUNCTIONS[impl]  # type: ignore[no-any-return]
-    if impl == "eager":
-        fn = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
-        if fn is None:
-            raise RuntimeError(f"{type(module).__name__}'s module has no eager_attention_forward")
-        return fn  # type: ignore[no-any-return]
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    return ALL_ATTENTION_FUNCTIONS[impl]  # type: ignore[no-any-return]
-
-
 def eager_attention(module: torch.nn.Module) -> Callable[..., Any]:
     """The eager attention function of ``module``'s family (its modeling module's ``eager_attention_forward``)."""
-    return _original("attention", "eager", module)
+    fn = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if fn is None:
+        raise RuntimeError(f"{type(module).__name__}'s module has no eager_attention_forward")
+    return fn  # type: ignore[no-any-return]
+
+
+_EAGER_OF_CALLER: dict[CodeType, Callable[..., Any]] = {}
+
+
+def _caller_eager_attention(module: torch.nn.Module, caller: FrameType) -> Callable[..., Any]:
+    """The default the calling forward passes ``get_interface`` (what it runs when "eager" has no
+    registry entry): the one ``*eager_attention_forward`` global it names (a few families name their
+    own, e.g. llama4's ``vision_eager_attention_forward``), else the family's ``eager_attention_forward``."""
+    code = caller.f_code
+    fn = _EAGER_OF_CALLER.get(code)
+    if fn is None:
+        names = [n for n in code.co_names if n.endswith("eager_attention_forward") and callable(caller.f_globals.get(n))]
+        fn = caller.f_globals[names[0]] if len(names) == 1 else eager_attention(module)
+        _EAGER_OF_CALLER[code] = fn
+    return fn
+
+
+def _experts_eager(module: torch.nn.Module) -> Callable[..., Any]:
+    """The class's own forward, which transformers' experts decorator wraps (its ``get_interface`` default)."""
+    for klass in type(module).__mro__:
+        fwd = klass.__dict__.get("forward")
+        if fwd is not None and hasattr(fwd, "__wrapped__"):
+            return fwd.__wrapped__  # type: ignore[no-any-return]
+    raise RuntimeError(f"{type(module).__name__} does not dispatch through the experts interface")
 
 
 def attention_implementation(config: Any) -> str | None:
-    """The attention implementation a config names (the one a running trace routes through included)."""
-    impl = getattr(config, "_attn_implementation", None)
-    return impl.removeprefix(_PREFIX) if isinstance(impl, str) else impl
+    """The attention implementation a config names."""
+    return getattr(config, "_attn_implementation", None)
 
 
-def _router(interface: str, impl: str | None) -> Callable[..., Any]:
+def _router(interface: str, held: Callable[..., Any]) -> Callable[..., Any]:
     def route(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if held is not _NOTHING:
+            original = held
+        elif interface == "attention":
+            original = _caller_eager_attention(module, sys._getframe(1))
+        else:
+            original = _experts_eager(module)
         routes = _ROUTES.get()
         handler = routes.get((interface, id(module))) if routes else None
-        original = _original(interface, impl, module)
         if handler is None:
             return original(module, *args, **kwargs)
         return handler(original, module, args, kwargs)
 
-    route.__name__ = f"{_PREFIX}{interface}_{impl}"
+    route.__name__ = f"{_PREFIX}{interface}_router"
     return route
 
 
-def routed_name(interface: str, impl: str | None) -> str:
-    return f"{_PREFIX}{impl}" if interface == "attention" else f"{_PREFIX}{interface}_{impl or 'eager'}"
+def _looked_up(interface: str, impl: str | None) -> str | None:
+    """The key ``get_interface(impl, ...)`` reads (attention drops a ``paged|`` prefix, bar ``paged|eager``'s)."""
+    if interface == "attention" and impl is not None and impl.startswith("paged|") and impl != "paged|eager":
+        return impl.removeprefix("paged|")
+    return impl
 
 
-def acquire(interface: str, impl: str | None) -> str:
-    """Register the routing function of ``interface`` for ``impl`` (refcounted); returns its name."""
-    name = routed_name(interface, impl)
+def acquire(interface: str, impl: str | None) -> None:
+    """Put the router of ``interface`` under the name ``impl`` is looked up by (refcounted). A name
+    with no entry other than eager's (None's) is left alone: transformers refuses it, as outside a trace."""
+    key = _looked_up(interface, impl)
 
     def install() -> Callable[[], None]:
-        own, *others = _registries(interface)
-        own.register(name, _router(interface, impl))
-        if interface == "attention":
-            # without a mask function of its own the model silently drops the causal mask
-            from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-
-            for reg in others:
-                reg.register(name, ALL_MASK_ATTENTION_FUNCTIONS[impl])
+        mapping = _registry(interface)
+        held = mapping.get(key, _NOTHING)
+        if held is _NOTHING and key not in ("eager", None):
+            return lambda: None
+        mapping[key] = _router(interface, held)
 
         def undo() -> None:
-            for reg in _registries(interface):
-                reg._global_mapping.pop(name, None)
+            if held is _NOTHING:
+                del mapping[key]
+            else:
+                mapping[key] = held
         return undo
 
-    _PATCHES.acquire(("registry", interface, name), install, name)
-    return name
+    _PATCHES.acquire(("registry", interface, key), install, f"{interface}:{key}")
 
 
-def release(interface: str, name: str) -> None:
-    _PATCHES.release(("registry", interface, name))
+def release(interface: str, impl: str | None) -> None:
+    _PATCHES.release(("registry", interface, _looked_up(interface, impl)))
 
 
 def registered_names() -> set[str]:
-    """The nnatlas entries now in transformers' registries (empty outside a trace)."""
-    keys: set[str] = set()
-    for interface in CONFIG_ATTRIBUTE:
-        for reg in _registries(interface):
-            keys |= set(reg._global_mapping)
-    return {k for k in keys if k.startswith(_PREFIX)}
-
-
-def set_implementation(config: Any, interface: str, value: str | None) -> None:
-    """Point ``config`` (only this config, not its sub-configs) at an implementation of ``interface``."""
-    attr = CONFIG_ATTRIBUTE[interface]
-    internal = f"{attr}_internal"
-    if hasattr(config, internal):
-        setattr(config, internal, value)
-    else:
-        setattr(config, attr, value)
+    """The registry entries ("attention:sdpa", "experts:grouped_mm", ...) a trace routes now (empty outside a trace)."""
+    return set(_PATCHES.labels("registry"))
 
 
 # ---- operations inside a forward -----------------------------------------------------------

@@ -62,8 +62,8 @@ def snapshot(model: nnatlas.AtlasModel) -> dict[str, Any]:
         "torch callables": Namespace({(h.__name__, k): v for h in (torch, F, torch._C._nn) for k, v in list(h.__dict__.items())}),
         "Tensor methods": Namespace(dict(torch.Tensor.__dict__)),
         "module-level functions": Namespace({(n, k): v for n in modeling for k, v in list(sys.modules[n].__dict__.items())}),
-        "registries": (frozenset(AttentionInterface._global_mapping), frozenset(AttentionMaskInterface._global_mapping),
-                       frozenset(ExpertsInterface._global_mapping)),
+        "registries": (tuple(AttentionInterface._global_mapping.items()), tuple(AttentionMaskInterface._global_mapping.items()),
+                       tuple(ExpertsInterface._global_mapping.items())),  # names, order and functions
         "hooks": [(tuple(k for k, h in m._forward_hooks.items() if _ours(h)),
                    tuple(k for k, h in m._forward_pre_hooks.items() if _ours(h))) for m in model.native.modules()],
         "instance forwards": [m.__dict__.get("forward") for m in model.native.modules()],

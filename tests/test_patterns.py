@@ -185,19 +185,6 @@ def test_gpt_oss_sinks_are_refused_under_flex_on_cpu() -> None:
             model.native(**_inputs(model))
 
 
-@pytest.mark.parametrize("family", sorted(__import__("nnatlas.testing.flex", fromlist=["GAPS"]).GAPS))
-def test_flex_gaps_pinned(family: str) -> None:
-    """A known gap of the traced pattern under flex attention fails as pinned (a fix makes this fail:
-    then remove the entry from nnatlas.testing.flex.GAPS, and the family's generated test runs flex)."""
-    from nnatlas.testing import flex
-
-    assert "flex_attention" not in T.recomputed_pattern_loads(family)
-    with T.uncompiled_flex_attention():
-        model = T.build(family, attn_implementation="flex_attention")
-        with pytest.raises(RuntimeError, match=flex.GAPS[family]), torch.no_grad(), model.trace(_inputs(model)):
-            model.layers[0].self_attn.attention_probabilities.save()  # type: ignore[attr-defined]
-
-
 def test_generated_pattern_test_exactly_where_a_load_recomputes() -> None:
     """The compiler renders test_pattern_recomputed_equals_eager for a family exactly when the tests
     recompute its pattern under some load (no empty parametrization: that would be a skip)."""

@@ -26,17 +26,9 @@ _MISSING = object()
 REFUSED_ON_CPU = "Attention sinks"
 
 
-# Families whose traced pattern read fails under flex attention, pinned (a fix makes
-# tests/test_patterns.py fail: then remove the entry). Gemma 4 slices its masks to ``logits_to_keep``
-# before the KV-sharing blocks unless ``config._attn_implementation == "flex_attention"``; a trace that
-# routes the attention interface names it ``nnatlas_flex_attention`` (runtime/sites.py), so the
-# BlockMask is sliced and flex attention refuses a sliced BlockMask's mask_mod.
-GAPS = {"gemma4_text": "Cannot use mask_mod from a sliced BlockMask"}
-
-
 def runs_on_cpu(family: str, traits: tuple[str, ...]) -> bool:
     """Whether a traced pattern read of ``family`` (with these traits) runs under flex attention on CPU."""
-    return REFUSED_ON_CPU not in traits and family not in GAPS
+    return REFUSED_ON_CPU not in traits
 
 
 @contextmanager
