@@ -16,7 +16,7 @@ import ast
 
 from .errors import GenerateError
 
-IMPORTS = {"__future__", "typing", "nnatlas", "nnatlas.spec", "nnatlas.hosts", "nnatlas.model", "nnatlas.typed"}
+IMPORTS = {"__future__", "typing", "nnatlas", "nnatlas.spec", "nnatlas.hosts", "nnatlas.loading", "nnatlas.typed"}
 CALLS = {"Condition", "Family", "FunctionGroup", "HostSpec", "Identity", "Layout", "Loader", "ReadPoint", "ValueSpec",
          "ViewOp", "Wrapper", "_cfg"}
 TYPES = {"tuple", "dict", "str", "int", "list", "Any"}  # read in annotations

@@ -45,7 +45,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from nnatlas.spec import ReadPoint
+from nnatlas.spec import SIDES, ReadPoint
 
 from .expr import MAX_TEXT, ExprError
 
@@ -123,7 +123,7 @@ def _parse_fn(text: str, groups: dict[str, str] | None) -> ReadPoint:
     else:
         words = (f"inside the forward: every token's step of {what} routed token by token, stacked along the "
                  f"sequence{_access_words(access)}")
-    return ReadPoint("fn", text, words, side=kind, access=access, fn=name)
+    return ReadPoint("fn", text, words, side=SIDES[kind], access=access, fn=name)
 
 
 def parse(text: str, groups: dict[str, str] | None = None) -> ReadPoint:
@@ -182,7 +182,7 @@ def parse(text: str, groups: dict[str, str] | None = None) -> ReadPoint:
                 raise ExprError(f"'{text}': name the argument, e.g. .args[1]")
             what = "the arguments of" if side == "args" else "the output of"
             return ReadPoint("call", text, f"inside the forward: {what} {CALLS[call]}{_access_words(access)}",
-                          side=side, access=access, call=call)
+                          side=SIDES[side], access=access, call=call)
     m = _OP.match(body)
     if m:
         access = _accessors(body[m.end():], m.end())
@@ -191,7 +191,7 @@ def parse(text: str, groups: dict[str, str] | None = None) -> ReadPoint:
         if side == "input" and not access:
             access = (0,)
         words = f"the {side} of {op} ({_ordinal(k)} call){where}{_access_words(access)}"
-        return ReadPoint("op", text, words, side=side, access=access, call=call, op=op, occurrence=k)
+        return ReadPoint("op", text, words, side=SIDES[side], access=access, call=call, op=op, occurrence=k)
     if call:
         raise ExprError(f"'{body}': inside a call, read an operation: op:NAME.input[N] or op:NAME.output")
     parts: list[str] = []
@@ -218,7 +218,7 @@ def parse(text: str, groups: dict[str, str] | None = None) -> ReadPoint:
     owner = f"the child module {'.'.join(parts)}'s" if parts else "the module's own"
     noun = {"input": "input", "inputs": "inputs (args, kwargs)", "output": "output"}[side]
     words = f"{owner} {noun}" + (f" {param}" if param else "") + _access_words(access)
-    return ReadPoint("module", text, words, module=tuple(parts), side=side, param=param, access=access)
+    return ReadPoint("module", text, words, module=tuple(parts), side=SIDES[side], param=param, access=access)
 
 
 def _method(text: str, inner: str) -> ReadPoint:
@@ -234,7 +234,7 @@ def _method(text: str, inner: str) -> ReadPoint:
     owner = "the module"
     what = "the arguments of" if side == "args" else "the output of"
     words = f"{what} {owner}'s method {name} ({which}){_access_words(access)}"
-    return ReadPoint("method", text, words, side=side, access=access, method=name,
+    return ReadPoint("method", text, words, side=SIDES[side], access=access, method=name,
                   occurrence=0 if per_index else int(k), per_index=per_index)
 
 

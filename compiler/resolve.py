@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from nnatlas import conditions
-from nnatlas.spec import CALL_DIMS, Condition, Layout, ReadPoint
+from nnatlas.spec import CALL_DIMS, DTYPES, Condition, Layout, ReadPoint
 
 from . import expr, names, page_model, readpoint
 from .errors import Problem, Problems, SpecError
@@ -454,7 +454,7 @@ def _check_vocabulary(vocab: Vocabulary, src: Source, found: Problems) -> dict[s
                 found.add(src.rel, (line, col + max(offset, 0)), f"layout {name}: unknown dim '{d}'" + suggest(d, vocab.dims))
         if lay.dtype not in ("float", "long", "bool", "object"):
             found.add(src.rel, src.located.pos(("layouts", name, "dtype")), f"layout {name}: dtype is float, long, bool or object")
-        layouts[name] = Layout(name, dims, lay.dtype, lay.optional)
+        layouts[name] = Layout(name, dims, DTYPES.get(lay.dtype, "float"), lay.optional)  # (any other: reported above)
     value_tables: list[tuple[DataPath, Any]] = [(("values",), vocab.values)] + [(("streams", s), t) for s, t in vocab.streams.items()]
     for path, table in value_tables:
         for vname, v in table.items():

@@ -51,7 +51,7 @@ class _Checker:
         from nnatlas import testing as T
 
         transformers.logging.set_verbosity_error()  # config classes' notes on tiny configs are not the spec's problems
-        from nnatlas.model import AtlasModel
+        import nnatlas
 
         def make(what: str, cls_name: str, config: Any) -> Any:
             cls = getattr(transformers, cls_name, None)
@@ -61,7 +61,7 @@ class _Checker:
                 return None
             try:
                 with torch.device("meta"):
-                    return AtlasModel(cls(config()), self.family)
+                    return nnatlas.wrap(cls(config()), family=self.family)
             except Exception as e:  # noqa: BLE001 - reported as the spec's problem
                 self.add(("build", what), self.f.tiny_at, f"{what}: {cls_name} does not build: {type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else ''}")
@@ -96,6 +96,8 @@ class _Checker:
 
     # ---- the checks ----
     def run(self) -> list[Problem]:
+        from nnatlas import introspect
+
         builds = list(self.builds())
         seen_hosts: set[int] = set()
         live_paths: set[str] = set()  # paths with a live module in some build (a kind may select none of them)
@@ -106,7 +108,7 @@ class _Checker:
             for k, (ir, spec) in enumerate(zip(self.f.hosts, self.family.hosts, strict=True)):
                 for label, host in _live(model, ir.path):
                     live_paths.add(ir.path)
-                    applies = model._specs_for("model", None) if host is model else host._specs()
+                    applies = introspect.specs(host)
                     if spec not in applies:
                         continue
                     seen_hosts.add(k)
@@ -132,17 +134,17 @@ class _Checker:
         return sorted(self.problems.values())
 
     def renames(self, model: Any, parents_seen: set[str], renamed: set[str]) -> None:
-        from nnatlas.hosts import resolve_native
+        from nnatlas import introspect
 
         for std, natives in self.family.rename.items():
             parent_path = std.rsplit(".", 1)[0] if "." in std else "model"
             for label, parent in _live(model, parent_path):
                 parents_seen.add(parent_path)
-                if any(resolve_native(parent._module, n) is not None for n in natives):
+                if any(introspect.resolve_native(introspect.native(parent), n) is not None for n in natives):
                     renamed.add(std)
                     break
                 first = natives[0].split(".")
-                node: Any = parent._module
+                node: Any = introspect.native(parent)
                 for n, part in enumerate(first):
                     nxt = node._modules.get(part)
                     if nxt is None:
@@ -155,7 +157,9 @@ class _Checker:
                     node = nxt
 
     def host(self, k: int, ir: Any, spec: Any, host: Any, label: str, what: str, model: Any) -> None:
-        name = type(host._module).__name__
+        from nnatlas import introspect
+
+        name = type(introspect.native(host)).__name__
         accepted = {ir.cls}
         if ir.path == "model":
             accepted |= set(self.f.classes) | {t["model_class"] for t in (self.tiny, self.tiny.get("image_text")) if t}
@@ -167,7 +171,7 @@ class _Checker:
                 continue
             start = model if read.scope_root else host
             for _ in range(read.up):
-                start = start.__dict__["_parent"] if start is not None else None
+                start = introspect.parent(start) if start is not None else None
             if start is None:
                 continue  # refused at resolve time (a climb above the root)
             msg = self.walk(start, read.module, host if not read.up and not read.scope_root else None, read.text)
@@ -192,30 +196,34 @@ class _Checker:
         """None when ``path`` leads from ``start`` to a module; else what is missing, and the nearest names
         ("" when a rename entry is what is broken: that entry reports it). ``host``: the value's own host
         when the read starts there (a sibling found instead is named, with the read that reaches it)."""
+        from nnatlas import introspect
+
         node = start
         for n, part in enumerate(path):
-            nxt = node._child(part) if hasattr(node, "_child") else None
+            nxt = introspect.child(node, part)
             if nxt is None:
-                kids = _names(node)
-                if part in kids and part not in node._module._modules:
+                kids = introspect.child_names(node)
+                if part in kids and part not in introspect.native(node)._modules:
                     return ""  # a standard name whose rename finds nothing: reported at the rename entry
-                where = f"{node._label or 'model'} ({type(node._module).__name__})"
-                parent = host.__dict__.get("_parent") if host is not None and n == 0 else None
-                if parent is not None and parent._child(part) is not None:
+                where = f"{introspect.label(node) or 'model'} ({type(introspect.native(node)).__name__})"
+                parent = introspect.parent(host) if host is not None and n == 0 else None
+                if parent is not None and introspect.child(parent, part) is not None:
                     return (f"'{part}' is not inside {where}: this read leaves the host. '{part}' is a sibling (a child "
-                            f"of {parent._label or 'model'}, {type(parent._module).__name__}); a value read outside its "
+                            f"of {introspect.label(parent) or 'model'}, {type(introspect.native(parent)).__name__}); a value read outside its "
                             f"host starts with ^. to climb to the parent: ^.{text}")
                 return f"{where} has no child module '{part}'" + _children(kids) + suggest(part, kids)
             node = nxt
         return None
 
     def nearest_host(self, path: str, builds: list[tuple[str, Any]]) -> str:
+        from nnatlas import introspect
+
         parent, _, last = path.rpartition(".")
         last = last.removesuffix("[i]")
         for _, model in builds:
             for label, host in _live(model, parent or "model"):
-                kids = _names(host)
-                return f": {label} ({type(host._module).__name__}) has no child '{last}'" + _children(kids) \
+                kids = introspect.child_names(host)
+                return f": {label} ({type(introspect.native(host)).__name__}) has no child '{last}'" + _children(kids) \
                     + suggest(last, kids)
         return ""
 
@@ -225,23 +233,19 @@ def _host_words(ir: Any) -> str:
     return f"{ir.path} (kind {ir.kind})" if ir.kind else ir.path
 
 
-def _names(node: Any) -> list[str]:
-    prefix = "" if node._pattern == "model" else f"{node._pattern}."
-    std = [k[len(prefix):] for k in node._model._family.rename if k.startswith(prefix) and "." not in k[len(prefix):]]
-    return list(dict.fromkeys([*std, *node._module._modules]))
-
-
 def _children(kids: list[str]) -> str:
     return f" (its children: {', '.join(kids[:12])}{', ...' if len(kids) > 12 else ''})" if kids else " (it has no children)"
 
 
 def _resolve(start: Any, path: tuple[str, ...]) -> Any:
+    from nnatlas import introspect
+
     node = start
     for part in path:
-        node = node._child(part) if hasattr(node, "_child") else None
+        node = introspect.child(node, part)
         if node is None:
             return None
-    return getattr(node, "_module", None)
+    return introspect.native(node)
 
 
 def _live(model: Any, path: str) -> Iterator[tuple[str, Any]]:

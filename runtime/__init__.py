@@ -19,11 +19,12 @@ from .errors import InputError, NnatlasError, NotReached, OutOfOrderError, Unava
 
 if TYPE_CHECKING:
     from .cache import Cache
-    from .model import AtlasModel, load, route_kernels, wrap
+    from .loading import load, route_kernels, wrap
+    from .model import AtlasModel
     from .registry import all_families
     from .requests import Box
 
-_LAZY = {"AtlasModel": "model", "load": "model", "wrap": "model", "route_kernels": "model",
+_LAZY = {"AtlasModel": "model", "load": "loading", "wrap": "loading", "route_kernels": "loading",
          "all_families": "registry", "Box": "requests", "Cache": "cache"}
 
 

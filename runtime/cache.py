@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -28,9 +28,8 @@ from .errors import NnatlasError, UnknownName
 from .hosts import Host, HostList, Value
 from .requests import Box
 from .spec import Layout
-
-if TYPE_CHECKING:
-    from .model import AtlasModel
+from .targets import ModelTargets
+from .trace import Tracer
 
 _INDEXED = re.compile(r"^(?P<head>.*?)\[(?P<i>\d+)\]$")
 _LAYER = re.compile(r"^layers\[(\d+)\]\.(.+)$")
@@ -136,7 +135,7 @@ def _walk(host: Any, name: str) -> Value | None:
     return handle if isinstance(handle, Value) and handle._spec is not None else None
 
 
-def _layer_indices(model: AtlasModel, layers: Iterable[int] | None) -> list[int]:
+def _layer_indices(model: ModelTargets, layers: Iterable[int] | None) -> list[int]:
     n = len(model.layers)
     if layers is None:
         return list(range(n))
@@ -148,7 +147,7 @@ def _layer_indices(model: AtlasModel, layers: Iterable[int] | None) -> list[int]
     return list(dict.fromkeys(out))
 
 
-def select(model: AtlasModel, values: Iterable[str] | None, layers: Iterable[int] | None = None,
+def select(model: ModelTargets, values: Iterable[str] | None, layers: Iterable[int] | None = None,
            inputs: Mapping[str, Any] | None = None) -> list[Value]:
     """The value handles that ``values`` × ``layers`` name, in spec order, each checked: an unknown
     name raises UnknownName, a value this load cannot serve Unavailable (nothing runs).
@@ -172,7 +171,7 @@ def select(model: AtlasModel, values: Iterable[str] | None, layers: Iterable[int
     return list({h.label: h for h in handles}.values())
 
 
-def _named(model: AtlasModel, name: str, blocks: list[int]) -> list[Value]:
+def _named(model: ModelTargets, name: str, blocks: list[int]) -> list[Value]:
     if not isinstance(name, str) or not name:
         raise NnatlasError(f"values: {name!r} is not a value name")
     if name.startswith("model."):
@@ -196,7 +195,7 @@ def _named(model: AtlasModel, name: str, blocks: list[int]) -> list[Value]:
     raise UnknownName(f"{name} is no value of {model.family}")
 
 
-def _every_value(model: AtlasModel, blocks: list[int], inputs: Mapping[str, Any] | None) -> list[Value]:
+def _every_value(model: ModelTargets, blocks: list[int], inputs: Mapping[str, Any] | None) -> list[Value]:
     keep = {f"layers[{i}]" for i in blocks}
     handles = []
     for path in dict.fromkeys(h.path for h in model._family.hosts):
@@ -215,11 +214,10 @@ def _every_value(model: AtlasModel, blocks: list[int], inputs: Mapping[str, Any]
     return handles
 
 
-def cache(model: AtlasModel, inputs: Any = None, values: Iterable[str] | None = None,
-          layers: Iterable[int] | None = None, **kwargs: Any) -> Cache:
-    """One traced forward of ``inputs``; the values ``values`` × ``layers`` name, by standard path.
-    Extra keyword arguments go to ``model.trace`` (forward arguments)."""
-    tracer = model.trace(inputs, order="any", **kwargs)
+def cache_values(model: ModelTargets, tracer: Tracer, values: Iterable[str] | None = None,
+                 layers: Iterable[int] | None = None) -> Cache:
+    """The forward ``tracer`` runs (``model.trace(inputs, order="any")``, not entered yet); the values
+    ``values`` × ``layers`` name, by standard path."""
     handles = select(model, values, layers, tracer.inputs)
     with tracer:
         saved = [(h.label, h.save()) for h in handles]

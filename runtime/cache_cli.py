@@ -230,7 +230,7 @@ def _peak_rss_mb() -> float:
 
 
 def _load(args: argparse.Namespace, device: torch.device) -> Any:
-    from .model import load
+    from .loading import load
 
     kwargs: dict[str, Any] = {"dtype": DTYPES.get(args.model_dtype, "auto")}
     if args.attn_implementation:

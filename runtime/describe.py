@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from . import patterns
 from .hosts import Host, Value, resolve_native
 from .spec import HostSpec, ValueSpec
-
-if TYPE_CHECKING:
-    from .model import AtlasModel
+from .targets import ModelTargets
 
 
 def _value_line(v: ValueSpec) -> str:
@@ -31,7 +28,7 @@ def _leaf(module: torch.nn.Module) -> str:
     return f"{type(module).__name__}({module.extra_repr()})"
 
 
-def _reverse(model: AtlasModel, pattern: str) -> dict[str, str]:
+def _reverse(model: ModelTargets, pattern: str) -> dict[str, str]:
     """native child name → standard name, for the children of a host at ``pattern``."""
     out: dict[str, str] = {}
     prefix = f"{pattern}."
@@ -42,7 +39,7 @@ def _reverse(model: AtlasModel, pattern: str) -> dict[str, str]:
     return out
 
 
-def _render(model: AtlasModel, module: torch.nn.Module, pattern: str, index: int | None,
+def _render(model: ModelTargets, module: torch.nn.Module, pattern: str, index: int | None,
             targets: dict[int, str] | None = None) -> str:
     """``targets``: id of a module → the standard name a root-level rename gives it, so a standard
     module inside another one (``layers`` inside ``language_model``, ``projector`` inside ``vision``)
@@ -72,7 +69,7 @@ def _render(model: AtlasModel, module: torch.nn.Module, pattern: str, index: int
     return f"{head}\n  {body}\n)"
 
 
-def _render_list(model: AtlasModel, module: torch.nn.ModuleList, pattern: str,
+def _render_list(model: ModelTargets, module: torch.nn.ModuleList, pattern: str,
                  targets: dict[int, str] | None = None) -> str:
     item = f"{pattern}[i]" if pattern else ""
     rendered = [_render(model, m, item, i, targets) for i, m in enumerate(module)]
@@ -89,7 +86,7 @@ def _render_list(model: AtlasModel, module: torch.nn.ModuleList, pattern: str,
     return "ModuleList(\n  " + "\n  ".join(_indent(x) for x in lines) + "\n)"
 
 
-def render(model: AtlasModel) -> str:
+def render(model: ModelTargets) -> str:
     """The native tree in native module order, breadth first (the root's own children, such as
     lm_head, before those of the inner model), standard names beside the native ones."""
     root = model._module
@@ -170,7 +167,7 @@ class Support:
         return "\n".join(lines)
 
 
-def _example_hosts(model: AtlasModel) -> list[tuple[str, Host, list[HostSpec]]]:
+def _example_hosts(model: ModelTargets) -> list[tuple[str, Host, list[HostSpec]]]:
     """One live host per (path, block kind): model, layers[first of each kind], their children."""
     out: list[tuple[str, Host, list[HostSpec]]] = []
     seen: set[tuple[str, tuple[int, ...]]] = set()
@@ -184,7 +181,7 @@ def _example_hosts(model: AtlasModel) -> list[tuple[str, Host, list[HostSpec]]]:
     return out
 
 
-def support(model: AtlasModel) -> Support:
+def support(model: ModelTargets) -> Support:
     rows = []
     for label, host, specs in _example_hosts(model):
         for spec in specs:

@@ -11,18 +11,42 @@ from __future__ import annotations
 import difflib
 import operator
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
 from .errors import InputError, NnatlasError, Unavailable, UnknownName
+from .protocols import WrappedModel
 from .requests import Box, Expr, Request, Target
 from .spec import HostSpec, ReadPoint, ValueSpec
 from .trace import Tracer
 from .validate import check_edit
 
-if TYPE_CHECKING:
-    from .model import AtlasModel
+
+class ModelRoot(WrappedModel, Protocol):
+    """What a host and a value handle use of the model at the root of their tree (:class:`nnatlas.AtlasModel`,
+    a layer above): the specs that apply at a path, child hosts, config entries, the open trace, and each
+    value's site and availability."""
+
+    @property
+    def _tracer(self) -> Tracer | None: ...
+
+    def _specs_for(self, pattern: str, index: int | None) -> list[HostSpec]: ...
+
+    def _value_spec(self, pattern: str, index: int | None, name: str) -> ValueSpec | None: ...
+
+    def _host(self, module: torch.nn.Module, label: str, pattern: str) -> Host | HostList: ...
+
+    def _config_value(self, name: str) -> Any: ...
+
+    def _explain_missing(self, host: Host, name: str) -> None: ...
+
+    def _active_tracer(self, label: str) -> Tracer: ...
+
+    def _target(self, value: Value, edit: bool = False) -> Target: ...
+
+    def _why_unavailable(self, value: Value, edit: bool = False) -> Unavailable | None: ...
+
 
 BOUNDARIES = {
     "input": ReadPoint("module", "input", "the module's own input", side="input"),
@@ -43,13 +67,13 @@ def resolve_native(root: torch.nn.Module, dotted: str) -> torch.nn.Module | None
 class Host:
     """A native module under its standard name, with the values its family serves there."""
 
-    _model: AtlasModel
+    _model: ModelRoot
     _module: torch.nn.Module
     _label: str
     _pattern: str
     _index: int | None
 
-    def __init__(self, model: AtlasModel | None, module: torch.nn.Module, label: str, pattern: str,
+    def __init__(self, model: ModelRoot | None, module: torch.nn.Module, label: str, pattern: str,
                  index: int | None = None):
         d = self.__dict__  # (__setattr__ is for assigning values)
         d["_model"] = model if model is not None else self
@@ -193,7 +217,7 @@ H = TypeVar("H", bound=Host)
 class HostList(Generic[H]):
     """A ModuleList under its standard name: ``model.layers[i]``."""
 
-    def __init__(self, model: AtlasModel, module: torch.nn.ModuleList, label: str, pattern: str):
+    def __init__(self, model: ModelRoot, module: torch.nn.ModuleList, label: str, pattern: str):
         self._model, self._module, self._label, self._pattern = model, module, label, pattern
         self._parent: Host | None = None  # the host holding the list: each block's parent
         self._hosts: dict[int, H] = {}  # index -> host, reused while the list holds the same module

@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from .errors import InputError, NnatlasError
 from .processing import image_prompt
+from .protocols import WrappedModel
 from .validate import accepted_kwargs, check_ids, check_inputs
-
-if TYPE_CHECKING:
-    from .model import AtlasModel
-
 
 _CPU = torch.device("cpu")
 
 
-def _device(model: AtlasModel) -> torch.device:
+def _device(model: WrappedModel) -> torch.device:
     """Where the inputs go: the device of the model's first parameter (as transformers' ``model.device``),
     found once and then read from its module (``.to()`` moves a parameter in place; a replaced one is
     found afresh)."""
@@ -35,7 +32,7 @@ def _device(model: AtlasModel) -> torch.device:
     return _CPU
 
 
-def prepare(model: AtlasModel, inputs: Any, extra: dict[str, Any]) -> dict[str, Any]:
+def prepare(model: WrappedModel, inputs: Any, extra: dict[str, Any]) -> dict[str, Any]:
     """A prompt, a list of prompts (left-padded), token ids (1-D or 2-D), or a dict of inputs;
     ``images=[...]`` (PIL images) goes with a prompt through the model's processor. Everything is
     checked before the forward (``validate``): a bad input is an InputError saying what was expected."""
@@ -82,13 +79,13 @@ def prepare(model: AtlasModel, inputs: Any, extra: dict[str, Any]) -> dict[str, 
     return out
 
 
-def _accepted(model: AtlasModel, made: Mapping[str, Any]) -> dict[str, Any]:
+def _accepted(model: WrappedModel, made: Mapping[str, Any]) -> dict[str, Any]:
     """What a tokenizer or processor made, less the keys the model's forward does not take."""
     accepted = accepted_kwargs(model._module)
     return {k: v for k, v in made.items() if accepted is None or k in accepted}
 
 
-def _tokenize(model: AtlasModel, text: str | list[str] | tuple[str, ...]) -> Mapping[str, Any]:
+def _tokenize(model: WrappedModel, text: str | list[str] | tuple[str, ...]) -> Mapping[str, Any]:
     tok = model.tokenizer
     if tok is None:
         raise NnatlasError("this model has no tokenizer: pass token ids, or wrap(model, tokenizer=...)")
@@ -106,7 +103,7 @@ def _tokenize(model: AtlasModel, text: str | list[str] | tuple[str, ...]) -> Map
             tok.pad_token = pad
 
 
-def _with_images(model: AtlasModel, text: Any, images: Any) -> Mapping[str, Any]:
+def _with_images(model: WrappedModel, text: Any, images: Any) -> Mapping[str, Any]:
     """The processor's inputs for a prompt and its images. A prompt without the image token gets one
     ``<vision_start><image><vision_end>`` per image in front, as a chat template would place them."""
     proc = model.processor

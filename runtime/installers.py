@@ -14,17 +14,14 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from . import patterns, sites
 from .errors import NnatlasError
+from .protocols import WrappedModel
 from .requests import FN_SITES, RUNNING_TRACE, Request, SiteKey
-
-if TYPE_CHECKING:
-    from .model import AtlasModel
-
 
 _running = RUNNING_TRACE.get  # (a wrapper asks it on every call: the trace whose forward runs here)
 
@@ -32,7 +29,7 @@ _running = RUNNING_TRACE.get  # (a wrapper asks it on every call: the trace whos
 class SiteInstaller:
     """Installs the sites of one trace's requests (see the module's docstring)."""
 
-    def __init__(self, model: AtlasModel, by_site: dict[SiteKey, list[Request]], call_dims: dict[int, tuple[int, int]],
+    def __init__(self, model: WrappedModel, by_site: dict[SiteKey, list[Request]], call_dims: dict[int, tuple[int, int]],
                  serve: Callable[[SiteKey, Any], Any]):
         self.model, self.by_site, self.call_dims, self.serve = model, by_site, call_dims, serve
 

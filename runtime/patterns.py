@@ -7,7 +7,7 @@ with, then calls the module's own family's ``eager_attention_forward`` on the sa
 values and keyword arguments (scaling, softcap, sinks, sliding window, dropout) with the call's mask
 in eager's additive form, and serves the reads from that call; its output is dropped. The recompute
 is part of the autograd graph of the queries and keys; edits of it could reach nothing, so an edit
-of a pattern under sdpa raises Unavailable (``RECOMPUTED``, asked by ``model.conditions_met``).
+of a pattern under sdpa raises Unavailable (``RECOMPUTED``, asked by ``targets.conditions_met``).
 Every family's generated tests check the recomputed pattern against eager's under sdpa and flex
 attention (run uncompiled on CPU: ``nnatlas.testing.uncompiled_flex_attention``).
 """

@@ -3,18 +3,38 @@
 from __future__ import annotations
 
 import importlib
+import sys
 from functools import cache
+from types import ModuleType
 from typing import Any
 
 from .errors import NnatlasError
 from .spec import Family
+
+_FIRST: list[str] = []  # families put before the generated ones in this process (put_first), newest first
 
 
 @cache
 def all_families() -> dict[str, Family]:
     from nnatlas.families import FAMILIES
 
-    return {name: importlib.import_module(f"nnatlas.families.{name}").FAMILY for name in FAMILIES}
+    names = [*_FIRST, *(n for n in FAMILIES if n not in _FIRST)]
+    return {name: importlib.import_module(f"nnatlas.families.{name}").FAMILY for name in names}
+
+
+def put_first(module: ModuleType) -> None:
+    """Make ``module``, an adapter written elsewhere (the drafter's, before it is committed), the family
+    ``nnatlas.families.<its FAMILY.name>`` of this process, picked before every other family: a generated
+    family of the same model type does not win over it."""
+    import nnatlas.families as families
+
+    name = module.FAMILY.name
+    sys.modules[f"nnatlas.families.{name}"] = module
+    setattr(families, name, module)
+    if name in _FIRST:
+        _FIRST.remove(name)
+    _FIRST.insert(0, name)
+    all_families.cache_clear()
 
 
 def model_class(family: Family) -> type[Any] | None:

@@ -15,14 +15,12 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
 from .errors import InputError, NnatlasError, OutOfOrderError
 
-if TYPE_CHECKING:
-    from .trace import Tracer
 
 class SiteKey(NamedTuple):
     """Where requests are served: one mechanism (``kind``: pre, post, call_in, call_out, op, method_in,
@@ -452,7 +450,7 @@ class Expr:
     def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any] | None = None):
         self.fn, self.args, self.kwargs = fn, args, kwargs or {}
 
-    def evaluate(self, tracer: Tracer, needed_by: str) -> Any:
+    def evaluate(self, tracer: object, needed_by: str) -> Any:  # (the trace that evaluates it, a layer above)
         def ev(x: Any) -> Any:
             if isinstance(x, Expr):
                 return x.evaluate(tracer, needed_by)

@@ -13,13 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 # the view arguments bound per call (from the model's input ids, or its input embeddings), not by the config
 CALL_DIMS = ("batch", "seq")
 
 ReadKind = Literal["module", "call", "op", "method", "fn", "derived", "missing"]
 Side = Literal["input", "output", "inputs", "args", "fn_args", "fn_output", "fn_step", "fn_steps"]
+DType = Literal["float", "long", "bool", "object"]
+# a word a spec or a read point's grammar gives, as the Literal above it names (a lookup fails on any other)
+SIDES: dict[str, Side] = {s: s for s in get_args(Side)}
+DTYPES: dict[str, DType] = {d: d for d in get_args(DType)}
 
 
 @dataclass(frozen=True)
@@ -28,7 +32,7 @@ class Layout:
 
     name: str
     dims: tuple[str, ...]
-    dtype: Literal["float", "long", "bool", "object"] = "float"
+    dtype: DType = "float"
     optional: bool = False  # "State | None": the value may be None
 
     @property

@@ -14,17 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import Token
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from . import conditions, interrupts, sites
 from .errors import InputError, NnatlasError, NotReached, OutOfOrderError
-
-if TYPE_CHECKING:
-    from .model import AtlasModel
-
 from .installers import SiteInstaller
+from .protocols import WrappedModel
 from .requests import (
     INPUT_SIDES,
     RUNNING_TRACE,
@@ -56,7 +53,7 @@ class Tracer:
     grad_live = False  # whether this forward keeps autograd (trace(grad=True), with grad mode on)
     edits = False  # whether the body edits an input-side value (the forward then gets copies of the inputs)
 
-    def __init__(self, model: AtlasModel, run: Callable[[], Any], order: str = "strict", grad: bool = False,
+    def __init__(self, model: WrappedModel, run: Callable[[], Any], order: str = "strict", grad: bool = False,
                  steps: int | None = None, calls: int | None = None, inputs: Mapping[str, Any] | None = None):
         if order != "strict" and order != "any":
             raise ValueError("order is 'strict' or 'any'")

@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from .errors import InputError
-
-if TYPE_CHECKING:
-    from .hosts import Value
-    from .model import AtlasModel
-    from .trace import Tracer
+from .protocols import EditedValue, TraceState, WrappedModel
 
 # keyword arguments a transformers forward takes through ``**kwargs`` (``TransformersKwargs``, and
 # the names its decorators read or rename), beyond the parameters its signature names
@@ -58,7 +54,7 @@ def _unknown_message(module: torch.nn.Module, unknown: list[str], accepted: froz
             f"its parameters ({', '.join(own)}) or the transformers keywords it reads ({', '.join(extras)})")
 
 
-def _vocab(model: AtlasModel) -> int | None:
+def _vocab(model: WrappedModel) -> int | None:
     emb = getattr(model._module, "get_input_embeddings", None)
     layer = emb() if callable(emb) else None
     n = getattr(layer, "num_embeddings", None)
@@ -87,7 +83,7 @@ def check_ids(ids: Any, what: str = "token ids") -> None:
         raise InputError(f"{what}: expected at least one token, got shape {list(ids.shape)} (an empty prompt?)")
 
 
-def check_inputs(model: AtlasModel, inputs: Mapping[str, Any]) -> None:
+def check_inputs(model: WrappedModel, inputs: Mapping[str, Any]) -> None:
     """The forward's keyword arguments, before it runs: known names, the ids against the vocabulary,
     a mask of the ids' shape, and (with pixel_values) every image input."""
     accepted = accepted_kwargs(model._module)
@@ -116,7 +112,7 @@ def check_inputs(model: AtlasModel, inputs: Mapping[str, Any]) -> None:
             check_image_inputs(model, inputs)
 
 
-def _check_range(model: AtlasModel, ids: torch.Tensor) -> None:
+def _check_range(model: WrappedModel, ids: torch.Tensor) -> None:
     """Every id in [0, vocab_size)."""
     vocab = _vocab(model)
     if vocab is None:
@@ -132,7 +128,7 @@ def _check_range(model: AtlasModel, ids: torch.Tensor) -> None:
         raise InputError(f"input_ids: expected ids in [0, {vocab}) (the vocabulary), got {bad}")
 
 
-def check_image_inputs(model: AtlasModel, inputs: Mapping[str, Any]) -> None:
+def check_image_inputs(model: WrappedModel, inputs: Mapping[str, Any]) -> None:
     """Raw image tensors: pixel_values [patches, channels * temporal * patch * patch] (float),
     image_grid_thw [images, 3] (integer), mm_token_type_ids like input_ids, the image-token count."""
     pixels = inputs.get("pixel_values")
@@ -190,7 +186,7 @@ def check_image_inputs(model: AtlasModel, inputs: Mapping[str, Any]) -> None:
                          f"makes {patches}")
 
 
-def _check_fixed_size_images(model: AtlasModel, inputs: Mapping[str, Any], pixels: Any) -> None:
+def _check_fixed_size_images(model: WrappedModel, inputs: Mapping[str, Any], pixels: Any) -> None:
     """A fixed-size encoder's images (LLaVA's CLIP, Gemma 3's SigLIP): pixel_values [images, channels,
     height, width], and the family's ``image_tokens_per_image`` image tokens per image in input_ids."""
     if not isinstance(pixels, torch.Tensor) or pixels.dim() != 4 or not pixels.dtype.is_floating_point:
@@ -212,7 +208,7 @@ def _check_fixed_size_images(model: AtlasModel, inputs: Mapping[str, Any], pixel
 
 # ---- edits ---------------------------------------------------------------------------------
 
-def _layout_dims(value: Value, tracer: Tracer) -> list[int | None]:
+def _layout_dims(value: EditedValue, tracer: TraceState) -> list[int | None]:
     """The value's declared layout as sizes, None where this trace's inputs do not say (a generation
     step's seq, a cache's key positions)."""
     spec = value._spec
@@ -226,7 +222,7 @@ def _layout_dims(value: Value, tracer: Tracer) -> list[int | None]:
     return [dims.get(d) for d in spec.layout.dims]
 
 
-def _config_dims(model: AtlasModel) -> dict[str, int]:
+def _config_dims(model: WrappedModel) -> dict[str, int]:
     """The config's sizes, found once per config object (a built model's sizes do not change)."""
     cached = model.__dict__.get("_config_dims")
     config = model.config
@@ -237,7 +233,7 @@ def _config_dims(model: AtlasModel) -> dict[str, int]:
     return cached[1]
 
 
-def _trace_dims(model: AtlasModel, tracer: Tracer) -> dict[str, int]:
+def _trace_dims(model: WrappedModel, tracer: TraceState) -> dict[str, int]:
     dims = dict(_config_dims(model))
     inputs = tracer.inputs
     ids = inputs.get("input_ids", inputs.get("inputs_embeds"))
@@ -260,7 +256,7 @@ def _trace_dims(model: AtlasModel, tracer: Tracer) -> dict[str, int]:
 _DTYPE_OF = {"long": torch.long, "bool": torch.bool, "float": torch.float32}
 
 
-def check_edit(value: Value, tracer: Tracer, new: Any, key: Any = None, setitem: bool = False) -> Any:
+def check_edit(value: EditedValue, tracer: TraceState, new: Any, key: Any = None, setitem: bool = False) -> Any:
     """An edit of ``value`` as recorded (``host.value = new`` or ``value[key] = new``): the new value
     as the forward will use it (a numpy array becomes a tensor), or an InputError naming the value
     and its layout. Values without a tensor layout (a size, a state that may be None) are not checked."""
@@ -295,7 +291,7 @@ def check_edit(value: Value, tracer: Tracer, new: Any, key: Any = None, setitem:
     return new
 
 
-def _what(value: Value, key: Any, setitem: bool) -> str:
+def _what(value: EditedValue, key: Any, setitem: bool) -> str:
     return f"{value.label}[{key!r}]" if setitem else value.label
 
 

@@ -1,7 +1,7 @@
 """The import graph of nnatlas's hand-written packages, read from the source (nothing is imported).
 
-Every ``import`` and ``from ... import`` counts, at module level or inside a function, but those
-under ``if TYPE_CHECKING:`` (annotations only, never run). Modules are named as users import them:
+Every ``import`` and ``from ... import`` counts, at module level, inside a function or under
+``if TYPE_CHECKING:`` (annotations only, never run, but a tie between the modules all the same). Modules are named as users import them:
 ``runtime/`` is ``nnatlas``, ``compiler/`` is ``nnatlas.compiler``, ``generated/families/`` is
 ``nnatlas.families``, as pyproject's package-dir maps them.
 """
@@ -23,6 +23,7 @@ class Import:
     target: str  # the module imported: nnatlas.hosts (a name imported from a package counts as its module if one)
     line: int
     local: bool  # inside a function (not at module level)
+    typing: bool = False  # under ``if TYPE_CHECKING:`` (for a type checker only)
 
 
 def module_name(path: Path) -> str:
@@ -53,15 +54,17 @@ def imports(path: Path, known: set[str] | None = None) -> list[Import]:
     base = source.split(".") if is_pkg else source.split(".")[:-1]
     out: list[Import] = []
 
-    def visit(node: ast.AST, local: bool) -> None:
+    def visit(node: ast.AST, local: bool, typing: bool) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and _is_type_checking(child):
+                for sub in child.body:
+                    visit(ast.Module([sub], []), local, True)
                 for sub in child.orelse:
-                    visit(sub, local)
+                    visit(ast.Module([sub], []), local, typing)
                 continue
             inner = local or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
             if isinstance(child, ast.Import):
-                out.extend(Import(source, a.name, child.lineno, local) for a in child.names)
+                out.extend(Import(source, a.name, child.lineno, local, typing) for a in child.names)
             elif isinstance(child, ast.ImportFrom):
                 if child.level:
                     mod = ".".join(base[:len(base) - child.level + 1] + ([child.module] if child.module else []))
@@ -69,10 +72,10 @@ def imports(path: Path, known: set[str] | None = None) -> list[Import]:
                     mod = child.module or ""
                 for a in child.names:
                     sub = f"{mod}.{a.name}"
-                    out.append(Import(source, sub if known and sub in known else mod, child.lineno, local))
-            visit(child, inner)
+                    out.append(Import(source, sub if known and sub in known else mod, child.lineno, local, typing))
+            visit(child, inner, typing)
 
-    visit(ast.parse(path.read_text(), str(path)), False)
+    visit(ast.parse(path.read_text(), str(path)), False, False)
     return out
 
 

@@ -73,17 +73,32 @@ def test_compiler_has_no_import_circles() -> None:
 
 
 def test_the_runtime_has_no_import_circles() -> None:
-    assert I.circles(I.graph("nnatlas")) == []
+    """Imports under ``if TYPE_CHECKING:`` count: a lower layer annotates against ``nnatlas.protocols``
+    (or a class of its own layer or below), never against the model facade above it."""
+    g = I.graph("nnatlas")
+    assert any(i.typing for imps in g.values() for i in imps)  # (the graph holds them: nnatlas/__init__.py's)
+    assert I.circles(g) == []
 
 
-# the runtime's layers, bottom up: a module imports only from its own layer or those below
+def test_the_import_graph_counts_type_checking_imports() -> None:
+    init = I.imports(I.modules("nnatlas")["nnatlas"], set(I.modules("nnatlas")))
+    typing = {i.target for i in init if i.typing}
+    assert {"nnatlas.model", "nnatlas.loading", "nnatlas.cache"} <= typing
+    assert not any(i.typing for i in init if i.target == "nnatlas.errors")  # (imported to run)
+
+
+# the runtime's layers, bottom up: a module imports only from its own layer or those below (TYPE_CHECKING
+# imports included)
 LAYERS = (
     ("data model", {"nnatlas.errors", "nnatlas.spec", "nnatlas.conditions", "nnatlas.expressions",
-                    "nnatlas.registry", "nnatlas.cache_data", "nnatlas.cache_store"}),
+                    "nnatlas.registry", "nnatlas.cache_data", "nnatlas.cache_store", "nnatlas.protocols"}),
     ("sites", {"nnatlas.interrupts", "nnatlas.sites", "nnatlas.patterns"}),
     ("requests and the tracer", {"nnatlas.requests", "nnatlas.installers", "nnatlas.trace", "nnatlas.validate"}),
-    ("hosts, values and inputs", {"nnatlas.hosts", "nnatlas.processing", "nnatlas.inputs"}),
-    ("model facade and load", {"nnatlas.model", "nnatlas.typed", "nnatlas.describe", "nnatlas.cache"}),
+    ("hosts and values", {"nnatlas.hosts", "nnatlas.processing", "nnatlas.inputs", "nnatlas.introspect", "nnatlas.model_tree",
+                          "nnatlas.targets"}),
+    ("what a model shows", {"nnatlas.describe", "nnatlas.cache"}),
+    ("model facade", {"nnatlas.model", "nnatlas.typed"}),
+    ("load", {"nnatlas.loading"}),
     ("entry points", {"nnatlas", "nnatlas.cache_cli", "nnatlas.__main__"}),
 )
 
@@ -96,6 +111,17 @@ def test_the_runtime_is_layered() -> None:
     upward = [f"{m} ({LAYERS[layer[m]][0]}) imports {i.target} ({LAYERS[layer[i.target]][0]})"
               for m in runtime for i in g[m] if layer[i.target] > layer[m]]
     assert upward == []
+
+
+def test_the_layers_are_named_in_order() -> None:
+    """Bottom up: data model → sites → requests and the tracer → hosts and values → model facade → load; the
+    Protocols the lower layers annotate against sit at the bottom, the facade above all it uses."""
+    names = [name for name, _ in LAYERS]
+    assert names == ["data model", "sites", "requests and the tracer", "hosts and values", "what a model shows",
+                     "model facade", "load", "entry points"]
+    layer = {m: k for k, (_, mods) in enumerate(LAYERS) for m in mods}
+    assert layer["nnatlas.protocols"] < layer["nnatlas.trace"] < layer["nnatlas.hosts"] < layer["nnatlas.model"]
+    assert layer["nnatlas.model"] < layer["nnatlas.loading"]
 
 
 # the command lines load the model only when a command runs (``nnatlas cache --help`` stays quick)
@@ -140,9 +166,9 @@ def test_the_size_report_names_the_largest_modules_and_classes() -> None:
 
 # what the compiler's core (resolve, emit, the IR, expressions, read points) may import of the runtime
 DATA_MODEL = {"nnatlas.spec", "nnatlas.conditions"}
-# the compiler's tools that run models with the runtime, and what each uses of it
+# the compiler's tools that run models with the runtime, and what each uses of it: the public API
 TOOLS = {"nnatlas.compiler.printouts": {"nnatlas"},  # nnatlas.wrap, on the meta device
-         "nnatlas.compiler.treecheck": {"nnatlas.model", "nnatlas.hosts", "nnatlas.testing"},
+         "nnatlas.compiler.treecheck": {"nnatlas", "nnatlas.introspect", "nnatlas.testing"},
          "nnatlas.compiler.cli": {"nnatlas.cache_cli"}}  # the `nnatlas cache` command
 
 
@@ -150,9 +176,57 @@ def test_the_compiler_imports_the_runtimes_data_model_only() -> None:
     g = I.graph("nnatlas", "nnatlas.compiler", "nnatlas.families")
     for name in I.modules("nnatlas.compiler"):
         used = {i.target for i in g[name] if not i.target.startswith("nnatlas.compiler")}
-        if name.startswith("nnatlas.compiler.draft"):  # the drafter renders an adapter and loads it like the runtime
-            used -= {"nnatlas.registry", "nnatlas.families"}
         assert used <= DATA_MODEL | TOOLS.get(name, set()), f"{name} imports {sorted(used)}"
+
+
+def _runtime_private_members() -> set[str]:
+    """The runtime's private member names (``_module``, ``_specs_for``, ``_parent`` …): its classes' own
+    methods and attributes, what it sets on ``self``, and the keys it keeps in instance dicts."""
+    import ast
+    import re
+
+    names: set[str] = set()
+    for path in I.modules("nnatlas").values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                for b in node.body:
+                    if isinstance(b, ast.FunctionDef | ast.AsyncFunctionDef):
+                        names.add(b.name)
+                    elif isinstance(b, ast.AnnAssign) and isinstance(b.target, ast.Name):
+                        names.add(b.target.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and \
+                    isinstance(node.value, ast.Name) and node.value.id == "self":  # (not a config's own, set by a site)
+                names.add(node.attr)
+            elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+                names.add(str(node.slice.value))
+    return {n for n in names if re.fullmatch(r"_[a-z]\w*", n)}
+
+
+def test_the_compiler_reaches_no_private_runtime_member() -> None:
+    """The compiler's tools use the runtime's public API (``nnatlas.introspect`` for a host's module, label,
+    parent and children): no private member of a runtime object (an attribute, an instance-dict key, a
+    ``getattr`` name) and no underscore name imported from the runtime. The drafter's generated conftest
+    (text it writes) is held to the same rule."""
+    import ast
+
+    from nnatlas.compiler.draft import check as draft_check
+
+    private = _runtime_private_members()
+    assert {"_module", "_specs_for", "_parent", "_child", "_family"} <= private
+    found = []
+    sources = {name: path.read_text() for name, path in I.modules("nnatlas.compiler").items()}
+    sources["the drafter's conftest"] = draft_check.CONFTEST
+    for name, text in sources.items():
+        for node in ast.walk(ast.parse(text)):
+            own = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+            if isinstance(node, ast.Attribute) and node.attr in private and not own:
+                found.append(f"{name}:{node.lineno} .{node.attr}")
+            elif isinstance(node, ast.Constant) and node.value in private:
+                found.append(f"{name}:{node.lineno} {node.value!r}")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("nnatlas") and \
+                    not (node.module or "").startswith("nnatlas.compiler") and not node.level:
+                found += [f"{name}:{node.lineno} imports {a.name}" for a in node.names if a.name.startswith("_")]
+    assert found == []
 
 
 def test_generated_adapters_hold_what_the_compiler_built() -> None:
@@ -196,3 +270,35 @@ def test_one_expression_whitelist() -> None:
 
     assert expr.FUNCTIONS is spec.FUNCTIONS and expr.VIEW_OPS is spec.VIEW_OPS
     assert expressions.unimplemented() == []
+
+
+def test_a_drafted_adapter_goes_first_through_the_registrys_public_function() -> None:
+    """``registry.put_first``, which the drafter's conftest calls: the adapter is the family of its name and
+    is picked before the generated family of the same model type (in a fresh process: it changes the registry)."""
+    code = ("import sys, types, transformers\n"
+            "import nnatlas.families as fams\n"
+            "from nnatlas import registry\n"
+            "from nnatlas.families import mistral\n"
+            "draft = types.ModuleType('nnatlas.families.mistral')\n"
+            "exec(compile(open(mistral.__file__).read(), 'draft', 'exec'), draft.__dict__)\n"
+            "assert registry.get('mistral') is mistral.FAMILY and list(registry.all_families())[0] != 'mistral'\n"
+            "registry.put_first(draft)\n"
+            "assert list(registry.all_families())[0] == 'mistral' and registry.get('mistral') is draft.FAMILY\n"
+            "assert sys.modules['nnatlas.families.mistral'] is draft and fams.mistral is draft\n"
+            "hf = transformers.MistralForCausalLM(transformers.MistralConfig(hidden_size=16, intermediate_size=32,"
+            " num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, vocab_size=32))\n"
+            "assert registry.pick(hf) is draft.FAMILY\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300, capture_output=True)
+
+
+def test_the_readme_layout_names_every_runtime_module() -> None:
+    """README's layout section shows the runtime's tree as it is: every module of the layers, none gone."""
+    text = (I.ROOT / "README.md").read_text()
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    rows = block.split("runtime/", 1)[1].split("testing/", 1)[0]
+    for _, mods in LAYERS:
+        for m in mods:
+            file = "__init__.py" if m == "nnatlas" else m.removeprefix("nnatlas.") + ".py"
+            assert f" {file}" in rows, f"README's layout does not name runtime/{file}"
+    shown = {w.strip(",") for w in rows.split() if w.endswith((".py", ".py,"))}
+    assert shown <= {p.name for p in (I.ROOT / "runtime").glob("*.py")}, shown

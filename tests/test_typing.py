@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from nnatlas.compiler.typecheck import package_tree
 from nnatlas.testing import build
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,24 +55,11 @@ follow_imports = skip
 '''
 
 
-def _package_tree(site: Path) -> Path:
-    """``nnatlas`` laid out as an installed wheel has it (pyproject's package-dir maps runtime/ to nnatlas,
-    compiler/ to nnatlas.compiler, generated/families/ to nnatlas.families), as links into the checkout:
-    what a user's type checker finds (an editable install's import hook is invisible to mypy)."""
-    pkg = site / "nnatlas"
-    pkg.mkdir(parents=True)
-    for path in (ROOT / "runtime").glob("*.py"):
-        (pkg / path.name).symlink_to(path)
-    (pkg / "compiler").symlink_to(ROOT / "compiler")
-    (pkg / "families").symlink_to(ROOT / "generated" / "families")
-    return site
-
-
 @pytest.fixture(scope="module")
 def mypy_lines(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[str]]:
     tmp = tmp_path_factory.mktemp("typing")
     (tmp / "sample.py").write_text(SAMPLE)
-    config = CONFIG.replace("[mypy]\n", f"[mypy]\nmypy_path = {_package_tree(tmp / 'site')}\n", 1)
+    config = CONFIG.replace("[mypy]\n", f"[mypy]\nmypy_path = {package_tree(tmp / 'site')}\n", 1)
     (tmp / "mypy.ini").write_text(config)
     done = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(tmp / "mypy.ini"), "--cache-dir",
                            str(tmp / "cache"), "--no-error-summary", str(tmp / "sample.py")],
@@ -139,3 +127,33 @@ def test_a_family_load_returns_its_model_from_a_checkpoint(tmp_path: Path) -> No
     with model.trace("the eiffel tower"):
         out = model.layers[0].layer_output.save()
     assert out.shape[-1] == model.hidden_size and isinstance(out, torch.Tensor)
+
+
+def test_the_type_check_sees_every_module_as_installed(tmp_path: Path) -> None:
+    """``make check`` type-checks the package laid out as installed: every module of runtime/, compiler/ and
+    generated/families/ is in the tree under its import name, and mypy's paths map back to the checkout."""
+    from nnatlas.compiler import typecheck
+
+    from . import imports as I
+
+    site = typecheck.package_tree(tmp_path)
+    wanted = {name: path for pkg in I.PACKAGES for name, path in I.modules(pkg).items()}
+    for name, path in wanted.items():
+        parts = name.split(".")[1:]
+        found = site.joinpath("nnatlas", *parts)
+        found = found / "__init__.py" if path.name == "__init__.py" else found.with_suffix(".py")
+        assert found.resolve() == path.resolve(), name
+    shown = f"{site}/nnatlas/compiler/emit.py:3: error\n{site}/nnatlas/model.py:1: note\n{site}/nnatlas/families/llama.py"
+    assert typecheck.source_path(shown, site) == "compiler/emit.py:3: error\nruntime/model.py:1: note\ngenerated/families/llama.py"
+    assert typecheck.package_tree(tmp_path) == site  # made afresh over the last tree
+
+
+def test_the_type_check_resolves_nnatlas_imports() -> None:
+    """pyproject's mypy settings refuse an import of nnatlas that does not resolve (the check would silently
+    see ``Any`` where the compiler or an adapter uses the runtime)."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
+    overrides = [o for o in config.get("overrides", []) if "nnatlas.*" in o["module"]]
+    assert overrides and overrides[0]["ignore_missing_imports"] is False
+    assert "nnatlas.compiler.typecheck" in (ROOT / "Makefile").read_text()

@@ -19,11 +19,9 @@ from ..ir import Atlas, FamilyIR
 # the generated tests import nnatlas.families.<family>: this conftest puts the rendered adapter there
 CONFTEST = '''\
 import importlib.util
-import sys
 
 from hypothesis import Phase, settings
 
-import nnatlas.families as families
 from nnatlas import registry
 
 # a draft's tests say pass or fail: no shrinking of a failing example (it can take minutes)
@@ -32,23 +30,9 @@ settings.load_profile("nnatlas-draft")
 
 spec = importlib.util.spec_from_file_location("nnatlas.families.{family}", r"{adapter}")
 module = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = module
 spec.loader.exec_module(module)
-setattr(families, "{family}", module)
-families.FAMILIES = tuple(f for f in families.FAMILIES if f != "{family}") + ("{family}",)
 # the draft first: a hand-written family of the same model type must not be picked instead
-_all = getattr(registry.all_families, "_nnatlas_original", registry.all_families)
-_all.cache_clear()
-
-
-def _with_draft():
-    fams = dict(_all())
-    draft = fams.pop("{family}")
-    return {{"{family}": draft, **fams}}
-
-
-_with_draft._nnatlas_original = _all
-registry.all_families = _with_draft
+registry.put_first(module)
 '''
 
 

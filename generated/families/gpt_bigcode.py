@@ -8,7 +8,7 @@ from typing import Any
 
 from nnatlas import expressions as _fn
 from nnatlas.hosts import HostList
-from nnatlas.model import Loader, Wrapper
+from nnatlas.loading import Loader, Wrapper
 from nnatlas.spec import Condition, Family, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
 from nnatlas.typed import TypedHost, TypedModel, ValueSlot
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from ..model import AtlasModel, wrap
+from ..loading import wrap
+from ..model import AtlasModel
 from ..processing import image_processor_class, images_only, vision_marks
 
 WORDS = ("the eiffel tower is in city of paris france a an and to on at with from by for as it this that "
