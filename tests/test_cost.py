@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from nnatlas import sites
-from nnatlas.testing import build, draw_inputs, standard_values
+from nnatlas.testing import build, draw_inputs, first_params, standard_values
 from nnatlas.trace import Tracer
 
 RUNTIME = str(Path(sites.__file__).parent)
@@ -45,7 +45,10 @@ def runtime_calls_in_forward() -> Iterator[list[str]]:
 
 
 def _llama(layers: int = 3, attn: str = "sdpa") -> Any:
-    model = build("llama", {"num_hidden_layers": layers}, attn_implementation=attn)
+    # the tiny config's drawn entries with `layers` blocks (params given alone would replace them all:
+    # LlamaConfig's defaults, a 4096-wide model of 4 GB at 3 blocks, 11 GB at 12)
+    model = build("llama", {**first_params("llama"), "num_hidden_layers": layers}, attn_implementation=attn)
+    assert model.hidden_size <= 64
     return model, draw_inputs(int(model.normalized_config["vocab_size"]), 1, 8, [0], seed=1)
 
 
