@@ -64,6 +64,13 @@ def _block_mask_dense(mask: Any, query: torch.Tensor, key: torch.Tensor) -> torc
     return dense.to(torch.bool)
 
 
+def serving_loads(read: Any) -> str:
+    """The loads that serve a recomputable pattern read, for the message of a load that does not
+    (flash attention never forms the pattern and has no recompute: it is not verified without a GPU)."""
+    fused = "'sdpa'" if read.recompute == "sdpa" else "'sdpa' or 'flex_attention'"
+    return f"attn_implementation='eager' (read in the forward) or {fused} (recomputed from the call)"
+
+
 def words(read: Any) -> str:
     """How a recomputed pattern read is served (support()'s words)."""
     return SDPA_WORDS if read.recompute == "sdpa" else RECOMPUTED_WORDS

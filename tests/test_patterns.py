@@ -229,3 +229,20 @@ def test_falcon_with_alibi_is_not_recomputed_under_sdpa() -> None:
     model = T.build("falcon", params, attn_implementation="sdpa")
     with pytest.raises(nnatlas.Unavailable, match="alibi.*attn_implementation='eager'"), model.trace(_inputs(model)):
         model.layers[0].self_attn.attention_probabilities.save()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("family,loads", [
+    ("llama", "attn_implementation='eager' (read in the forward) or 'sdpa' or 'flex_attention' (recomputed from the call)"),
+    ("falcon", "attn_implementation='eager' (read in the forward) or 'sdpa' (recomputed from the call)")])
+def test_a_load_that_neither_forms_nor_recomputes_the_pattern_names_those_that_do(family: str, loads: str) -> None:
+    """Flash attention never forms the pattern and nnatlas does not recompute it there (no GPU here to
+    verify a recompute against): a read under it says which loads serve the pattern, before any forward."""
+    model = T.build(family, attn_implementation="sdpa")
+    model.native.config._attn_implementation_internal = "flash_attention_2"  # what a GPU load sets; never run here
+    assert model.native.config._attn_implementation == "flash_attention_2"
+    attn = model.layers[0].self_attn
+    with pytest.raises(nnatlas.Unavailable) as e, model.trace(_inputs(model)):
+        attn.attention_probabilities.save()  # type: ignore[attr-defined]
+    assert str(e.value) == (f"layers[0].self_attn.attention_probabilities is unavailable under this load "
+                            f"(attn_implementation='flash_attention_2'): it needs {loads}. "
+                            f"Fix: load with attn_implementation=\"eager\" (nnatlas.load(..., attn_implementation=\"eager\"))")
