@@ -420,15 +420,15 @@ class Value(_Lazy):
         tracer = model._tracer or model._active_tracer(self.label)
         d = self.__dict__
         fast = d.get("_save_as")
-        if fast is not None:  # saved before, without a load condition
-            target, kind, parts = fast
+        if fast is not None:  # saved before
+            target, kind, parts, scoped = fast
             if parts is not None:  # the path from the host must still lead to the same module
                 node: torch.nn.Module | None = host._module
                 for part in parts:
                     node = node._modules.get(part)  # type: ignore[union-attr]  # (None ends the walk)
                     if node is None:
                         break
-            if parts is None or node is target.module:
+            if (parts is None or node is target.module) and (scoped is None or self._available(tracer, scoped)):
                 holder = _placeholder(kind, target.label)
                 seq = tracer.seq
                 tracer.requests.append(Request(seq, target.label, "save", target, holder, tracer.current_step,
@@ -444,10 +444,28 @@ class Value(_Lazy):
         tracer.add(self.label, "save", target, holder)
         spec = self._spec
         cached = d.get("_cached_target")
-        if cached is not None and cached[0] is target and (spec is None or (spec.needs is None and
-                                                                            spec.read.kind != "missing")):
-            d["_save_as"] = (target, kind, None if cached[1] is None else tuple(cached[1].split(".")))
+        if cached is not None and cached[0] is target and (spec is None or spec.read.kind != "missing"):
+            # a value with a load condition keeps whether its condition's module is the target's
+            # (an interface call, an operation, a method: the module whose forward it is read in)
+            scoped = None if spec is None or spec.needs is None else self._read.kind in ("call", "op", "method")
+            d["_save_as"] = (target, kind, None if cached[1] is None else tuple(cached[1].split(".")), scoped)
         return holder
+
+    def _available(self, tracer: Tracer, scoped: bool) -> bool:
+        """Whether this load serves the value, a load condition decided once per trace for each
+        (read point, condition, config): the same for every layer's copy of a value. A value it
+        does not serve takes the full path (which raises its :class:`Unavailable`)."""
+        module = self.__dict__["_save_as"][0].module if scoped else self._host._module
+        spec = self._spec
+        assert spec is not None
+        key = (id(self._read), id(spec.needs), id(getattr(module, "config", None) or self._host._model.config))
+        available = tracer.available
+        if key in available:
+            return True
+        if self._host._model._why_unavailable(self) is not None:
+            return False
+        available.add(key)
+        return True
 
     def _holder_kind(self) -> Any:
         """What a saved value comes back in: :class:`Box` (not a tensor, or maybe None), or a tensor's dtype."""

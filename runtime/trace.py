@@ -70,6 +70,7 @@ class Tracer:
         self.fired: dict[int | tuple[int, int], int] = {}  # times each site fired (by id of its list in by_site, and step)
         self.call_dims: dict[int, tuple[int, int]] = {}
         self.conditions: dict[tuple[int, int], bool] = {}  # load conditions asked while recording
+        self.available: set[tuple[int, int, int]] = set()  # (read point, condition, config) a save found served
 
     # -- recording (the body) --
     def add(self, label: str, action: str, target: Target | None, payload: Any = None, seq: int | None = None,

@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
-from nnatlas import sites
+from nnatlas import conditions, sites
+from nnatlas.errors import Unavailable
+from nnatlas.targets import ModelTargets
 from nnatlas.testing import build, draw_inputs, first_params, standard_values
 from nnatlas.trace import Tracer
 
@@ -113,3 +115,42 @@ def test_a_trace_leaves_nothing_to_the_garbage_collector() -> None:
     finally:
         if enabled:
             gc.enable()
+
+
+def test_a_value_with_a_load_condition_saved_again_skips_target_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A value saved before, with a load condition (``needs: eager``), takes the save's fast path: no
+    target resolution, and whether the load serves it asked once per trace for each (read point,
+    condition, config). The answer is not kept across traces: a load that stops serving the condition
+    raises at the save."""
+    model, inputs = _llama(attn="eager")
+    values = [v for v in standard_values(model, needs_images=False) if v._spec is not None and v._spec.needs]
+    assert len(values) >= 3
+
+    def trace() -> list[Any]:
+        with model.trace(inputs, order="any"):
+            return [v.save() for v in values]
+
+    first = trace()
+    trace()  # (a handle keeps its target from its second resolution)
+    configs = {(id(v._read), id(v._spec.needs),  # (transformers gives each layer its own config view)
+                id(getattr(v._target().module, "config", None) or model.config)) for v in values}
+    asked: list[str] = []
+    resolved: list[str] = []
+    why, target = ModelTargets._why_unavailable, ModelTargets._target
+
+    def counted_why(self: ModelTargets, value: Any, edit: bool = False) -> Any:
+        asked.append(value.label)
+        return why(self, value, edit)
+
+    def counted_target(self: ModelTargets, value: Any, edit: bool = False) -> Any:
+        resolved.append(value.label)
+        return target(self, value, edit)
+
+    monkeypatch.setattr(ModelTargets, "_why_unavailable", counted_why)
+    monkeypatch.setattr(ModelTargets, "_target", counted_target)
+    again = trace()
+    assert resolved == [] and sorted(asked) == sorted(set(asked)) and len(asked) == len(configs)
+    assert all(a.equal(b) for a, b in zip(first, again, strict=True))
+    monkeypatch.setattr(conditions, "load_met", lambda *args: False)
+    with pytest.raises(Unavailable, match="is unavailable"), model.trace(inputs, order="any"):
+        values[0].save()
