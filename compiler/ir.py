@@ -45,8 +45,7 @@ class ValueIR:
         and flex attention from the call's queries and keys; or read at eager's softmax in the host's own
         forward with ``recompute: sdpa``: recomputed under sdpa from the forward's scaled_dot_product_attention
         call (runtime/patterns.py). Edits need eager."""
-        return bool(self.needs and self.needs.name == "eager" and self.read is not None and self.read.kind == "op"
-                    and (self.read.call == "attention" or self.read.recompute == "sdpa"))
+        return bool(self.needs and self.needs.name == "eager" and self.read is not None and self.read.recomputable)
 
     @property
     def readonly(self) -> bool:

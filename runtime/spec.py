@@ -101,6 +101,13 @@ class ReadPoint:
     recompute: str | None = None
 
     @property
+    def recomputable(self) -> bool:
+        """A pattern read the fused attentions recompute (runtime/patterns.py): inside eager attention
+        (``call:attention > op:...``: under sdpa and flex attention), or at eager's softmax in the host's
+        own forward with ``recompute: sdpa`` (under sdpa, from the forward's scaled_dot_product_attention)."""
+        return self.kind == "op" and (self.call == "attention" or self.recompute is not None)
+
+    @property
     def by_position(self) -> bool:
         """Read by its position among calls (``op:add#5``, ``method:f#i``): a shift reads another tensor."""
         return "#" in self.text

@@ -65,7 +65,7 @@ class ModelTargets(ModelTree):
             return None
         under = conditions.under(spec.needs, cfg, getattr(value._host._module, "config", self.config),
                                  type(self._module).__name__, self._processor)
-        if spec.needs.name == "eager" and recomputable(value._read):
+        if spec.needs.name == "eager" and value._read.recomputable:
             return Unavailable(f"{value.label} is unavailable {under}: it needs {patterns.serving_loads(value._read)}. "
                                f"Fix: {spec.needs.fix}")
         return Unavailable(f"{value.label} is unavailable {under}: it {spec.needs.says}. Fix: {spec.needs.fix}")
@@ -167,16 +167,10 @@ def _names_call_dims(view: Any) -> bool:
     return False
 
 
-def recomputable(read: Any) -> bool:
-    """A read inside eager attention (``call:attention > op:...``), or at eager's softmax in the forward
-    with ``recompute: sdpa``: a pattern the fused implementations recompute (``patterns``)."""
-    return read.kind == "op" and (read.call == "attention" or read.recompute is not None)
-
-
 def recomputed(read: Any, module: torch.nn.Module, config: Any) -> bool:
     """Whether a recomputable read is served by recomputing the pattern under this load (sdpa, flex
     attention: ``patterns``)."""
-    if not recomputable(read):
+    if not read.recomputable:
         return False
     impl = sites.attention_implementation(getattr(module, "config", None) or config)
     return impl in patterns.RECOMPUTED if read.call == "attention" else impl == read.recompute
