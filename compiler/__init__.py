@@ -7,6 +7,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -134,6 +137,21 @@ class Result:
     diff: str
 
 
+@contextlib.contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """Python's cycle collector paused, then restored as it was: a run builds millions of objects that
+    live until it ends (the resolved atlas, every rendered file, each adapter's syntax tree), and the
+    collector's passes over them cost ~15 % of a cold ``generate --check`` while finding almost nothing
+    (reference counting still frees everything that is not a cycle; peak memory +20 MB)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def generate(root: Path | None = None, check: bool = False) -> Result:
     """Validate every spec and regenerate; with ``check`` write nothing and report the diff.
 
@@ -142,7 +160,11 @@ def generate(root: Path | None = None, check: bool = False) -> Result:
     device, importing torch, running the rendered adapter) only when their header says they are
     stale; ``check`` decides that from the headers alone.
     """
-    root = root or default_root()
+    with _no_cycle_collection():
+        return _generate(root or default_root(), check)
+
+
+def _generate(root: Path, check: bool) -> Result:
     atlas = compile_atlas(root / "specs", root)
     adapters = render_adapters(atlas)
     texts, stale_printouts = plan_printouts(root, atlas, not check, adapters)
