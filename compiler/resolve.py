@@ -141,14 +141,23 @@ def _merge(base: Merged, top: Merged, found: Problems | None = None, inheriting:
             file, pos = top.pos(path, key=True)
             found.add(file, pos, message)
 
+    # top's positions by each prefix of their paths (built at the first move): a move reads its subtree's alone
+    under: list[dict[DataPath, list[tuple[DataPath, tuple[str, tuple[int, int]]]]]] = []
+
     def moved(tp: DataPath, p: DataPath, offset: int) -> None:
-        for table, dst in ((top.where, out.where), (top.keys, out.keys)):
-            for q, pos in table.items():
-                if q[: len(tp)] == tp:
-                    rest = q[len(tp):]
-                    if rest and isinstance(rest[0], int):
-                        rest = (rest[0] + offset, *rest[1:])
-                    dst[(*p, *rest)] = pos
+        if not under:
+            for table in (top.where, top.keys):
+                by_prefix: dict[DataPath, list[tuple[DataPath, tuple[str, tuple[int, int]]]]] = {}
+                for q, pos in table.items():
+                    for k in range(len(q) + 1):
+                        by_prefix.setdefault(q[:k], []).append((q, pos))
+                under.append(by_prefix)
+        for by_prefix, dst in zip(under, (out.where, out.keys), strict=True):
+            for q, pos in by_prefix.get(tp, ()):
+                rest = q[len(tp):]
+                if rest and isinstance(rest[0], int):
+                    rest = (rest[0] + offset, *rest[1:])
+                dst[(*p, *rest)] = pos
 
     def walk(dst: dict[str, Any], src: dict[str, Any], path: DataPath) -> None:
         for key, value in src.items():
