@@ -54,8 +54,8 @@ def render(atlas: Atlas, printout_texts: dict[str, str] | None = None,
         printout = printout_texts.get(f.name)
         out[f"generated/families/{f.name}.py"] = adapters[f.name]
         out[f"generated/tests/test_{f.name}.py"] = emit.render_tests(f)
-        out[f"generated/docs/{f.name}.html"] = emit.render_page(f, atlas, printout, status_data)
-        out[f"generated/docs/{f.name}.md"] = emit.render_page_md(f, atlas, printout)
+        out[f"generated/docs/{f.name}.html"], out[f"generated/docs/{f.name}.md"] = emit.render_pages(f, atlas, printout,
+                                                                                                 status_data)
         if printout is not None:
             out[printouts.path_for(f.name)] = printout
     out["generated/docs/index.html"] = emit.render_index(atlas, printout_texts, status_data)

@@ -386,13 +386,21 @@ def page_context(f: FamilyIR, atlas: Atlas, printout: str | None = None) -> dict
 
 
 def render_page(f: FamilyIR, atlas: Atlas, printout: str | None = None,
-                status_data: dict[str, Any] | None = None) -> str:
-    return env().get_template("page.html.j2").render(**page_context(f, atlas, printout),
+                status_data: dict[str, Any] | None = None, context: dict[str, Any] | None = None) -> str:
+    """The family's HTML page; ``context``: its ``page_context`` when the caller has built it (render_pages)."""
+    return env().get_template("page.html.j2").render(**(context or page_context(f, atlas, printout)),
                                                      badge=status.row(f, status_data))
 
 
-def render_page_md(f: FamilyIR, atlas: Atlas, printout: str | None = None) -> str:
-    return env().get_template("page.md.j2").render(**page_context(f, atlas, printout))
+def render_page_md(f: FamilyIR, atlas: Atlas, printout: str | None = None, context: dict[str, Any] | None = None) -> str:
+    return env().get_template("page.md.j2").render(**(context or page_context(f, atlas, printout)))
+
+
+def render_pages(f: FamilyIR, atlas: Atlas, printout: str | None = None,
+                 status_data: dict[str, Any] | None = None) -> tuple[str, str]:
+    """(the HTML page, the Markdown page), from one page model (the templates only read it)."""
+    context = page_context(f, atlas, printout)
+    return render_page(f, atlas, printout, status_data, context), render_page_md(f, atlas, printout, context)
 
 
 def _index_data(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> dict[str, Any]:
