@@ -9,6 +9,7 @@ stops the render instead of becoming code.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import re
@@ -145,17 +146,12 @@ def construct(obj: Any, names: Mapping[Any, str] | None = None, indent: int = 0,
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         args: list[str] = []
         inner = indent + 4 if isinstance(obj, multiline) else indent
-        for fld in dataclasses.fields(obj):
-            value = getattr(obj, fld.name)
-            if fld.default is not dataclasses.MISSING:
-                default: Any = fld.default
-            elif fld.default_factory is not dataclasses.MISSING:
-                default = fld.default_factory()
-            else:
+        for name, has_default, default in _fields(type(obj)):
+            value = getattr(obj, name)
+            if not has_default:
                 args.append(construct(value, names, inner, multiline))
-                continue
-            if type(value) is not type(default) or value != default:
-                args.append(f"{fld.name}={construct(value, names, inner, multiline)}")
+            elif type(value) is not type(default) or value != default:
+                args.append(f"{name}={construct(value, names, inner, multiline)}")
         return _call(type(obj).__name__, args, indent, isinstance(obj, multiline))
     if isinstance(obj, tuple | list):
         items = [construct(v, names, indent + 4, multiline) for v in obj]
@@ -166,6 +162,20 @@ def construct(obj: Any, names: Mapping[Any, str] | None = None, indent: int = 0,
     if isinstance(obj, Mapping):
         return "{" + ", ".join(f"{pylit(k)}: {construct(v, names, indent, multiline)}" for k, v in obj.items()) + "}"
     return pylit(obj)
+
+
+@functools.cache
+def _fields(cls: type) -> tuple[tuple[str, bool, Any], ...]:
+    """(name, whether it has a default, the default) of each field of a data-model class, once per class."""
+    out: list[tuple[str, bool, Any]] = []
+    for fld in dataclasses.fields(cls):
+        if fld.default is not dataclasses.MISSING:
+            out.append((fld.name, True, fld.default))
+        elif fld.default_factory is not dataclasses.MISSING:
+            out.append((fld.name, True, fld.default_factory()))
+        else:
+            out.append((fld.name, False, None))
+    return tuple(out)
 
 
 def _call(name: str, args: list[str], indent: int, multiline: bool) -> str:
