@@ -415,10 +415,9 @@ def render_pages(f: FamilyIR, atlas: Atlas, printout: str | None = None,
 
 def _index_data(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> dict[str, Any]:
     from . import printouts
-    names = sorted({v.name for f in atlas.families for h in f.hosts for v in h.values})
+    names, families_of = _value_families(atlas)
     matrix: dict[str, dict[str, str]] = {}
     conditional: dict[str, set[str]] = {}
-    families_of: dict[str, list[str]] = {}
     entries: list[dict[str, str]] = []
     sizes: list[dict[str, Any]] = []
     for f in atlas.families:
@@ -434,8 +433,6 @@ def _index_data(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> d
                             "where": host_label, "href": f"{f.name}.html#{page_model.host_anchor(h, f)}"})
             for v in h.values:
                 anchor = page_model.value_anchor(h, v, f)
-                if f.name not in families_of.setdefault(v.name, []):
-                    families_of[v.name].append(f.name)
                 entries.append({"text": v.name, "name": v.name, "kind": "value", "family": f.name,
                                 "where": f"{host_label} ({h.cls})", "href": f"{f.name}.html#{anchor}"})
         # the matrix's cell is the value on its first text host (then vision), ⚠︎ when that one needs a
@@ -461,6 +458,17 @@ def _index_data(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> d
             "families_of": families_of, "search_index": entries, "traits": traits, "sizes": sizes}
 
 
+def _value_families(atlas: Atlas) -> tuple[list[str], dict[str, list[str]]]:
+    """(every standard value name, sorted; value name -> the families serving it, in the atlas's order)."""
+    families_of: dict[str, list[str]] = {}
+    for f in atlas.families:
+        for h in f.hosts:
+            for v in h.values:
+                if f.name not in families_of.setdefault(v.name, []):
+                    families_of[v.name].append(f.name)
+    return sorted(families_of), families_of
+
+
 def render_index(atlas: Atlas, printout_texts: dict[str, str] | None = None,
                  status_data: dict[str, Any] | None = None) -> str:
     return env().get_template("index.html.j2").render(**_index_data(atlas, printout_texts),
@@ -472,7 +480,8 @@ def render_status(atlas: Atlas, status_data: dict[str, Any] | None = None) -> st
 
 
 def render_llms(atlas: Atlas) -> str:
-    return env().get_template("llms.txt.j2").render(**_index_data(atlas))
+    names, families_of = _value_families(atlas)  # all it shows of the index
+    return env().get_template("llms.txt.j2").render(atlas=atlas, value_names=names, families_of=families_of)
 
 
 def render_registry(atlas: Atlas) -> str:
