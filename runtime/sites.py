@@ -69,9 +69,35 @@ class SharedPatches:
             else:
                 held.users += 1
 
+    def acquire_all(self, entries: tuple[tuple[Hashable, Callable[[], Callable[[], None]], str], ...]) -> None:
+        """``acquire`` of each (key, install, label), under one hold of the lock; all or none (an
+        install that raises releases those this call acquired)."""
+        with self._lock:
+            done: list[Hashable] = []
+            try:
+                for key, install, label in entries:
+                    held = self._held.get(key)
+                    if held is None:
+                        self._held[key] = _Held(1, install(), label)
+                    else:
+                        held.users += 1
+                    done.append(key)
+            except BaseException:
+                self._release(reversed(done))
+                raise
+
     def release(self, key: Hashable) -> None:
         """One user fewer; the last runs the undo."""
         with self._lock:
+            self._release((key,))
+
+    def release_all(self, keys: tuple[Hashable, ...]) -> None:
+        """``release`` of each key (in reverse order), under one hold of the lock."""
+        with self._lock:
+            self._release(reversed(keys))
+
+    def _release(self, keys: Any) -> None:
+        for key in keys:
             held = self._held[key]
             held.users -= 1
             if held.users == 0:
@@ -411,25 +437,33 @@ def _dispatch_scoped(name: str, original: Callable[..., Any], scopes: tuple[OpSc
     return out
 
 
+_SWAPS: dict[str, tuple[tuple[Hashable, Callable[[], Callable[[], None]], str], ...]] = {}  # name -> its swaps
+
+
 def acquire_op(name: str) -> bool:
     """Swap every callable a mode would see as ``name`` for the dispatcher (refcounted); False when
     there is none to swap (the caller counts that name with an ``OpMode``)."""
     if FORCE_OP_MODE:
         return False
-    targets = _op_targets(name)
-    if not targets:
+    swaps = _SWAPS.get(name)
+    if swaps is None:
+        swaps = _SWAPS[name] = tuple((("op", id(holder), attr), _op_swap(name, holder, attr),
+                                      f"{getattr(holder, '__name__', '?')}.{attr}") for holder, attr in _op_targets(name))
+    if not swaps:
         return False
-    for holder, attr in targets:
-        _PATCHES.acquire(("op", id(holder), attr), _op_swap(name, holder, attr),
-                         f"{getattr(holder, '__name__', '?')}.{attr}")
+    _PATCHES.acquire_all(swaps)
     return True
 
 
 def _op_swap(name: str, holder: Any, attr: str) -> Callable[[], Callable[[], None]]:
+    made: list[Callable[..., Any]] = []  # the dispatcher of the original last swapped (made once, not per trace)
+
     def install() -> Callable[[], None]:
         had = attr in holder.__dict__
         original = getattr(holder, attr)
-        setattr(holder, attr, _op_dispatcher(name, original))
+        if not made or made[0]._nnatlas_original is not original:  # type: ignore[attr-defined]
+            made[:] = [_op_dispatcher(name, original)]
+        setattr(holder, attr, made[0])
 
         def undo() -> None:
             if had:
@@ -441,8 +475,7 @@ def _op_swap(name: str, holder: Any, attr: str) -> Callable[[], Callable[[], Non
 
 
 def release_op(name: str) -> None:
-    for holder, attr in _op_targets(name):
-        _PATCHES.release(("op", id(holder), attr))
+    _PATCHES.release_all(tuple(key for key, _, _ in _SWAPS[name]))
 
 
 def patched_ops() -> list[str]:
