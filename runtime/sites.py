@@ -196,11 +196,21 @@ def _looked_up(interface: str, impl: str | None) -> str | None:
     return impl
 
 
+_ROUTERS: dict[tuple[str, str | None], tuple[tuple[Hashable, Callable[[], Callable[[], None]], str], ...]] = {}
+
+
 def acquire(interface: str, impl: str | None) -> None:
     """Put the router of ``interface`` under the name ``impl`` is looked up by (refcounted). A name
     with no entry other than eager's (None's) is left alone: transformers refuses it, as outside a trace."""
-    key = _looked_up(interface, impl)
+    entry = _ROUTERS.get((interface, impl))
+    if entry is None:
+        key = _looked_up(interface, impl)
+        entry = _ROUTERS[(interface, impl)] = ((("registry", interface, key), _route_install(interface, key),
+                                                f"{interface}:{key}"),)
+    _PATCHES.acquire_all(entry)
 
+
+def _route_install(interface: str, key: str | None) -> Callable[[], Callable[[], None]]:
     def install() -> Callable[[], None]:
         mapping = _registry(interface)
         held = mapping.get(key, _NOTHING)
@@ -214,8 +224,7 @@ def acquire(interface: str, impl: str | None) -> None:
             else:
                 mapping[key] = held
         return undo
-
-    _PATCHES.acquire(("registry", interface, key), install, f"{interface}:{key}")
+    return install
 
 
 def release(interface: str, impl: str | None) -> None:
