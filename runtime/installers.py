@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import torch
@@ -511,12 +512,13 @@ class SiteInstaller:
         live = self.live
 
         def handler(original: Callable[..., Any], module: torch.nn.Module, args: tuple[Any, ...],
-                    kwargs: dict[str, Any]) -> Any:
+                    kwargs: dict[str, Any], name: str | None, caller: FrameType) -> Any:
             full_args, kwargs = live.serve(key_in, ((module, *args), kwargs))
-            if ops and interface == "attention" and sites.attention_implementation(getattr(module, "config", None)) in patterns.RECOMPUTED:
-                # sdpa / flex: the fused call gives the output, eager's function the reads (patterns)
+            if ops and interface == "attention" and name in patterns.RECOMPUTED:
+                # sdpa / flex (the name the call was routed under): the fused call gives the output, the
+                # eager function the calling forward would have run gives the reads (patterns)
                 out = original(*full_args, **kwargs)
-                patterns.recompute(sites.eager_attention(module), full_args, kwargs, scoped)
+                patterns.recompute(sites.caller_eager_attention(module, caller), full_args, kwargs, scoped)
             elif ops:
                 out = scoped(original, full_args, kwargs)
             else:

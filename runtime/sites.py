@@ -141,20 +141,21 @@ def eager_attention(module: torch.nn.Module) -> Callable[..., Any]:
     return fn  # type: ignore[no-any-return]
 
 
-_EAGER_OF_CALLER: dict[CodeType, Callable[..., Any]] = {}
+_EAGER_OF_CALLER: dict[CodeType, str | None] = {}  # a forward's code -> the eager global it names (None: none, or several)
 
 
-def _caller_eager_attention(module: torch.nn.Module, caller: FrameType) -> Callable[..., Any]:
+def caller_eager_attention(module: torch.nn.Module, caller: FrameType) -> Callable[..., Any]:
     """The default the calling forward passes ``get_interface`` (what it runs when "eager" has no
     registry entry): the one ``*eager_attention_forward`` global it names (a few families name their
-    own, e.g. llama4's ``vision_eager_attention_forward``), else the family's ``eager_attention_forward``."""
+    own, e.g. llama4's ``vision_eager_attention_forward``), else the family's ``eager_attention_forward``;
+    looked up in the globals at each call, as the forward does (the name is found once per code)."""
     code = caller.f_code
-    fn = _EAGER_OF_CALLER.get(code)
-    if fn is None:
+    if code in _EAGER_OF_CALLER:
+        name = _EAGER_OF_CALLER[code]
+    else:
         names = [n for n in code.co_names if n.endswith("eager_attention_forward") and callable(caller.f_globals.get(n))]
-        fn = caller.f_globals[names[0]] if len(names) == 1 else eager_attention(module)
-        _EAGER_OF_CALLER[code] = fn
-    return fn
+        name = _EAGER_OF_CALLER[code] = names[0] if len(names) == 1 else None
+    return caller.f_globals[name] if name is not None else eager_attention(module)
 
 
 def _experts_eager(module: torch.nn.Module) -> Callable[..., Any]:
@@ -171,19 +172,22 @@ def attention_implementation(config: Any) -> str | None:
     return getattr(config, "_attn_implementation", None)
 
 
-def _router(interface: str, held: Callable[..., Any]) -> Callable[..., Any]:
+def _router(interface: str, held: Callable[..., Any], name: str | None) -> Callable[..., Any]:
+    """The function put under ``name`` in ``interface``'s registry: a call of a module the running trace
+    routes goes to its handler, as ``handler(original, module, args, kwargs, name, caller)`` (``caller``:
+    the frame of the forward that called the interface, see :func:`caller_eager_attention`)."""
     def route(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if held is not _NOTHING:
             original = held
         elif interface == "attention":
-            original = _caller_eager_attention(module, sys._getframe(1))
+            original = caller_eager_attention(module, sys._getframe(1))
         else:
             original = _experts_eager(module)
         routes = _ROUTES.get()
         handler = routes.get((interface, id(module))) if routes else None
         if handler is None:
             return original(module, *args, **kwargs)
-        return handler(original, module, args, kwargs)
+        return handler(original, module, args, kwargs, name, sys._getframe(1))
 
     route.__name__ = f"{_PREFIX}{interface}_router"
     return route
@@ -216,7 +220,7 @@ def _route_install(interface: str, key: str | None) -> Callable[[], Callable[[],
         held = mapping.get(key, _NOTHING)
         if held is _NOTHING and key not in ("eager", None):
             return lambda: None
-        mapping[key] = _router(interface, held)
+        mapping[key] = _router(interface, held, key)
 
         def undo() -> None:
             if held is _NOTHING:
@@ -398,6 +402,19 @@ def _op_dispatcher(name: str, original: Callable[..., Any]) -> Callable[..., Any
 
 def _dispatch_scoped(name: str, original: Callable[..., Any], scopes: tuple[OpScope, ...],
                      args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if len(scopes) == 1:  # (the common case: one scope open, walked without the lists below)
+        s = scopes[0]
+        if name not in s.wanted or s.depth or s.busy or not _reaches(sys._getframe(2), s.entry):
+            return original(*args, **kwargs)
+        k = s.counts.get(name, 0)
+        s.counts[name] = k + 1
+        args, kwargs = s.serve(name, k, "input", (args, kwargs))
+        s.busy = True
+        try:
+            out = original(*args, **kwargs)
+        finally:
+            s.busy = False
+        return s.serve(name, k, "output", out)
     live = [s for s in scopes if name in s.wanted and not s.depth and not s.busy]
     if not live:
         return original(*args, **kwargs)
@@ -447,6 +464,23 @@ def _dispatch_scoped(name: str, original: Callable[..., Any], scopes: tuple[OpSc
 
 
 _SWAPS: dict[str, tuple[tuple[Hashable, Callable[[], Callable[[], None]], str], ...]] = {}  # name -> its swaps
+
+
+def _reaches(frame: Any, entry: Any) -> bool:
+    """Whether a call from ``frame`` is a call of the scope entered at ``entry``: walking up, ``entry``
+    comes before any frame of a torch function that dispatches __torch_function__ (or the stack ends
+    without either: an entry not on this stack, as the general walk in ``_dispatch_scoped`` takes it)."""
+    while frame is not None:
+        if frame is entry:
+            return True
+        code = frame.f_code
+        nests = _NESTS.get(code)
+        if nests is None:
+            nests = _NESTS[code] = "handle_torch_function" in code.co_names
+        if nests:
+            return False
+        frame = frame.f_back
+    return True
 
 
 def acquire_op(name: str) -> bool:
@@ -527,10 +561,10 @@ def run_scoped(original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
     """``original(*args, **kwargs)`` as one op scope: ``swapped`` names counted by the dispatchers
     (the scope's calls descend from this frame), ``fallback`` names by an OpMode; ``stack`` (when
     given) holds the running (scope, mode) meanwhile, for the depth counters of child modules."""
-    scope = None
+    scope = token = None
     if swapped:
         scope = OpScope(swapped, serve, sys._getframe())
-        push_scope(scope)
+        token = _OP_SCOPES.set((*_OP_SCOPES.get(), scope))
     mode = OpMode(fallback, serve) if fallback else None
     if stack is not None:
         stack.append((scope, mode))
@@ -543,7 +577,8 @@ def run_scoped(original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
         if stack is not None:
             stack.pop()
         if scope is not None:
-            pop_scope(scope)
+            assert token is not None
+            _OP_SCOPES.reset(token)  # (scopes end in the order they began: the one begun last ends first)
             scope.entry = None  # (the frame holds the scope: a cycle through every frame above it, left to the GC)
 
 
