@@ -8,8 +8,7 @@ after a trace is the registry before (names, order and functions).
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from types import FrameType
+from types import FrameType, SimpleNamespace
 from typing import Any
 
 import pytest
