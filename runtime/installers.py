@@ -1,12 +1,15 @@
 """Each site mechanism beside its installer: how a trace puts its sites on the model for one forward.
 
-:class:`SiteInstaller` turns the requests grouped by site (``by_site``) into the mechanisms of
-``nnatlas.sites``: a wrapper of a module's ``forward`` (boundaries), a handler of an interface call
-(attention, experts), op scopes (operations in a forward or a call), a module's own method, a
-module-level function's dispatcher (and ``route_kernels``). Every change it makes is listed in
-``installed`` (handles with ``remove()``) or ``restore`` (undo functions), which the tracer undoes
-in its ``finally``. What it reads of the tracer is only ``serve`` (a site fired: serve its
-requests), the requests by site and the running trace's dict of call dims.
+:class:`SiteInstaller` (one per model) turns the requests grouped by site (``by_site``) into the
+mechanisms of ``nnatlas.sites``: a wrapper of a module's ``forward`` (boundaries), a handler of an
+interface call (attention, experts), op scopes (operations in a forward or a call), a module's own
+method, a module-level function's dispatcher (and ``route_kernels``). What it builds for a layout of
+sites is kept as a :class:`Plan` and reused by the next trace with the same layout, while what it was
+built on is unchanged: the wrappers read the running trace from the installer's :class:`Live`, so a
+reused plan only writes its functions into the module instances and takes them off again. Every
+change a trace makes is listed in ``installed`` (handles with ``remove()``) or ``restore`` (undo
+functions), which the tracer undoes in its ``finally``. What it reads of the tracer is only ``serve``
+(a site fired: serve its requests), the requests by site and the running trace's dict of call dims.
 """
 
 from __future__ import annotations
