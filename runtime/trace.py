@@ -20,7 +20,7 @@ import torch
 
 from . import conditions, interrupts, sites
 from .errors import InputError, NnatlasError, NotReached, OutOfOrderError
-from .installers import SiteInstaller
+from .installers import installer_of
 from .protocols import WrappedModel
 from .requests import (
     INPUT_SIDES,
@@ -272,6 +272,7 @@ class Tracer:
         ordered = self._ordered = sorted(self.requests, key=_seq)
         by_site = self.by_site
         conditional = functions = derived = False
+        dims: tuple[int, ...] = ()
         for r in ordered:
             t = r.target
             if t is None:
@@ -281,6 +282,8 @@ class Tracer:
                     conditional = True
                 if t.fn_site:
                     functions = True
+                if t.dims_module is not None and id(t.dims_module) not in dims:
+                    dims = (*dims, id(t.dims_module))
                 reqs = by_site.get(t.site)
                 if reqs is None:
                     by_site[t.site] = [r]
@@ -293,16 +296,17 @@ class Tracer:
         installed: list[Any] = []
         restore: list[Callable[[], None]] = []
         tokens: list[Token[Any]] = []
-        installer = SiteInstaller(self.model, self.by_site, self.call_dims, self.serve)
+        installer = installer_of(self.model)
         grad = torch.is_grad_enabled()
         modes = torch._C._len_torch_function_stack()
+        plan_key = None
         try:
             if ordered:  # (an empty trace installs nothing)
-                routes = installer.install(installed, restore)
+                plan_key, routes = installer.install(by_site, self.serve, self.call_dims, dims, installed, restore)
                 if routes:
                     tokens.append(sites._ROUTES.set(routes))
             if functions or self.model._kernel_route():
-                fn_routes = installer.install_functions(installed, restore)
+                fn_routes = installer.install_functions(self.model, installed, restore)
                 if fn_routes:
                     tokens.append(sites._FN_ROUTES.set(fn_routes))
                     tokens.append(sites._FN_HOST.set(None))
@@ -323,6 +327,10 @@ class Tracer:
             if interrupts.pending():  # an interrupt while installing: raise it before the forward
                 interrupts.deliver()
             self.output = self._forward()
+        except BaseException:
+            if plan_key is not None:
+                installer.forget(plan_key)  # (a forward that raised may have left a wrapper's state half way)
+            raise
         finally:
             _teardown(installed, restore, tokens, grad, modes)
         missing = [r for r in self._ordered if not r.done and r.owner is None]
