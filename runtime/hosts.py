@@ -415,13 +415,13 @@ class Value(_Lazy):
 
     def save(self) -> Any:
         """The value, once the forward computed it: a tensor (a view, no copy) or a :class:`Box`."""
-        host = self._host
+        d = self.__dict__
+        host = d["_host"]
         model = host._model
         tracer = model._tracer or model._active_tracer(self.label)
-        d = self.__dict__
-        fast = d.get("_save_as")
-        if fast is not None:  # saved before
-            target, kind, parts, scoped = fast
+        fast = d.get("_fast_save")
+        if fast is not None:  # saved before: (target, empty holder or None for a Box, path, scoped, call)
+            target, empty, parts, scoped, call = fast
             if parts is not None:  # the path from the host must still lead to the same module
                 node: torch.nn.Module | None = host._module
                 for part in parts:
@@ -429,13 +429,15 @@ class Value(_Lazy):
                     if node is None:
                         break
             if (parts is None or node is target.module) and (scoped is None or self._available(tracer, scoped)):
-                holder = _placeholder(kind, target.label)
+                holder = empty.new() if empty is not None else Box(target.label)
                 seq = tracer.seq
                 tracer.requests.append(Request(seq, target.label, "save", target, holder, tracer.current_step,
-                                               tracer.current_call if target.per_call else target.call))
+                                               tracer.current_call if call is None else call))
                 tracer.seq = seq + 1
                 return holder
-        kind = self._holder_kind()
+        kind = d.get("_kind")
+        if kind is None:
+            kind = d["_kind"] = self._holder_kind()  # (static: the value's layout and read point)
         holder = _placeholder(kind, self.label)
         if self._read.kind == "derived":
             self._derived(tracer, "save", holder)
@@ -448,14 +450,16 @@ class Value(_Lazy):
             # a value with a load condition keeps whether its condition's module is the target's
             # (an interface call, an operation, a method: the module whose forward it is read in)
             scoped = None if spec is None or spec.needs is None else self._read.kind in ("call", "op", "method")
-            d["_save_as"] = (target, kind, None if cached[1] is None else tuple(cached[1].split(".")), scoped)
+            d["_fast_save"] = (target, None if kind is Box else _EMPTY[kind],
+                               None if cached[1] is None else tuple(cached[1].split(".")), scoped,
+                               None if target.per_call else target.call)
         return holder
 
     def _available(self, tracer: Tracer, scoped: bool) -> bool:
         """Whether this load serves the value, a load condition decided once per trace for each
         (read point, condition, config): the same for every layer's copy of a value. A value it
         does not serve takes the full path (which raises its :class:`Unavailable`)."""
-        module = self.__dict__["_save_as"][0].module if scoped else self._host._module
+        module = self.__dict__["_fast_save"][0].module if scoped else self._host._module
         spec = self._spec
         assert spec is not None
         key = (id(self._read), id(spec.needs), id(getattr(module, "config", None) or self._host._model.config))

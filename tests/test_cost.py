@@ -154,3 +154,35 @@ def test_a_value_with_a_load_condition_saved_again_skips_target_resolution(monke
     monkeypatch.setattr(conditions, "load_met", lambda *args: False)
     with pytest.raises(Unavailable, match="is unavailable"), model.trace(inputs, order="any"):
         values[0].save()
+
+
+@contextmanager
+def runtime_calls() -> Iterator[list[str]]:
+    """The names of the nnatlas runtime functions called inside the block."""
+    calls: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(RUNTIME):
+            calls.append(frame.f_code.co_qualname)
+
+    sys.setprofile(profile)
+    try:
+        yield calls
+    finally:
+        sys.setprofile(None)
+
+
+def test_a_value_saved_again_runs_no_other_nnatlas_function() -> None:
+    """The save's fast path: a value saved before (here a block's output, and a value read in a child
+    module: its path walked again) makes its holder and its request inline, in ``Value.save`` alone
+    (no target resolution, no holder helper, no ``Tracer.add``)."""
+    model, inputs = _llama()
+    values = [model.layers[1].layer_mid, model.layers[1].layer_output]  # (layer_mid: at post_attention_layernorm)
+    for _ in range(2):  # (a handle keeps its target from its second resolution)
+        with model.trace(inputs):
+            [v.save() for v in values]
+    with model.trace(inputs):
+        with runtime_calls() as calls:
+            saved = [v.save() for v in values]
+    assert calls == ["Value.save", "Value.save"]
+    assert saved[0].shape[-2] == 8 and saved[1].shape[-2] == 8  # (served)
