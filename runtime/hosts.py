@@ -393,24 +393,40 @@ class Value(_Lazy):
         spec = self._spec
         assert spec is not None and spec.read.derive is not None
         model = self._host._model
-        consts = {d: model._config_value(d) for d in spec.read.deps if d in model._family.config}
+        d = self.__dict__
+        plan = d.get("_derive_plan")
+        if plan is None:
+            # the config entries it reads, and the handles of the values it is derived from: static
+            # (a handle is kept on its host), found once; the entries' values are read on each use
+            config = model._family.config
+            consts = tuple(dep for dep in spec.read.deps if dep in config)
+            found = [(dep, getattr(model, dep[len("model."):]) if dep.startswith("model.") else getattr(self._host, dep))
+                     for dep in spec.read.deps if dep not in consts]
+            plan = d["_derive_plan"] = (consts, tuple((dep, handle, handle.label) for dep, handle in found))
+        consts, handles = plan
         derive = spec.read.derive
         if consts:
             base = derive
+            values = {c: model._config_value(c) for c in consts}
 
-            def derive(v: Any, base: Any = base, consts: dict[str, Any] = consts) -> Any:
+            def derive(v: Any, base: Any = base, consts: dict[str, Any] = values) -> Any:
                 return base({**v, **consts})
-        why = model._why_unavailable(self)
-        if why is not None:
-            raise why
-        owner = tracer.add(self.label, "derived", None, holder, derive=derive, ordered=False, deps=[])
-        for dep in spec.read.deps:
-            if dep in consts:
-                continue
-            handle = getattr(model, dep[len("model."):]) if dep.startswith("model.") else getattr(self._host, dep)
-            assert owner.deps is not None
-            owner.deps.append(tracer.add(handle.label, "capture", handle._target(), dep, seq=owner.seq, owner=owner,
-                                         ordered=False))
+        if spec.needs is not None:
+            why = model._why_unavailable(self)
+            if why is not None:
+                raise why
+        seq, step = tracer.seq, tracer.current_step
+        tracer.seq = seq + 1
+        deps: list[Request] = []
+        owner = Request(seq, self.label, "derived", None, holder, step, derive=derive, ordered=False, deps=deps)
+        requests = tracer.requests
+        requests.append(owner)
+        for dep, handle, label in handles:  # (Tracer.add, inlined: each input a capture of the owner's seq)
+            target = model._target(handle)
+            r = Request(seq, label, "capture", target, dep, step,
+                        tracer.current_call if target.per_call else target.call, owner=owner, ordered=False)
+            deps.append(r)
+            requests.append(r)
         return owner
 
     def save(self) -> Any:

@@ -186,3 +186,23 @@ def test_a_value_saved_again_runs_no_other_nnatlas_function() -> None:
             saved = [v.save() for v in values]
     assert calls == ["Value.save", "Value.save"]
     assert saved[0].shape[-2] == 8 and saved[1].shape[-2] == 8  # (served)
+
+
+def test_a_derived_value_saved_again_looks_nothing_up() -> None:
+    """A derived value saved again finds its inputs' handles kept (no attribute lookup on a host, no
+    ``Tracer.add``): what runs is the save, the derived path and each input's cached target."""
+    model, inputs = _llama()
+    derived = [v for v in standard_values(model, needs_images=False) if v._read.kind == "derived"]
+    assert derived
+    for _ in range(2):
+        with model.trace(inputs, order="any"):
+            [v.save() for v in derived]
+    with model.trace(inputs, order="any"):
+        with runtime_calls() as calls:
+            saved = [v.save() for v in derived]
+    deps = sum(len(v._spec.read.deps) for v in derived)
+    assert not any(c.endswith("__getattr__") or c == "Tracer.add" or "config" in c for c in calls), calls
+    assert calls.count("Value._derived") == len(derived) and calls.count("ModelTargets._target") == deps
+    # per value: save, label (twice), the holder (and a Box's __init__), _derived; per input: its target
+    assert len(calls) <= len(derived) * 6 + deps, calls
+    assert all(s is not None for s in saved)
