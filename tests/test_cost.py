@@ -206,3 +206,13 @@ def test_a_derived_value_saved_again_looks_nothing_up() -> None:
     # per value: save, label (twice), the holder (and a Box's __init__), _derived; per input: its target
     assert len(calls) <= len(derived) * 6 + deps, calls
     assert all(s is not None for s in saved)
+
+
+def test_a_block_list_found_before_is_one_lookup() -> None:
+    """``model.layers`` again: the root's attribute lookup goes to the child it found before, before
+    any config entry or block-kind lookup."""
+    model, _ = _llama()
+    layers = model.layers
+    with runtime_calls() as calls:
+        again = model.layers
+    assert again is layers and calls == ["ModelTree.__getattr__", "Host._child"]
