@@ -63,7 +63,7 @@ class Tracer:
         self.grad = grad
         self.steps = steps
         self.inputs: Mapping[str, Any] = inputs or {}
-        self.calls = calls
+        self._tokens = calls
         self.requests: list[Request] = []
         self._ordered: list[Request] = []
         self.by_site: dict[SiteKey, list[Request]] = {}
@@ -71,6 +71,16 @@ class Tracer:
         self.call_dims: dict[int, tuple[int, int]] = {}
         self.conditions: dict[tuple[int, int], bool] = {}  # load conditions asked while recording
         self.available: set[tuple[int, int, int]] = set()  # (read point, condition, config) a save found served
+
+    @property
+    def calls(self) -> int | None:
+        """The tokens of this call (what ``tracer.iter`` walks in a trace): the given count, else the length
+        of the inputs' ids (or embeddings), found when asked."""
+        if self._tokens is None:
+            ids = self.inputs.get("input_ids", self.inputs.get("inputs_embeds"))
+            if isinstance(ids, torch.Tensor) and ids.dim() >= 2:
+                self._tokens = int(ids.shape[1])
+        return self._tokens
 
     # -- recording (the body) --
     def add(self, label: str, action: str, target: Target | None, payload: Any = None, seq: int | None = None,

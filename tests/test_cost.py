@@ -216,3 +216,12 @@ def test_a_block_list_found_before_is_one_lookup() -> None:
     with runtime_calls() as calls:
         again = model.layers
     assert again is layers and calls == ["ModelTree.__getattr__", "Host._child"]
+
+
+def test_a_trace_finds_its_token_count_only_when_asked() -> None:
+    """``model.trace(...)`` reads no size of the inputs: the token count ``tracer.iter`` walks is
+    found the first time it is asked (most traces never ask)."""
+    model, inputs = _llama()
+    tracer = model.trace(inputs)
+    assert tracer._tokens is None
+    assert tracer.calls == inputs["input_ids"].shape[1] == 8 and tracer._tokens == 8
