@@ -480,7 +480,9 @@ class Value(_Lazy):
         assert spec is not None
         key = (id(self._read), id(spec.needs), id(getattr(module, "config", None) or self._host._model.config))
         available = tracer.available
-        if key in available:
+        if available is None:
+            available = tracer.available = set()
+        elif key in available:
             return True
         if self._host._model._why_unavailable(self) is not None:
             return False

@@ -225,3 +225,21 @@ def test_a_trace_finds_its_token_count_only_when_asked() -> None:
     tracer = model.trace(inputs)
     assert tracer._tokens is None
     assert tracer.calls == inputs["input_ids"].shape[1] == 8 and tracer._tokens == 8
+
+
+def test_a_trace_makes_its_condition_records_only_when_a_value_has_a_condition() -> None:
+    """A trace whose values have no load condition makes no record of conditions asked or found served
+    (two containers less per trace); one with such a value makes them on its first save."""
+    model, inputs = _llama(attn="eager")
+    with model.trace(inputs) as tracer:
+        model.layers[0].layer_output.save()
+    assert "conditions" not in vars(tracer) and "available" not in vars(tracer)
+    value = next(v for v in standard_values(model, needs_images=False) if v._spec is not None and v._spec.needs)
+    with model.trace(inputs) as tracer:
+        value.save()
+    assert vars(tracer)["conditions"] and "available" not in vars(tracer)  # (first save: the full path asks)
+    with model.trace(inputs) as tracer:
+        value.save()
+    with model.trace(inputs) as tracer:
+        value.save()
+    assert vars(tracer)["available"]  # (a save again: the fast path records the condition as served)
