@@ -52,6 +52,9 @@ class Tracer:
     _guarded = False  # whether __enter__ counted in ``interrupts`` (the main thread's)
     grad_live = False  # whether this forward keeps autograd (trace(grad=True), with grad mode on)
     edits = False  # whether the body edits an input-side value (the forward then gets copies of the inputs)
+    # made on first use while recording (most traces ask no load condition)
+    conditions: dict[tuple[int, int], bool] | None = None  # load conditions asked while recording
+    available: set[tuple[int, int, int]] | None = None  # (read point, condition, config) a save found served
 
     def __init__(self, model: WrappedModel, run: Callable[[], Any], order: str = "strict", grad: bool = False,
                  steps: int | None = None, calls: int | None = None, inputs: Mapping[str, Any] | None = None):
@@ -63,14 +66,22 @@ class Tracer:
         self.grad = grad
         self.steps = steps
         self.inputs: Mapping[str, Any] = inputs or {}
-        self.calls = calls
+        self._tokens = calls
         self.requests: list[Request] = []
         self._ordered: list[Request] = []
         self.by_site: dict[SiteKey, list[Request]] = {}
         self.fired: dict[int | tuple[int, int], int] = {}  # times each site fired (by id of its list in by_site, and step)
         self.call_dims: dict[int, tuple[int, int]] = {}
-        self.conditions: dict[tuple[int, int], bool] = {}  # load conditions asked while recording
-        self.available: set[tuple[int, int, int]] = set()  # (read point, condition, config) a save found served
+
+    @property
+    def calls(self) -> int | None:
+        """The tokens of this call (what ``tracer.iter`` walks in a trace): the given count, else the length
+        of the inputs' ids (or embeddings), found when asked."""
+        if self._tokens is None:
+            ids = self.inputs.get("input_ids", self.inputs.get("inputs_embeds"))
+            if isinstance(ids, torch.Tensor) and ids.dim() >= 2:
+                self._tokens = int(ids.shape[1])
+        return self._tokens
 
     # -- recording (the body) --
     def add(self, label: str, action: str, target: Target | None, payload: Any = None, seq: int | None = None,
