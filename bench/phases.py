@@ -6,10 +6,13 @@ of a phase a few µs long moves with the load more than the phase itself)."""
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import nnatlas
 from nnatlas.trace import Tracer
 
 PHASES = ("record", "install", "forward", "close")
@@ -52,3 +55,36 @@ def split(fn: Callable[[], object], plain: Callable[[], object], runs: int) -> d
         Tracer._forward = forward  # type: ignore[method-assign]
     best["forward"] -= best.pop("plain")
     return best
+
+
+RUNTIME = str(Path(nnatlas.__file__).parent)
+
+
+def runtime_calls(fn: Callable[[], object]) -> tuple[int, int]:
+    """How many nnatlas runtime functions one traced call of ``fn`` runs: (in the forward, in all).
+    Counted, not timed: the structural part of a miss's why (a profile hook sees each Python call)."""
+    counts = [0, 0]
+    forward = Tracer._forward
+    inside = [False]
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(RUNTIME):
+            counts[1] += 1
+            if inside[0] and frame.f_code is not forward.__code__:
+                counts[0] += 1
+
+    def counted(self: Tracer) -> Any:
+        inside[0] = True
+        try:
+            return forward(self)
+        finally:
+            inside[0] = False
+
+    Tracer._forward = counted  # type: ignore[method-assign]
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+        Tracer._forward = forward  # type: ignore[method-assign]
+    return counts[0], counts[1]

@@ -39,6 +39,7 @@ class Table:
         self.met: list[str] = []
         self.costs: dict[tuple[str, str], tuple[float, int]] = {}  # (model, case) -> (ours - plain in s, values)
         self.phases: dict[tuple[str, str], dict[str, float]] = {}  # (model, case) -> seconds per phase (phases.split)
+        self.calls: dict[tuple[str, str], tuple[int, int]] = {}  # (model, case) -> nnatlas calls (phases.runtime_calls)
 
     def add(self, model: str, scope: str, family: str, case: str, timings: Timings, note: str = "",
             values: int = 0) -> None:
@@ -77,6 +78,11 @@ class Table:
             per = f" ({split['record'] / values * 1e6:.1f} µs per value)" if values else ""
             words += (f"; at best, recording {split['record'] * 1e6:.0f} µs{per}, installing {split['install'] * 1e6:.0f} µs, "
                       f"the forward {split['forward'] * 1e6:+.0f} µs over plain, closing {split['close'] * 1e6:.0f} µs")
+        calls = self.calls.get((model, case))
+        if calls is not None:  # counted: the Python work the time above pays for
+            in_forward, total = calls
+            per_value = f" ({in_forward / values:.1f} per value)" if values else ""
+            words += f"; nnatlas functions run: {in_forward} in the forward{per_value}, {total} in all"
         return words
 
     def print(self) -> None:
@@ -111,6 +117,7 @@ def bench_model(table: Table, name: str, scope: str, family: str, model: Any, ea
         t = measure(fns, gen_runs if case == "e" else runs, warmup=1 if scope == "mid" else 3)
         if case in "abc":  # (for the why of a miss)
             table.phases[(name, case)] = phases.split(w.ours, w.plain, max(5, runs // 4))
+            table.calls[(name, case)] = phases.runtime_calls(w.ours)
         table.add(name, scope, family, case, t, notes.get(case, ""), w.values)
 
 

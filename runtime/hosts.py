@@ -393,35 +393,51 @@ class Value(_Lazy):
         spec = self._spec
         assert spec is not None and spec.read.derive is not None
         model = self._host._model
-        consts = {d: model._config_value(d) for d in spec.read.deps if d in model._family.config}
+        d = self.__dict__
+        plan = d.get("_derive_plan")
+        if plan is None:
+            # the config entries it reads, and the handles of the values it is derived from: static
+            # (a handle is kept on its host), found once; the entries' values are read on each use
+            config = model._family.config
+            consts = tuple(dep for dep in spec.read.deps if dep in config)
+            found = [(dep, getattr(model, dep[len("model."):]) if dep.startswith("model.") else getattr(self._host, dep))
+                     for dep in spec.read.deps if dep not in consts]
+            plan = d["_derive_plan"] = (consts, tuple((dep, handle, handle.label) for dep, handle in found))
+        consts, handles = plan
         derive = spec.read.derive
         if consts:
             base = derive
+            values = {c: model._config_value(c) for c in consts}
 
-            def derive(v: Any, base: Any = base, consts: dict[str, Any] = consts) -> Any:
+            def derive(v: Any, base: Any = base, consts: dict[str, Any] = values) -> Any:
                 return base({**v, **consts})
-        why = model._why_unavailable(self)
-        if why is not None:
-            raise why
-        owner = tracer.add(self.label, "derived", None, holder, derive=derive, ordered=False, deps=[])
-        for dep in spec.read.deps:
-            if dep in consts:
-                continue
-            handle = getattr(model, dep[len("model."):]) if dep.startswith("model.") else getattr(self._host, dep)
-            assert owner.deps is not None
-            owner.deps.append(tracer.add(handle.label, "capture", handle._target(), dep, seq=owner.seq, owner=owner,
-                                         ordered=False))
+        if spec.needs is not None:
+            why = model._why_unavailable(self)
+            if why is not None:
+                raise why
+        seq, step = tracer.seq, tracer.current_step
+        tracer.seq = seq + 1
+        deps: list[Request] = []
+        owner = Request(seq, self.label, "derived", None, holder, step, derive=derive, ordered=False, deps=deps)
+        requests = tracer.requests
+        requests.append(owner)
+        for dep, handle, label in handles:  # (Tracer.add, inlined: each input a capture of the owner's seq)
+            target = model._target(handle)
+            r = Request(seq, label, "capture", target, dep, step,
+                        tracer.current_call if target.per_call else target.call, owner=owner, ordered=False)
+            deps.append(r)
+            requests.append(r)
         return owner
 
     def save(self) -> Any:
         """The value, once the forward computed it: a tensor (a view, no copy) or a :class:`Box`."""
-        host = self._host
+        d = self.__dict__
+        host = d["_host"]
         model = host._model
         tracer = model._tracer or model._active_tracer(self.label)
-        d = self.__dict__
-        fast = d.get("_save_as")
-        if fast is not None:  # saved before
-            target, kind, parts, scoped = fast
+        fast = d.get("_fast_save")
+        if fast is not None:  # saved before: (target, empty holder or None for a Box, path, scoped, call)
+            target, empty, parts, scoped, call = fast
             if parts is not None:  # the path from the host must still lead to the same module
                 node: torch.nn.Module | None = host._module
                 for part in parts:
@@ -429,13 +445,15 @@ class Value(_Lazy):
                     if node is None:
                         break
             if (parts is None or node is target.module) and (scoped is None or self._available(tracer, scoped)):
-                holder = _placeholder(kind, target.label)
+                holder = empty.new() if empty is not None else Box(target.label)
                 seq = tracer.seq
                 tracer.requests.append(Request(seq, target.label, "save", target, holder, tracer.current_step,
-                                               tracer.current_call if target.per_call else target.call))
+                                               tracer.current_call if call is None else call))
                 tracer.seq = seq + 1
                 return holder
-        kind = self._holder_kind()
+        kind = d.get("_kind")
+        if kind is None:
+            kind = d["_kind"] = self._holder_kind()  # (static: the value's layout and read point)
         holder = _placeholder(kind, self.label)
         if self._read.kind == "derived":
             self._derived(tracer, "save", holder)
@@ -448,19 +466,23 @@ class Value(_Lazy):
             # a value with a load condition keeps whether its condition's module is the target's
             # (an interface call, an operation, a method: the module whose forward it is read in)
             scoped = None if spec is None or spec.needs is None else self._read.kind in ("call", "op", "method")
-            d["_save_as"] = (target, kind, None if cached[1] is None else tuple(cached[1].split(".")), scoped)
+            d["_fast_save"] = (target, None if kind is Box else _EMPTY[kind],
+                               None if cached[1] is None else tuple(cached[1].split(".")), scoped,
+                               None if target.per_call else target.call)
         return holder
 
     def _available(self, tracer: Tracer, scoped: bool) -> bool:
         """Whether this load serves the value, a load condition decided once per trace for each
         (read point, condition, config): the same for every layer's copy of a value. A value it
         does not serve takes the full path (which raises its :class:`Unavailable`)."""
-        module = self.__dict__["_save_as"][0].module if scoped else self._host._module
+        module = self.__dict__["_fast_save"][0].module if scoped else self._host._module
         spec = self._spec
         assert spec is not None
         key = (id(self._read), id(spec.needs), id(getattr(module, "config", None) or self._host._model.config))
         available = tracer.available
-        if key in available:
+        if available is None:
+            available = tracer.available = set()
+        elif key in available:
             return True
         if self._host._model._why_unavailable(self) is not None:
             return False

@@ -1,12 +1,15 @@
 """Each site mechanism beside its installer: how a trace puts its sites on the model for one forward.
 
-:class:`SiteInstaller` turns the requests grouped by site (``by_site``) into the mechanisms of
-``nnatlas.sites``: a wrapper of a module's ``forward`` (boundaries), a handler of an interface call
-(attention, experts), op scopes (operations in a forward or a call), a module's own method, a
-module-level function's dispatcher (and ``route_kernels``). Every change it makes is listed in
-``installed`` (handles with ``remove()``) or ``restore`` (undo functions), which the tracer undoes
-in its ``finally``. What it reads of the tracer is only ``serve`` (a site fired: serve its
-requests), the requests by site and the running trace's dict of call dims.
+:class:`SiteInstaller` (one per model) turns the requests grouped by site (``by_site``) into the
+mechanisms of ``nnatlas.sites``: a wrapper of a module's ``forward`` (boundaries), a handler of an
+interface call (attention, experts), op scopes (operations in a forward or a call), a module's own
+method, a module-level function's dispatcher (and ``route_kernels``). What it builds for a layout of
+sites is kept as a :class:`Plan` and reused by the next trace with the same layout, while what it was
+built on is unchanged: the wrappers read the running trace from the installer's :class:`Live`, so a
+reused plan only writes its functions into the module instances and takes them off again. Every
+change a trace makes is listed in ``installed`` (handles with ``remove()``) or ``restore`` (undo
+functions), which the tracer undoes in its ``finally``. What it reads of the tracer is only ``serve``
+(a site fired: serve its requests), the requests by site and the running trace's dict of call dims.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import torch
@@ -24,26 +28,182 @@ from .protocols import WrappedModel
 from .requests import FN_SITES, RUNNING_TRACE, Request, SiteKey
 
 _running = RUNNING_TRACE.get  # (a wrapper asks it on every call: the trace whose forward runs here)
+_MISSING: Any = object()  # a module's ``__dict__`` held no entry under the name
+PLANS_KEPT = 16  # installations a model keeps for reuse (the least recently built go first)
+
+
+def _unbound(key: SiteKey, payload: Any) -> Any:
+    raise NnatlasError("a site fired with no trace running (an installation outlived its trace)")
+
+
+class Live:
+    """The trace a model's installed wrappers serve now (a model has one trace at a time: its lock):
+    its ``serve``, its token (``RUNNING_TRACE``'s value: a call from another context is not its call)
+    and its requests by site. Cleared when the trace ends, so that nothing keeps the trace alive."""
+
+    __slots__ = ("serve", "mine", "by_site")
+
+    def __init__(self) -> None:
+        self.serve: Callable[[SiteKey, Any], Any] = _unbound
+        self.mine: dict[int, tuple[int, int]] | None = None
+        self.by_site: dict[SiteKey, list[Request]] = {}
+
+    def clear(self) -> None:
+        self.serve, self.mine, self.by_site = _unbound, None, {}
+
+
+class _Shadow:
+    """One name a plan puts on a module instance: what was there before, and the plan's own function."""
+
+    __slots__ = ("d", "name", "previous", "cls", "cls_fn", "final")
+
+    def __init__(self, mod: torch.nn.Module, name: str):
+        self.d: dict[str, Any] = mod.__dict__
+        self.name = name
+        self.previous: Any = self.d.get(name, _MISSING)
+        # a wrapper of the class's method holds the method found when it was built: the class must still have it
+        self.cls: type | None = type(mod) if self.previous is _MISSING else None
+        self.cls_fn: Any = getattr(self.cls, name, None) if self.cls is not None else None
+        self.final: Any = None
+
+
+class Plan:
+    """What the sites of one trace put on the model, built once for a layout of sites and reused by the
+    traces after it with the same layout (a loop over prompts with the same body, a bench): its
+    wrappers (written into the module instances and taken away again around each forward), the
+    interface handlers, the op names to swap, the routed configs and the modules that give views their
+    call dims. It holds the modules it wraps, so the ids in its key stay theirs. It is valid while
+    what it was built on is unchanged: each instance's own attribute, the class's method it wraps,
+    the children of a module whose ops it counts, the attention implementation where it chose a
+    recomputation, ``sites.FORCE_OP_MODE``."""
+
+    __slots__ = ("shadows", "routes", "route_configs", "op_names", "dims_modules", "children", "impls", "force")
+
+    def __init__(self) -> None:
+        self.shadows: dict[tuple[int, str], _Shadow] = {}
+        self.routes: dict[tuple[str, int], Callable[..., Any]] = {}
+        self.route_configs: list[tuple[str, Any, torch.nn.Module]] = []  # (interface, config, a module routed)
+        self.op_names: set[str] = set()
+        self.dims_modules: list[torch.nn.Module] = []
+        self.children: list[tuple[torch.nn.Module, tuple[torch.nn.Module | None, ...]]] = []
+        self.impls: list[tuple[Any, str | None]] = []
+        self.force = sites.FORCE_OP_MODE
+
+    def valid(self) -> bool:
+        if self.force is not sites.FORCE_OP_MODE:
+            return False
+        for sh in self.shadows.values():
+            if sh.d.get(sh.name, _MISSING) is not sh.previous or (
+                    sh.cls is not None and getattr(sh.cls, sh.name, None) is not sh.cls_fn):
+                return False
+        for mod, children in self.children:
+            now = tuple(mod._modules.values())
+            if len(now) != len(children) or any(a is not b for a, b in zip(now, children, strict=True)):
+                return False
+        return all(sites.attention_implementation(cfg) == impl for cfg, impl in self.impls)
+
+    def put_on(self) -> None:
+        for sh in self.shadows.values():
+            sh.d[sh.name] = sh.final
+
+    def take_off(self) -> None:
+        for sh in self.shadows.values():
+            if sh.previous is _MISSING:
+                sh.d.pop(sh.name, None)
+            else:
+                sh.d[sh.name] = sh.previous
+
+
+def installer_of(model: WrappedModel) -> SiteInstaller:
+    """The model's installer (made on its first trace), which keeps its plans."""
+    d = model.__dict__
+    installer: SiteInstaller | None = d.get("_site_installer")
+    if installer is None:
+        installer = d["_site_installer"] = SiteInstaller()
+    return installer
 
 
 class SiteInstaller:
-    """Installs the sites of one trace's requests (see the module's docstring)."""
+    """Installs the sites of a model's traces (see the module's docstring). One per model: it keeps
+    the plans it built (:class:`Plan`) for the traces after."""
 
-    def __init__(self, model: WrappedModel, by_site: dict[SiteKey, list[Request]], call_dims: dict[int, tuple[int, int]],
-                 serve: Callable[[SiteKey, Any], Any]):
-        self.model, self.by_site, self.call_dims, self.serve = model, by_site, call_dims, serve
+    def __init__(self) -> None:
+        self.live = Live()
+        self.plans: dict[Any, Plan] = {}
+        self._building: Plan | None = None
 
-    def install(self, installed: list[Any], restore: list[Callable[[], None]]) -> dict[tuple[str, int], Callable[..., Any]]:
-        """Every site but the module-level functions'; returns the interface routes (for ``sites._ROUTES``)."""
-        return self._install(installed, restore)
+    def install(self, by_site: dict[SiteKey, list[Request]], serve: Callable[[SiteKey, Any], Any],
+                call_dims: dict[int, tuple[int, int]], dims: tuple[int, ...], installed: list[Any],
+                restore: list[Callable[[], None]]) -> tuple[Any, dict[tuple[str, int], Callable[..., Any]]]:
+        """Every site but the module-level functions': (the plan's key, the interface routes for
+        ``sites._ROUTES``). ``dims``: the ids of the modules whose calls give views their dims."""
+        live = self.live
+        live.serve, live.mine, live.by_site = serve, call_dims, by_site
+        restore.append(live.clear)
+        key = (tuple(by_site), dims)
+        plan = self.plans.get(key)
+        if plan is not None and not plan.valid():
+            del self.plans[key]
+            plan = None
+        if plan is None:
+            plan = self._build(installed, restore)
+            if len(self.plans) >= PLANS_KEPT:
+                del self.plans[next(iter(self.plans))]
+            self.plans[key] = plan
+            return key, plan.routes
+        restore.append(plan.take_off)
+        plan.put_on()
+        for dm in plan.dims_modules:
+            installed.append(dm.register_forward_pre_hook(self._dims_hook, with_kwargs=True, prepend=True))
+        if plan.op_names:
+            self._op_swaps(installed).split(plan.op_names)
+        self._acquire_routes(plan, restore)
+        return key, plan.routes
 
-    def install_functions(self, installed: list[Any], restore: list[Callable[[], None]]
+    def forget(self, key: Any) -> None:
+        """Build afresh next time (a forward that raised may have left a wrapper's state half way)."""
+        self.plans.pop(key, None)
+
+    def install_functions(self, model: WrappedModel, installed: list[Any], restore: list[Callable[[], None]]
                           ) -> dict[tuple[int, str], Callable[..., Any]]:
-        """The module-level functions' sites (and route_kernels); returns their routes (``sites._FN_ROUTES``)."""
-        return self._install_functions(installed, restore)
+        """The module-level functions' sites (and route_kernels), for this trace only; returns their
+        routes (``sites._FN_ROUTES``)."""
+        return self._install_functions(model, installed, restore)
 
-    def _install(self, installed: list[Any], restore: list[Callable[[], None]]
-                 ) -> dict[tuple[str, int], Callable[..., Any]]:
+    def _build(self, installed: list[Any], restore: list[Callable[[], None]]) -> Plan:
+        plan = self._building = Plan()
+        restore.append(plan.take_off)  # (first: what a build wrote is taken away even if it raises)
+        try:
+            self._install(plan, installed, restore)
+        finally:
+            self._building = None
+        for sh in plan.shadows.values():
+            sh.final = sh.d[sh.name]
+        return plan
+
+    def _put_on(self, mod: torch.nn.Module, name: str, fn: Callable[..., Any]) -> None:
+        """Put ``fn`` on the module instance as ``name`` (shadowing the class's method, or wrapping what
+        was on the instance), in the plan being built."""
+        plan = self._building
+        assert plan is not None
+        key = (id(mod), name)
+        if key not in plan.shadows:
+            plan.shadows[key] = _Shadow(mod, name)
+        mod.__dict__[name] = fn
+
+    def _acquire_routes(self, plan: Plan, restore: list[Callable[[], None]]) -> None:
+        """Put the router of each routed interface under the name its config reads (the config is
+        never touched: model code comparing the name takes the same branch as outside)."""
+        names: dict[tuple[str, str | None], None] = {}
+        for interface, cfg, mod in plan.route_configs:
+            if cfg is None:
+                raise NnatlasError(f"{type(mod).__name__} has no config to route its {interface} through")
+            names[(interface, getattr(cfg, sites.CONFIG_ATTRIBUTE[interface]))] = None
+        for interface, impl in names:
+            sites.acquire(interface, impl)
+            restore.append(functools.partial(sites.release, interface, impl))
+
+    def _install(self, plan: Plan, installed: list[Any], restore: list[Callable[[], None]]) -> None:
         modules: dict[int, torch.nn.Module] = {}
         bounds: dict[int, list[SiteKey | None]] = {}  # module -> [its pre site, its post site] (those read)
         fwd_ops: dict[int, set[str]] = {}
@@ -51,7 +211,7 @@ class SiteInstaller:
         call_ops: dict[tuple[int, str], set[str]] = {}  # (module, interface) -> the ops read inside its calls
         methods: dict[int, set[str]] = {}
         dims_modules: dict[int, torch.nn.Module] = {}
-        for key, reqs in self.by_site.items():  # one pass: sites by module
+        for key, reqs in self.live.by_site.items():  # one pass: sites by module
             target = reqs[0].target
             assert target is not None
             mod = target.module
@@ -76,35 +236,44 @@ class SiteInstaller:
                 if dims is not None:
                     dims_modules[id(dims)] = dims
         for dm in dims_modules.values():
+            plan.dims_modules.append(dm)
             installed.append(dm.register_forward_pre_hook(self._dims_hook, with_kwargs=True, prepend=True))
-        routes: dict[tuple[str, int], Callable[..., Any]] = {}
+        routes = plan.routes
         # forward wrappers nest in the order they are put on: a scope of ops innermost (so that a
         # module's own boundary sites are served outside it), then the boundary sites, then the
         # depth counters of the scopes' children outermost (a child's boundary sites are no op of
         # its parent's scope)
         children: list[Callable[[], None]] = []
         for mid, names in fwd_ops.items():
-            children.append(self._install_forward_ops(modules[mid], names, installed, restore))
+            children.append(self._install_forward_ops(modules[mid], names, installed))
         for mid, mod in modules.items():
             bound = bounds.get(mid)
             if bound is not None:
-                self._wrap_forward(mod, bound[0], bound[1], restore)
+                self._wrap_forward(mod, bound[0], bound[1])
             if interfaces:
                 for interface in sorted(interfaces.get(mid, ())):
                     routes[(interface, mid)] = self._call_handler(mid, interface, installed,
                                                                   call_ops.get((mid, interface), set()))
             if methods:
                 for name in sorted(methods.get(mid, ())):
-                    self._install_method(mod, name, restore)
+                    self._install_method(mod, name)
         for count_children in children:
             count_children()
         if routes:
-            self._route(modules, routes, restore)
-        return routes
+            configs: dict[tuple[str, int], tuple[str, Any, torch.nn.Module]] = {}
+            for interface, mid in routes:
+                cfg = getattr(modules[mid], "config", None)
+                configs.setdefault((interface, id(cfg)), (interface, cfg, modules[mid]))
+            plan.route_configs = list(configs.values())
+            self._acquire_routes(plan, restore)
+        for h in installed:
+            if isinstance(h, sites.OpSwaps):
+                plan.op_names = set(h.names)
 
     def _dims_hook(self, mod: torch.nn.Module, args: Any, kwargs: Any) -> None:
         """The call's [batch, seq]: of the model's input ids, or its input embeddings."""
-        if RUNNING_TRACE.get() is not self.call_dims:
+        call_dims = self.live.mine
+        if call_dims is None or RUNNING_TRACE.get() is not call_dims:
             return
         x = kwargs.get("input_ids")
         if x is None:
@@ -112,37 +281,36 @@ class SiteInstaller:
         if x is None and args:
             x = args[0]
         if isinstance(x, torch.Tensor) and x.dim() >= 2:
-            self.call_dims[id(mod)] = (int(x.shape[0]), int(x.shape[1]))
+            call_dims[id(mod)] = (int(x.shape[0]), int(x.shape[1]))
 
-    def _install_method(self, mod: torch.nn.Module, name: str, restore: list[Callable[[], None]]) -> None:
+    def _install_method(self, mod: torch.nn.Module, name: str) -> None:
         """Route one module's own method through the tracer (an instance attribute, see ``_shadow``)."""
         mid = id(mod)
         original = getattr(mod, name)
         key_in, key_out = SiteKey("method_in", mid, name), SiteKey("method_out", mid, name)
-
-        mine, current = self.call_dims, RUNNING_TRACE.get
+        live = self.live
 
         def method(*args: Any, **kwargs: Any) -> Any:
-            if current() is not mine:  # another thread's (or context's) call: not this trace's
+            if _running() is not live.mine:  # another thread's (or context's) call: not this trace's
                 return original(*args, **kwargs)
-            args, kwargs = self.serve(key_in, (args, kwargs))
+            args, kwargs = live.serve(key_in, (args, kwargs))
             out = original(*args, **kwargs)
-            return self.serve(key_out, out)
+            return live.serve(key_out, out)
 
-        _shadow(mod, name, method, restore)
+        self._put_on(mod, name, method)
     # -- module-level functions (fn: read points) and route_kernels --
-    def _install_functions(self, installed: list[Any], restore: list[Callable[[], None]]
+    def _install_functions(self, model: WrappedModel, installed: list[Any], restore: list[Callable[[], None]]
                            ) -> dict[tuple[int, str], Callable[..., Any]]:
-        family = self.model._family
+        family = model._family
         wanted: dict[int, tuple[torch.nn.Module, set[str]]] = {}
-        for key, reqs in self.by_site.items():
+        for key, reqs in self.live.by_site.items():
             if key.kind in FN_SITES:
                 assert reqs[0].target is not None
                 mod = reqs[0].target.module
                 wanted.setdefault(id(mod), (mod, set()))[1].add(key.name)  # type: ignore[arg-type]
-        routed = self.model._kernel_route()
+        routed = model._kernel_route()
         if routed == "torch":
-            for mod, group in self.model._routed_modules():
+            for mod, group in model._routed_modules():
                 wanted.setdefault(id(mod), (mod, set()))[1].add(group)
         routes: dict[tuple[int, str], Callable[..., Any]] = {}
         for mid, (mod, groups) in wanted.items():
@@ -182,7 +350,8 @@ class SiteInstaller:
                                    f"functions whose parameters are named ({', '.join(names)})")
             kw = dict(zip(names, args))
             kw.update(kwargs)
-            names, kw = self.serve(SiteKey("fn_args", mid, group), (names, kw))
+            serve = self.live.serve
+            names, kw = serve(SiteKey("fn_args", mid, group), (names, kw))
             if route is not None:
                 out = self._token_by_token(mid, group, route, namespace, kw)
             else:
@@ -191,7 +360,7 @@ class SiteInstaller:
                 rest = dict(kw)
                 positional = [rest.pop(n) for n in names[:len(args)]]
                 out = original(*positional, **rest)
-            return self.serve(SiteKey("fn_output", mid, group), out)
+            return serve(SiteKey("fn_output", mid, group), out)
 
         return handler
 
@@ -215,7 +384,7 @@ class SiteInstaller:
             if flag:
                 step[flag] = True
             out = tuple(fn(**step))
-            out = tuple(self.serve(SiteKey("fn_step", mid, group), out))
+            out = tuple(self.live.serve(SiteKey("fn_step", mid, group), out))
             state = out[k]
             outs.append(out)
         result = []
@@ -224,49 +393,50 @@ class SiteInstaller:
                 result.append(state if (not flag or kw.get(flag)) else None)
             else:
                 result.append(torch.cat([o[i] for o in outs], dim))
-        if SiteKey("fn_steps", mid, group) in self.by_site:
+        if SiteKey("fn_steps", mid, group) in self.live.by_site:
             stacked = tuple(torch.stack([o[i] for o in outs], dim) if i == k else result[i] for i in range(len(result)))
-            self.serve(SiteKey("fn_steps", mid, group), stacked)
+            self.live.serve(SiteKey("fn_steps", mid, group), stacked)
         return tuple(result)
 
-    def _wrap_forward(self, mod: torch.nn.Module, pre_key: SiteKey | None, post_key: SiteKey | None,
-                      restore: list[Callable[[], None]]) -> None:
+    def _wrap_forward(self, mod: torch.nn.Module, pre_key: SiteKey | None, post_key: SiteKey | None) -> None:
         """Serve a module's boundary sites from its own ``forward``: an instance attribute wraps the
         forward ``Module.__call__`` would run (the class's, or one accelerate put on the instance)
-        for this trace only, and is taken away afterwards. It sees what forward hooks would see
+        while a trace runs, and is taken away afterwards. It sees what forward hooks would see
         (the call's args and kwargs, the output) inside any hooks on the module, and costs a
         quarter of a forward hook (which sends every call of the module down torch's slow path)."""
         original = mod.forward
-        serve = self.serve
-        # the forward of this trace runs in the context where RUNNING_TRACE is this trace's own dict: a
-        # call of the module from another thread (a plain forward beside the trace) is left alone
-        mine = self.call_dims
+        # the forward of a trace runs in the context where RUNNING_TRACE is that trace's own dict
+        # (``live.mine``): a call of the module from another thread (a plain forward beside it) is left alone
+        live = self.live
         forward: Callable[..., Any]
         if pre_key is not None and post_key is not None:
             def forward(*args: Any, **kwargs: Any) -> Any:
-                if _running() is not mine:
+                if _running() is not live.mine:
                     return original(*args, **kwargs)
+                serve = live.serve
                 args, kwargs = serve(pre_key, (args, kwargs))
                 return serve(post_key, original(*args, **kwargs))
         elif pre_key is not None:
             def forward(*args: Any, **kwargs: Any) -> Any:
-                if _running() is not mine:
+                if _running() is not live.mine:
                     return original(*args, **kwargs)
-                args, kwargs = serve(pre_key, (args, kwargs))
+                args, kwargs = live.serve(pre_key, (args, kwargs))
                 return original(*args, **kwargs)
         else:
             post: SiteKey = post_key  # type: ignore[assignment]  # (one of the two is read)
 
             def forward(*args: Any, **kwargs: Any) -> Any:
-                if _running() is not mine:
+                if _running() is not live.mine:
                     return original(*args, **kwargs)
-                return serve(post, original(*args, **kwargs))
+                return live.serve(post, original(*args, **kwargs))
 
-        _shadow(mod, "forward", forward, restore)
+        self._put_on(mod, "forward", forward)
 
     def _op_server(self, mid: int, scope: str | None) -> Callable[[str, int, str, Any], Any]:
+        live = self.live
+
         def serve(name: str, k: int, side: str, payload: Any) -> Any:
-            return self.serve(("op", mid, scope, name, k, side), payload)  # type: ignore[arg-type]  # a SiteKey's fields
+            return live.serve(("op", mid, scope, name, k, side), payload)  # type: ignore[arg-type]  # a SiteKey's fields
         return serve
 
     def _op_swaps(self, installed: list[Any]) -> sites.OpSwaps:
@@ -278,34 +448,40 @@ class SiteInstaller:
         installed.append(swaps)
         return swaps
 
-    def _install_forward_ops(self, mod: torch.nn.Module, names: set[str], installed: list[Any],
-                             restore: list[Callable[[], None]]) -> Callable[[], None]:
+    def _install_forward_ops(self, mod: torch.nn.Module, names: set[str], installed: list[Any]) -> Callable[[], None]:
         """Count ``names`` in ``mod``'s own forward (its children's forwards are not counted): an op
         scope (``sites.run_scoped``) entered by a wrapper of the instance's forward. Returns what puts
         the depth counters on the children (called after every other wrapper is on, so that they
         wrap those too)."""
+        plan = self._building
+        assert plan is not None
         serve = self._op_server(id(mod), None)
-        if "softmax" in names and sites.attention_implementation(getattr(mod, "config", None)) == "sdpa":
-            # eager's softmax read where the forward calls sdpa instead (recompute: sdpa; patterns)
-            serve, names = patterns.softmax_from_sdpa(serve, mod), names | {patterns.SDPA}
+        if "softmax" in names:
+            cfg = getattr(mod, "config", None)
+            impl = sites.attention_implementation(cfg)
+            plan.impls.append((cfg, impl))
+            if impl == "sdpa":
+                # eager's softmax read where the forward calls sdpa instead (recompute: sdpa; patterns)
+                serve, names = patterns.softmax_from_sdpa(serve, mod), names | {patterns.SDPA}
         swapped, fallback = self._op_swaps(installed).split(names)
         running: list[tuple[sites.OpScope | None, sites.OpMode | None]] = []
         original = mod.forward
-        mine, current = self.call_dims, RUNNING_TRACE.get
+        live = self.live
 
         def forward(*args: Any, **kwargs: Any) -> Any:
-            if current() is not mine:
+            if _running() is not live.mine:
                 return original(*args, **kwargs)
             return sites.run_scoped(original, args, kwargs, swapped, fallback, serve, running)
 
-        _shadow(mod, "forward", forward, restore)
+        self._put_on(mod, "forward", forward)
 
         def count_children() -> None:
+            plan.children.append((mod, tuple(mod._modules.values())))
             for child in mod.children():
                 inner = child.forward
 
                 def counted(*args: Any, inner: Callable[..., Any] = inner, **kwargs: Any) -> Any:
-                    if current() is not mine or not running:
+                    if _running() is not live.mine or not running:
                         return inner(*args, **kwargs)
                     scope, mode = running[-1]
                     if scope is not None:
@@ -320,7 +496,7 @@ class SiteInstaller:
                         if mode is not None:
                             mode.depth -= 1
 
-                _shadow(child, "forward", counted, restore)
+                self._put_on(child, "forward", counted)
 
         return count_children
 
@@ -336,34 +512,23 @@ class SiteInstaller:
         def scoped(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             return sites.run_scoped(fn, args, kwargs, swapped, fallback, serve)
 
+        live = self.live
+
         def handler(original: Callable[..., Any], module: torch.nn.Module, args: tuple[Any, ...],
-                    kwargs: dict[str, Any]) -> Any:
-            full_args, kwargs = self.serve(key_in, ((module, *args), kwargs))
-            if ops and interface == "attention" and sites.attention_implementation(getattr(module, "config", None)) in patterns.RECOMPUTED:
-                # sdpa / flex: the fused call gives the output, eager's function the reads (patterns)
+                    kwargs: dict[str, Any], name: str | None, caller: FrameType) -> Any:
+            full_args, kwargs = live.serve(key_in, ((module, *args), kwargs))
+            if ops and interface == "attention" and name in patterns.RECOMPUTED:
+                # sdpa / flex (the name the call was routed under): the fused call gives the output, the
+                # eager function the calling forward would have run gives the reads (patterns)
                 out = original(*full_args, **kwargs)
-                patterns.recompute(sites.eager_attention(module), full_args, kwargs, scoped)
+                patterns.recompute(sites.caller_eager_attention(module, caller), full_args, kwargs, scoped)
             elif ops:
                 out = scoped(original, full_args, kwargs)
             else:
                 out = original(*full_args, **kwargs)
-            return self.serve(key_out, out)
+            return live.serve(key_out, out)
 
         return handler
-
-    def _route(self, modules: dict[int, torch.nn.Module], routes: dict[tuple[str, int], Any],
-               restore: list[Callable[[], None]]) -> None:
-        """Put the router of each routed module's interface under the name its config reads (the
-        config is never touched: model code comparing the name takes the same branch as outside)."""
-        names: dict[tuple[str, str | None], None] = {}
-        for interface, mid in routes:
-            cfg = getattr(modules[mid], "config", None)
-            if cfg is None:
-                raise NnatlasError(f"{type(modules[mid]).__name__} has no config to route its {interface} through")
-            names[(interface, getattr(cfg, sites.CONFIG_ATTRIBUTE[interface]))] = None
-        for interface, impl in names:
-            sites.acquire(interface, impl)
-            restore.append(functools.partial(sites.release, interface, impl))
 
 
 def _shadow(mod: torch.nn.Module, name: str, fn: Callable[..., Any], restore: list[Callable[[], None]]) -> None:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from .cache import Cache, cache_values
 from .describe import Support, render, support
 from .errors import InputError, NnatlasError
@@ -39,9 +37,7 @@ class AtlasModel(ModelTargets):
             raise InputError(f"trace(grad=...): expected True or False, got {grad!r}")
         model_inputs = prepare(self, inputs, kwargs)
         module = self._module
-        ids = model_inputs.get("input_ids", model_inputs.get("inputs_embeds"))
-        calls = int(ids.shape[1]) if isinstance(ids, torch.Tensor) and ids.dim() >= 2 else None
-        return Tracer(self, lambda: module(**model_inputs), order=order, grad=grad, calls=calls, inputs=model_inputs)
+        return Tracer(self, lambda: module(**model_inputs), order=order, grad=grad, inputs=model_inputs)
 
     def generate(self, inputs: Any = None, *, max_new_tokens: int = 8, order: str = "strict", **kwargs: Any) -> Tracer:
         """Like ``trace`` over ``generate``: the body reads step 0 unless inside ``tracer.iter[...]``."""

@@ -108,6 +108,10 @@ class ModelTree(Host):
     _config_value = config_value
 
     def __getattr__(self, name: str) -> Any:
+        if name in self._kids:  # a child found before (``model.layers``): no config entry has its name
+            child = self._child(name)
+            if child is not None:
+                return child
         if not name.startswith("_") and name in self._family.config:
             return self.config_value(name)
         if not name.startswith("_") and name.endswith("_layers"):

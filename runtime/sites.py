@@ -69,9 +69,35 @@ class SharedPatches:
             else:
                 held.users += 1
 
+    def acquire_all(self, entries: tuple[tuple[Hashable, Callable[[], Callable[[], None]], str], ...]) -> None:
+        """``acquire`` of each (key, install, label), under one hold of the lock; all or none (an
+        install that raises releases those this call acquired)."""
+        with self._lock:
+            done: list[Hashable] = []
+            try:
+                for key, install, label in entries:
+                    held = self._held.get(key)
+                    if held is None:
+                        self._held[key] = _Held(1, install(), label)
+                    else:
+                        held.users += 1
+                    done.append(key)
+            except BaseException:
+                self._release(reversed(done))
+                raise
+
     def release(self, key: Hashable) -> None:
         """One user fewer; the last runs the undo."""
         with self._lock:
+            self._release((key,))
+
+    def release_all(self, keys: tuple[Hashable, ...]) -> None:
+        """``release`` of each key (in reverse order), under one hold of the lock."""
+        with self._lock:
+            self._release(reversed(keys))
+
+    def _release(self, keys: Any) -> None:
+        for key in keys:
             held = self._held[key]
             held.users -= 1
             if held.users == 0:
@@ -115,20 +141,21 @@ def eager_attention(module: torch.nn.Module) -> Callable[..., Any]:
     return fn  # type: ignore[no-any-return]
 
 
-_EAGER_OF_CALLER: dict[CodeType, Callable[..., Any]] = {}
+_EAGER_OF_CALLER: dict[CodeType, str | None] = {}  # a forward's code -> the eager global it names (None: none, or several)
 
 
-def _caller_eager_attention(module: torch.nn.Module, caller: FrameType) -> Callable[..., Any]:
+def caller_eager_attention(module: torch.nn.Module, caller: FrameType) -> Callable[..., Any]:
     """The default the calling forward passes ``get_interface`` (what it runs when "eager" has no
     registry entry): the one ``*eager_attention_forward`` global it names (a few families name their
-    own, e.g. llama4's ``vision_eager_attention_forward``), else the family's ``eager_attention_forward``."""
+    own, e.g. llama4's ``vision_eager_attention_forward``), else the family's ``eager_attention_forward``;
+    looked up in the globals at each call, as the forward does (the name is found once per code)."""
     code = caller.f_code
-    fn = _EAGER_OF_CALLER.get(code)
-    if fn is None:
+    if code in _EAGER_OF_CALLER:
+        name = _EAGER_OF_CALLER[code]
+    else:
         names = [n for n in code.co_names if n.endswith("eager_attention_forward") and callable(caller.f_globals.get(n))]
-        fn = caller.f_globals[names[0]] if len(names) == 1 else eager_attention(module)
-        _EAGER_OF_CALLER[code] = fn
-    return fn
+        name = _EAGER_OF_CALLER[code] = names[0] if len(names) == 1 else None
+    return caller.f_globals[name] if name is not None else eager_attention(module)
 
 
 def _experts_eager(module: torch.nn.Module) -> Callable[..., Any]:
@@ -145,19 +172,22 @@ def attention_implementation(config: Any) -> str | None:
     return getattr(config, "_attn_implementation", None)
 
 
-def _router(interface: str, held: Callable[..., Any]) -> Callable[..., Any]:
+def _router(interface: str, held: Callable[..., Any], name: str | None) -> Callable[..., Any]:
+    """The function put under ``name`` in ``interface``'s registry: a call of a module the running trace
+    routes goes to its handler, as ``handler(original, module, args, kwargs, name, caller)`` (``caller``:
+    the frame of the forward that called the interface, see :func:`caller_eager_attention`)."""
     def route(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if held is not _NOTHING:
             original = held
         elif interface == "attention":
-            original = _caller_eager_attention(module, sys._getframe(1))
+            original = caller_eager_attention(module, sys._getframe(1))
         else:
             original = _experts_eager(module)
         routes = _ROUTES.get()
         handler = routes.get((interface, id(module))) if routes else None
         if handler is None:
             return original(module, *args, **kwargs)
-        return handler(original, module, args, kwargs)
+        return handler(original, module, args, kwargs, name, sys._getframe(1))
 
     route.__name__ = f"{_PREFIX}{interface}_router"
     return route
@@ -170,17 +200,27 @@ def _looked_up(interface: str, impl: str | None) -> str | None:
     return impl
 
 
+_ROUTERS: dict[tuple[str, str | None], tuple[tuple[Hashable, Callable[[], Callable[[], None]], str], ...]] = {}
+
+
 def acquire(interface: str, impl: str | None) -> None:
     """Put the router of ``interface`` under the name ``impl`` is looked up by (refcounted). A name
     with no entry other than eager's (None's) is left alone: transformers refuses it, as outside a trace."""
-    key = _looked_up(interface, impl)
+    entry = _ROUTERS.get((interface, impl))
+    if entry is None:
+        key = _looked_up(interface, impl)
+        entry = _ROUTERS[(interface, impl)] = ((("registry", interface, key), _route_install(interface, key),
+                                                f"{interface}:{key}"),)
+    _PATCHES.acquire_all(entry)
 
+
+def _route_install(interface: str, key: str | None) -> Callable[[], Callable[[], None]]:
     def install() -> Callable[[], None]:
         mapping = _registry(interface)
         held = mapping.get(key, _NOTHING)
         if held is _NOTHING and key not in ("eager", None):
             return lambda: None
-        mapping[key] = _router(interface, held)
+        mapping[key] = _router(interface, held, key)
 
         def undo() -> None:
             if held is _NOTHING:
@@ -188,8 +228,7 @@ def acquire(interface: str, impl: str | None) -> None:
             else:
                 mapping[key] = held
         return undo
-
-    _PATCHES.acquire(("registry", interface, key), install, f"{interface}:{key}")
+    return install
 
 
 def release(interface: str, impl: str | None) -> None:
@@ -363,6 +402,19 @@ def _op_dispatcher(name: str, original: Callable[..., Any]) -> Callable[..., Any
 
 def _dispatch_scoped(name: str, original: Callable[..., Any], scopes: tuple[OpScope, ...],
                      args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if len(scopes) == 1:  # (the common case: one scope open, walked without the lists below)
+        s = scopes[0]
+        if name not in s.wanted or s.depth or s.busy or not _reaches(sys._getframe(2), s.entry):
+            return original(*args, **kwargs)
+        k = s.counts.get(name, 0)
+        s.counts[name] = k + 1
+        args, kwargs = s.serve(name, k, "input", (args, kwargs))
+        s.busy = True
+        try:
+            out = original(*args, **kwargs)
+        finally:
+            s.busy = False
+        return s.serve(name, k, "output", out)
     live = [s for s in scopes if name in s.wanted and not s.depth and not s.busy]
     if not live:
         return original(*args, **kwargs)
@@ -411,25 +463,50 @@ def _dispatch_scoped(name: str, original: Callable[..., Any], scopes: tuple[OpSc
     return out
 
 
+_SWAPS: dict[str, tuple[tuple[Hashable, Callable[[], Callable[[], None]], str], ...]] = {}  # name -> its swaps
+
+
+def _reaches(frame: Any, entry: Any) -> bool:
+    """Whether a call from ``frame`` is a call of the scope entered at ``entry``: walking up, ``entry``
+    comes before any frame of a torch function that dispatches __torch_function__ (or the stack ends
+    without either: an entry not on this stack, as the general walk in ``_dispatch_scoped`` takes it)."""
+    while frame is not None:
+        if frame is entry:
+            return True
+        code = frame.f_code
+        nests = _NESTS.get(code)
+        if nests is None:
+            nests = _NESTS[code] = "handle_torch_function" in code.co_names
+        if nests:
+            return False
+        frame = frame.f_back
+    return True
+
+
 def acquire_op(name: str) -> bool:
     """Swap every callable a mode would see as ``name`` for the dispatcher (refcounted); False when
     there is none to swap (the caller counts that name with an ``OpMode``)."""
     if FORCE_OP_MODE:
         return False
-    targets = _op_targets(name)
-    if not targets:
+    swaps = _SWAPS.get(name)
+    if swaps is None:
+        swaps = _SWAPS[name] = tuple((("op", id(holder), attr), _op_swap(name, holder, attr),
+                                      f"{getattr(holder, '__name__', '?')}.{attr}") for holder, attr in _op_targets(name))
+    if not swaps:
         return False
-    for holder, attr in targets:
-        _PATCHES.acquire(("op", id(holder), attr), _op_swap(name, holder, attr),
-                         f"{getattr(holder, '__name__', '?')}.{attr}")
+    _PATCHES.acquire_all(swaps)
     return True
 
 
 def _op_swap(name: str, holder: Any, attr: str) -> Callable[[], Callable[[], None]]:
+    made: list[Callable[..., Any]] = []  # the dispatcher of the original last swapped (made once, not per trace)
+
     def install() -> Callable[[], None]:
         had = attr in holder.__dict__
         original = getattr(holder, attr)
-        setattr(holder, attr, _op_dispatcher(name, original))
+        if not made or made[0]._nnatlas_original is not original:  # type: ignore[attr-defined]
+            made[:] = [_op_dispatcher(name, original)]
+        setattr(holder, attr, made[0])
 
         def undo() -> None:
             if had:
@@ -441,8 +518,7 @@ def _op_swap(name: str, holder: Any, attr: str) -> Callable[[], Callable[[], Non
 
 
 def release_op(name: str) -> None:
-    for holder, attr in _op_targets(name):
-        _PATCHES.release(("op", id(holder), attr))
+    _PATCHES.release_all(tuple(key for key, _, _ in _SWAPS[name]))
 
 
 def patched_ops() -> list[str]:
@@ -485,10 +561,10 @@ def run_scoped(original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
     """``original(*args, **kwargs)`` as one op scope: ``swapped`` names counted by the dispatchers
     (the scope's calls descend from this frame), ``fallback`` names by an OpMode; ``stack`` (when
     given) holds the running (scope, mode) meanwhile, for the depth counters of child modules."""
-    scope = None
+    scope = token = None
     if swapped:
         scope = OpScope(swapped, serve, sys._getframe())
-        push_scope(scope)
+        token = _OP_SCOPES.set((*_OP_SCOPES.get(), scope))
     mode = OpMode(fallback, serve) if fallback else None
     if stack is not None:
         stack.append((scope, mode))
@@ -501,7 +577,8 @@ def run_scoped(original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
         if stack is not None:
             stack.pop()
         if scope is not None:
-            pop_scope(scope)
+            assert token is not None
+            _OP_SCOPES.reset(token)  # (scopes end in the order they began: the one begun last ends first)
             scope.entry = None  # (the frame holds the scope: a cycle through every frame above it, left to the GC)
 
 

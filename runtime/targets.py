@@ -58,9 +58,12 @@ class ModelTargets(ModelTree):
             met = conditions_met(spec.needs.name, self, module, spec.needs)
         else:  # a load condition holds for the whole trace body: asked once per config it reads
             key = (id(cfg), id(spec.needs))
-            met = tracer.conditions.get(key)
+            asked = tracer.conditions
+            if asked is None:
+                asked = tracer.conditions = {}
+            met = asked.get(key)
             if met is None:
-                met = tracer.conditions[key] = conditions_met(spec.needs.name, self, module, spec.needs)
+                met = asked[key] = conditions_met(spec.needs.name, self, module, spec.needs)
         if met:
             return None
         under = conditions.under(spec.needs, cfg, getattr(value._host._module, "config", self.config),

@@ -20,7 +20,7 @@ import torch
 
 from . import conditions, interrupts, sites
 from .errors import InputError, NnatlasError, NotReached, OutOfOrderError
-from .installers import SiteInstaller
+from .installers import installer_of
 from .protocols import WrappedModel
 from .requests import (
     INPUT_SIDES,
@@ -52,6 +52,9 @@ class Tracer:
     _guarded = False  # whether __enter__ counted in ``interrupts`` (the main thread's)
     grad_live = False  # whether this forward keeps autograd (trace(grad=True), with grad mode on)
     edits = False  # whether the body edits an input-side value (the forward then gets copies of the inputs)
+    # made on first use while recording (most traces ask no load condition)
+    conditions: dict[tuple[int, int], bool] | None = None  # load conditions asked while recording
+    available: set[tuple[int, int, int]] | None = None  # (read point, condition, config) a save found served
 
     def __init__(self, model: WrappedModel, run: Callable[[], Any], order: str = "strict", grad: bool = False,
                  steps: int | None = None, calls: int | None = None, inputs: Mapping[str, Any] | None = None):
@@ -63,14 +66,22 @@ class Tracer:
         self.grad = grad
         self.steps = steps
         self.inputs: Mapping[str, Any] = inputs or {}
-        self.calls = calls
+        self._tokens = calls
         self.requests: list[Request] = []
         self._ordered: list[Request] = []
         self.by_site: dict[SiteKey, list[Request]] = {}
         self.fired: dict[int | tuple[int, int], int] = {}  # times each site fired (by id of its list in by_site, and step)
         self.call_dims: dict[int, tuple[int, int]] = {}
-        self.conditions: dict[tuple[int, int], bool] = {}  # load conditions asked while recording
-        self.available: set[tuple[int, int, int]] = set()  # (read point, condition, config) a save found served
+
+    @property
+    def calls(self) -> int | None:
+        """The tokens of this call (what ``tracer.iter`` walks in a trace): the given count, else the length
+        of the inputs' ids (or embeddings), found when asked."""
+        if self._tokens is None:
+            ids = self.inputs.get("input_ids", self.inputs.get("inputs_embeds"))
+            if isinstance(ids, torch.Tensor) and ids.dim() >= 2:
+                self._tokens = int(ids.shape[1])
+        return self._tokens
 
     # -- recording (the body) --
     def add(self, label: str, action: str, target: Target | None, payload: Any = None, seq: int | None = None,
@@ -272,6 +283,7 @@ class Tracer:
         ordered = self._ordered = sorted(self.requests, key=_seq)
         by_site = self.by_site
         conditional = functions = derived = False
+        dims: tuple[int, ...] = ()
         for r in ordered:
             t = r.target
             if t is None:
@@ -281,6 +293,8 @@ class Tracer:
                     conditional = True
                 if t.fn_site:
                     functions = True
+                if t.dims_module is not None and id(t.dims_module) not in dims:
+                    dims = (*dims, id(t.dims_module))
                 reqs = by_site.get(t.site)
                 if reqs is None:
                     by_site[t.site] = [r]
@@ -293,16 +307,17 @@ class Tracer:
         installed: list[Any] = []
         restore: list[Callable[[], None]] = []
         tokens: list[Token[Any]] = []
-        installer = SiteInstaller(self.model, self.by_site, self.call_dims, self.serve)
+        installer = installer_of(self.model)
         grad = torch.is_grad_enabled()
         modes = torch._C._len_torch_function_stack()
+        plan_key = None
         try:
             if ordered:  # (an empty trace installs nothing)
-                routes = installer.install(installed, restore)
+                plan_key, routes = installer.install(by_site, self.serve, self.call_dims, dims, installed, restore)
                 if routes:
                     tokens.append(sites._ROUTES.set(routes))
             if functions or self.model._kernel_route():
-                fn_routes = installer.install_functions(installed, restore)
+                fn_routes = installer.install_functions(self.model, installed, restore)
                 if fn_routes:
                     tokens.append(sites._FN_ROUTES.set(fn_routes))
                     tokens.append(sites._FN_HOST.set(None))
@@ -323,6 +338,10 @@ class Tracer:
             if interrupts.pending():  # an interrupt while installing: raise it before the forward
                 interrupts.deliver()
             self.output = self._forward()
+        except BaseException:
+            if plan_key is not None:
+                installer.forget(plan_key)  # (a forward that raised may have left a wrapper's state half way)
+            raise
         finally:
             _teardown(installed, restore, tokens, grad, modes)
         missing = [r for r in self._ordered if not r.done and r.owner is None]

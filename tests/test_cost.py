@@ -154,3 +154,92 @@ def test_a_value_with_a_load_condition_saved_again_skips_target_resolution(monke
     monkeypatch.setattr(conditions, "load_met", lambda *args: False)
     with pytest.raises(Unavailable, match="is unavailable"), model.trace(inputs, order="any"):
         values[0].save()
+
+
+@contextmanager
+def runtime_calls() -> Iterator[list[str]]:
+    """The names of the nnatlas runtime functions called inside the block."""
+    calls: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(RUNTIME):
+            calls.append(frame.f_code.co_qualname)
+
+    sys.setprofile(profile)
+    try:
+        yield calls
+    finally:
+        sys.setprofile(None)
+
+
+def test_a_value_saved_again_runs_no_other_nnatlas_function() -> None:
+    """The save's fast path: a value saved before (here a block's output, and a value read in a child
+    module: its path walked again) makes its holder and its request inline, in ``Value.save`` alone
+    (no target resolution, no holder helper, no ``Tracer.add``)."""
+    model, inputs = _llama()
+    values = [model.layers[1].layer_mid, model.layers[1].layer_output]  # (layer_mid: at post_attention_layernorm)
+    for _ in range(2):  # (a handle keeps its target from its second resolution)
+        with model.trace(inputs):
+            [v.save() for v in values]
+    with model.trace(inputs):
+        with runtime_calls() as calls:
+            saved = [v.save() for v in values]
+    assert calls == ["Value.save", "Value.save"]
+    assert saved[0].shape[-2] == 8 and saved[1].shape[-2] == 8  # (served)
+
+
+def test_a_derived_value_saved_again_looks_nothing_up() -> None:
+    """A derived value saved again finds its inputs' handles kept (no attribute lookup on a host, no
+    ``Tracer.add``): what runs is the save, the derived path and each input's cached target."""
+    model, inputs = _llama()
+    derived = [v for v in standard_values(model, needs_images=False) if v._read.kind == "derived"]
+    assert derived
+    for _ in range(2):
+        with model.trace(inputs, order="any"):
+            [v.save() for v in derived]
+    with model.trace(inputs, order="any"):
+        with runtime_calls() as calls:
+            saved = [v.save() for v in derived]
+    deps = sum(len(v._spec.read.deps) for v in derived)
+    assert not any(c.endswith("__getattr__") or c == "Tracer.add" or "config" in c for c in calls), calls
+    assert calls.count("Value._derived") == len(derived) and calls.count("ModelTargets._target") == deps
+    # per value: save, label (twice), the holder (and a Box's __init__), _derived; per input: its target
+    assert len(calls) <= len(derived) * 6 + deps, calls
+    assert all(s is not None for s in saved)
+
+
+def test_a_block_list_found_before_is_one_lookup() -> None:
+    """``model.layers`` again: the root's attribute lookup goes to the child it found before, before
+    any config entry or block-kind lookup."""
+    model, _ = _llama()
+    layers = model.layers
+    with runtime_calls() as calls:
+        again = model.layers
+    assert again is layers and calls == ["ModelTree.__getattr__", "Host._child"]
+
+
+def test_a_trace_finds_its_token_count_only_when_asked() -> None:
+    """``model.trace(...)`` reads no size of the inputs: the token count ``tracer.iter`` walks is
+    found the first time it is asked (most traces never ask)."""
+    model, inputs = _llama()
+    tracer = model.trace(inputs)
+    assert tracer._tokens is None
+    assert tracer.calls == inputs["input_ids"].shape[1] == 8 and tracer._tokens == 8
+
+
+def test_a_trace_makes_its_condition_records_only_when_a_value_has_a_condition() -> None:
+    """A trace whose values have no load condition makes no record of conditions asked or found served
+    (two containers less per trace); one with such a value makes them on its first save."""
+    model, inputs = _llama(attn="eager")
+    with model.trace(inputs) as tracer:
+        model.layers[0].layer_output.save()
+    assert "conditions" not in vars(tracer) and "available" not in vars(tracer)
+    value = next(v for v in standard_values(model, needs_images=False) if v._spec is not None and v._spec.needs)
+    with model.trace(inputs) as tracer:
+        value.save()
+    assert vars(tracer)["conditions"] and "available" not in vars(tracer)  # (first save: the full path asks)
+    with model.trace(inputs) as tracer:
+        value.save()
+    with model.trace(inputs) as tracer:
+        value.save()
+    assert vars(tracer)["available"]  # (a save again: the fast path records the condition as served)

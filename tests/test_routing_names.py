@@ -8,7 +8,7 @@ after a trace is the registry before (names, order and functions).
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from types import FrameType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -143,9 +143,12 @@ def test_router_serves_routed_modules_and_passes_every_other_call(impl: str) -> 
     want_other, _ = other(x)
     before = _registries()
     originals: list[Any] = []
+    names: list[tuple[str | None, str]] = []
 
-    def handler(original: Any, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def handler(original: Any, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                name: str | None, caller: FrameType) -> Any:
         originals.append(original)
+        names.append((name, caller.f_code.co_name))
         out, weights = original(module, *args, **kwargs)
         return out * 2, weights
 
@@ -164,6 +167,7 @@ def test_router_serves_routed_modules_and_passes_every_other_call(impl: str) -> 
     assert got_branch == branch
     # eager: the default the caller passes get_interface; sdpa: what the registry held
     assert originals == [tiny_eager_attention_forward if impl == "eager" else AttentionInterface._global_mapping[key]]
+    assert names == [(key, "forward")]  # the name routed under, and the calling forward's frame
     assert torch.equal(got_routed, want_routed * 2)
     assert torch.equal(got_other, want_other)
     assert _registries() == before
@@ -199,7 +203,8 @@ def test_eager_experts_router_calls_the_class_forward() -> None:
     before = _registries()
     originals: list[Any] = []
 
-    def handler(original: Any, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def handler(original: Any, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                *_: Any) -> Any:
         originals.append(original)
         return -original(module, *args, **kwargs)
 
