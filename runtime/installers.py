@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from . import patterns, sites
+from . import op_scopes, patterns, sites
 from .errors import NnatlasError
 from .protocols import WrappedModel
 from .requests import FN_SITES, RUNNING_TRACE, Request, SiteKey
@@ -75,7 +75,7 @@ class Plan:
     call dims. It holds the modules it wraps, so the ids in its key stay theirs. It is valid while
     what it was built on is unchanged: each instance's own attribute, the class's method it wraps,
     the children of a module whose ops it counts, the attention implementation where it chose a
-    recomputation, ``sites.FORCE_OP_MODE``."""
+    recomputation, ``op_scopes.FORCE_OP_MODE``."""
 
     __slots__ = ("shadows", "routes", "route_configs", "op_names", "dims_modules", "children", "impls", "force")
 
@@ -87,10 +87,10 @@ class Plan:
         self.dims_modules: list[torch.nn.Module] = []
         self.children: list[tuple[torch.nn.Module, tuple[torch.nn.Module | None, ...]]] = []
         self.impls: list[tuple[Any, str | None]] = []
-        self.force = sites.FORCE_OP_MODE
+        self.force = op_scopes.FORCE_OP_MODE
 
     def valid(self) -> bool:
-        if self.force is not sites.FORCE_OP_MODE:
+        if self.force is not op_scopes.FORCE_OP_MODE:
             return False
         for sh in self.shadows.values():
             if sh.d.get(sh.name, _MISSING) is not sh.previous or (
@@ -267,7 +267,7 @@ class SiteInstaller:
             plan.route_configs = list(configs.values())
             self._acquire_routes(plan, restore)
         for h in installed:
-            if isinstance(h, sites.OpSwaps):
+            if isinstance(h, op_scopes.OpSwaps):
                 plan.op_names = set(h.names)
 
     def _dims_hook(self, mod: torch.nn.Module, args: Any, kwargs: Any) -> None:
@@ -439,18 +439,18 @@ class SiteInstaller:
             return live.serve(("op", mid, scope, name, k, side), payload)  # type: ignore[arg-type]  # a SiteKey's fields
         return serve
 
-    def _op_swaps(self, installed: list[Any]) -> sites.OpSwaps:
+    def _op_swaps(self, installed: list[Any]) -> op_scopes.OpSwaps:
         """This forward's swapped torch callables: one set per trace, undone with its hooks."""
         for h in installed:
-            if isinstance(h, sites.OpSwaps):
+            if isinstance(h, op_scopes.OpSwaps):
                 return h
-        swaps = sites.OpSwaps()
+        swaps = op_scopes.OpSwaps()
         installed.append(swaps)
         return swaps
 
     def _install_forward_ops(self, mod: torch.nn.Module, names: set[str], installed: list[Any]) -> Callable[[], None]:
         """Count ``names`` in ``mod``'s own forward (its children's forwards are not counted): an op
-        scope (``sites.run_scoped``) entered by a wrapper of the instance's forward. Returns what puts
+        scope (``op_scopes.run_scoped``) entered by a wrapper of the instance's forward. Returns what puts
         the depth counters on the children (called after every other wrapper is on, so that they
         wrap those too)."""
         plan = self._building
@@ -464,14 +464,14 @@ class SiteInstaller:
                 # eager's softmax read where the forward calls sdpa instead (recompute: sdpa; patterns)
                 serve, names = patterns.softmax_from_sdpa(serve, mod), names | {patterns.SDPA}
         swapped, fallback = self._op_swaps(installed).split(names)
-        running: list[tuple[sites.OpScope | None, sites.OpMode | None]] = []
+        running: list[tuple[op_scopes.OpScope | None, op_scopes.OpMode | None]] = []
         original = mod.forward
         live = self.live
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             if _running() is not live.mine:
                 return original(*args, **kwargs)
-            return sites.run_scoped(original, args, kwargs, swapped, fallback, serve, running)
+            return op_scopes.run_scoped(original, args, kwargs, swapped, fallback, serve, running)
 
         self._put_on(mod, "forward", forward)
 
@@ -510,7 +510,7 @@ class SiteInstaller:
             swapped, fallback = self._op_swaps(installed).split(ops)
 
         def scoped(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            return sites.run_scoped(fn, args, kwargs, swapped, fallback, serve)
+            return op_scopes.run_scoped(fn, args, kwargs, swapped, fallback, serve)
 
         live = self.live
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from . import conditions, interrupts, sites
+from . import conditions, interrupts, op_scopes, sites
 from .errors import InputError, NnatlasError, NotReached, OutOfOrderError
 from .installers import installer_of
 from .protocols import WrappedModel
@@ -379,7 +379,7 @@ def _teardown(installed: list[Any], restore: list[Callable[[], None]], tokens: l
     torch._C._set_grad_enabled(grad)
     # a scope's TorchFunctionMode left on the stack by an exception between its push and its with
     while torch._C._len_torch_function_stack() > modes and isinstance(
-            torch._C._get_function_stack_at(torch._C._len_torch_function_stack() - 1), sites.OpMode):
+            torch._C._get_function_stack_at(torch._C._len_torch_function_stack() - 1), op_scopes.OpMode):
         torch._C._pop_torch_function_stack()
     while installed:
         handle = installed.pop()

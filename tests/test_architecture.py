@@ -92,7 +92,7 @@ def test_the_import_graph_counts_type_checking_imports() -> None:
 LAYERS = (
     ("data model", {"nnatlas.errors", "nnatlas.spec", "nnatlas.conditions", "nnatlas.expressions",
                     "nnatlas.registry", "nnatlas.cache_data", "nnatlas.cache_store", "nnatlas.protocols"}),
-    ("sites", {"nnatlas.interrupts", "nnatlas.sites", "nnatlas.patterns"}),
+    ("sites", {"nnatlas.interrupts", "nnatlas.sites", "nnatlas.op_scopes", "nnatlas.patterns"}),
     ("requests and the tracer", {"nnatlas.requests", "nnatlas.installers", "nnatlas.trace", "nnatlas.validate"}),
     ("hosts and values", {"nnatlas.hosts", "nnatlas.processing", "nnatlas.inputs", "nnatlas.introspect", "nnatlas.model_tree",
                           "nnatlas.targets"}),

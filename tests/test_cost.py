@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from nnatlas import conditions, sites
+from nnatlas import conditions, op_scopes, sites
 from nnatlas.errors import Unavailable
 from nnatlas.targets import ModelTargets
 from nnatlas.testing import build, draw_inputs, first_params, standard_values
@@ -77,13 +77,13 @@ def test_standard_values_of_llama_enter_no_torch_function_mode(monkeypatch: pyte
     callable: none sends each torch call of its scope through Python (``OpMode``)."""
     model, inputs = _llama(attn="eager")
     modes: list[set[str]] = []
-    init: Callable[..., None] = sites.OpMode.__init__
+    init: Callable[..., None] = op_scopes.OpMode.__init__
 
-    def spy(self: sites.OpMode, wanted: set[str], serve: Any) -> None:
+    def spy(self: op_scopes.OpMode, wanted: set[str], serve: Any) -> None:
         modes.append(wanted)
         init(self, wanted, serve)
 
-    monkeypatch.setattr(sites.OpMode, "__init__", spy)
+    monkeypatch.setattr(op_scopes.OpMode, "__init__", spy)
     values = standard_values(model, needs_images=False)
     with runtime_calls_in_forward() as calls, model.trace(inputs, order="any"):
         saved = [v.save() for v in values]

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import nnatlas
-from nnatlas import interrupts, sites
+from nnatlas import interrupts, op_scopes, sites
 from nnatlas import testing as T
 from nnatlas.requests import RUNNING_TRACE
 
@@ -69,12 +69,12 @@ def snapshot(model: nnatlas.AtlasModel) -> dict[str, Any]:
         "instance forwards": [m.__dict__.get("forward") for m in model.native.modules()],
         "config": [(getattr(c, "_attn_implementation", None), getattr(c, "_experts_implementation", None))
                    for m in model.native.modules() for c in [getattr(m, "config", None)] if c is not None],
-        "ContextVars": (sites._ROUTES.get(), sites._FN_ROUTES.get(), sites._FN_HOST.get(), sites._OP_SCOPES.get(),
+        "ContextVars": (sites._ROUTES.get(), sites._FN_ROUTES.get(), sites._FN_HOST.get(), op_scopes._OP_SCOPES.get(),
                         RUNNING_TRACE.get(), sites._KERNEL_ROUTES.get()),
         "grad mode": torch.is_grad_enabled(),
         "torch function modes": torch._C._len_torch_function_stack(),
         "model._tracer": model._tracer,
-        "patched": (tuple(sites.patched_ops()), tuple(sites.patched_functions()), frozenset(sites.registered_names())),
+        "patched": (tuple(op_scopes.patched_ops()), tuple(sites.patched_functions()), frozenset(sites.registered_names())),
         "signal handlers": (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGALRM), interrupts.installed(),
                             interrupts._depth, tuple(interrupts._pending)),
     }

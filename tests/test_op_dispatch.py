@@ -1,5 +1,5 @@
 """op: read points through swapped torch callables (the fast path) count exactly what a
-TorchFunctionMode (the reference, ``sites.FORCE_OP_MODE``) counts, serve the same tensors, and
+TorchFunctionMode (the reference, ``op_scopes.FORCE_OP_MODE``) counts, serve the same tensors, and
 leave no swapped callable or op scope behind, also when the forward raises or traces run in
 threads.
 """
@@ -16,19 +16,19 @@ import torch
 import torch.nn.functional as F
 
 import nnatlas
-from nnatlas import sites
+from nnatlas import op_scopes
 from nnatlas import testing as T
 
 FAMILIES = ("gpt2", "llama", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "qwen3_vl")
 # the torch callables a spec'd op name reaches, as they are outside a trace
 ORIGINALS = {(holder, attr): holder.__dict__.get(attr) for name in
              ("softmax", "dropout", "linear", "view", "mul", "add", "unsqueeze", "cat", "masked_scatter")
-             for holder, attr in sites._op_targets(name)}
+             for holder, attr in op_scopes._op_targets(name)}
 
 
 def assert_nothing_swapped() -> None:
-    assert sites.patched_ops() == []
-    assert sites._OP_SCOPES.get() == ()
+    assert op_scopes.patched_ops() == []
+    assert op_scopes._OP_SCOPES.get() == ()
     for (holder, attr), fn in ORIGINALS.items():
         assert holder.__dict__.get(attr) is fn, f"{holder}.{attr}"
     assert torch._C._len_torch_function_stack() == 0
@@ -36,12 +36,12 @@ def assert_nothing_swapped() -> None:
 
 @contextmanager
 def force_mode(on: bool) -> Iterator[None]:
-    before = sites.FORCE_OP_MODE
-    sites.FORCE_OP_MODE = on
+    before = op_scopes.FORCE_OP_MODE
+    op_scopes.FORCE_OP_MODE = on
     try:
         yield
     finally:
-        sites.FORCE_OP_MODE = before
+        op_scopes.FORCE_OP_MODE = before
 
 
 def _loads(family: str) -> list[tuple[nnatlas.AtlasModel, dict[str, torch.Tensor]]]:
@@ -171,7 +171,7 @@ def _record(run: Callable[[Callable[[str, int, str, Any], Any]], torch.Tensor]) 
 
 
 def _under_mode(serve: Callable[[str, int, str, Any], Any], x: torch.Tensor) -> torch.Tensor:
-    with sites.OpMode(WANTED, serve):
+    with op_scopes.OpMode(WANTED, serve):
         return _body(x)
 
 
@@ -180,18 +180,18 @@ def _under_scope(serve: Callable[[str, int, str, Any], Any], x: torch.Tensor) ->
 
     names = sorted(WANTED)
     for n in names:
-        assert sites.acquire_op(n), n
-    scope = sites.OpScope(WANTED, serve, sys._getframe())
-    sites.push_scope(scope)
+        assert op_scopes.acquire_op(n), n
+    scope = op_scopes.OpScope(WANTED, serve, sys._getframe())
+    op_scopes.push_scope(scope)
     try:
         return _body(x)
     finally:
-        sites.pop_scope(scope)
+        op_scopes.pop_scope(scope)
         for n in names:
-            sites.release_op(n)
+            op_scopes.release_op(n)
 
 
-@pytest.mark.skipif(not sites.TENSOR_SWAPS, reason="Tensor methods are counted by the mode on this Python")
+@pytest.mark.skipif(not op_scopes.TENSOR_SWAPS, reason="Tensor methods are counted by the mode on this Python")
 def test_swapped_callables_count_what_the_mode_counts() -> None:
     x = torch.randn(3, 4)
     mode_log, mode_out = _record(lambda serve: _under_mode(serve, x))
@@ -205,15 +205,15 @@ def test_swapped_callables_count_what_the_mode_counts() -> None:
 
 
 def test_operators_are_found_under_the_name_a_mode_sees() -> None:
-    names = sites.operator_names()
+    names = op_scopes.operator_names()
     assert set(names["mul"]) >= {"__mul__", "__rmul__"}
     assert set(names["add"]) >= {"__add__", "__radd__"}
     assert "__iadd__" in names["add_"]
 
 
 def test_a_name_with_nothing_to_swap_is_counted_by_the_mode() -> None:
-    assert not sites.acquire_op("no_such_op_anywhere")
-    assert sites.patched_ops() == []
+    assert not op_scopes.acquire_op("no_such_op_anywhere")
+    assert op_scopes.patched_ops() == []
 
 
 # ---- threads and two models -----------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import nnatlas
-from nnatlas import patterns
+from nnatlas import op_scopes, patterns
 from nnatlas import testing as T
 
 
@@ -201,7 +201,6 @@ def test_falcon_pattern_recomputed_from_its_own_sdpa_call() -> None:
     the pattern serves eager's softmax computed from that call's arguments (multi-query: one key head),
     bit for bit eager's on block 0 (the same queries and keys), with padding; the forward's output is the
     sdpa call's, and nothing stays swapped."""
-    from nnatlas import sites
 
     inputs = _inputs(T.build("falcon", attn_implementation="eager"))
     got = {}
@@ -210,7 +209,7 @@ def test_falcon_pattern_recomputed_from_its_own_sdpa_call() -> None:
         attn = model.layers[0].self_attn
         with torch.no_grad(), model.trace(dict(inputs)):
             got[impl] = (attn.attention_scores.save(), attn.attention_probabilities.save(), model.logits.save())
-        assert sites.patched_ops() == []
+        assert op_scopes.patched_ops() == []
     sdpa = T.build("falcon", attn_implementation="sdpa")
     with torch.no_grad(), sdpa.trace(dict(inputs)):
         plain = sdpa.logits.save()

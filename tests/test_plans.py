@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from nnatlas import installers, sites
+from nnatlas import installers, op_scopes, sites
 from nnatlas.installers import installer_of
 from nnatlas.testing import build, draw_inputs, first_params
 
@@ -57,7 +57,7 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
 
 def _nothing_left(model: Any) -> None:
     assert all("forward" not in m.__dict__ for m in model.native.modules())
-    assert not sites.patched_ops() and not sites.registered_names()
+    assert not op_scopes.patched_ops() and not sites.registered_names()
 
 
 def test_a_second_trace_reuses_the_first_ones_wrappers(llama: Any) -> None:
