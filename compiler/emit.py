@@ -9,6 +9,7 @@ stops the render instead of becoming code.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import re
@@ -145,17 +146,12 @@ def construct(obj: Any, names: Mapping[Any, str] | None = None, indent: int = 0,
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         args: list[str] = []
         inner = indent + 4 if isinstance(obj, multiline) else indent
-        for fld in dataclasses.fields(obj):
-            value = getattr(obj, fld.name)
-            if fld.default is not dataclasses.MISSING:
-                default: Any = fld.default
-            elif fld.default_factory is not dataclasses.MISSING:
-                default = fld.default_factory()
-            else:
+        for name, has_default, default in _fields(type(obj)):
+            value = getattr(obj, name)
+            if not has_default:
                 args.append(construct(value, names, inner, multiline))
-                continue
-            if type(value) is not type(default) or value != default:
-                args.append(f"{fld.name}={construct(value, names, inner, multiline)}")
+            elif type(value) is not type(default) or value != default:
+                args.append(f"{name}={construct(value, names, inner, multiline)}")
         return _call(type(obj).__name__, args, indent, isinstance(obj, multiline))
     if isinstance(obj, tuple | list):
         items = [construct(v, names, indent + 4, multiline) for v in obj]
@@ -166,6 +162,20 @@ def construct(obj: Any, names: Mapping[Any, str] | None = None, indent: int = 0,
     if isinstance(obj, Mapping):
         return "{" + ", ".join(f"{pylit(k)}: {construct(v, names, indent, multiline)}" for k, v in obj.items()) + "}"
     return pylit(obj)
+
+
+@functools.cache
+def _fields(cls: type) -> tuple[tuple[str, bool, Any], ...]:
+    """(name, whether it has a default, the default) of each field of a data-model class, once per class."""
+    out: list[tuple[str, bool, Any]] = []
+    for fld in dataclasses.fields(cls):
+        if fld.default is not dataclasses.MISSING:
+            out.append((fld.name, True, fld.default))
+        elif fld.default_factory is not dataclasses.MISSING:
+            out.append((fld.name, True, fld.default_factory()))
+        else:
+            out.append((fld.name, False, None))
+    return tuple(out)
 
 
 def _call(name: str, args: list[str], indent: int, multiline: bool) -> str:
@@ -386,21 +396,28 @@ def page_context(f: FamilyIR, atlas: Atlas, printout: str | None = None) -> dict
 
 
 def render_page(f: FamilyIR, atlas: Atlas, printout: str | None = None,
-                status_data: dict[str, Any] | None = None) -> str:
-    return env().get_template("page.html.j2").render(**page_context(f, atlas, printout),
+                status_data: dict[str, Any] | None = None, context: dict[str, Any] | None = None) -> str:
+    """The family's HTML page; ``context``: its ``page_context`` when the caller has built it (render_pages)."""
+    return env().get_template("page.html.j2").render(**(context or page_context(f, atlas, printout)),
                                                      badge=status.row(f, status_data))
 
 
-def render_page_md(f: FamilyIR, atlas: Atlas, printout: str | None = None) -> str:
-    return env().get_template("page.md.j2").render(**page_context(f, atlas, printout))
+def render_page_md(f: FamilyIR, atlas: Atlas, printout: str | None = None, context: dict[str, Any] | None = None) -> str:
+    return env().get_template("page.md.j2").render(**(context or page_context(f, atlas, printout)))
+
+
+def render_pages(f: FamilyIR, atlas: Atlas, printout: str | None = None,
+                 status_data: dict[str, Any] | None = None) -> tuple[str, str]:
+    """(the HTML page, the Markdown page), from one page model (the templates only read it)."""
+    context = page_context(f, atlas, printout)
+    return render_page(f, atlas, printout, status_data, context), render_page_md(f, atlas, printout, context)
 
 
 def _index_data(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> dict[str, Any]:
     from . import printouts
-    names = sorted({v.name for f in atlas.families for h in f.hosts for v in h.values})
+    names, families_of = _value_families(atlas)
     matrix: dict[str, dict[str, str]] = {}
     conditional: dict[str, set[str]] = {}
-    families_of: dict[str, list[str]] = {}
     entries: list[dict[str, str]] = []
     sizes: list[dict[str, Any]] = []
     for f in atlas.families:
@@ -416,8 +433,6 @@ def _index_data(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> d
                             "where": host_label, "href": f"{f.name}.html#{page_model.host_anchor(h, f)}"})
             for v in h.values:
                 anchor = page_model.value_anchor(h, v, f)
-                if f.name not in families_of.setdefault(v.name, []):
-                    families_of[v.name].append(f.name)
                 entries.append({"text": v.name, "name": v.name, "kind": "value", "family": f.name,
                                 "where": f"{host_label} ({h.cls})", "href": f"{f.name}.html#{anchor}"})
         # the matrix's cell is the value on its first text host (then vision), ⚠︎ when that one needs a
@@ -443,6 +458,17 @@ def _index_data(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> d
             "families_of": families_of, "search_index": entries, "traits": traits, "sizes": sizes}
 
 
+def _value_families(atlas: Atlas) -> tuple[list[str], dict[str, list[str]]]:
+    """(every standard value name, sorted; value name -> the families serving it, in the atlas's order)."""
+    families_of: dict[str, list[str]] = {}
+    for f in atlas.families:
+        for h in f.hosts:
+            for v in h.values:
+                if f.name not in families_of.setdefault(v.name, []):
+                    families_of[v.name].append(f.name)
+    return sorted(families_of), families_of
+
+
 def render_index(atlas: Atlas, printout_texts: dict[str, str] | None = None,
                  status_data: dict[str, Any] | None = None) -> str:
     return env().get_template("index.html.j2").render(**_index_data(atlas, printout_texts),
@@ -454,7 +480,8 @@ def render_status(atlas: Atlas, status_data: dict[str, Any] | None = None) -> st
 
 
 def render_llms(atlas: Atlas) -> str:
-    return env().get_template("llms.txt.j2").render(**_index_data(atlas))
+    names, families_of = _value_families(atlas)  # all it shows of the index
+    return env().get_template("llms.txt.j2").render(atlas=atlas, value_names=names, families_of=families_of)
 
 
 def render_registry(atlas: Atlas) -> str:

@@ -28,13 +28,13 @@ def stale(root: Path, outputs: dict[str, str], owned_dirs: tuple[str, ...]) -> t
 
 
 def check_python(outputs: dict[str, str]) -> None:
-    """Every ``.py`` among ``outputs`` parses, and every adapter (``generated/families/``) has only an
+    """Every ``.py`` among ``outputs`` compiles, and every adapter (``generated/families/``) has only an
     adapter's shape (``compiler/pycheck.py``), else GenerateError: before anything is written or run."""
     for rel, text in sorted(outputs.items()):
         if rel.startswith("generated/families/") and rel.endswith(".py"):
             pycheck.check_adapter(rel, text)
         elif rel.endswith(".py"):
-            pycheck.parse(rel, text)
+            pycheck.compiles(rel, text)
 
 
 def read(path: Path) -> str | None:

@@ -134,34 +134,54 @@ def _merge(base: Merged, top: Merged, found: Problems | None = None, inheriting:
     ``name+: [...]`` appends to an inherited list, ``name=: [...]`` replaces it; over inherited
     identities one of the two is required (a plain ``identities:`` there is an error).
     Positions follow what was set."""
-    out = Merged(_deepcopy(base.data), dict(base.where), dict(base.keys))
+    return _Merge(base, top, found, inheriting).out
 
-    def err(path: DataPath, message: str) -> None:
-        if found is not None:
-            file, pos = top.pos(path, key=True)
-            found.add(file, pos, message)
 
-    def moved(tp: DataPath, p: DataPath, offset: int) -> None:
-        for table, dst in ((top.where, out.where), (top.keys, out.keys)):
-            for q, pos in table.items():
-                if q[: len(tp)] == tp:
-                    rest = q[len(tp):]
-                    if rest and isinstance(rest[0], int):
-                        rest = (rest[0] + offset, *rest[1:])
-                    dst[(*p, *rest)] = pos
+class _Merge:
+    """One ``_merge`` (methods, not nested functions: a recursive closure is a reference cycle, which
+    would keep every merge's position tables alive until the cycle collector runs)."""
 
-    def walk(dst: dict[str, Any], src: dict[str, Any], path: DataPath) -> None:
+    def __init__(self, base: Merged, top: Merged, found: Problems | None, inheriting: bool):
+        self.base, self.top, self.found, self.inheriting = base, top, found, inheriting
+        self.out = Merged(_deepcopy(base.data), dict(base.where), dict(base.keys))
+        # top's positions by each prefix of their paths (built at the first move): a move reads its subtree's alone
+        self.under: list[dict[DataPath, list[tuple[DataPath, tuple[str, tuple[int, int]]]]]] = []
+        self.walk(self.out.data, top.data, ())
+        if () in top.where:
+            self.out.where.setdefault((), top.where[()])
+
+    def err(self, path: DataPath, message: str) -> None:
+        if self.found is not None:
+            file, pos = self.top.pos(path, key=True)
+            self.found.add(file, pos, message)
+
+    def moved(self, tp: DataPath, p: DataPath, offset: int) -> None:
+        if not self.under:
+            for table in (self.top.where, self.top.keys):
+                by_prefix: dict[DataPath, list[tuple[DataPath, tuple[str, tuple[int, int]]]]] = {}
+                for q, pos in table.items():
+                    for k in range(len(q) + 1):
+                        by_prefix.setdefault(q[:k], []).append((q, pos))
+                self.under.append(by_prefix)
+        for by_prefix, dst in zip(self.under, (self.out.where, self.out.keys), strict=True):
+            for q, pos in by_prefix.get(tp, ()):
+                rest = q[len(tp):]
+                if rest and isinstance(rest[0], int):
+                    rest = (rest[0] + offset, *rest[1:])
+                dst[(*p, *rest)] = pos
+
+    def walk(self, dst: dict[str, Any], src: dict[str, Any], path: DataPath) -> None:
         for key, value in src.items():
             name, how = (key[:-1], key[-1]) if len(key) > 1 and key[-1] in "+=" else (key, None)
             p, tp = (*path, name), (*path, key)
-            out.keys[p] = top.pos(tp, key=True)
+            self.out.keys[p] = self.top.pos(tp, key=True)
             if how is not None:
                 if name in src:
-                    err(tp, f"'{key}' and '{name}' in one mapping: give one")
+                    self.err(tp, f"'{key}' and '{name}' in one mapping: give one")
                     continue
                 if not isinstance(value, list):
-                    err(tp, f"'{key}' takes a list ({name}{how} {'appends to' if how == '+' else 'replaces'} "
-                            f"the inherited {name})")
+                    self.err(tp, f"'{key}' takes a list ({name}{how} {'appends to' if how == '+' else 'replaces'} "
+                                 f"the inherited {name})")
                     continue
                 if how == "+" and isinstance(dst.get(name), list):
                     offset = len(dst[name])
@@ -169,30 +189,25 @@ def _merge(base: Merged, top: Merged, found: Problems | None = None, inheriting:
                 else:
                     offset = 0
                     dst[name] = _deepcopy(value)
-                moved(tp, p, offset)
-                out.where[p] = top.where.get(tp, top.pos(tp))
+                self.moved(tp, p, offset)
+                self.out.where[p] = self.top.where.get(tp, self.top.pos(tp))
                 continue
             if value is None and key in dst and _droppable(path):
                 del dst[key]  # `name: null` drops an inherited entry
                 continue
-            if (key in EXPLICIT and inheriting and isinstance(dst.get(key), list) and dst[key]
+            if (key in EXPLICIT and self.inheriting and isinstance(dst.get(key), list) and dst[key]
                     and isinstance(value, list)):
-                file = base.where.get(p, ("a base", (0, 0)))[0]
+                file = self.base.where.get(p, ("a base", (0, 0)))[0]
                 where = ".".join(str(x) for x in path[1:]) or "the family"
                 n = len(dst[key])
-                err(tp, f"{where}: {n} {key if n > 1 else key.removesuffix('ies') + 'y'} {'are' if n > 1 else 'is'} inherited here (from {file}); write '{key}+:' to add "
-                        f"to them or '{key}=:' to replace them")
+                self.err(tp, f"{where}: {n} {key if n > 1 else key.removesuffix('ies') + 'y'} {'are' if n > 1 else 'is'} inherited here (from {file}); write '{key}+:' to add "
+                             f"to them or '{key}=:' to replace them")
             if isinstance(value, dict) and isinstance(dst.get(key), dict):
-                walk(dst[key], value, p)
+                self.walk(dst[key], value, p)
             else:
                 dst[key] = _deepcopy(value)
-                moved(tp, p, 0)
-            out.where[p] = top.where.get(p, top.pos(p))
-
-    walk(out.data, top.data, ())
-    if () in top.where:
-        out.where.setdefault((), top.where[()])
-    return out
+                self.moved(tp, p, 0)
+            self.out.where[p] = self.top.where.get(p, self.top.pos(p))
 
 
 def _deepcopy(v: Any) -> Any:

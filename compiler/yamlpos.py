@@ -98,68 +98,80 @@ def load(text: str, file: str) -> tuple[Located | None, list[Problem]]:
     root = docs[0]
     if not isinstance(root, yaml.MappingNode):
         return None, [Problem(file, *_mark(root), "a spec must be a mapping of keys to values")]
-    located = Located(file, {})
-    seen: set[int] = set()
-    scalars = yaml.constructor.SafeConstructor()
+    builder = _Builder(file, problems)
+    located = builder.located
+    located.data = builder.build(root, ())
+    return (located if not problems else None), problems
 
-    def build(node: yaml.Node, path: Path) -> Any:
-        located.values[path] = _mark(node)
-        if id(node) in seen:  # the composer hands an alias back as the anchored node itself
-            problems.append(Problem(file, *_mark(node), "anchors and aliases are not allowed in specs"))
+
+class _Builder:
+    """A spec's data from its YAML nodes, each path positioned (methods, not nested functions: a
+    recursive closure is a reference cycle, which would keep every parsed node alive until the cycle
+    collector runs)."""
+
+    def __init__(self, file: str, problems: list[Problem]):
+        self.file, self.problems = file, problems
+        self.located = Located(file, {})
+        self.seen: set[int] = set()
+        self.scalars = yaml.constructor.SafeConstructor()
+
+    def build(self, node: yaml.Node, path: Path) -> Any:
+        self.located.values[path] = _mark(node)
+        if id(node) in self.seen:  # the composer hands an alias back as the anchored node itself
+            self.problems.append(Problem(self.file, *_mark(node), "anchors and aliases are not allowed in specs"))
             return None
-        seen.add(id(node))
+        self.seen.add(id(node))
         if isinstance(node, yaml.MappingNode):
             out: dict[str, Any] = {}
             for knode, vnode in node.value:
                 if knode.tag == "tag:yaml.org,2002:merge":
-                    problems.append(Problem(file, *_mark(knode), "merge keys (<<) are not allowed in specs"))
+                    self.problems.append(Problem(self.file, *_mark(knode), "merge keys (<<) are not allowed in specs"))
                     continue
                 if not isinstance(knode, yaml.ScalarNode):
-                    problems.append(Problem(file, *_mark(knode), "mapping keys must be plain strings"))
+                    self.problems.append(Problem(self.file, *_mark(knode), "mapping keys must be plain strings"))
                     continue
                 key = str(knode.value)
                 if len(key) > MAX_STRING:
-                    problems.append(Problem(file, *_mark(knode), f"a key of {len(key)} characters (at most {MAX_STRING})"))
+                    self.problems.append(Problem(self.file, *_mark(knode),
+                                                 f"a key of {len(key)} characters (at most {MAX_STRING})"))
                     continue
                 if key in out:
-                    first = located.keys[(*path, key)]
-                    problems.append(
-                        Problem(file, *_mark(knode), f"duplicate key '{key}' (first at line {first[0]})")
+                    first = self.located.keys[(*path, key)]
+                    self.problems.append(
+                        Problem(self.file, *_mark(knode), f"duplicate key '{key}' (first at line {first[0]})")
                     )
                     continue
-                located.keys[(*path, key)] = _mark(knode)
-                out[key] = build(vnode, (*path, key))
+                self.located.keys[(*path, key)] = _mark(knode)
+                out[key] = self.build(vnode, (*path, key))
             return out
         if isinstance(node, yaml.SequenceNode):
-            return [build(item, (*path, i)) for i, item in enumerate(node.value)]
-        return scalar(node)
+            return [self.build(item, (*path, i)) for i, item in enumerate(node.value)]
+        return self.scalar(node)
 
-    def scalar(node: yaml.Node) -> Any:
+    def scalar(self, node: yaml.Node) -> Any:
         kind = _SCALAR_TAGS.get(node.tag)
         if kind is None:
             what = node.tag.rsplit(":", 1)[-1]
-            problems.append(Problem(file, *_mark(node), f"a {what!r} value: a spec holds strings, numbers, booleans and "
-                                    "null only (quote it to make it a string)"))
+            self.problems.append(Problem(self.file, *_mark(node), f"a {what!r} value: a spec holds strings, numbers, "
+                                         "booleans and null only (quote it to make it a string)"))
             return None
         raw = str(node.value)
         if kind == "int" and len(raw) > 24:  # int() of thousands of digits is slow, then refused
-            problems.append(Problem(file, *_mark(node), f"integer too large (at most {MAX_INT} in magnitude)"))
+            self.problems.append(Problem(self.file, *_mark(node), f"integer too large (at most {MAX_INT} in magnitude)"))
             return None
         try:
-            value = scalars.construct_object(node)
+            value = self.scalars.construct_object(node)
         except (yaml.YAMLError, ValueError, OverflowError) as e:
-            problems.append(Problem(file, *_mark(node), f"invalid scalar: {str(e).splitlines()[0]}"))
+            self.problems.append(Problem(self.file, *_mark(node), f"invalid scalar: {str(e).splitlines()[0]}"))
             return None
         if isinstance(value, str) and len(value) > MAX_STRING:
-            problems.append(Problem(file, *_mark(node), f"a string of {len(value)} characters (at most {MAX_STRING})"))
+            self.problems.append(Problem(self.file, *_mark(node),
+                                         f"a string of {len(value)} characters (at most {MAX_STRING})"))
             return None
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
-            problems.append(Problem(file, *_mark(node), f"integer too large (at most {MAX_INT} in magnitude)"))
+            self.problems.append(Problem(self.file, *_mark(node), f"integer too large (at most {MAX_INT} in magnitude)"))
             return None
         if isinstance(value, float) and not math.isfinite(value):
-            problems.append(Problem(file, *_mark(node), f"{raw!r} is not a finite number"))
+            self.problems.append(Problem(self.file, *_mark(node), f"{raw!r} is not a finite number"))
             return None
         return value
-
-    located.data = build(root, ())
-    return (located if not problems else None), problems

@@ -48,3 +48,18 @@ def test_views_parse_to_ops() -> None:
         ("unflatten", (-1, ("num_heads", "head_dim"))), ("transpose", (1, 2))]
     with pytest.raises(expr.ExprError, match="unknown view 'reshape'"):
         expr.parse_view("reshape(-1)")
+
+
+def test_compiled_texts_are_kept_but_errors_and_types_are_not_conflated() -> None:
+    """The compilers keep each text's result (specs repeat their texts in every family extending them):
+    the same answer again, an error raised again, and 1, 1.0 and True kept apart."""
+    assert expr.compile_config(1) is expr.compile_config(1)
+    assert expr.compile_config(1.0).source == "1.0" and expr.compile_config(1).source == "1"
+    with pytest.raises(expr.ExprError, match="not a boolean"):
+        expr.compile_config(True)
+    for _ in range(2):
+        with pytest.raises(expr.ExprError, match="an identity is one comparison"):
+            expr.compile_identity("layer_input + mlp_output")
+    view = expr.parse_view("unflatten(-1, [num_heads, head_dim])")
+    view.append(("flatten", ()))  # a caller's list is its own: the kept result is not changed
+    assert expr.parse_view("unflatten(-1, [num_heads, head_dim])") == [("unflatten", (-1, ("num_heads", "head_dim")))]

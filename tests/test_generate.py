@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
-from nnatlas.compiler import compile_atlas, generate, reference, render
+from nnatlas.compiler import SpecError, compile_atlas, generate, reference, render
 
 ROOT = Path(__file__).resolve().parent.parent
 NASTY = "It's \"quoted\" '''triple''' \"\"\"triple\"\"\" back\\slash \\n\nnew line </script><script>alert(1)</script> {{ x }} {% if %} \x00?"
@@ -30,6 +32,24 @@ def test_rendering_is_deterministic() -> None:
 def test_committed_generated_files_are_current() -> None:
     result = generate(ROOT, check=True)
     assert not result.changed and not result.removed, result.diff[:2000]
+
+
+def test_generate_leaves_the_cycle_collector_as_it_found_it(spec_root: Path) -> None:
+    """generate pauses Python's cycle collector while it runs (a speed-up) and restores it, errors included."""
+    assert gc.isenabled()
+    generate(spec_root, check=True)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        generate(spec_root, check=True)
+        assert not gc.isenabled()  # a caller's choice is kept, not overridden
+    finally:
+        gc.enable()
+    spec = spec_root / "specs" / "gpt2.yaml"
+    spec.write_text(spec.read_text().replace("title: GPT-2", "title: [not, a, title]"))
+    with pytest.raises(SpecError):
+        generate(spec_root, check=True)
+    assert gc.isenabled()
 
 
 def test_writes_only_what_changed(spec_root: Path) -> None:
