@@ -20,6 +20,7 @@ import torch
 
 from . import conditions, interrupts, op_scopes, sites
 from .errors import InputError, NnatlasError, NotReached, OutOfOrderError
+from .function_sites import FunctionInstaller
 from .installers import installer_of
 from .protocols import WrappedModel
 from .requests import (
@@ -317,7 +318,7 @@ class Tracer:
                 if routes:
                     tokens.append(sites._ROUTES.set(routes))
             if functions or self.model._kernel_route():
-                fn_routes = installer.install_functions(self.model, installed, restore)
+                fn_routes = FunctionInstaller(self.serve, by_site).install(self.model, installed, restore)
                 if fn_routes:
                     tokens.append(sites._FN_ROUTES.set(fn_routes))
                     tokens.append(sites._FN_HOST.set(None))
