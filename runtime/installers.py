@@ -74,9 +74,11 @@ class Plan:
     call dims. It holds the modules it wraps, so the ids in its key stay theirs. It is valid while
     what it was built on is unchanged: each instance's own attribute, the class's method it wraps,
     the children of a module whose ops it counts, the attention implementation where it chose a
-    recomputation, ``op_scopes.FORCE_OP_MODE``."""
+    recomputation, ``op_scopes.FORCE_OP_MODE``. A module replaced in the model stays held by the plans
+    that wrap it until the next plan is built (``SiteInstaller._sweep``) or 16 newer ones push them out."""
 
-    __slots__ = ("shadows", "routes", "route_configs", "op_names", "dims_modules", "children", "impls", "force")
+    __slots__ = ("shadows", "routes", "route_configs", "op_names", "dims_modules", "children", "impls", "force",
+                 "modules")
 
     def __init__(self) -> None:
         self.shadows: dict[tuple[int, str], _Shadow] = {}
@@ -87,6 +89,7 @@ class Plan:
         self.children: list[tuple[torch.nn.Module, tuple[torch.nn.Module | None, ...]]] = []
         self.impls: list[tuple[Any, str | None]] = []
         self.force = op_scopes.FORCE_OP_MODE
+        self.modules: set[int] = set()  # the ids of every module it holds (filled when built)
 
     def valid(self) -> bool:
         if self.force is not op_scopes.FORCE_OP_MODE:
@@ -131,11 +134,11 @@ class SiteInstaller:
         self.plans: dict[Any, Plan] = {}
         self._building: Plan | None = None
 
-    def install(self, by_site: dict[SiteKey, list[Request]], serve: Callable[[SiteKey, Any], Any],
+    def install(self, root: torch.nn.Module, by_site: dict[SiteKey, list[Request]], serve: Callable[[SiteKey, Any], Any],
                 call_dims: dict[int, tuple[int, int]], dims: tuple[int, ...], installed: list[Any],
                 restore: list[Callable[[], None]]) -> tuple[Any, dict[tuple[str, int], Callable[..., Any]]]:
-        """Every site but the module-level functions': (the plan's key, the interface routes for
-        ``sites._ROUTES``). ``dims``: the ids of the modules whose calls give views their dims."""
+        """Every site but the module-level functions' on the model ``root``: (the plan's key, the interface
+        routes for ``sites._ROUTES``). ``dims``: the ids of the modules whose calls give views their dims."""
         live = self.live
         live.serve, live.mine, live.by_site = serve, call_dims, by_site
         restore.append(live.clear)
@@ -145,6 +148,7 @@ class SiteInstaller:
             del self.plans[key]
             plan = None
         if plan is None:
+            self._sweep(root)
             plan = self._build(installed, restore)
             if len(self.plans) >= PLANS_KEPT:
                 del self.plans[next(iter(self.plans))]
@@ -159,6 +163,15 @@ class SiteInstaller:
         self._acquire_routes(plan, restore)
         return key, plan.routes
 
+    def _sweep(self, root: torch.nn.Module) -> None:
+        """Drop the plans that hold a module no longer in the model (one replaced between traces): a
+        plan holds the modules it wraps, and would keep a replaced module, weights and all, alive.
+        Run before each build (a layout not seen before), not on reuse."""
+        if self.plans:
+            present = {id(m) for m in root.modules()}
+            for key in [k for k, p in self.plans.items() if not p.modules <= present]:
+                del self.plans[key]
+
     def forget(self, key: Any) -> None:
         """Build afresh next time (a forward that raised may have left a wrapper's state half way)."""
         self.plans.pop(key, None)
@@ -172,6 +185,8 @@ class SiteInstaller:
             self._building = None
         for sh in plan.shadows.values():
             sh.final = sh.d[sh.name]
+        plan.modules = {mid for mid, _ in plan.shadows} | {id(m) for _, _, m in plan.route_configs} | {
+            id(m) for m in plan.dims_modules} | {id(c) for _, children in plan.children for c in children if c is not None}
         return plan
 
     def _put_on(self, mod: torch.nn.Module, name: str, fn: Callable[..., Any]) -> None:

@@ -314,7 +314,8 @@ class Tracer:
         plan_key = None
         try:
             if ordered:  # (an empty trace installs nothing)
-                plan_key, routes = installer.install(by_site, self.serve, self.call_dims, dims, installed, restore)
+                plan_key, routes = installer.install(self.model._module, by_site, self.serve, self.call_dims, dims,
+                                                     installed, restore)
                 if routes:
                     tokens.append(sites._ROUTES.set(routes))
             if functions or self.model._kernel_route():

@@ -231,3 +231,35 @@ def test_falcon_pattern_read_under_eager_then_under_sdpa() -> None:
         config._attn_implementation = "eager"
     torch.testing.assert_close(pattern(), eager, rtol=0, atol=0)
     _nothing_left(model)
+
+
+def test_a_module_replaced_between_traces_is_dropped_by_the_next_build(llama: Any) -> None:
+    """A plan holds the modules it wraps; once one is replaced in the model, the next trace that builds a
+    plan drops the plans holding a module no longer in the model, so that no plan keeps the old module
+    (its weights) alive. Here the swap in drops the plan of the original, and the swap back (a layout
+    built again) the plan of the copy."""
+    model, inputs = llama
+    installer = installer_of(model)
+    layer = model.native.model.layers[0]
+    original = layer.mlp
+    copy = type(original)(original.config)
+    copy.load_state_dict(original.state_dict())
+    with model.trace(inputs):
+        before = model.layers[0].mlp.mlp_output.save()
+    layer.mlp = copy
+    try:
+        with model.trace(inputs):
+            after = model.layers[0].mlp.mlp_output.save()
+    finally:
+        layer.mlp = original
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+
+    def holding(module: torch.nn.Module) -> int:
+        return sum(id(module) in p.modules for p in installer.plans.values())
+
+    assert holding(copy) == 1 and holding(original) == 0
+    with model.trace(inputs):
+        again = model.layers[0].mlp.mlp_output.save()
+    torch.testing.assert_close(again, before, rtol=0, atol=0)
+    assert holding(copy) == 0 and holding(original) == 1
+    _nothing_left(model)
