@@ -21,7 +21,9 @@ class ModelTargets(ModelTree):
 
     def __init__(self, hf_model: torch.nn.Module, family: Family, tokenizer: Any = None, processor: Any = None):
         super().__init__(hf_model, family, tokenizer, processor)
-        object.__setattr__(self, "_targets_cache", {})  # (module, read, extra, label) -> (Target, native path)
+        # (read, extra, label) -> (the host's module, Target, native path): one entry per value, replaced
+        # when the host's module is (so that a module swapped out is not kept alive, nor the cache grown)
+        object.__setattr__(self, "_targets_cache", {})
 
     def _active_tracer(self, label: str) -> Tracer:
         tracer = self._tracer
@@ -94,12 +96,13 @@ class ModelTargets(ModelTree):
             target, path = cached
             if path is None or resolve_native(value._host._module, path) is target.module:
                 return target  # type: ignore[no-any-return]
-        key = (id(value._host._module), id(value._read), value._extra, value.label)
-        cached = self._targets_cache.get(key)
-        if cached is not None:
-            target, path = cached
-            if path is None or resolve_native(value._host._module, path) is target.module:
-                value.__dict__["_cached_target"] = cached
+        host_module = value._host._module
+        key = (id(value._read), value._extra, value.label)
+        entry = self._targets_cache.get(key)
+        if entry is not None:
+            held, target, path = entry
+            if held is host_module and (path is None or resolve_native(host_module, path) is target.module):
+                value.__dict__["_cached_target"] = (target, path)
                 return target
         target = self._resolve_target(value)
         if spec is not None and spec.layout.dtype != "object":
@@ -108,7 +111,7 @@ class ModelTargets(ModelTree):
         if target.module is not value._host._module:
             path = next((n for n, m in value._host._module.named_modules() if m is target.module), None)
         if target.module is value._host._module or path is not None:
-            self._targets_cache[key] = (target, path)
+            self._targets_cache[key] = (host_module, target, path)
         return target
 
     def _resolve_target(self, value: Value) -> Target:

@@ -263,3 +263,32 @@ def test_a_module_replaced_between_traces_is_dropped_by_the_next_build(llama: An
     torch.testing.assert_close(again, before, rtol=0, atol=0)
     assert holding(copy) == 0 and holding(original) == 1
     _nothing_left(model)
+
+
+def test_modules_swapped_in_and_out_in_a_loop_are_freed(llama: Any) -> None:
+    """An ablation loop that puts a new module in, traces, and puts the original back: nothing of
+    nnatlas' keeps the modules it swapped in (neither the plans nor the cache of resolved targets, which
+    holds one entry per value, not per module)."""
+    model, inputs = llama
+    layer = model.native.model.layers[0]
+    original = layer.mlp
+    with model.trace(inputs):
+        model.layers[0].mlp.mlp_output.save()
+    entries = len(model._targets_cache)
+    refs = []
+    for _ in range(3):
+        copy = type(original)(original.config)
+        refs.append(weakref.ref(copy))
+        layer.mlp = copy
+        try:
+            with model.trace(inputs):
+                model.layers[0].mlp.mlp_output.save()
+        finally:
+            layer.mlp = original
+        del copy
+        with model.trace(inputs):
+            model.layers[0].mlp.mlp_output.save()
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]
+    assert len(model._targets_cache) == entries
+    _nothing_left(model)
