@@ -135,10 +135,10 @@ class SiteInstaller:
         self._building: Plan | None = None
 
     def install(self, root: torch.nn.Module, by_site: dict[SiteKey, list[Request]], serve: Callable[[SiteKey, Any], Any],
-                call_dims: dict[int, tuple[int, int]], dims: tuple[int, ...], installed: list[Any],
+                call_dims: dict[int, tuple[int, int]], dims: tuple[torch.nn.Module, ...], installed: list[Any],
                 restore: list[Callable[[], None]]) -> tuple[Any, dict[tuple[str, int], Callable[..., Any]]]:
         """Every site but the module-level functions' on the model ``root``: (the plan's key, the interface
-        routes for ``sites._ROUTES``). ``dims``: the ids of the modules whose calls give views their dims."""
+        routes for ``sites._ROUTES``). ``dims``: the modules whose calls give views their dims."""
         live = self.live
         live.serve, live.mine, live.by_site = serve, call_dims, by_site
         restore.append(live.clear)
@@ -149,17 +149,17 @@ class SiteInstaller:
             plan = None
         if plan is None:
             self._sweep(root)
-            plan = self._build(installed, restore)
+            plan = self._build(dims, installed, restore)  # (its wrappers written, its op names swapped)
             if len(self.plans) >= PLANS_KEPT:
                 del self.plans[next(iter(self.plans))]
             self.plans[key] = plan
-            return key, plan.routes
-        restore.append(plan.take_off)
-        plan.put_on()
+        else:
+            restore.append(plan.take_off)
+            plan.put_on()
+            if plan.op_names:
+                self._op_swaps(installed).split(plan.op_names)
         for dm in plan.dims_modules:
             installed.append(dm.register_forward_pre_hook(self._dims_hook, with_kwargs=True, prepend=True))
-        if plan.op_names:
-            self._op_swaps(installed).split(plan.op_names)
         self._acquire_routes(plan, restore)
         return key, plan.routes
 
@@ -176,11 +176,12 @@ class SiteInstaller:
         """Build afresh next time (a forward that raised may have left a wrapper's state half way)."""
         self.plans.pop(key, None)
 
-    def _build(self, installed: list[Any], restore: list[Callable[[], None]]) -> Plan:
+    def _build(self, dims: tuple[torch.nn.Module, ...], installed: list[Any], restore: list[Callable[[], None]]) -> Plan:
         plan = self._building = Plan()
+        plan.dims_modules = list(dims)
         restore.append(plan.take_off)  # (first: what a build wrote is taken away even if it raises)
         try:
-            self._install(plan, installed, restore)
+            self._install(plan, installed)
         finally:
             self._building = None
         for sh in plan.shadows.values():
@@ -211,14 +212,13 @@ class SiteInstaller:
             sites.acquire(interface, impl)
             restore.append(functools.partial(sites.release, interface, impl))
 
-    def _install(self, plan: Plan, installed: list[Any], restore: list[Callable[[], None]]) -> None:
+    def _install(self, plan: Plan, installed: list[Any]) -> None:
         modules: dict[int, torch.nn.Module] = {}
         bounds: dict[int, list[SiteKey | None]] = {}  # module -> [its pre site, its post site] (those read)
         fwd_ops: dict[int, set[str]] = {}
         interfaces: dict[int, set[str]] = {}
         call_ops: dict[tuple[int, str], set[str]] = {}  # (module, interface) -> the ops read inside its calls
         methods: dict[int, set[str]] = {}
-        dims_modules: dict[int, torch.nn.Module] = {}
         for key, reqs in self.live.by_site.items():  # one pass: sites by module
             target = reqs[0].target
             assert target is not None
@@ -239,13 +239,6 @@ class SiteInstaller:
                     call_ops.setdefault((key.module, key.name), set()).add(key.op)  # type: ignore[arg-type]
             elif kind in ("method_in", "method_out"):
                 methods.setdefault(mid, set()).add(key.name)  # type: ignore[arg-type]
-            for r in reqs:
-                dims = r.target.dims_module  # type: ignore[union-attr]  # (every request in by_site has a target)
-                if dims is not None:
-                    dims_modules[id(dims)] = dims
-        for dm in dims_modules.values():
-            plan.dims_modules.append(dm)
-            installed.append(dm.register_forward_pre_hook(self._dims_hook, with_kwargs=True, prepend=True))
         routes = plan.routes
         # forward wrappers nest in the order they are put on: a scope of ops innermost (so that a
         # module's own boundary sites are served outside it), then the boundary sites, then the
@@ -273,7 +266,6 @@ class SiteInstaller:
                 cfg = getattr(modules[mid], "config", None)
                 configs.setdefault((interface, id(cfg)), (interface, cfg, modules[mid]))
             plan.route_configs = list(configs.values())
-            self._acquire_routes(plan, restore)
         for h in installed:
             if isinstance(h, op_scopes.OpSwaps):
                 plan.op_names = set(h.names)
@@ -292,7 +284,7 @@ class SiteInstaller:
             call_dims[id(mod)] = (int(x.shape[0]), int(x.shape[1]))
 
     def _install_method(self, mod: torch.nn.Module, name: str) -> None:
-        """Route one module's own method through the tracer (an instance attribute, see ``_shadow``)."""
+        """Route one module's own method through the tracer (an instance attribute, see ``_put_on``)."""
         mid = id(mod)
         original = getattr(mod, name)
         key_in, key_out = SiteKey("method_in", mid, name), SiteKey("method_out", mid, name)
@@ -306,6 +298,7 @@ class SiteInstaller:
             return live.serve(key_out, out)
 
         self._put_on(mod, name, method)
+
     def _wrap_forward(self, mod: torch.nn.Module, pre_key: SiteKey | None, post_key: SiteKey | None) -> None:
         """Serve a module's boundary sites from its own ``forward``: an instance attribute wraps the
         forward ``Module.__call__`` would run (the class's, or one accelerate put on the instance)

@@ -284,7 +284,7 @@ class Tracer:
         ordered = self._ordered = sorted(self.requests, key=_seq)
         by_site = self.by_site
         conditional = functions = derived = False
-        dims: tuple[int, ...] = ()
+        dims: tuple[torch.nn.Module, ...] = ()  # the modules whose calls give views their dims
         for r in ordered:
             t = r.target
             if t is None:
@@ -294,8 +294,8 @@ class Tracer:
                     conditional = True
                 if t.fn_site:
                     functions = True
-                if t.dims_module is not None and id(t.dims_module) not in dims:
-                    dims = (*dims, id(t.dims_module))
+                if t.dims_module is not None and t.dims_module not in dims:
+                    dims = (*dims, t.dims_module)
                 reqs = by_site.get(t.site)
                 if reqs is None:
                     by_site[t.site] = [r]
