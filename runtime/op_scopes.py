@@ -179,6 +179,23 @@ def _op_dispatcher(name: str, original: Callable[..., Any]) -> Callable[..., Any
     return dispatch
 
 
+def _reaches(frame: Any, entry: Any) -> bool:
+    """Whether a call from ``frame`` is a call of the scope entered at ``entry``: walking up, ``entry``
+    comes before any frame of a torch function that dispatches __torch_function__ (or the stack ends
+    with neither: a scope whose entry frame is not on this stack takes the call)."""
+    while frame is not None:
+        if frame is entry:
+            return True
+        code = frame.f_code
+        nests = _NESTS.get(code)
+        if nests is None:
+            nests = _NESTS[code] = "handle_torch_function" in code.co_names
+        if nests:
+            return False
+        frame = frame.f_back
+    return True
+
+
 def _dispatch_scoped(name: str, original: Callable[..., Any], scopes: tuple[OpScope, ...],
                      args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if len(scopes) == 1:  # (the common case: one scope open, walked without the lists below)
@@ -200,25 +217,8 @@ def _dispatch_scoped(name: str, original: Callable[..., Any], scopes: tuple[OpSc
     # the scopes this call belongs to: those whose entry frame is reached walking up from the caller
     # before any frame of a torch function that dispatches __torch_function__ (a mode would not see
     # a call nested in one)
-    counting: list[OpScope] = []
-    frame: Any = sys._getframe(2)
-    remaining = len(live)
-    while frame is not None:
-        for s in live:
-            if s.entry is frame:
-                counting.append(s)
-                remaining -= 1
-        if not remaining:
-            break
-        code = frame.f_code
-        nests = _NESTS.get(code)
-        if nests is None:
-            nests = _NESTS[code] = "handle_torch_function" in code.co_names
-        if nests:
-            break
-        frame = frame.f_back
-    else:  # an entry frame not on this stack, and no nesting torch function either: the scope's call
-        counting.extend(s for s in live if s not in counting)
+    caller = sys._getframe(2)
+    counting = [s for s in live if _reaches(caller, s.entry)]
     if not counting:
         return original(*args, **kwargs)
     # in the order stacked modes serve a call: the newest scope's input first and its output last;
@@ -243,23 +243,6 @@ def _dispatch_scoped(name: str, original: Callable[..., Any], scopes: tuple[OpSc
 
 
 _SWAPS: dict[str, tuple[tuple[Hashable, Callable[[], Callable[[], None]], str], ...]] = {}  # name -> its swaps
-
-
-def _reaches(frame: Any, entry: Any) -> bool:
-    """Whether a call from ``frame`` is a call of the scope entered at ``entry``: walking up, ``entry``
-    comes before any frame of a torch function that dispatches __torch_function__ (or the stack ends
-    without either: an entry not on this stack, as the general walk in ``_dispatch_scoped`` takes it)."""
-    while frame is not None:
-        if frame is entry:
-            return True
-        code = frame.f_code
-        nests = _NESTS.get(code)
-        if nests is None:
-            nests = _NESTS[code] = "handle_torch_function" in code.co_names
-        if nests:
-            return False
-        frame = frame.f_back
-    return True
 
 
 def acquire_op(name: str) -> bool:

@@ -6,7 +6,7 @@
 - interface call: transformers' attention and experts interfaces, routed per module through a ContextVar;
 - operation: the torch callables of the op's name swapped for a dispatcher (``nnatlas.op_scopes``,
   which shares this module's refcounted patcher);
-- module-level function: a global of the modeling module swapped for a dispatcher;
+- module-level function: a global of the modeling module swapped for a dispatcher.
 
 Each site receives the native payload, lets the tracer serve its requests (which may edit
 it), and hands the possibly replaced payload back to the model.
@@ -60,12 +60,7 @@ class SharedPatches:
 
     def acquire(self, key: Hashable, install: Callable[[], Callable[[], None]], label: str = "") -> None:
         """Count one more user of the place ``key``; the first runs ``install()`` (which returns the undo)."""
-        with self._lock:
-            held = self._held.get(key)
-            if held is None:
-                self._held[key] = _Held(1, install(), label)
-            else:
-                held.users += 1
+        self.acquire_all(((key, install, label),))
 
     def acquire_all(self, entries: tuple[tuple[Hashable, Callable[[], Callable[[], None]], str], ...]) -> None:
         """``acquire`` of each (key, install, label), under one hold of the lock; all or none (an
