@@ -17,7 +17,7 @@ from .trace import Tracer
 
 
 class ModelTargets(ModelTree):
-    """The model's value handles resolved to their sites (cached per module and value)."""
+    """The model's value handles resolved to their sites (cached per value, for the module it was resolved on)."""
 
     def __init__(self, hf_model: torch.nn.Module, family: Family, tokenizer: Any = None, processor: Any = None):
         super().__init__(hf_model, family, tokenizer, processor)
@@ -89,14 +89,14 @@ class ModelTargets(ModelTree):
             why = self._why_unavailable(value, edit)
             if why is not None:
                 raise why
-        # resolved once per (module, value): a cached target is used while its module is still the
+        # resolved once per value and host module: a cached target is used while its module is still the
         # one the host's path leads to (a replaced submodule resolves afresh); a handle keeps its own
+        host_module = value._host._module
         cached = value.__dict__.get("_cached_target")
         if cached is not None:
             target, path = cached
-            if path is None or resolve_native(value._host._module, path) is target.module:
+            if path is None or resolve_native(host_module, path) is target.module:
                 return target  # type: ignore[no-any-return]
-        host_module = value._host._module
         key = (id(value._read), value._extra, value.label)
         entry = self._targets_cache.get(key)
         if entry is not None:
@@ -108,9 +108,9 @@ class ModelTargets(ModelTree):
         if spec is not None and spec.layout.dtype != "object":
             target.layout = spec.layout.text  # (a tensor layout: the messages of bad edits name it)
         path = None
-        if target.module is not value._host._module:
-            path = next((n for n, m in value._host._module.named_modules() if m is target.module), None)
-        if target.module is value._host._module or path is not None:
+        if target.module is not host_module:
+            path = next((n for n, m in host_module.named_modules() if m is target.module), None)
+        if target.module is host_module or path is not None:
             self._targets_cache[key] = (host_module, target, path)
         return target
 
