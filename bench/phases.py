@@ -57,6 +57,28 @@ def split(fn: Callable[[], object], plain: Callable[[], object], runs: int) -> d
     return best
 
 
+def _loop(n: int = 12) -> list[None]:
+    return [None for _ in range(n)]
+
+
+def cold_python(plain: Callable[[], object], runs: int) -> tuple[float, float]:
+    """Seconds a 12-step Python loop takes (least over ``runs``): warm (run just before), and right
+    after the plain forward. The gap is what this machine charges for Python that the forward pushed
+    out of its caches: every phase of a traced call runs after a forward, or between its kernels."""
+    clock = time.perf_counter
+    warm = cold = float("inf")
+    for _ in range(runs):
+        _loop()
+        start = clock()
+        _loop()
+        warm = min(warm, clock() - start)
+        plain()
+        start = clock()
+        _loop()
+        cold = min(cold, clock() - start)
+    return warm, cold
+
+
 RUNTIME = str(Path(nnatlas.__file__).parent)
 
 

@@ -24,6 +24,7 @@ TARGETS: dict[tuple[str, str], float] = {
     ("tiny", "c"): 1.25, ("deep", "c"): 1.25,
 }
 VS_NNSIGHT = 0.8
+FLOORS = {"hooks": "torch forward hooks", "wrappers": "bare forward wrappers"}  # (Workload.floors)
 
 
 def target(scope: str, family: str, case: str) -> float | None:
@@ -40,6 +41,8 @@ class Table:
         self.costs: dict[tuple[str, str], tuple[float, int]] = {}  # (model, case) -> (ours - plain in s, values)
         self.phases: dict[tuple[str, str], dict[str, float]] = {}  # (model, case) -> seconds per phase (phases.split)
         self.calls: dict[tuple[str, str], tuple[int, int]] = {}  # (model, case) -> nnatlas calls (phases.runtime_calls)
+        self.floors: dict[tuple[str, str], dict[str, float]] = {}  # (model, case) -> bare mechanism -> its /plain
+        self.cold: dict[str, tuple[float, float]] = {}  # model -> a 12-step loop warm, after a forward (phases.cold_python)
 
     def add(self, model: str, scope: str, family: str, case: str, timings: Timings, note: str = "",
             values: int = 0) -> None:
@@ -49,6 +52,9 @@ class Table:
         theirs = t.get("theirs")
         vs = paired.get("ours_same", paired["ours"]) / paired["theirs"] if theirs else None
         self.costs[(model, case)] = (t["ours"] - t["plain"], values)
+        floors = {name: paired[name] for name in FLOORS if name in paired}
+        if floors:
+            self.floors[(model, case)] = floors
         verdicts = []
         if goal is not None:
             ok = ratio <= goal
@@ -83,6 +89,14 @@ class Table:
             in_forward, total = calls
             per_value = f" ({in_forward / values:.1f} per value)" if values else ""
             words += f"; nnatlas functions run: {in_forward} in the forward{per_value}, {total} in all"
+        floors = self.floors.get((model, case))
+        if floors:  # what the mechanism alone costs: the rest is nnatlas' own Python
+            words += "; the same saves with no library, same rounds: " + ", ".join(
+                f"{FLOORS[name]} {ratio:.3f}" for name, ratio in floors.items())
+        cold = self.cold.get(model)
+        if cold is not None:
+            words += (f"; Python runs cold after a forward here (a 12-step loop: {cold[0] * 1e6:.2f} µs warm, "
+                      f"{cold[1] * 1e6:.2f} µs right after the plain forward)")
         return words
 
     def print(self) -> None:
@@ -109,7 +123,7 @@ def bench_model(table: Table, name: str, scope: str, family: str, model: Any, ea
         theirs, notes = theirs_workloads(model, eager, inputs)
     for case in cases:
         w = ours[case]
-        fns = {"plain": w.plain, "ours": w.ours}
+        fns = {"plain": w.plain, "ours": w.ours, **w.floors}
         if case in theirs:
             fns["theirs"] = theirs[case]
             if f"{case}:ours" in theirs:  # nnsight reads a subset: ours on the same subset, for ours/nnsight
@@ -118,6 +132,8 @@ def bench_model(table: Table, name: str, scope: str, family: str, model: Any, ea
         if case in "abc":  # (for the why of a miss)
             table.phases[(name, case)] = phases.split(w.ours, w.plain, max(5, runs // 4))
             table.calls[(name, case)] = phases.runtime_calls(w.ours)
+        if case == "b":
+            table.cold[name] = phases.cold_python(w.plain, max(5, runs // 4))
         table.add(name, scope, family, case, t, notes.get(case, ""), w.values)
 
 

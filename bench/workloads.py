@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,6 +37,8 @@ class Workload:
     theirs: Callable[[], Any] | None = None
     note: str = ""
     values: int = 0  # the values it reads or edits per call (make bench splits a miss's cost over them)
+    # the same reads with a bare mechanism and nothing else (no library): what the mechanism alone costs
+    floors: dict[str, Callable[[], Any]] = field(default_factory=dict)
 
 
 def layer_names(model: AtlasModel) -> list[str]:
@@ -110,11 +112,60 @@ def ours_workloads(model: AtlasModel, eager: AtlasModel, inputs: dict[str, torch
 
     return {
         "a": Workload("a", plain, empty),
-        "b": Workload("b", plain, save_layers, values=len(names)),
+        "b": Workload("b", plain, save_layers, values=len(names), floors=floors(model, inputs)),
         "c": Workload("c", plain_eager, save_all, values=len(pairs)),
         "d": Workload("d", plain, edit_layers, values=len(names)),
         "e": Workload("e", plain_generate, generate, values=GEN_TOKENS),
     }
+
+
+# ---- floors: the bare mechanisms ------------------------------------------------------------------
+
+def floors(model: AtlasModel, inputs: dict[str, torch.Tensor]) -> dict[str, Callable[[], Any]]:
+    """(b) with no library, for the why of a miss: the modules whose outputs (b) saves (found from
+    one traced call), read by torch forward hooks, and by bare wrappers of the instances' ``forward``
+    (nnatlas' mechanism for a module's output, without its recording, checks and serving). Empty
+    when a save reads anything but a module's output."""
+    with model.trace(inputs) as tracer:
+        for v in layer_values(model):
+            v.save()
+    if any(r.target is None or r.target.site.kind != "post" for r in tracer.requests):
+        return {}
+    modules = [r.target.module for r in tracer.requests if r.target is not None]
+    hf = model.native
+
+    def hooks() -> list[Any]:
+        saved: list[Any] = []
+        handles = [m.register_forward_hook(lambda _m, _a, out: saved.append(out)) for m in modules]
+        try:
+            with torch.no_grad():
+                hf(**inputs)
+        finally:
+            for h in handles:
+                h.remove()
+        return saved
+
+    def wrappers() -> list[Any]:
+        saved: list[Any] = []
+        before = [m.__dict__.get("forward") for m in modules]  # (an instance's own forward, accelerate's)
+        for m in modules:
+            def forward(*args: Any, _original: Callable[..., Any] = m.forward, **kwargs: Any) -> Any:
+                out = _original(*args, **kwargs)
+                saved.append(out)
+                return out
+            m.__dict__["forward"] = forward
+        try:
+            with torch.no_grad():
+                hf(**inputs)
+        finally:
+            for m, previous in zip(modules, before, strict=True):
+                if previous is None:
+                    del m.__dict__["forward"]
+                else:
+                    m.__dict__["forward"] = previous
+        return saved
+
+    return {"hooks": hooks, "wrappers": wrappers}
 
 
 # ---- nnsight -----------------------------------------------------------------------------------

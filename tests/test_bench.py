@@ -109,3 +109,38 @@ def test_a_missed_row_says_which_phase_its_time_goes_to() -> None:
     assert table.misses == ["m (b) ours/plain 1.200 ≤ 1.05: 200 µs over a 1.00 ms forward; per trace 0 µs "
                             "(row a), then 20.0 µs for each of 10 values; at best, recording 30 µs (3.0 µs per value), "
                             "installing 10 µs, the forward +50 µs over plain, closing 5 µs"]
+
+
+def test_the_floors_read_what_ours_saves_and_leave_nothing() -> None:
+    """(b)'s bare mechanisms (torch forward hooks, bare forward wrappers) capture the very tensors
+    our trace saves, and take themselves off again: a floor compares like with like."""
+    from bench.workloads import ours_workloads
+
+    model, eager, inputs = models.tiny("llama")
+    b = ours_workloads(model, eager, inputs)["b"]
+    assert set(b.floors) == set(run.FLOORS)
+    ours = b.ours()
+    modules = [layer._module for layer in model.layers]
+    for name, floor in b.floors.items():
+        got = floor()
+        assert len(got) == len(ours) == len(modules), name
+        for saved, out in zip(ours, got, strict=True):
+            assert torch.equal(saved, out), name
+        assert all("forward" not in m.__dict__ and not m._forward_hooks for m in modules), name
+
+
+def test_a_missed_row_says_what_the_bare_mechanisms_cost() -> None:
+    """The why of a (b) miss names the same saves' ratio with no library (same rounds) and how cold
+    Python runs right after a forward on this machine."""
+    from bench import phases
+    from bench.timing import Timings
+
+    table = run.Table()
+    table.cold["m"] = (0.3e-6, 1.7e-6)
+    table.add("m", "deep", "llama", "b", Timings({"plain": 1e-3, "ours": 1.2e-3},
+                                                  {"ours": 1.2, "hooks": 1.04, "wrappers": 1.01}), values=10)
+    assert table.misses[0].endswith("; the same saves with no library, same rounds: torch forward hooks 1.040, "
+                                    "bare forward wrappers 1.010; Python runs cold after a forward here (a 12-step "
+                                    "loop: 0.30 µs warm, 1.70 µs right after the plain forward)")
+    warm, cold = phases.cold_python(lambda: None, 3)
+    assert 0 < warm and 0 < cold
