@@ -33,6 +33,7 @@ from typing import Any
 # timeout or a notebook's interrupt uses); each is wrapped only when it has a Python handler
 SIGNALS = tuple(int(getattr(signal, n)) for n in ("SIGINT", "SIGTERM", "SIGALRM") if hasattr(signal, n))
 _MAIN = threading.main_thread().ident
+_MASK = getattr(_signal, "pthread_sigmask", None)  # (POSIX: the process's signals held while handlers change)
 
 CRITICAL: set[CodeType] = set()  # a signal landing in one of these frames (or below) waits
 OPEN: set[CodeType] = set()  # ... unless an open frame comes first, walking up from where it landed
@@ -110,13 +111,33 @@ def leave(counted: bool) -> None:
     if not counted:
         return
     _depth -= 1
-    if _pending:
-        batch, handlers = _take(), dict(_saved)
-        if _depth == 0:
-            _restore()
-        _call(batch, handlers)
-    elif _depth == 0:
+    if _depth > 0:  # an outer trace is still open: its handlers stay wrapped
+        deliver()
+        return
+    handlers = dict(_saved)
+    held = _hold()
+    try:
         _restore()
+        # what was deferred, including a signal that landed while the handlers were put back (this
+        # frame is critical: it waited), goes to the original handlers, before any signal held meanwhile
+        _call(_take(), handlers)
+    finally:
+        _release(held)
+
+
+def _hold() -> Any:
+    """Hold the wrapped signals at the OS while the handlers change (POSIX), so that none reaches
+    a handler half way; returns the mask to put back (None where signals cannot be held). One
+    that arrived just before runs its (wrapped) handler at once, here, and is deferred."""
+    if _MASK is None:
+        return None
+    return _MASK(_signal.SIG_BLOCK, SIGNALS)
+
+
+def _release(held: Any) -> None:
+    """Let the held signals through again: each reaches its original handler now."""
+    if held is not None:
+        _MASK(_signal.SIG_SETMASK, held)  # type: ignore[misc]
 
 
 def pending() -> bool:

@@ -307,6 +307,35 @@ def test_a_deferred_interrupt_is_raised_once_the_section_ends() -> None:
     assert logits.numel()
 
 
+@pytest.mark.parametrize("hold", [True, False], ids=["held at the OS", "where none can be held"])
+def test_a_signal_while_the_handlers_are_put_back_reaches_its_handler(monkeypatch: pytest.MonkeyPatch,
+                                                                      hold: bool) -> None:
+    """A signal that lands while the last trace puts the original handlers back is delivered to
+    its handler once, and nothing is left pending (the storm found one deferred there and never
+    delivered: it fired at the next trace instead). Where signals can be held, it waits at the OS
+    until the handlers are back."""
+    model = T.build("gpt2", attn_implementation="eager")
+    inputs = T.draw_inputs(model.vocab_size, 1, 4, [0], seed=1)
+    got: list[int] = []
+    previous = signal.signal(signal.SIGALRM, lambda signum, frame: got.append(signum))
+    restore = interrupts._restore
+
+    def restore_as_a_signal_comes() -> None:
+        signal.raise_signal(signal.SIGALRM)  # (as if it came just now)
+        restore()
+
+    monkeypatch.setattr(interrupts, "_restore", restore_as_a_signal_comes)
+    if not hold:  # (deferred in the critical frame, then delivered by it)
+        monkeypatch.setattr(interrupts, "_MASK", None)
+    try:
+        with model.trace(inputs):
+            logits = model.logits.save()
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    assert got == [int(signal.SIGALRM)] and interrupts._pending == [] and not interrupts.installed()
+    assert logits.numel()
+
+
 def test_handlers_are_wrapped_only_while_a_trace_is_open() -> None:
     model = T.build("gpt2", attn_implementation="eager")
     inputs = T.draw_inputs(model.vocab_size, 1, 4, [0], seed=1)
