@@ -54,7 +54,7 @@ class Table:
         self.costs[(model, case)] = (t["ours"] - t["plain"], values)
         floors = {name: paired[name] for name in FLOORS if name in paired}
         if floors:
-            self.floors[(model, case)] = floors
+            self.floors[(model, case)] = {"ours": ratio, **floors}
         verdicts = []
         if goal is not None:
             ok = ratio <= goal
@@ -92,7 +92,7 @@ class Table:
         floors = self.floors.get((model, case))
         if floors:  # what the mechanism alone costs: the rest is nnatlas' own Python
             words += "; the same saves with no library, same rounds: " + ", ".join(
-                f"{FLOORS[name]} {ratio:.3f}" for name, ratio in floors.items())
+                f"{FLOORS[name]} {ratio:.3f}" for name, ratio in floors.items() if name in FLOORS)
         cold = self.cold.get(model)
         if cold is not None:
             words += (f"; Python runs cold after a forward here (a 12-step loop: {cold[0] * 1e6:.2f} µs warm, "
@@ -112,6 +112,12 @@ class Table:
                 print()
             print(line(r))
             last = r[0]
+        if self.floors:
+            print("\nthe same saves with no library, same rounds (/plain): what the mechanism alone costs")
+            width = max(len(model) for model, _ in self.floors)
+            for (model, case), floors in self.floors.items():
+                print(f"  {model.ljust(width)}  ({case}) ours {floors['ours']:.3f}, " + ", ".join(
+                    f"{FLOORS[name]} {ratio:.3f}" for name, ratio in floors.items() if name in FLOORS))
 
 
 def bench_model(table: Table, name: str, scope: str, family: str, model: Any, eager: Any,

@@ -31,6 +31,9 @@ def test_the_bench_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert any(line.startswith("  llama tiny") and "ours/plain" in line and "forward+backward" in line
                for line in out.splitlines())
     assert "compiler: nnatlas generate --check" in out and "targets met:" in out
+    for layers in (3, 12):  # every (b) row's floors, met or missed
+        assert re.search(rf"  llama tiny \(h16 L{layers}\) +\(b\) ours [0-9.]+, torch forward hooks [0-9.]+, "
+                         r"bare forward wrappers [0-9.]+\n", out), layers
 
 
 def test_serve_order_is_the_forwards_order() -> None:
