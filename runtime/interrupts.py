@@ -16,9 +16,11 @@ wrapped by :func:`_handler`, which looks at the frame the signal landed in:
   ``finally`` takes everything away (itself critical, so not interrupted).
 
 The wrappers are put on when the first trace of the main thread opens and the original handlers
-put back when the last one closes: between traces nothing of nnatlas' is installed. A trace in
-another thread needs none of this (no handler runs there). Cost: one ``sigaction`` per wrapped
-signal each way, under a microsecond per trace.
+put back when the last one closes: between traces nothing of nnatlas' is installed. While they
+are put back the signals are held at the OS (POSIX), so that none reaches a handler half way; what
+was deferred goes to the original handlers then. A trace in another thread needs none of this (no
+handler runs there). Cost: one ``sigaction`` per wrapped signal each way and two ``sigprocmask``,
+about a microsecond per trace.
 """
 
 from __future__ import annotations
