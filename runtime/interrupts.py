@@ -116,6 +116,8 @@ def leave(counted: bool) -> None:
     if _depth > 0:  # an outer trace is still open: its handlers stay wrapped
         deliver()
         return
+    if not _saved and not _pending:  # no signal had a Python handler to wrap: nothing to put back
+        return
     handlers = dict(_saved)
     held = _hold()
     try:
