@@ -147,3 +147,17 @@ def test_a_missed_row_says_what_the_bare_mechanisms_cost() -> None:
                                     "loop: 0.30 µs warm, 1.70 µs right after the plain forward)")
     warm, cold = phases.cold_python(lambda: None, 3)
     assert 0 < warm and 0 < cold
+
+
+def test_measure_puts_every_function_behind_every_other() -> None:
+    """A call pays for what ran just before it, so the rounds' order is shuffled: over the rounds,
+    each function runs right after each other one (a rotation kept the same neighbour every time)."""
+    from bench.timing import measure
+
+    ran: list[str] = []
+    names = ["plain", "ours", "theirs", "hooks"]
+    timings = measure({name: (lambda name=name: ran.append(name)) for name in names}, runs=40, warmup=0)
+    pairs = set(zip(ran, ran[1:]))
+    assert {(a, b) for a in names for b in names if a != b} <= pairs
+    assert len(ran) == 160 and all(ran.count(name) == 40 for name in names)
+    assert set(timings.ratio) == set(names) and timings.ratio["plain"] == 1.0
