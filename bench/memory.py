@@ -17,6 +17,8 @@ import torch
 from nnatlas.model import AtlasModel
 from nnatlas.testing import Allocations
 
+from .workloads import value_module
+
 
 def allocated(fn: Callable[[], Any]) -> tuple[int, Any]:
     with Allocations() as mode:
@@ -39,7 +41,7 @@ def shared_storage(model: AtlasModel, inputs: dict[str, torch.Tensor], values: l
     captured: dict[int, torch.Tensor] = {}
     handles = []
     for i, v in enumerate(values):
-        module = v._host._resolve_module(v._read.module, v.label)
+        module = value_module(v)
 
         def hook(mod: Any, args: Any, out: Any, i: int = i, v: Any = v) -> None:
             x = out

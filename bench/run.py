@@ -27,6 +27,11 @@ VS_NNSIGHT = 0.8
 FLOORS = {"hooks": "torch forward hooks", "wrappers": "bare forward wrappers"}  # (Workload.floors)
 
 
+def floors_text(floors: dict[str, float]) -> str:
+    """``torch forward hooks 1.045, bare forward wrappers 1.022``: each bare mechanism's ratio to plain."""
+    return ", ".join(f"{FLOORS[name]} {ratio:.3f}" for name, ratio in floors.items())
+
+
 def target(scope: str, family: str, case: str) -> float | None:
     if scope == "tiny" and family == "llama" and ("tiny llama", case) in TARGETS:
         return TARGETS[("tiny llama", case)]
@@ -41,7 +46,7 @@ class Table:
         self.costs: dict[tuple[str, str], tuple[float, int]] = {}  # (model, case) -> (ours - plain in s, values)
         self.phases: dict[tuple[str, str], dict[str, float]] = {}  # (model, case) -> seconds per phase (phases.split)
         self.calls: dict[tuple[str, str], tuple[int, int]] = {}  # (model, case) -> nnatlas calls (phases.runtime_calls)
-        self.floors: dict[tuple[str, str], dict[str, float]] = {}  # (model, case) -> bare mechanism -> its /plain
+        self.floors: dict[tuple[str, str], tuple[float, dict[str, float]]] = {}  # (model, case) -> (ours, bare mechanism -> /plain)
         self.cold: dict[str, tuple[float, float]] = {}  # model -> a 12-step loop warm, after a forward (phases.cold_python)
 
     def add(self, model: str, scope: str, family: str, case: str, timings: Timings, note: str = "",
@@ -54,7 +59,7 @@ class Table:
         self.costs[(model, case)] = (t["ours"] - t["plain"], values)
         floors = {name: paired[name] for name in FLOORS if name in paired}
         if floors:
-            self.floors[(model, case)] = {"ours": ratio, **floors}
+            self.floors[(model, case)] = (ratio, floors)
         verdicts = []
         if goal is not None:
             ok = ratio <= goal
@@ -91,8 +96,7 @@ class Table:
             words += f"; nnatlas functions run: {in_forward} in the forward{per_value}, {total} in all"
         floors = self.floors.get((model, case))
         if floors:  # what the mechanism alone costs: the rest is nnatlas' own Python
-            words += "; the same saves with no library, same rounds: " + ", ".join(
-                f"{FLOORS[name]} {ratio:.3f}" for name, ratio in floors.items() if name in FLOORS)
+            words += "; the same saves with no library, same rounds: " + floors_text(floors[1])
         cold = self.cold.get(model)
         if cold is not None:
             words += (f"; Python runs cold after a forward here (a 12-step loop: {cold[0] * 1e6:.2f} µs warm, "
@@ -115,9 +119,8 @@ class Table:
         if self.floors:
             print("\nthe same saves with no library, same rounds (/plain): what the mechanism alone costs")
             width = max(len(model) for model, _ in self.floors)
-            for (model, case), floors in self.floors.items():
-                print(f"  {model.ljust(width)}  ({case}) ours {floors['ours']:.3f}, " + ", ".join(
-                    f"{FLOORS[name]} {ratio:.3f}" for name, ratio in floors.items() if name in FLOORS))
+            for (model, case), (ours, floors) in self.floors.items():
+                print(f"  {model.ljust(width)}  ({case}) ours {ours:.3f}, {floors_text(floors)}")
 
 
 def bench_model(table: Table, name: str, scope: str, family: str, model: Any, eager: Any,

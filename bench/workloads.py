@@ -112,7 +112,7 @@ def ours_workloads(model: AtlasModel, eager: AtlasModel, inputs: dict[str, torch
 
     return {
         "a": Workload("a", plain, empty),
-        "b": Workload("b", plain, save_layers, values=len(names), floors=floors(model, inputs)),
+        "b": Workload("b", plain, save_layers, values=len(names), floors=floors(model, inputs, layer_values(model, names))),
         "c": Workload("c", plain_eager, save_all, values=len(pairs)),
         "d": Workload("d", plain, edit_layers, values=len(names)),
         "e": Workload("e", plain_generate, generate, values=GEN_TOKENS),
@@ -121,28 +121,34 @@ def ours_workloads(model: AtlasModel, eager: AtlasModel, inputs: dict[str, torch
 
 # ---- floors: the bare mechanisms ------------------------------------------------------------------
 
-def floors(model: AtlasModel, inputs: dict[str, torch.Tensor]) -> dict[str, Callable[[], Any]]:
-    """(b) with no library, for the why of a miss: the modules whose outputs (b) saves (found from
-    one traced call), read by torch forward hooks, and by bare wrappers of the instances' ``forward``
-    (nnatlas' mechanism for a module's output, without its recording, checks and serving). Empty
-    when a save reads anything but a module's output."""
-    with model.trace(inputs) as tracer:
-        for v in layer_values(model):
-            v.save()
-    if any(r.target is None or r.target.site.kind != "post" for r in tracer.requests):
+def value_module(handle: Any) -> torch.nn.Module:
+    """The native module a module read point (``read.kind == "module"``) is read at."""
+    return handle._host._resolve_module(handle._read.module, handle.label)  # type: ignore[no-any-return]
+
+
+def hooked_forward(root: torch.nn.Module, inputs: dict[str, torch.Tensor], handles: list[Any]) -> None:
+    """One plain forward of ``root`` with torch hooks on, taken off again whatever happens."""
+    try:
+        with torch.no_grad():
+            root(**inputs)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def floors(model: AtlasModel, inputs: dict[str, torch.Tensor], values: list[Any]) -> dict[str, Callable[[], Any]]:
+    """(b) with no library, for the why of a miss: the modules whose outputs ``values`` (b's handles)
+    read, read by torch forward hooks, and by bare wrappers of the instances' ``forward`` (nnatlas'
+    mechanism for a module's output, without its recording, checks and serving). Empty when a
+    value reads anything but a module's output."""
+    if any(v._read.kind != "module" or v._read.side != "output" for v in values):
         return {}
-    modules = [r.target.module for r in tracer.requests if r.target is not None]
+    modules = [value_module(v) for v in values]
     hf = model.native
 
     def hooks() -> list[Any]:
         saved: list[Any] = []
-        handles = [m.register_forward_hook(lambda _m, _a, out: saved.append(out)) for m in modules]
-        try:
-            with torch.no_grad():
-                hf(**inputs)
-        finally:
-            for h in handles:
-                h.remove()
+        hooked_forward(hf, inputs, [m.register_forward_hook(lambda _m, _a, out: saved.append(out)) for m in modules])
         return saved
 
     def wrappers() -> list[Any]:
@@ -208,13 +214,7 @@ class Theirs:
             seen.update({k: k for k in kwargs})
             self.passed.setdefault(id(mod), seen)
 
-        handles = [m.register_forward_pre_hook(record, with_kwargs=True) for m in root.modules()]
-        try:
-            with torch.no_grad():
-                root(**inputs)
-        finally:
-            for h in handles:
-                h.remove()
+        hooked_forward(root, inputs, [m.register_forward_pre_hook(record, with_kwargs=True) for m in root.modules()])
 
     def _bind(self, a: Any) -> Any:
         if isinstance(a, CallDim):
@@ -234,13 +234,13 @@ class Theirs:
         """nnsight's proxy for one of our value handles (same site, same access, same view)."""
         read, host = handle._read, handle._host
         if read.kind == "module":
-            env = self.envoy(host._resolve_module(read.module, handle.label))
+            module = value_module(handle)
+            env = self.envoy(module)
             if read.side == "output":
                 x = env.output
             elif read.side == "inputs":
                 x = env.inputs
             elif read.param is not None:  # by name where the forward passed it so, else by position
-                module = host._resolve_module(read.module, handle.label)
                 where = self.passed.get(id(module), {}).get(read.param)
                 x = env.inputs[0][where] if isinstance(where, int) else env.inputs[1][read.param]
             else:
