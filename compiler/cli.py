@@ -18,6 +18,7 @@ from typing import Any
 
 from . import build_site, compile_atlas, default_root, generate, outdir
 from .errors import SpecError, UserError
+from .serve import bind, serve_on
 
 EXIT_USER = 2  # a user error: the message says what to change
 
@@ -162,31 +163,6 @@ def _docs(root: Path | None, out: Path, serve: bool, port: int) -> int:
         if httpd is not None:
             httpd.server_close()
     return 0
-
-
-def bind(port: int, folder: Path) -> Any:
-    """An HTTP server of ``folder`` bound to 127.0.0.1:``port`` (never every interface), not yet serving."""
-    import functools
-    import http.server
-
-    if not 0 <= port <= 65535:
-        raise UserError(f"nnatlas: --port {port} is out of range (0-65535; 0 picks a free port)")
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
-    try:
-        return http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
-    except OSError as e:
-        raise UserError(f"nnatlas: cannot serve on 127.0.0.1:{port}: {e.strerror or e} "
-                        "(pick another --port, or --port 0 for a free one)") from None
-
-
-def serve_on(httpd: Any, folder: Path) -> None:
-    """Serve with a server from ``bind`` until interrupted."""
-    host, real_port = str(httpd.server_address[0]), httpd.server_address[1]
-    print(f"nnatlas: serving {folder} at http://{host}:{real_port}/ (Ctrl-C stops)", flush=True)
-    try:
-        httpd.serve_forever()
-    except KeyboardInterrupt:
-        pass
 
 
 def _generate(root: Path | None, check: bool) -> int:
