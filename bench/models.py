@@ -9,7 +9,7 @@ import torch
 
 import nnatlas
 from nnatlas.model import AtlasModel
-from nnatlas.testing import build, draw_inputs, first_params, tiny_tokenizer
+from nnatlas.testing import attention_loads, build, draw_inputs, first_params, tiny_tokenizer
 
 TINY_SEQ = 16
 MID_SEQ = 64
@@ -17,11 +17,13 @@ MID_SEQ = 64
 
 def tiny(family: str, layers: int | None = None) -> tuple[AtlasModel, AtlasModel, dict[str, torch.Tensor]]:
     """``family`` on its fixed tiny config (``layers`` blocks instead of its few, when given): under sdpa
-    (the default load) and under eager."""
+    (the default load) where its class accepts sdpa, else under the first load it accepts (bloom, gemma2,
+    mamba ... refuse sdpa), and under eager."""
     params = first_params(family)
     if layers is not None:
         params["num_hidden_layers"] = layers
-    model = build(family, params, attn_implementation="sdpa")
+    loads = attention_loads(family)
+    model = build(family, params, attn_implementation="sdpa" if "sdpa" in loads else loads[0])
     eager = build(family, params, attn_implementation="eager")
     vocab = int(model.normalized_config["vocab_size"])
     return model, eager, draw_inputs(vocab, 1, TINY_SEQ, [0], seed=1)

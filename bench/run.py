@@ -24,6 +24,9 @@ TARGETS: dict[tuple[str, str], float] = {
     ("tiny", "c"): 1.25, ("deep", "c"): 1.25,
 }
 VS_NNSIGHT = 0.8
+# the tiny families `make bench` times when --families is not given: a dense llama, GPT-2 (fused QKV, Conv1D),
+# a mixture and a hybrid (gated DeltaNet); `--families all` times every family under the loads its class accepts
+DEFAULT_FAMILIES = ("llama", "gpt2", "qwen3_moe", "qwen3_5_text")
 FLOORS = {"hooks": "torch forward hooks", "wrappers": "bare forward wrappers"}  # (Workload.floors)
 
 
@@ -154,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mid-layers", type=int, default=4,
                         help="blocks of the mid-size model (0: skip it); 4 is one full period of Qwen3.5's "
                              "3 linear-attention + 1 full-attention blocks (24 recorded), the fewest a cache accepts")
-    parser.add_argument("--families", default="", help="comma-separated families (default: all)")
+    parser.add_argument("--families", default=",".join(DEFAULT_FAMILIES),
+                        help=f"comma-separated families, or 'all' (default: {','.join(DEFAULT_FAMILIES)})")
     parser.add_argument("--deep", default="12,24",
                         help="block counts of the deep tiny llama rows (empty: none): a per-trace cost hides in 3 blocks")
     parser.add_argument("--cases", default="abcde")
@@ -178,7 +182,11 @@ def main(argv: list[str] | None = None) -> int:
           f"mid-size: {args.mid_runs} runs, seq {models.MID_SEQ}\n")
 
     table = Table()
-    families = [f for f in args.families.split(",") if f] or sorted(nnatlas.all_families())
+    known = sorted(nnatlas.all_families())
+    families = known if args.families == "all" else [f for f in args.families.split(",") if f]
+    unknown = [f for f in families if f not in known]
+    if unknown:
+        parser.error(f"--families: no family {', '.join(unknown)} (known: {', '.join(known)}, or 'all')")
     mem_rows: list[str] = []
     for family in families:
         model, eager, inputs = models.tiny(family)

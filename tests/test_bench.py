@@ -8,14 +8,17 @@ from typing import Any
 import pytest
 import torch
 
+import nnatlas
 from bench import models, run
-from bench.workloads import serve_order
-from nnatlas.testing import standard_values
+from bench.workloads import ours_workloads, serve_order
+from nnatlas.testing import attention_loads, standard_values
 from nnatlas.trace import Tracer
 
 
 def test_the_bench_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
-    assert run.main(["--families", "llama", "--runs", "3", "--gen-runs", "2", "--mid-layers", "0",
+    """End to end at its smallest; bloom refuses sdpa: the bench builds it under the loads its class accepts
+    (it used to die building it under sdpa)."""
+    assert run.main(["--families", "llama,bloom", "--runs", "3", "--gen-runs", "2", "--mid-layers", "0",
                      "--no-nnsight", "--cache-docs", "0", "--deep", "12"]) == 0
     out = capsys.readouterr().out
     for case in ("(a) empty trace", "(b) save every layer output", "(c) save every standard value",
@@ -24,6 +27,8 @@ def test_the_bench_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
     for case in ("(a) empty trace", "(b) save every layer output", "(c) save every standard value"):
         assert re.search(rf"llama tiny \(h16 L12\) +{re.escape(case)}", out), case  # a per-trace cost hides in 3 blocks
     assert not re.search(r"llama tiny \(h16 L12\) +\(d\)", out)
+    for case in "abcde":
+        assert re.search(rf"bloom tiny \(h\d+ L\d+\) +\({case}\) ", out), case
     assert "traced forward allocated +0 bytes vs plain" in out
     grads = next(line for line in out.splitlines() if line.startswith("  llama tiny") and "autograd keeps" in line)
     assert "(+0 vs a plain forward with grad)" in grads and "(+0 vs plain without)" in grads
@@ -34,6 +39,24 @@ def test_the_bench_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
     for layers in (3, 12):  # every (b) row's floors, met or missed
         assert re.search(rf"  llama tiny \(h16 L{layers}\) +\(b\) ours [0-9.]+, torch forward hooks [0-9.]+, "
                          r"bare forward wrappers [0-9.]+\n", out), layers
+
+
+def test_an_unknown_family_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        run.main(["--families", "llama,nosuch"])
+    assert stop.value.code == 2
+    assert "--families: no family nosuch (known: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family", sorted(nnatlas.all_families()))
+def test_every_familys_workloads_run(family: str) -> None:
+    """`python -m bench --families all` at its smallest: every family builds under the loads its class accepts,
+    and each workload (plain, ours and the bare floors) runs once."""
+    model, eager, inputs = models.tiny(family)
+    assert model.native.config._attn_implementation in attention_loads(family)
+    for case, w in ours_workloads(model, eager, inputs).items():
+        for name, fn in {"plain": w.plain, "ours": w.ours, **w.floors}.items():
+            assert fn() is not None or case in "ad", (case, name)
 
 
 def test_serve_order_is_the_forwards_order() -> None:
