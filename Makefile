@@ -11,11 +11,13 @@ all: generate test
 
 env: $(STAMP)
 
-# torch first, from the CPU wheel on disk (a plain `torch` would pull a multi-GB CUDA build)
-$(STAMP): pyproject.toml Makefile
+# torch first, from the CPU wheel on disk (a plain `torch` would pull a multi-GB CUDA build); every install under
+# constraints.txt, the versions the tests ran against (pyproject.toml declares ranges)
+PIP := $(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt
+$(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test,bench]'
+	$(PIP) torch
+	$(PIP) -e '.[test,bench]'
 	touch $(STAMP)
 
 generate: $(STAMP)

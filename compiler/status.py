@@ -49,6 +49,17 @@ def versions(root: Path) -> list[str]:
     return list(found)
 
 
+def pinned(root: Path, package: str) -> str:
+    """``package==X`` as constraints.txt pins it (the version CI and ``make`` install)."""
+    path = root / "constraints.txt"
+    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    for line in lines:
+        name = re.split(r"[<>=!~\[ ;]", line.strip(), maxsplit=1)[0]
+        if name.lower() == package.lower() and "==" in line:
+            return line.split("#", 1)[0].strip()
+    raise UserError(f"nnatlas: {path} pins no {package}== version")
+
+
 def read(root: Path) -> dict[str, Any] | None:
     """The committed status (``generated/docs/status.json``), or None before the first run."""
     path = root / PATH
@@ -320,7 +331,7 @@ def _venv(root: Path, venv: Path, version: str) -> Path:
     tests = [d for d in data["project"]["optional-dependencies"]["test"]
              if re.split(r"[<>=!~\[ ]", d, maxsplit=1)[0] in TEST_REQUIREMENTS]
     steps = [[sys.executable, "-m", "venv", str(venv)],
-             [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "torch==2.13.0"],
+             [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", pinned(root, "torch")],
              [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", f"transformers=={version}",
               *deps, *tests]]
     for step in steps:
