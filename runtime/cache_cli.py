@@ -415,7 +415,7 @@ def _begin(out: Path, settings: dict[str, Any], resume: bool) -> None:
     except OSError as e:
         raise CacheError(f"--out {out}: cannot write there ({e.strerror or type(e).__name__})") from None
     if not resume:
-        write_json(out / RUN, settings)
+        write_json(out / RUN, settings, "then run again (the folder holds no run yet)")
 
 
 def _check_out(out: Path, settings: dict[str, Any], resume: bool) -> None:

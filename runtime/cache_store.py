@@ -37,15 +37,15 @@ import struct
 import types
 import typing
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, ClassVar, Union, cast
 
 import torch
 import torch.utils.data
 
 from .cache_data import CacheError
-from .spec import Layout
+from .spec import DType, Layout
 
 RUN = "run.json"
 MANIFEST = "manifest.json"
@@ -63,6 +63,7 @@ ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 
             "F8_E4M3": 1, "F8_E5M2": 1}
 META_KEYS = {"all": ("meta.doc", "meta.length", "meta.tokens"), "last": ("meta.doc", "meta.position", "meta.token"),
              "nonpad": ("meta.doc", "meta.position", "meta.token")}
+KINDS = typing.get_args(DType)  # a Layout's
 MAX_HEADER = 100 << 20  # safetensors' own bound on a header
 VERIFY = ("header", "content")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -94,17 +95,17 @@ def _reason(e: BaseException) -> str:
     return text
 
 
-def write_json(path: Path, data: Any) -> None:
+def write_json(path: Path, data: Any, then: str = "then run again with --resume") -> None:
     """Written whole or not at all (a temporary file, then a rename); a failed write (a full disk, a
-    read-only folder) leaves no temporary file and raises CacheError."""
+    read-only folder) leaves no temporary file and raises CacheError (ending with ``then``)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n", encoding="utf-8")
         os.replace(tmp, path)
     except OSError as e:
         _remove(tmp)
-        raise CacheError(f"cannot write {path}: {_reason(e)}; free space or make the folder writable, then run "
-                         "again with --resume") from None
+        raise CacheError(f"cannot write {path}: {_reason(e)}; free space or make the folder writable, {then}") \
+            from None
 
 
 def _remove(path: Path) -> None:
@@ -385,7 +386,7 @@ def _from_json(cls: Any, value: Any, where: str, problems: _Problems) -> Any:
             continue
         n = len(problems)
         kwargs[name] = _parse(hints[name], value[name], at, problems)
-        low = f.metadata.get("min")
+        low = getattr(cls, "MIN", {}).get(name)
         if low is not None and len(problems) == n and kwargs[name] is not None:
             _at_least(problems, at, kwargs[name], low)
     if len(problems) > before or len(kwargs) < len(names):
@@ -393,11 +394,6 @@ def _from_json(cls: Any, value: Any, where: str, problems: _Problems) -> Any:
     made = cls(**kwargs)
     made._ranges(where, problems)
     return made
-
-
-def _min(low: int) -> Any:
-    """A field that is an integer of at least ``low`` (checked with its type)."""
-    return field(metadata={"min": low})
 
 
 def _at_least(problems: _Problems, where: str, value: int, low: int) -> None:
@@ -427,6 +423,8 @@ class StoredLayout:
 
     def _ranges(self, where: str, problems: _Problems) -> None:
         _shape(self.row_shape, self.dtype, where, problems)
+        if self.kind not in KINDS:
+            problems.add(f"{where}.kind", f"{self.kind!r} is not one of {', '.join(KINDS)}")
         if self.row_dims[:1] != ("rows",):
             problems.add(f"{where}.row_dims", f"{list(self.row_dims)} does not start with 'rows'")
         if len(self.row_dims) != len(self.row_shape) + 1:
@@ -451,12 +449,14 @@ def _shape(row_shape: tuple[int, ...], dtype: str, where: str, problems: _Proble
 
 @dataclass(frozen=True)
 class ShardEntry:
+    MIN: ClassVar[dict[str, int]] = {"rank": 0, "bytes": 8}  # integer fields' least values
+
     file: str
-    rank: int = _min(0)
+    rank: int
     rows: tuple[int, int]
     docs: tuple[int, int]
     sha256: str
-    bytes: int = _min(8)
+    bytes: int
 
     def _ranges(self, where: str, problems: _Problems) -> None:
         m = SHARD.match(self.file)
@@ -480,6 +480,9 @@ class ShardEntry:
 class Manifest:
     """Every field of ``manifest.json``, checked (:meth:`from_json`)."""
 
+    MIN: ClassVar[dict[str, int]] = {"seq_len": 1, "batch_size": 1, "max_tokens": 1, "world_size": 1,
+                                     "rows_per_shard": 1, "tokens": 0, "padded_tokens": 0, "docs": 0, "rows": 0}
+
     format: str
     run_id: str
     model: str
@@ -489,20 +492,20 @@ class Manifest:
     data: DataFile
     values: tuple[str, ...]
     positions: str
-    seq_len: int = _min(1)
-    batch_size: int = _min(1)
-    max_tokens: int | None = _min(1)
+    seq_len: int
+    batch_size: int
+    max_tokens: int | None
     dtype: str | None
     model_dtype: str
     attn_implementation: str | None
-    world_size: int = _min(1)
-    rows_per_shard: int = _min(1)
+    world_size: int
+    rows_per_shard: int
     layouts: dict[str, StoredLayout]
     meta: dict[str, StoredMeta]
-    tokens: int = _min(0)
-    padded_tokens: int = _min(0)
-    docs: int = _min(0)
-    rows: int = _min(0)
+    tokens: int
+    padded_tokens: int
+    docs: int
+    rows: int
     shards: tuple[ShardEntry, ...]
 
     @classmethod
@@ -678,7 +681,7 @@ def _numel(shape: Sequence[int]) -> int:
 
 
 def layout_of(entry: StoredLayout) -> Layout:
-    return Layout(entry.name, tuple(entry.row_dims), entry.kind)
+    return Layout(entry.name, tuple(entry.row_dims), cast(DType, entry.kind))
 
 
 def read_manifest(folder: Path) -> tuple[Manifest, dict[str, Any]]:

@@ -241,6 +241,7 @@ def test_a_killed_process_resumed_equals_one_never_killed(saved: Path, tmp_path:
     assert 0 < sum(p.name.startswith("shard-") for p in out.iterdir()) < shards
     assert run(cache(saved, big, out, *argv, "--resume")) == 0
     assert files(out) == files(whole)
+    nnatlas.Cache.load(out, verify="content")  # every shard's sha256 as the manifest records it
 
 
 def test_resume_refuses_other_settings_and_a_missing_run(saved: Path, data: Path, tmp_path: Path,
