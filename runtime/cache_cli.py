@@ -432,6 +432,9 @@ def _check_out(out: Path, settings: dict[str, Any], resume: bool) -> None:
                 from None
         if not isinstance(before, dict):
             raise CacheError(f"--resume: {run_file} is not a run's settings; start the run again in an empty folder")
+        if before.get("format") != FORMAT:
+            raise CacheError(f"--resume: the run in {out} is of format {before.get('format')!r:.40} (an older nnatlas), "
+                             f"this one writes {FORMAT}; start it again in an empty folder")
         changed = [k for k in sorted(set(before) | set(settings)) if before.get(k) != settings.get(k)]
         changed = [k for k in changed if k != "run_id"] or changed  # (the id follows from the rest)
         if changed:

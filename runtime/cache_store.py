@@ -254,6 +254,7 @@ class FolderLock:
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()}\n".encode())
         except OSError as e:
+            _remove(self.path)
             os.close(fd)
             raise CacheError(f"--out {folder}: cannot write {self.path} ({_reason(e)})") from None
         self.fd = fd

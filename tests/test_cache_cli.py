@@ -235,6 +235,7 @@ def test_a_killed_process_resumed_equals_one_never_killed(saved: Path, tmp_path:
     finally:
         proc.wait()
     assert not (out / "manifest.json").exists(), "the run finished before it was killed"
+    assert (out / ".lock").read_text().strip() == str(proc.pid)  # its lock file stays; the kernel freed the lock
     whole = tmp_path / "whole"
     assert run(cache(saved, big, whole, *argv)) == 0
     shards = len(json.loads((whole / "manifest.json").read_text())["shards"])

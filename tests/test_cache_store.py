@@ -368,6 +368,16 @@ def test_resume_with_relative_paths(saved: Path, data: Path, whole: Path, tmp_pa
     assert files(out) == files(whole)
 
 
+def test_resume_refuses_a_run_of_the_older_format(saved: Path, data: Path, whole: Path, tmp_path: Path,  # noqa: F811
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(whole, out)
+    settings = json.loads((out / "run.json").read_text())
+    (out / "run.json").write_text(json.dumps({**settings, "format": "nnatlas-cache/1"}))
+    assert run(cache(saved, data, out, *ARGV, "--resume")) == 2
+    one_line(capsys, "format 'nnatlas-cache/1' (an older nnatlas)", "start it again in an empty folder")
+
+
 @pytest.mark.parametrize("umask", [0o022, 0o027])
 def test_files_follow_the_umask(saved: Path, data: Path, tmp_path: Path, umask: int) -> None:  # noqa: F811
     out = tmp_path / "out"
