@@ -430,6 +430,21 @@ def test_dataset_with_dataloader_workers(whole: Path) -> None:
     assert torch.equal(logits, stored["logits"][rows])
 
 
+def test_dataset_in_batches(whole: Path) -> None:
+    """batch_size: the same rows in the same order, a batch an item (each shard's last one smaller)."""
+    stored = nnatlas.Cache.load(whole)
+    rows = rows_of(list(stored.dataset(shuffle=True, seed=5)))
+    ds = stored.dataset(shuffle=True, seed=5, batch_size=16)
+    batches = list(ds)
+    assert len(batches) == len(ds) and max(b["row"].shape[0] for b in batches) == 16
+    assert torch.cat([b["row"] for b in batches]).tolist() == rows
+    assert torch.equal(torch.cat([b["logits"] for b in batches]), stored["logits"][rows])
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    assert sorted(torch.cat([b["row"] for b in loader]).tolist()) == list(range(stored.rows))
+    with pytest.raises(ValueError, match="batch_size=0"):
+        stored.dataset(batch_size=0)
+
+
 def test_dataset_of_all_positions(saved: Path, data: Path, tmp_path: Path) -> None:  # noqa: F811
     out = tmp_path / "all"
     assert run(cache(saved, data, out, "--layers", "1", "--positions", "all", "--seq-len", "6",
