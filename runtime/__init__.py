@@ -19,13 +19,15 @@ from .errors import InputError, NnatlasError, NotReached, OutOfOrderError, Unava
 
 if TYPE_CHECKING:
     from .cache import Cache
+    from .cache_data import CacheError
     from .loading import load, route_kernels, wrap
     from .model import AtlasModel
     from .registry import all_families
     from .requests import Box
 
 _LAZY = {"AtlasModel": "model", "load": "loading", "wrap": "loading", "route_kernels": "loading",
-         "all_families": "registry", "Box": "requests", "Cache": "cache"}
+         "all_families": "registry", "Box": "requests", "Cache": "cache",
+         "CacheError": "cache_data"}
 
 
 def __getattr__(name: str) -> Any:
@@ -37,5 +39,5 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = ["AtlasModel", "Box", "Cache", "InputError", "NnatlasError", "NotReached", "OutOfOrderError", "Unavailable",
+__all__ = ["AtlasModel", "Box", "Cache", "CacheError", "InputError", "NnatlasError", "NotReached", "OutOfOrderError", "Unavailable",
            "UnknownName", "all_families", "load", "route_kernels", "wrap"]

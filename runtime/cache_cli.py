@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import sys
 import time
@@ -24,7 +25,21 @@ from typing import Any
 import torch
 
 from .cache_data import POSITIONS, CacheError, Plan, parse_layers, plan, read_texts, tokenize
-from .cache_store import FORMAT, MANIFEST, RUN, ShardWriter, done_shards, shard_name, write_json
+from .cache_store import (
+    FORMAT,
+    LOCK,
+    MANIFEST,
+    RUN,
+    TEMPORARY,
+    FolderLock,
+    ShardWriter,
+    file_sha256,
+    remove_temporary,
+    resume_point,
+    run_id_of,
+    shard_name,
+    write_json,
+)
 from .errors import NnatlasError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -89,6 +104,7 @@ class Dist:
     def __init__(self, rank: int, world: int, local_rank: int):
         self.rank, self.world, self.local_rank = rank, world, local_rank
         self.group = False
+        self.cleanups: list[Callable[[], None]] = []  # run at close (the lock on --out)
 
     @classmethod
     def from_env(cls) -> Dist:
@@ -127,6 +143,8 @@ class Dist:
         return values
 
     def close(self) -> None:
+        while self.cleanups:
+            self.cleanups.pop()()
         if self.group:
             import torch.distributed as td
 
@@ -175,20 +193,18 @@ def run(args: argparse.Namespace, dist: Dist) -> int:
     header = 1024 + 256 * len(shapes)
     per_shard = max(1, (int(args.shard_size * 1e6) - header) // row_bytes)
     settings = _settings(args, model, handles, the_plan, dist.world, per_shard)
-    checked(dist, lambda: _check_out(args.out, settings, args.resume))
-    if dist.rank == 0 and not args.resume:  # after every rank found the folder empty
-        args.out.mkdir(parents=True, exist_ok=True)
-        write_json(args.out / RUN, settings)
+    _take_out(args, settings, dist)
     dist.barrier()
 
     start = time.perf_counter()
     rank = dist.rank
     total_rows = the_plan.rows(rank)
     expected = -(-total_rows // per_shard)
-    done = done_shards(args.out, rank, expected)
+    done, kept = resume_point(args.out, rank, expected, settings["run_id"])
     first_row = done * per_shard
     batches = [b for b in the_plan.ranks[rank] if b.first_row + b.rows > first_row]
-    writer = ShardWriter(args.out, rank, per_shard, done, first_row - batches[0].first_row if batches else 0)
+    writer = ShardWriter(args.out, rank, per_shard, done, first_row - batches[0].first_row if batches else 0,
+                         run_id=settings["run_id"], sha256=kept)
     tokens = sum(len(d.ids) for b in batches for d in b.docs)
     bar = _progress(args, dist, tokens)
     for batch in batches:
@@ -201,14 +217,11 @@ def run(args: argparse.Namespace, dist: Dist) -> int:
     dist.barrier()
     gathered = dist.gather((tokens, _peak_rss_mb()))
     ran, peak = sum(t for t, _ in gathered), max(p for _, p in gathered)
+    records = dist.gather(writer.sha256)
     error = None
     if rank == 0:
-        manifest = _manifest(settings, the_plan, dist.world, per_shard, shapes, args, handles)
-        missing = [s["file"] for s in manifest["shards"] if not (args.out / s["file"]).is_file()]
-        if missing:
-            error = f"shards missing after every rank finished: {', '.join(missing[:4])}"
-        else:
-            write_json(args.out / MANIFEST, manifest)
+        manifest = _manifest(settings, the_plan, dist.world, per_shard, shapes, args, handles, records)
+        error = _write_manifest(args.out, manifest)
     # every rank waits for the manifest (a failure stops them all): ranks that left the group while
     # another still wrote made gloo abort the early one at exit ("terminate called without an active exception")
     dist.agree(error)
@@ -333,53 +346,111 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return file_sha256(path)
 
 
 def _settings(args: argparse.Namespace, model: Any, handles: list[Any], the_plan: Plan, world: int,
               per_shard: int) -> dict[str, Any]:
-    """What makes the rows what they are: a resumed run must have the same (checked against run.json)."""
+    """What makes the rows what they are: a resumed run must have the same (checked against run.json).
+
+    Paths are resolved (a resumed run may spell them another way); the config is hashed without
+    ``_name_or_path`` (where it was loaded from, not what it is). ``run_id`` is the hash of the rest."""
     config = model.config
-    config_json = config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(config)
-    return {
-        "format": FORMAT, "model": str(args.model), "family": model.family,
+    if hasattr(config, "to_dict"):
+        described = {k: v for k, v in config.to_dict().items() if k != "_name_or_path"}
+        config_json = json.dumps(described, sort_keys=True, default=str)
+    else:
+        config_json = repr(config)
+    settings = {
+        "format": FORMAT, "model": _resolved(args.model), "family": model.family,
         "revision": getattr(config, "_commit_hash", None),
         "config_sha256": hashlib.sha256(config_json.encode()).hexdigest(),
-        "data": {"file": str(args.data), "sha256": _file_sha256(args.data), "text_field": args.text_field},
+        "data": {"file": str(args.data.resolve()), "sha256": _file_sha256(args.data), "text_field": args.text_field},
         "values": [h.label for h in handles], "positions": args.positions, "seq_len": args.seq_len,
         "batch_size": args.batch_size, "max_tokens": args.max_tokens, "dtype": args.dtype,
         "model_dtype": str(next(model.native.parameters()).dtype).removeprefix("torch."),
         "attn_implementation": getattr(config, "_attn_implementation", None),
         "world_size": world, "rows_per_shard": per_shard,
     }
+    return {"format": FORMAT, "run_id": run_id_of(settings), **settings}
+
+
+def _resolved(model: str) -> str:
+    """A local checkpoint folder as its resolved path; a hub name as it is."""
+    path = Path(model).expanduser()
+    return str(path.resolve()) if path.exists() else str(model)
+
+
+def _take_out(args: argparse.Namespace, settings: dict[str, Any], dist: Dist) -> None:
+    """Rank 0 creates ``--out`` (a new run) and locks it for the whole run (released at ``dist.close``);
+    every rank checks it; rank 0 writes run.json (a new run) or clears what a stopped one left (a resumed
+    run: its temporary files, and the manifest, until the run finishes again). A folder that cannot be
+    written (read-only, full) is one CacheError, with no file left behind."""
+    out = args.out
+    lock = checked(dist, lambda: _lock_out(out, args.resume) if dist.rank == 0 else None)
+    if lock is not None:
+        dist.cleanups.append(lock.release)
+    checked(dist, lambda: _check_out(out, settings, args.resume))
+    checked(dist, lambda: _begin(out, settings, args.resume) if dist.rank == 0 else None)
+
+
+def _lock_out(out: Path, resume: bool) -> FolderLock | None:
+    if out.exists() and not out.is_dir():
+        return None  # (_check_out says so)
+    if not out.exists():
+        if resume:
+            return None  # (_check_out says there is no run)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise CacheError(f"--out {out}: cannot create it ({e.strerror or type(e).__name__})") from None
+    return FolderLock(out)
+
+
+def _begin(out: Path, settings: dict[str, Any], resume: bool) -> None:
+    try:
+        remove_temporary(out)
+        if resume:
+            (out / MANIFEST).unlink(missing_ok=True)
+    except OSError as e:
+        raise CacheError(f"--out {out}: cannot write there ({e.strerror or type(e).__name__})") from None
+    if not resume:
+        write_json(out / RUN, settings, "then run again (the folder holds no run yet)")
 
 
 def _check_out(out: Path, settings: dict[str, Any], resume: bool) -> None:
-    """A new run goes to an empty (or new) folder; a resumed one to a run of the same settings."""
+    """A new run goes to an empty (or new) folder; a resumed one to a run of the same settings.
+    (A run's lock file and the temporary files of a killed run do not count.)"""
     run_file = out / RUN
     if resume:
         if not run_file.is_file():
             raise CacheError(f"--resume: {out} holds no run to continue (no {RUN}); leave out --resume to start one")
-        import json
-
-        before = json.loads(run_file.read_text(encoding="utf-8"))
+        try:
+            before = json.loads(run_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise CacheError(f"--resume: {run_file} is unreadable ({e}); start the run again in an empty folder") \
+                from None
+        if not isinstance(before, dict):
+            raise CacheError(f"--resume: {run_file} is not a run's settings; start the run again in an empty folder")
+        if before.get("format") != FORMAT:
+            raise CacheError(f"--resume: the run in {out} is of format {before.get('format')!r:.40} (an older nnatlas), "
+                             f"this one writes {FORMAT}; start it again in an empty folder")
         changed = [k for k in sorted(set(before) | set(settings)) if before.get(k) != settings.get(k)]
+        changed = [k for k in changed if k != "run_id"] or changed  # (the id follows from the rest)
         if changed:
             diffs = "; ".join(f"{k}: {before.get(k)!r} then, {settings.get(k)!r} now" for k in changed)
             raise CacheError(f"--resume: the run in {out} had other settings ({diffs}); resume it with the same ones")
         return
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and (not out.is_dir() or any(p.name != LOCK and not TEMPORARY.match(p.name)
+                                                 for p in out.iterdir())):
         raise CacheError(f"--out {out} is not an empty folder" +
                          (" (a run is there: pass --resume to continue it)" if run_file.is_file() else ""))
 
 
 def _manifest(settings: dict[str, Any], the_plan: Plan, world: int, per_shard: int,
               shapes: dict[str, tuple[tuple[int, ...], torch.dtype]], args: argparse.Namespace,
-              handles: list[Any]) -> dict[str, Any]:
+              handles: list[Any], records: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The manifest: ``records[r]`` is what rank r wrote (shard name -> sha256, bytes)."""
     shards = []
     for r in range(world):
         offset = the_plan.row_offset(r)
@@ -388,8 +459,11 @@ def _manifest(settings: dict[str, Any], the_plan: Plan, world: int, per_shard: i
         for k in range(-(-rows // per_shard)):
             lo, hi = k * per_shard, min((k + 1) * per_shard, rows)
             docs = [d.index for b in batches if b.first_row < hi and b.first_row + b.rows > lo for d in b.docs]
-            shards.append({"file": shard_name(r, k), "rank": r, "rows": [offset + lo, offset + hi],
-                           "docs": [docs[0], docs[-1] + 1] if docs else [0, 0]})
+            name = shard_name(r, k)
+            record = records[r].get(name, {})
+            shards.append({"file": name, "rank": r, "rows": [offset + lo, offset + hi],
+                           "docs": [docs[0], docs[-1] + 1] if docs else [0, 0],
+                           "sha256": record.get("sha256"), "bytes": record.get("bytes")})
     lead = ["rows", "seq"] if args.positions == "all" else ["rows"]
     layouts = {}
     for h in handles:
@@ -405,6 +479,19 @@ def _manifest(settings: dict[str, Any], the_plan: Plan, world: int, per_shard: i
                  for r in range(world) for b in the_plan.ranks[r])
     return {**settings, "layouts": layouts, "meta": meta, "tokens": the_plan.tokens, "padded_tokens": padded,
             "docs": len(the_plan.docs), "rows": rows_total, "shards": shards}
+
+
+def _write_manifest(out: Path, manifest: dict[str, Any]) -> str | None:
+    """Writes the manifest once every shard it lists is there as its rank recorded it; else (or when
+    the write fails) what went wrong, for every rank to raise."""
+    missing = [s["file"] for s in manifest["shards"] if s["sha256"] is None or not (out / s["file"]).is_file()]
+    if missing:
+        return f"shards missing after every rank finished: {', '.join(missing[:4])}"
+    try:
+        write_json(out / MANIFEST, manifest)
+    except CacheError as e:
+        return str(e)
+    return None
 
 
 def _progress(args: argparse.Namespace, dist: Dist, tokens: int) -> Any:

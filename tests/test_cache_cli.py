@@ -235,12 +235,14 @@ def test_a_killed_process_resumed_equals_one_never_killed(saved: Path, tmp_path:
     finally:
         proc.wait()
     assert not (out / "manifest.json").exists(), "the run finished before it was killed"
+    assert (out / ".lock").read_text().strip() == str(proc.pid)  # its lock file stays; the kernel freed the lock
     whole = tmp_path / "whole"
     assert run(cache(saved, big, whole, *argv)) == 0
     shards = len(json.loads((whole / "manifest.json").read_text())["shards"])
     assert 0 < sum(p.name.startswith("shard-") for p in out.iterdir()) < shards
     assert run(cache(saved, big, out, *argv, "--resume")) == 0
     assert files(out) == files(whole)
+    nnatlas.Cache.load(out, verify="content")  # every shard's sha256 as the manifest records it
 
 
 def test_resume_refuses_other_settings_and_a_missing_run(saved: Path, data: Path, tmp_path: Path,
@@ -269,8 +271,11 @@ def test_txt_and_parquet(saved: Path, data: Path, tmp_path: Path) -> None:
     for name, path, field in (("jsonl", data, "text"), ("txt", txt, "text"), ("parquet", par, "body")):
         outs[name] = tmp_path / name
         assert run(cache(saved, path, outs[name], "--layers", "1", "--text-field", field)) == 0
-    shards = {name: {k: v for k, v in files(out).items() if k.startswith("shard-")} for name, out in outs.items()}
-    assert shards["jsonl"] == shards["txt"] == shards["parquet"]
+    # the same rows (the shards' bytes differ in the run id only: another data file is another run)
+    stored = {name: nnatlas.Cache.load(out) for name, out in outs.items()}
+    for key in ("layers[1].layer_output", "meta.doc", "meta.position", "meta.token"):
+        assert torch.equal(stored["jsonl"][key], stored["txt"][key]) and torch.equal(stored["txt"][key],
+                                                                                     stored["parquet"][key])
 
 
 def bad(saved: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], data: Path, *extra: str) -> str:
