@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from nnatlas.foreign_names import SAE_POINTS, TRANSFORMER_LENS
+
 from . import expr
 from .expr import Compiled
 from .ir import DEFAULT_BLOCK, DEFAULT_TEXT, FamilyIR, HostIR, ValueIR
@@ -548,42 +550,6 @@ def config_label(name: str) -> str:
         rest = name[len("vision_"):]
         return f"model.vision.{name if rest == 'hidden_size' else rest}"
     return f"model.{name}"
-
-
-# TransformerLens hook names → the standard value that holds the same tensor (host path, value, what differs).
-# Only rows whose value the family serves are drawn, so the table is generated from the spec.
-TRANSFORMER_LENS: tuple[tuple[str, str, str, str], ...] = (
-    ("hook_embed", "model", "token_embeddings", ""),
-    ("blocks.{i}.hook_resid_pre", "layers[i]", "layer_input", ""),
-    ("blocks.{i}.ln1.hook_normalized", "layers[i]", "attention_norm_output", "TransformerLens folds the norm's gain into W_Q/W_K/W_V by default; this is the native norm's output, gain applied"),
-    ("blocks.{i}.attn.hook_rot_q", "layers[i].{softmax}", "attention_queries", "after the rotary, [batch heads seq head_dim] (TransformerLens: [batch seq heads head_dim])"),
-    ("blocks.{i}.attn.hook_q", "layers[i].{softmax}", "attention_queries", "TransformerLens's hook_q is before the rotary; attention_queries is after it"),
-    ("blocks.{i}.attn.hook_rot_k", "layers[i].{softmax}", "attention_keys", "after the rotary, per key/value head"),
-    ("blocks.{i}.attn.hook_k", "layers[i].{softmax}", "attention_keys", "TransformerLens's hook_k is before the rotary; attention_keys is after it, per key/value head"),
-    ("blocks.{i}.attn.hook_v", "layers[i].{softmax}", "attention_values", "per key/value head (no repeat to the query heads)"),
-    ("blocks.{i}.attn.hook_attn_scores", "layers[i].{softmax}", "attention_scores", ""),
-    ("blocks.{i}.attn.hook_pattern", "layers[i].{softmax}", "attention_probabilities", ""),
-    ("blocks.{i}.attn.hook_z", "layers[i].{softmax}", "attention_head_outputs", ""),
-    ("blocks.{i}.hook_attn_out", "layers[i].{attn}", "attention_output", ""),
-    ("blocks.{i}.hook_resid_mid", "layers[i]", "layer_mid", ""),
-    ("blocks.{i}.ln2.hook_normalized", "layers[i]", "mlp_norm_output", ""),
-    ("blocks.{i}.mlp.hook_pre", "layers[i].mlp", "mlp_activation", "TransformerLens's hook_pre is before the activation; mlp_activation is after it"),
-    ("blocks.{i}.mlp.hook_post", "layers[i].mlp", "mlp_neurons", ""),
-    ("blocks.{i}.hook_mlp_out", "layers[i].mlp", "mlp_output", ""),
-    ("blocks.{i}.hook_resid_post", "layers[i]", "layer_output", ""),
-    ("ln_final.hook_normalized", "model", "final_norm_output", ""),
-    ("unembed.hook_out (the logits)", "model", "logits", ""),
-)
-
-# SAE releases name their hook point after TransformerLens (resid_pre / resid_mid / resid_post …)
-SAE_POINTS: tuple[tuple[str, str, str], ...] = (
-    ("resid_pre", "layers[i]", "layer_input"),
-    ("resid_mid", "layers[i]", "layer_mid"),
-    ("resid_post", "layers[i]", "layer_output"),
-    ("attn_out", "layers[i].{attn}", "attention_output"),
-    ("mlp_out", "layers[i].mlp", "mlp_output"),
-    ("hook_z", "layers[i].{softmax}", "attention_head_outputs"),
-)
 
 
 def native_path(f: FamilyIR, std: str) -> str:

@@ -15,6 +15,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
+from . import foreign_names
 from .errors import InputError, NnatlasError, Unavailable, UnknownName
 from .protocols import WrappedModel
 from .requests import Box, Expr, Request, Target
@@ -191,8 +192,9 @@ class Host:
         if self._model is not self and name in self._model._family.config:
             return self._model._config_value(name)  # every host shows the normalized config: moe.top_k
         self._model._explain_missing(self, name)
+        foreign = foreign_names.hint(self, name)  # a TransformerLens or SAE name: say what it stands for
         close = difflib.get_close_matches(name, self._standard_names(), n=4, cutoff=0.5)
-        hint = f"; nearest: {', '.join(close)}" if close else ""
+        hint = f"; {foreign}" if foreign else f"; nearest: {', '.join(close)}" if close else ""
         raise UnknownName(f"{self._label or 'model'} ({type(self._module).__name__}) has no value or module '{name}'{hint}")
 
     def __setattr__(self, name: str, value: Any) -> None:

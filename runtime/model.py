@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import foreign_names
 from .cache import Cache, cache_values
 from .describe import Support, render, support
-from .errors import InputError, NnatlasError
+from .errors import InputError, NnatlasError, UnknownName
+from .hosts import Value
 from .inputs import prepare
 from .targets import ModelTargets
 from .trace import Tracer
@@ -57,6 +59,31 @@ class AtlasModel(ModelTargets):
         keyed by standard path (``layers[3].layer_output``). Extra keyword arguments go to the forward.
         See :mod:`nnatlas.cache`."""
         return cache_values(self, self.trace(inputs, order="any", **kwargs), values, layers)
+
+    # ---- names ----
+    def value(self, name: str) -> Value:
+        """The value a name stands for, standard or from elsewhere: ``layers[3].layer_output``, a TransformerLens
+        hook (``blocks.3.hook_resid_post``, ``blocks.0.attn.hook_pattern``), or an nnsight / transformers module
+        path with its boundary (``model.model.layers[3].output``, ``model.layers.3.mlp.down_proj.input``).
+        The family page's "coming from" table lists the same map. Raises UnknownName saying what it expected."""
+        if not isinstance(name, str) or not name.strip():
+            raise UnknownName(f"model.value: expected a name such as 'layers[3].layer_output', got {name!r}")
+        foreign = (foreign_names.transformer_lens(self, name), foreign_names.module_path(self, name))
+        for path in dict.fromkeys(p for p in (*foreign, name) if p):
+            try:
+                found = foreign_names.walk(self, path)
+            except (AttributeError, IndexError, ValueError):
+                continue
+            if isinstance(found, Value):
+                return found
+            label = getattr(found, "_label", path) or "model"
+            raise UnknownName(f"{name} is the module {label}, not a value: read model.{label}.output or "
+                              f"model.{label}.input, or one of its values (model.support())")
+        point = foreign_names.sae_point(name)
+        why = (f"'{name}' is an SAE hook point for {point}: name a block, as in blocks.3.hook_{name}" if point else
+               "expected a standard path (layers[3].layer_output), a TransformerLens hook (blocks.3.hook_resid_post) "
+               "or an nnsight / transformers module path with .output or .input (model.model.layers[3].output)")
+        raise UnknownName(f"{name} is no value of {self.family}: {why}")
 
     # ---- introspection ----
     def support(self) -> Support:

@@ -91,7 +91,8 @@ def test_the_import_graph_counts_type_checking_imports() -> None:
 # imports included)
 LAYERS = (
     ("data model", {"nnatlas.errors", "nnatlas.spec", "nnatlas.conditions", "nnatlas.expressions",
-                    "nnatlas.registry", "nnatlas.cache_data", "nnatlas.cache_store", "nnatlas.protocols"}),
+                    "nnatlas.registry", "nnatlas.cache_data", "nnatlas.cache_store", "nnatlas.protocols",
+                    "nnatlas.foreign_names"}),
     ("sites", {"nnatlas.interrupts", "nnatlas.sites", "nnatlas.op_scopes", "nnatlas.patterns"}),
     ("requests and the tracer", {"nnatlas.requests", "nnatlas.installers", "nnatlas.function_sites", "nnatlas.trace",
                                  "nnatlas.validate"}),
@@ -166,7 +167,7 @@ def test_the_size_report_names_the_largest_modules_and_classes() -> None:
 # ---- one data model: the compiler builds the runtime's own ----
 
 # what the compiler's core (resolve, emit, the IR, expressions, read points) may import of the runtime
-DATA_MODEL = {"nnatlas.spec", "nnatlas.conditions"}
+DATA_MODEL = {"nnatlas.spec", "nnatlas.conditions", "nnatlas.foreign_names"}
 # the compiler's tools that run models with the runtime, and what each uses of it: the public API
 TOOLS = {"nnatlas.compiler.printouts": {"nnatlas"},  # nnatlas.wrap, on the meta device
          "nnatlas.compiler.treecheck": {"nnatlas", "nnatlas.introspect", "nnatlas.testing"},
