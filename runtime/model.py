@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import foreign_names
+from . import foreign_names, readout
 from .cache import Cache, cache_values
 from .describe import Support, render, support
 from .errors import InputError, NnatlasError, UnknownName
@@ -59,6 +59,17 @@ class AtlasModel(ModelTargets):
         keyed by standard path (``layers[3].layer_output``). Extra keyword arguments go to the forward.
         See :mod:`nnatlas.cache`."""
         return cache_values(self, self.trace(inputs, order="any", **kwargs), values, layers)
+
+    # ---- the readout ----
+    def unembed(self, x: Any) -> Any:
+        """A residual stream (``[..., hidden_size]``, a saved value) read out as logits, as the model reads out its
+        last one: the final norm, the head, then its softcaps, scales and multipliers (see :mod:`nnatlas.readout`).
+        ``unembed(model.layers[-1].layer_output)`` equals ``logits``; gradients flow through it."""
+        return readout.unembed(self, x)
+
+    def logit_lens(self, values: Any) -> Any:
+        """``unembed`` of each value: a tensor, or a list, tuple or dict of them (the same container back)."""
+        return readout.logit_lens(self, values)
 
     # ---- names ----
     def value(self, name: str) -> Value:

@@ -98,7 +98,7 @@ LAYERS = (
                                  "nnatlas.validate"}),
     ("hosts and values", {"nnatlas.hosts", "nnatlas.processing", "nnatlas.inputs", "nnatlas.introspect", "nnatlas.model_tree",
                           "nnatlas.targets"}),
-    ("what a model shows", {"nnatlas.describe", "nnatlas.cache"}),
+    ("what a model shows", {"nnatlas.describe", "nnatlas.cache", "nnatlas.readout"}),
     ("model facade", {"nnatlas.model", "nnatlas.typed"}),
     ("load", {"nnatlas.loading"}),
     ("entry points", {"nnatlas", "nnatlas.cache_cli", "nnatlas.__main__"}),
