@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import emit, files, outdir, printouts, pycheck, reference, status, treecheck
+from . import cookbook, emit, files, outdir, printouts, pycheck, reference, status, treecheck
 from .errors import GenerateError, Problem, SpecError, UserError
 from .ir import Atlas, FamilyIR
 from .resolve import resolve, resolve_texts
@@ -37,7 +37,8 @@ def compile_texts(texts: dict[str, str]) -> Atlas:
 
 
 def render(atlas: Atlas, printout_texts: dict[str, str] | None = None,
-           status_data: dict[str, Any] | None = None, adapters: dict[str, str] | None = None) -> dict[str, str]:
+           status_data: dict[str, Any] | None = None, adapters: dict[str, str] | None = None,
+           cookbook_text: str | None = None) -> dict[str, str]:
     """Every generated file, path relative to the root → text.
 
     ``printout_texts``: family → its printout file (``compiler/printouts.py``), which the pages
@@ -45,6 +46,7 @@ def render(atlas: Atlas, printout_texts: dict[str, str] | None = None,
     ``status_data``: the committed ``generated/docs/status.json`` (``compiler/status.py``), which
     status.html and the index's status row show; without it they say no run is recorded.
     ``adapters``: family → its rendered adapter, when the caller has rendered them already (``render_adapters``).
+    ``cookbook_text``: docs/cookbook.md (``compiler/cookbook.py``), rendered as the site's cookbook page.
     """
     printout_texts = printout_texts or {}
     adapters = adapters if adapters is not None else render_adapters(atlas)
@@ -65,6 +67,8 @@ def render(atlas: Atlas, printout_texts: dict[str, str] | None = None,
     out["generated/docs/atlas.js"] = emit.env().get_template("atlas.js.j2").render()
     out[reference.PATH] = reference.render_md()  # the spec language reference, from the compiler's own models
     out[reference.PAGE] = reference.render_html()
+    if cookbook_text is not None:
+        out[cookbook.PAGE] = cookbook.render_html(cookbook_text)
     return out
 
 
@@ -169,7 +173,7 @@ def _generate(root: Path, check: bool) -> Result:
     atlas = compile_atlas(root / "specs", root)
     adapters = render_adapters(atlas)
     texts, stale_printouts = plan_printouts(root, atlas, not check, adapters)
-    outputs = render(atlas, texts, status.read(root), adapters)
+    outputs = render(atlas, texts, status.read(root), adapters, cookbook.read(root))
     files.check_python(outputs)
     changed, orphans = files.stale(root, outputs, OWNED)
     orphans = [o for o in orphans if o not in stale_printouts]
@@ -198,7 +202,7 @@ def build_site(out: Path, root: Path | None = None) -> list[str]:
     adapters = render_adapters(atlas)
     texts, _ = plan_printouts(root, atlas, True, adapters)
     recorded = status.read(root)
-    outputs = render(atlas, texts, recorded, adapters)
+    outputs = render(atlas, texts, recorded, adapters, cookbook.read(root))
     site = {rel.removeprefix("generated/docs/"): text for rel, text in outputs.items() if rel.startswith("generated/docs/")}
     if recorded is not None:
         site["status.json"] = status.dumps(recorded)

@@ -97,8 +97,11 @@ class ModelTargets(ModelTree):
             target, path = cached
             if path is None or resolve_native(host_module, path) is target.module:
                 return target  # type: ignore[no-any-return]
-        key = (id(value._read), value._extra, value.label)
-        entry = self._targets_cache.get(key)
+        key: Any = (id(value._read), value._extra, value.label)
+        try:
+            entry = self._targets_cache.get(key)
+        except TypeError:  # an index that does not hash (a slice before Python 3.12, a tensor): not kept
+            key, entry = None, None
         if entry is not None:
             held, target, path = entry
             if held is host_module and (path is None or resolve_native(host_module, path) is target.module):
@@ -110,7 +113,7 @@ class ModelTargets(ModelTree):
         path = None
         if target.module is not host_module:
             path = next((n for n, m in host_module.named_modules() if m is target.module), None)
-        if target.module is host_module or path is not None:
+        if key is not None and (target.module is host_module or path is not None):
             self._targets_cache[key] = (host_module, target, path)
         return target
 

@@ -369,3 +369,21 @@ def test_a_plain_forward_in_another_thread_is_not_the_traces(llama: nnatlas.Atla
     assert plain_results and all(torch.equal(r, baseline) for r in plain_results)
     assert all(torch.count_nonzero(s) == 0 for s in saved)
     assert_clean(llama)
+
+
+def test_an_augmented_edit_of_an_indexed_value_reaches_the_model() -> None:
+    """``v[:, -1] += x`` indexes with a slice (unhashable before Python 3.12): its target is resolved without
+    the cache of targets instead of raising TypeError, in a trace and on every step of generate."""
+    model = testing.build("llama", seed=2)
+    d = torch.ones(model.hidden_size)
+    with model.trace(testing.PROMPT):
+        base = model.layers[1].layer_output.save()
+    with model.trace(testing.PROMPT):
+        model.layers[1].layer_output[:, -1] += 4 * d
+        out = model.layers[1].layer_output.save()
+    torch.testing.assert_close(out[:, :-1], base[:, :-1], rtol=0, atol=0)
+    torch.testing.assert_close(out[:, -1], base[:, -1] + 4, rtol=0, atol=0)
+    with model.generate(testing.PROMPT, max_new_tokens=2) as tracer:
+        for _ in tracer.iter[:]:
+            model.layers[1].layer_output[:, -1] += 4 * d
+    assert tracer.output.shape[1] == len(testing.PROMPT.split()) + 2

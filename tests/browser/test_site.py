@@ -60,7 +60,8 @@ def test_every_page_loads_clean_is_screenshotted_at_1400_and_390_and_never_scrol
                         wide.append((path.name, over))
             seen.append(path.name)
     assert page.errors == []
-    assert {"index.html", "llama.html", "gpt2.html", "gemma2.html", "qwen3_5_text.html", "hybrid_test.html"} <= set(seen)
+    assert {"index.html", "llama.html", "gpt2.html", "gemma2.html", "qwen3_5_text.html", "hybrid_test.html",
+            "cookbook.html", "spec.html"} <= set(seen)
     assert wide == []
     assert page.requests == []
 
