@@ -16,6 +16,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from ..errors import InputError
 from ..loading import route_kernels
 from ..model import AtlasModel
 from ..requests import Geometry, grad_through_base
@@ -145,9 +146,10 @@ def _path_of(label: str) -> str:
 
 
 class Held(TorchDispatchMode):
-    """The storages aten ops produce while active (an output sharing an input's storage, a view or
-    ``detach``, is no new one), each held by a weak reference only: ``held()`` is what of them is
-    still alive, in bytes, whoever keeps it (a Python tensor or only autograd's C++ graph)."""
+    """The new storages aten ops produce while active (an output sharing an input's storage, a view,
+    ``detach`` or an in-place op, makes none), each held by a weak reference only: ``held()`` is
+    what of them is still alive, in bytes, whoever keeps it (a Python tensor or only autograd's
+    C++ graph)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -155,11 +157,17 @@ class Held(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        inputs: set[int] | None = None
         for t in (out,) if type(out) is torch.Tensor else tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 storage = t.untyped_storage()
                 key = storage._cdata
-                if key not in self.storages:
+                if key in self.storages:
+                    continue
+                if inputs is None:
+                    inputs = {a.untyped_storage()._cdata for a in tree_flatten((args, kwargs or {}))[0]
+                              if isinstance(a, torch.Tensor)}
+                if key not in inputs:
                     self.storages[key] = (StorageWeakRef(storage), storage.nbytes())
         return out
 
@@ -179,8 +187,9 @@ SOAK_KINDS = {
     "steer": "the README's steering loop: an edit by a vector that requires grad and one by item, a backward, "
              "an optimizer step",
     "edit": "an edit, nothing saved",
+    "raises": "every layer_output saved, then an edit that does not fit raises in the forward",
 }
-LIGHT_KINDS = ("blocks", "blocks+backward", "steer", "edit")  # (the bench's: no kind saving every value)
+LIGHT_KINDS = ("blocks", "blocks+backward", "steer", "edit", "raises")  # (the bench's: no kind saving every value)
 
 
 @dataclass
@@ -189,7 +198,7 @@ class Soak:
 
     traces: int
     nodes: dict[str, int]  # per kind of trace: autograd nodes of its graph still alive (tagged: _tag_graph)
-    saves: dict[str, int]  # per kind of trace: saved tensors still alive
+    saves: dict[str, int]  # per kind of trace: saved tensors (and the model's output logits) still alive
     tensors: int  # live tensors (gc) after, minus before
     held: tuple[int, int] | None = None  # (bytes, storages) allocated during the run still alive (Held)
 
@@ -251,24 +260,35 @@ def grad_soak(model: AtlasModel, traces: int, *, kinds: tuple[str, ...] = tuple(
 
     def one(kind: str, watch: bool) -> None:
         saved: list[Any] = []
-        with model.trace(dict(inputs), order="any", grad=True) as tracer:
-            if kind.startswith("every"):
-                saved = [v.save() for v in values]
-            elif kind.startswith("blocks"):
-                saved = [layer.layer_output.save() for layer in layers] + [model.next_token_probs.save()]
-            elif kind == "steer":
-                layers[0].layer_output = layers[0].layer_output + steer
-                layers[-1].mlp.mlp_output[:, 0] = 0.0
-            else:
-                layers[-1].mlp.mlp_output[:, -1] = 0.0
-            logits = model.logits.save() if kind != "edit" else None
-        if logits is not None:
+        logits = output = None
+        try:
+            with model.trace(dict(inputs), order="any", grad=True) as tracer:
+                if kind.startswith("every"):
+                    saved = [v.save() for v in values]
+                elif kind.startswith("blocks") or kind == "raises":
+                    saved = [layer.layer_output.save() for layer in layers]
+                    if kind == "raises":
+                        layers[-1].mlp.mlp_output[:, 0] = torch.zeros(5)  # (found not to fit in the forward)
+                    else:
+                        saved.append(model.next_token_probs.save())
+                elif kind == "steer":
+                    layers[0].layer_output = layers[0].layer_output + steer
+                    layers[-1].mlp.mlp_output[:, 0] = 0.0
+                else:
+                    layers[-1].mlp.mlp_output[:, -1] = 0.0
+                if kind != "edit":
+                    logits = model.logits.save()
+            output = tracer.output.logits
+            assert kind != "raises", "an edit that does not fit did not raise"
+        except InputError:
+            assert kind == "raises", f"{kind}: the trace raised"
+        if logits is not None and kind != "raises":
             saved.append(logits)
         if watch:  # (the model's own output too: all an edit without saves leaves)
-            tensors = [t for t in saved if isinstance(t, torch.Tensor)] + [tracer.output.logits]
+            tensors = [t for t in [*saved, output] if isinstance(t, torch.Tensor)]
             saves[kind] += [weakref.ref(t) for t in tensors]
             nodes[kind] += _tag_graph([t.grad_fn for t in tensors if t.grad_fn is not None])
-        if logits is not None and kind != "every" and kind != "blocks":
+        if logits is not None and kind in ("every+backward", "blocks+backward", "steer"):
             loss = -logits[0, -1].log_softmax(-1)[1]
             if kind == "steer":
                 optimizer.zero_grad()
@@ -284,10 +304,12 @@ def grad_soak(model: AtlasModel, traces: int, *, kinds: tuple[str, ...] = tuple(
     with routed():
         for kind in kinds:
             one(kind, False)
+        optimizer.zero_grad()  # (the steering vector's .grad: the user's, not the traces')
         before = live_tensors()
         with Held() if held else contextlib.nullcontext() as mode:
             for i in range(traces):
                 one(kinds[i % len(kinds)], True)
+            optimizer.zero_grad()
         after = live_tensors()
     alive = lambda refs: sum(r() is not None for r in refs)  # noqa: E731
     return Soak(traces, {k: alive(v) for k, v in nodes.items()}, {k: alive(v) for k, v in saves.items()},
