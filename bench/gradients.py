@@ -4,7 +4,9 @@ Memory: the bytes a traced forward allocates with grad and without (``Allocation
 plain forward's; and the bytes autograd keeps for the backward (the distinct storages of the
 tensors saved for backward, counted with ``saved_tensors_hooks``), traced vs plain: the saves add
 no copy, so both differences are 0. Time: a traced forward that saves every block's layer_output
-plus a backward from the logits, vs a plain forward and backward of the same scalar.
+plus a backward from the logits, vs a plain forward and backward of the same scalar. Leaks
+(``leak_row``): what 1,000 grad traces leave alive once their saves are dropped, in bytes of the
+storages they allocated (``nnatlas.testing.Held``), autograd nodes and live tensors.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import torch
 
 from nnatlas.model import AtlasModel
+from nnatlas.testing import LIGHT_KINDS, grad_soak
 
 from . import memory
 from .timing import measure
@@ -28,7 +31,7 @@ def kept_for_backward(fn: Callable[[], Any]) -> tuple[int, Any]:
     def pack(t: torch.Tensor) -> torch.Tensor:
         s = t.untyped_storage()
         storages[s.data_ptr()] = s.nbytes()
-        return t
+        return t.detach()  # (the same storage; ``t`` itself, an op's saved output, would hold its own node: a cycle)
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         result = fn()
@@ -89,3 +92,14 @@ def timing_row(name: str, model: AtlasModel, inputs: dict[str, torch.Tensor], ru
     t = measure({"plain": plain, "ours": ours}, runs)
     return (f"{name}: plain forward+backward {t.median['plain'] * 1e3:.2f} ms, traced (grad=True, every "
             f"layer_output's .grad) {t.median['ours'] * 1e3:.2f} ms, ours/plain {t.ratio['ours']:.3f}")
+
+
+def leak_row(name: str, model: AtlasModel, traces: int, seq: int) -> str:
+    """What ``traces`` grad traces leave alive once their saves are dropped (``grad_soak``, the kinds
+    that do not save every value, in turn): bytes of the storages they allocated, autograd nodes
+    of their graphs, live tensors."""
+    soak = grad_soak(model, traces, kinds=LIGHT_KINDS, held=True, seq=seq)
+    assert soak.held is not None
+    held, storages = soak.held
+    return (f"{name}: {traces:,} grad traces, saves dropped: {held:,} bytes held after ({storages} storages), "
+            f"{sum(soak.nodes.values())} autograd nodes of their graphs alive, {soak.tensors:+d} live tensors")

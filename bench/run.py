@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 import nnatlas
-from nnatlas.testing import standard_values
+from nnatlas.testing import LIGHT_KINDS, SOAK_KINDS, standard_values
 
 from . import cache as bench_cache
 from . import compile_time, gradients, memory, models, phases
@@ -163,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="block counts of the deep tiny llama rows (empty: none): a per-trace cost hides in 3 blocks")
     parser.add_argument("--cases", default="abcde")
     parser.add_argument("--no-nnsight", action="store_true")
+    parser.add_argument("--grad-traces", type=int, default=1000,
+                        help="grad traces of the gradients' leak row, tiny llama (0: skip it)")
     parser.add_argument("--cache-docs", type=int, default=1500,
                         help="documents of the nnatlas cache throughput row (0: skip it)")
     parser.add_argument("--cache-procs", default="1,2", help="process counts for the nnatlas cache row (torchrun)")
@@ -219,12 +221,15 @@ def main(argv: list[str] | None = None) -> int:
     for row in mem_rows:
         print("  " + row)
 
-    print("\ngradients (trace(grad=True)): memory and a traced backward vs a plain backward")
+    print("\ngradients (trace(grad=True)): memory and a traced backward vs a plain backward; leaks: grad traces "
+          "in turn " + "; ".join(SOAK_KINDS[k] for k in LIGHT_KINDS))
     for family in [f for f in ("llama", "qwen3_5_text") if f in families]:
         _model, eager, inputs = models.tiny(family)
         name = f"{family} tiny (h{eager.normalized_config.get('hidden_size')} L{len(eager.layers)})"
         print("  " + gradients.memory_row(name, eager, inputs))
         print("  " + gradients.timing_row(name, eager, inputs, max(5, args.runs // 4)))
+        if family == "llama" and args.grad_traces:
+            print("  " + gradients.leak_row(name, eager, args.grad_traces, models.TINY_SEQ))
 
     print(f"\nnnatlas cache: {bench_cache.__doc__.splitlines()[0].split(': ', 1)[1]}")
     print(bench_cache.model_cache_memory())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -365,6 +366,7 @@ class Request:
     derive: Callable[[Mapping[str, Any]], Any] | None = None
     value: Any = None  # what a capture holds
     ordered: bool = True  # derived values and their inputs are served whenever the forward reaches them
+    grad_into: GradInto | None = None  # a save under grad=True: where its backward hooks write (save_with_grad)
 
 
 def fill(holder: Any, value: Any, label: str, grad: bool = False) -> None:
@@ -389,14 +391,26 @@ def _alias(holder: torch.Tensor, value: torch.Tensor) -> None:
     torch.utils.swap_tensors(holder, value.view_as(value))
 
 
-def save_with_grad(target: Target, holder: Any, payload: Any, value: Any, label: str) -> None:
+def save_with_grad(target: Target, r: Request, payload: Any, value: Any) -> None:
     """A save under ``trace(grad=True)``: the holder is an autograd view of the value, and a hook on the
     native tensor the forward goes on with (the one every later use reads) writes its gradient, seen
-    through the value's view, into ``holder.grad`` (summed like autograd's own). No copy is made."""
+    through the value's view, into ``holder.grad`` (summed like autograd's own). No copy is made.
+
+    The hook reaches the holder through the request's ``GradInto``, which holds it weakly: the holder
+    is a view in the forward's graph, and a hook of that graph holding it strongly would be a cycle
+    through autograd's C++ nodes, which Python's collector cannot see (every grad trace's graph
+    stayed alive). Once the caller drops the saved tensor, nothing is written and the graph goes."""
+    holder = r.payload
     if type(holder) is not torch.Tensor or not isinstance(value, torch.Tensor) or not value.requires_grad:
-        fill(holder, value, label)
+        fill(holder, value, r.label)
         return
+    into = r.grad_into
+    if into is None:
+        into = r.grad_into = GradInto()
+    else:  # a site that fires again fills the same holder (a per-token step outside tracer.iter)
+        into.ref = None  # (swap_tensors refuses a tensor with a weak reference: taken again below)
     _alias(holder, value)
+    into.ref = weakref.ref(holder)
     native = target.native(payload)
     if isinstance(native, torch.Tensor) and native.requires_grad and native is not value:
         view = target.grad_view()
@@ -409,14 +423,28 @@ def save_with_grad(target: Target, holder: Any, payload: Any, value: Any, label:
         # the base's sees them all, and the view's elements are read off its gradient
         view = functools.partial(grad_through_base, base=Geometry(base), native=Geometry(native), then=view)
         native = base
+    native.register_hook(functools.partial(into.add, view))
 
-    def keep(g: torch.Tensor) -> None:
+
+class GradInto:
+    """Where the backward hooks of one save write its gradient: ``.grad`` of the holder, held weakly
+    (``ref``; None while the holder is being filled again); a hook whose holder is gone does nothing."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self) -> None:
+        self.ref: weakref.ref[torch.Tensor] | None = None
+
+    def add(self, view: Callable[[torch.Tensor], torch.Tensor], g: torch.Tensor) -> None:
+        ref = self.ref
+        holder = None if ref is None else ref()
+        if holder is None:
+            return
         g = view(g)
         with warnings.catch_warnings():  # (reading .grad of a non-leaf that has none warns)
             warnings.simplefilter("ignore")
             before = holder.grad
         holder.grad = g if before is None else before + g
-    native.register_hook(keep)
 
 
 @dataclass(frozen=True)

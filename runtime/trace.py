@@ -183,7 +183,7 @@ class Tracer:
                 value = payload if get is _same else get(payload)
                 holder = r.payload
                 if self.grad_live:
-                    save_with_grad(t, holder, payload, value, r.label)
+                    save_with_grad(t, r, payload, value)
                 elif type(holder) is torch.Tensor and isinstance(value, torch.Tensor):
                     holder.data = value
                 else:
@@ -209,7 +209,7 @@ class Tracer:
                     if action == "capture":
                         r.value = value
                     elif self.grad_live:
-                        save_with_grad(t, r.payload, payload, value, r.label)  # the hook on the tensor the forward goes on with
+                        save_with_grad(t, r, payload, value)  # the hook on the tensor the forward goes on with
                     else:
                         fill(r.payload, value, r.label)
                     r.done = True
@@ -222,7 +222,7 @@ class Tracer:
             if action == "capture":
                 r.value = value
             elif self.grad_live:
-                save_with_grad(t, r.payload, payload, value, r.label)
+                save_with_grad(t, r, payload, value)
             elif type(r.payload) is torch.Tensor and isinstance(value, torch.Tensor):
                 r.payload.data = value  # fill(), inlined: the common case
             else:

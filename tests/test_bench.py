@@ -19,7 +19,7 @@ def test_the_bench_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
     """End to end at its smallest; bloom refuses sdpa: the bench builds it under the loads its class accepts
     (it used to die building it under sdpa)."""
     assert run.main(["--families", "llama,bloom", "--runs", "3", "--gen-runs", "2", "--mid-layers", "0",
-                     "--no-nnsight", "--cache-docs", "0", "--deep", "12"]) == 0
+                     "--no-nnsight", "--cache-docs", "0", "--deep", "12", "--grad-traces", "10"]) == 0
     out = capsys.readouterr().out
     for case in ("(a) empty trace", "(b) save every layer output", "(c) save every standard value",
                  "(d) edit every layer", "(e) generate 16"):
@@ -35,6 +35,8 @@ def test_the_bench_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert grads.endswith("bytes for the backward (+0 vs plain)")
     assert any(line.startswith("  llama tiny") and "ours/plain" in line and "forward+backward" in line
                for line in out.splitlines())
+    assert ("  llama tiny (h16 L3): 10 grad traces, saves dropped: 0 bytes held after (0 storages), "
+            "0 autograd nodes of their graphs alive, +0 live tensors\n") in out
     assert "compiler: nnatlas generate --check" in out and "targets met:" in out
     for layers in (3, 12):  # every (b) row's floors, met or missed
         assert re.search(rf"  llama tiny \(h16 L{layers}\) +\(b\) ours [0-9.]+, torch forward hooks [0-9.]+, "

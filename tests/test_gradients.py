@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import torch
 
 import nnatlas
@@ -111,3 +112,20 @@ def test_edits_under_grad_reach_the_logits_as_without() -> None:
         with model.trace(_inputs(model)):
             plain = model.logits.save()
         assert not torch.equal(plain, results[0]), f"{what}: the edit did not reach the logits"
+
+
+@pytest.mark.parametrize("family, traces, kinds, kernels", [
+    ("llama", 105, tuple(T.SOAK_KINDS), False),  # dense
+    ("qwen3_moe", 42, tuple(T.SOAK_KINDS), False),  # a mixture of experts
+    ("qwen3_5_text", 28, tuple(T.SOAK_KINDS), False),  # hybrid: DeltaNet and attention blocks
+    ("qwen3_5_text", 6, ("every", "every+backward"), True),  # its per-token step, saved at every token
+])
+def test_grad_traces_leave_nothing_alive(family: str, traces: int, kinds: tuple[str, ...], kernels: bool) -> None:
+    """Once the saves are dropped, nothing of a grad=True trace's graph stays alive, with or without
+    a backward, with or without edits: no autograd node of any trace's graph (each node tagged,
+    weakly referenced), no saved tensor, and no more live tensors (gc) after the soak than before.
+    (A hook on the forward's tensor that held the saved view kept every traced graph alive: a cycle
+    through autograd's C++ nodes that Python's collector cannot see.)"""
+    soak = T.grad_soak(T.build(family), traces, kinds=kinds, kernels=kernels)
+    assert not soak.leaks(), f"{family}: after {traces} grad traces, alive: {'; '.join(soak.leaks())}"
+    assert soak.tensors <= 2, f"{family}: {soak.tensors} more live tensors after {traces} grad traces"

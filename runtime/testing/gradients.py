@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import re
 import warnings
+import weakref
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
+from ..errors import InputError
+from ..loading import route_kernels
 from ..model import AtlasModel
 from ..requests import Geometry, grad_through_base
 from .checks import GRAD_BLOCK_VALUES, GRADIENT_COUNTS, GRADIENT_GAPS, _fixed_inputs
-from .tiny import build
+from .tiny import build, draw_inputs
 from .values import each_host, standard_values
 
 
@@ -134,3 +143,174 @@ def _plain_block_gradients(model: AtlasModel, inputs: Mapping[str, torch.Tensor]
 def _path_of(label: str) -> str:
     """``layers[3].self_attn`` -> ``layers[i].self_attn``: the spec path of a host label."""
     return re.sub(r"\[\d+\]", "[i]", label)
+
+
+class Held(TorchDispatchMode):
+    """The new storages aten ops produce while active (an output sharing an input's storage, a view,
+    ``detach`` or an in-place op, makes none), each held by a weak reference only: ``held()`` is
+    what of them is still alive, in bytes, whoever keeps it (a Python tensor or only autograd's
+    C++ graph)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.storages: dict[int, tuple[StorageWeakRef, int]] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        inputs: set[int] | None = None
+        for t in (out,) if type(out) is torch.Tensor else tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                key = storage._cdata
+                if key in self.storages:
+                    continue
+                if inputs is None:
+                    inputs = {a.untyped_storage()._cdata for a in tree_flatten((args, kwargs or {}))[0]
+                              if isinstance(a, torch.Tensor)}
+                if key not in inputs:
+                    self.storages[key] = (StorageWeakRef(storage), storage.nbytes())
+        return out
+
+    def held(self) -> tuple[int, int]:
+        """(bytes, storages) of those still alive."""
+        gc.collect()
+        alive = [n for ref, n in self.storages.values() if not ref.expired()]
+        return sum(alive), len(alive)
+
+
+# the kinds of trace a soak runs in turn: what is saved, and what is done with it
+SOAK_KINDS = {
+    "every": "every value saved (views, copies, derived values), no backward",
+    "every+backward": "every value saved, a backward",
+    "blocks": "every layer_output and the logits saved, no backward",
+    "blocks+backward": "every layer_output and the logits saved, two backwards (retain_graph), a number kept",
+    "steer": "the README's steering loop: an edit by a vector that requires grad and one by item, a backward, "
+             "an optimizer step",
+    "edit": "an edit, nothing saved",
+    "raises": "every layer_output saved, then an edit that does not fit raises in the forward",
+}
+LIGHT_KINDS = ("blocks", "blocks+backward", "steer", "edit", "raises")  # (the bench's: no kind saving every value)
+
+
+@dataclass
+class Soak:
+    """What a run of ``trace(grad=True)`` calls left alive once every save was dropped."""
+
+    traces: int
+    nodes: dict[str, int]  # per kind of trace: autograd nodes of its graph still alive (tagged: _tag_graph)
+    saves: dict[str, int]  # per kind of trace: saved tensors (and the model's output logits) still alive
+    tensors: int  # live tensors (gc) after, minus before
+    held: tuple[int, int] | None = None  # (bytes, storages) allocated during the run still alive (Held)
+
+    def leaks(self) -> list[str]:
+        """What stays alive, in words (nothing: an empty list)."""
+        out = [f"{n} autograd nodes of '{kind}' traces" for kind, n in self.nodes.items() if n]
+        out += [f"{n} saved tensors of '{kind}' traces" for kind, n in self.saves.items() if n]
+        return out
+
+
+class _Tag:
+    """Put in an autograd node's ``metadata`` (freed with the node): a weak reference to it says
+    whether the node is alive (a node itself takes no weak reference)."""
+
+    __slots__ = ("__weakref__",)
+
+
+def _tag_graph(roots: list[Any]) -> list[weakref.ref[_Tag]]:
+    """Tag every autograd node reachable from ``roots`` not tagged yet; weak references to the tags."""
+    out = []
+    todo = list(roots)
+    while todo:
+        node = todo.pop()
+        if node is None or "nnatlas_soak" in node.metadata:
+            continue
+        tag = node.metadata["nnatlas_soak"] = _Tag()
+        out.append(weakref.ref(tag))
+        todo += [n for n, _ in node.next_functions]
+    return out
+
+
+def live_tensors() -> int:
+    """Tensors alive in Python after a full collection (``type`` rather than ``isinstance``: a module
+    object that warns on attribute access is no tensor)."""
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if issubclass(type(o), torch.Tensor))
+
+
+def grad_soak(model: AtlasModel, traces: int, *, kinds: tuple[str, ...] = tuple(SOAK_KINDS), kernels: bool = False,
+              held: bool = False, seq: int = 6) -> Soak:
+    """``traces`` calls of ``trace(grad=True)`` on ``model``, one of ``kinds`` (``SOAK_KINDS``) after
+    the other, each trace's saves dropped after it: the autograd nodes of each trace's graph and
+    its saved tensors still alive after (weak references), and the growth of live tensors; with
+    ``held``, the bytes of what the run allocated that are still alive (``Held``: slower).
+    ``kernels``: inside ``route_kernels`` (a recurrent kernel's per-token step, saved at every
+    token, fills the same save again). A first call of each kind runs before (an optimizer's state)."""
+    inputs = draw_inputs(model.vocab_size, 1, seq, [0], seed=3)
+    routed = lambda: route_kernels(model.family) if kernels else contextlib.nullcontext()  # noqa: E731
+    with routed():
+        values = [v for v in standard_values(model)
+                  if v._spec is None or v._spec.layout.dtype not in ("long", "bool", "object")]
+    layers = model.layers
+    steer = torch.zeros(model.hidden_size, requires_grad=True)
+    optimizer = torch.optim.Adam([steer], lr=0.01)
+    params = [p for p in model.native.parameters() if p.requires_grad]
+    kept: list[float] = []
+    saves: dict[str, list[weakref.ref[Any]]] = {k: [] for k in kinds}
+    nodes: dict[str, list[weakref.ref[Any]]] = {k: [] for k in kinds}
+
+    def one(kind: str, watch: bool) -> None:
+        saved: list[Any] = []
+        logits = output = None
+        try:
+            with model.trace(dict(inputs), order="any", grad=True) as tracer:
+                if kind.startswith("every"):
+                    saved = [v.save() for v in values]
+                elif kind.startswith("blocks") or kind == "raises":
+                    saved = [layer.layer_output.save() for layer in layers]
+                    if kind == "raises":
+                        layers[-1].mlp.mlp_output[:, 0] = torch.zeros(5)  # (found not to fit in the forward)
+                    else:
+                        saved.append(model.next_token_probs.save())
+                elif kind == "steer":
+                    layers[0].layer_output = layers[0].layer_output + steer
+                    layers[-1].mlp.mlp_output[:, 0] = 0.0
+                else:
+                    layers[-1].mlp.mlp_output[:, -1] = 0.0
+                if kind != "edit":
+                    logits = model.logits.save()
+            output = tracer.output.logits
+            assert kind != "raises", "an edit that does not fit did not raise"
+        except InputError:
+            assert kind == "raises", f"{kind}: the trace raised"
+        if logits is not None and kind != "raises":
+            saved.append(logits)
+        if watch:  # (the model's own output too: all an edit without saves leaves)
+            tensors = [t for t in [*saved, output] if isinstance(t, torch.Tensor)]
+            saves[kind] += [weakref.ref(t) for t in tensors]
+            nodes[kind] += _tag_graph([t.grad_fn for t in tensors if t.grad_fn is not None])
+        if logits is not None and kind in ("every+backward", "blocks+backward", "steer"):
+            loss = -logits[0, -1].log_softmax(-1)[1]
+            if kind == "steer":
+                optimizer.zero_grad()
+            loss.backward(retain_graph=kind == "blocks+backward")
+            if kind == "blocks+backward":
+                loss.backward()
+                kept.append(float(saved[0].grad.sum()))
+            if kind == "steer":
+                optimizer.step()
+        for p in params:
+            p.grad = None
+
+    with routed():
+        for kind in kinds:
+            one(kind, False)
+        optimizer.zero_grad()  # (the steering vector's .grad: the user's, not the traces')
+        before = live_tensors()
+        with Held() if held else contextlib.nullcontext() as mode:
+            for i in range(traces):
+                one(kinds[i % len(kinds)], True)
+            optimizer.zero_grad()
+        after = live_tensors()
+    alive = lambda refs: sum(r() is not None for r in refs)  # noqa: E731
+    return Soak(traces, {k: alive(v) for k, v in nodes.items()}, {k: alive(v) for k, v in saves.items()},
+                after - before, mode.held() if mode is not None else None)
