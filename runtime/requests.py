@@ -490,4 +490,12 @@ class Expr:
             if isinstance(x, list | tuple):
                 return type(x)(ev(i) for i in x)
             return x
-        return self.fn(*ev(self.args), **{k: ev(v) for k, v in self.kwargs.items()})
+        args, kwargs = ev(self.args), {k: ev(v) for k, v in self.kwargs.items()}
+        try:
+            return self.fn(*args, **kwargs)
+        except NnatlasError:
+            raise
+        except (RuntimeError, TypeError, ValueError, IndexError) as e:  # torch's own: say which value it computed
+            shapes = ", ".join(str(list(a.shape)) for a in args if isinstance(a, torch.Tensor))
+            raise InputError(f"{needed_by}: the expression it is computed from failed on tensors of shapes "
+                             f"{shapes or '(none)'}: {type(e).__name__}: {e}") from e

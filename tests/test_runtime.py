@@ -387,3 +387,17 @@ def test_an_augmented_edit_of_an_indexed_value_reaches_the_model() -> None:
         for _ in tracer.iter[:]:
             model.layers[1].layer_output[:, -1] += 4 * d
     assert tracer.output.shape[1] == len(testing.PROMPT.split()) + 2
+
+
+def test_an_edit_expression_that_fails_is_one_input_error_naming_the_value() -> None:
+    """torch's own error inside an edit's expression (shapes that do not broadcast) is an InputError that names
+    the value it computes and the shapes, and the trace leaves nothing behind."""
+    model = testing.build("llama", seed=2)
+    with pytest.raises(nnatlas.InputError, match=r"layers\[2\]\.mlp\.mlp_output: the expression it is computed from "
+                                                 r"failed on tensors of shapes \[1, \d+, 16\], \[2\]: RuntimeError"):
+        with model.trace(testing.PROMPT):
+            model.layers[2].mlp.mlp_output = model.layers[0].layer_output * torch.ones(2)
+    assert_clean(model)
+    with model.trace(testing.PROMPT):  # and the model traces again
+        out = model.logits.save()
+    assert out.isfinite().all()
