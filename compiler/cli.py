@@ -68,7 +68,7 @@ def _new(family: str, base: str, out: Path | None, root: Path | None, force: boo
     """``nnatlas new FAMILY --from BASE``: the starting spec, then how to go on."""
     from .newspec import NewSpecError, write_new
 
-    root = checkout(root)
+    root = checkout(root, "new")
     try:
         path = write_new(family, base, compile_atlas(root / "specs", root), out or root / "specs" / f"{family}.yaml", force)
     except NewSpecError as e:
@@ -96,7 +96,7 @@ def _status(root: Path | None, chosen: str | None, families: str | None = None, 
     """``nnatlas status``: the runs (one venv per version under .venv-status/), status.json, then generate."""
     from . import compile_atlas, status
 
-    root = checkout(root)
+    root = checkout(root, "status")
     wanted = [v.strip() for v in chosen.split(",") if v.strip()] if chosen else None
     picked = [f.strip() for f in families.split(",") if f.strip()] if families else None
     if only_stale:
@@ -139,10 +139,23 @@ def user_errors(run: Callable[[], int]) -> int:
         return 130
 
 
-def checkout(root: Path | None) -> Path:
-    """The checkout to read specs/ from: ``root`` when given (it must hold a specs/ folder)."""
+def is_checkout(root: Path) -> bool:
+    """A checkout of nnatlas (what generate, docs, new and status work in): its pyproject.toml and specs/. A
+    pip-installed nnatlas carries its specs as package data, but no pyproject.toml and no generated/ to write."""
+    return (root / "pyproject.toml").is_file() and (root / "specs" / "_vocabulary.yaml").is_file()
+
+
+def checkout(root: Path | None, command: str = "", other: str = "") -> Path:
+    """The checkout to read specs/ from: ``root`` when given (it must hold a specs/ folder), else the one nnatlas
+    is installed from (an editable install), else the current folder when it is one; else one line saying so
+    (``other``: what else would do)."""
     if root is None:
-        return default_root()
+        for found in (default_root(), Path.cwd()):
+            if is_checkout(found):
+                return found
+        raise UserError(f"nnatlas {command or 'this command'}: needs a checkout of nnatlas (its pyproject.toml, specs/ "
+                        f"and generated/), and this nnatlas is installed without one ({default_root()}): run it inside "
+                        f"a checkout, or give --root DIR{other}")
     if not (root / "specs").is_dir():
         what = "does not exist" if not root.exists() else "has no specs/ folder"
         raise UserError(f"nnatlas: --root {root} {what}; give the checkout that holds specs/")
@@ -151,7 +164,7 @@ def checkout(root: Path | None) -> Path:
 
 def _docs(root: Path | None, out: Path, serve: bool, port: int) -> int:
     folder = out.resolve()
-    root = checkout(root)
+    root = checkout(root, "docs")
     outdir.check(folder)
     httpd = bind(port, folder) if serve else None  # a bad or busy port is said before the build
     try:
@@ -167,7 +180,7 @@ def _docs(root: Path | None, out: Path, serve: bool, port: int) -> int:
 
 def _generate(root: Path | None, check: bool) -> int:
     start = time.perf_counter()
-    result = generate(checkout(root), check=check)
+    result = generate(checkout(root, "generate"), check=check)
     took = (time.perf_counter() - start) * 1000
     if check:
         if result.changed or result.removed:
@@ -202,7 +215,11 @@ def run_draft(args: Any) -> int:
     from .draft import DraftError, draft
     from .draft.check import compile_draft, run_tests
 
-    root = checkout(args.root)
+    # a checkout's specs/ (written into by default), else the specs a pip-installed nnatlas carries (--out needed)
+    if args.root is not None or args.out is None:
+        root = checkout(args.root, "draft", " (or --out FILE: the draft is then compiled with the specs this nnatlas carries)")
+    else:
+        root = next((r for r in (default_root(), Path.cwd()) if is_checkout(r)), default_root())
     try:
         d = draft(args.model_type, model_path=args.model, extends=args.extends)
     except DraftError as e:
