@@ -32,7 +32,9 @@ def read(root: Path) -> str | None:
 
 def parse(text: str) -> tuple[str, str, list[Recipe]]:
     """(title, introduction, recipes) of the cookbook's Markdown."""
-    title, intro, recipes = "Cookbook", [], []
+    title = "Cookbook"
+    intro: list[str] = []
+    recipes: list[Recipe] = []
     current: tuple[str, list[str]] | None = None
     for line in text.splitlines():
         if line.startswith("# ") and current is None and not intro:
