@@ -237,7 +237,7 @@ def run(args: argparse.Namespace, dist: Dist) -> int:
         write_json(args.out / RUN, settings)
     dist.barrier()
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.thread_time()
     rank = dist.rank
     total_rows = the_plan.rows(rank)
     expected = -(-total_rows // per_shard)
@@ -261,9 +261,11 @@ def run(args: argparse.Namespace, dist: Dist) -> int:
         if bar is not None:
             bar.close()
     dist.barrier()
-    gathered = dist.gather((tokens, _peak_rss_mb(), positions))
-    ran, peak = sum(t for t, _, _ in gathered), max(p for _, p, _ in gathered)
-    padding = 1 - ran / max(sum(n for _, _, n in gathered), 1)
+    cpu = time.thread_time() - cpu
+    gathered = dist.gather((tokens, _peak_rss_mb(), positions, cpu, background.cpu))
+    ran, peak = sum(g[0] for g in gathered), max(g[1] for g in gathered)
+    padding = 1 - ran / max(sum(g[2] for g in gathered), 1)
+    cpu, writer_cpu = sum(g[3] for g in gathered), sum(g[4] for g in gathered)
     error = None
     if rank == 0:
         manifest = _manifest(settings, the_plan, dist.world, per_shard, shapes, args, handles)
@@ -281,7 +283,8 @@ def run(args: argparse.Namespace, dist: Dist) -> int:
               f"x {len(handles)} values in {len(manifest['shards'])} shards ({args.out}); {ran} tokens in "
               f"{took:.2f} s on {dist.world} process{'es' if dist.world > 1 else ''}: {ran / max(took, 1e-9):.0f} "
               f"tokens/s; peak memory {peak:.0f} MB per process; padding {100 * padding:.1f}% of the positions "
-              f"the forwards ran (batched in {the_plan.order} order)", file=sys.stderr)
+              f"the forwards ran (batched in {the_plan.order} order); CPU {cpu:.2f} s in the forward loop, "
+              f"{writer_cpu:.2f} s writing", file=sys.stderr)
     return 0
 
 
@@ -307,6 +310,7 @@ class Background:
         self.room = threading.Condition()
         self.error: BaseException | None = None
         self.stopping = False
+        self.cpu = 0.0  # seconds of CPU the thread took
         self.thread = threading.Thread(target=self._work, name="nnatlas-cache-writer", daemon=True)
 
     def __enter__(self) -> Background:
@@ -328,25 +332,31 @@ class Background:
             raise self.error
 
     def _work(self) -> None:
+        start = time.thread_time()
         try:
-            while True:
-                item = self.items.get()
-                if self.stopping:
-                    return
-                if item is None:
-                    self.writer.close()
-                    return
-                rows, ready, size = item
-                if ready is not None:
-                    ready.synchronize()
-                self.writer.add(rows)
-                del rows, item
-                with self.room:
-                    self.held -= size
-                    self.room.notify()
+            self._loop()
         except BaseException as e:  # raised again in the caller's thread
             self.error = e
             with self.room:
+                self.room.notify()
+        finally:
+            self.cpu = time.thread_time() - start
+
+    def _loop(self) -> None:
+        while True:
+            item = self.items.get()
+            if self.stopping:
+                return
+            if item is None:
+                self.writer.close()
+                return
+            rows, ready, size = item
+            if ready is not None:
+                ready.synchronize()
+            self.writer.add(rows)
+            del rows, item
+            with self.room:
+                self.held -= size
                 self.room.notify()
 
     def __exit__(self, kind: Any, value: Any, tb: Any) -> None:
