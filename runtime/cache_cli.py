@@ -260,8 +260,8 @@ def run(args: argparse.Namespace, dist: Dist) -> int:
     finally:
         if bar is not None:
             bar.close()
+    cpu = time.thread_time() - cpu  # (before the barrier, where a rank that is done early may wait)
     dist.barrier()
-    cpu = time.thread_time() - cpu
     gathered = dist.gather((tokens, _peak_rss_mb(), positions, cpu, background.cpu))
     ran, peak = sum(g[0] for g in gathered), max(g[1] for g in gathered)
     padding = 1 - ran / max(sum(g[2] for g in gathered), 1)
