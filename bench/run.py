@@ -168,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-docs", type=int, default=1500,
                         help="documents of the nnatlas cache throughput row (0: skip it)")
     parser.add_argument("--cache-procs", default="1,2", help="process counts for the nnatlas cache row (torchrun)")
+    parser.add_argument("--cache-rounds", type=int, default=3,
+                        help="rounds of the nnatlas cache row (each: the command, then a plain loop, alternated)")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(1)
@@ -236,8 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cache_docs:
         procs = [int(n) for n in args.cache_procs.split(",") if n]
         print(f"  a small llama (h256 L4), {args.cache_docs} documents of 20-60 words, seq-len {bench_cache.SEQ_LEN}, "
-              "batch 8, every layer_output at every token, 1 thread per process:")
-        for row in bench_cache.cache_rows(args.cache_docs, procs):
+              f"batch {bench_cache.BATCH}, every layer_output at every token, {bench_cache.SHARD_MB} MB shards, 1 "
+              "thread per process; forward-loop tokens/s of the command and of a plain loop over the same batches:")
+        for row in bench_cache.cache_rows(args.cache_docs, procs, args.cache_rounds):
             print(row)
 
     cold, cold_cpu = compile_time.cold_check()

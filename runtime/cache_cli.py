@@ -4,10 +4,11 @@
     torchrun --nproc_per_node 4 -m nnatlas cache MODEL_OR_PATH --data corpus.jsonl ... --out acts/
 
 One process, or one per rank under torchrun (``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` from its
-environment): every rank plans the same batches (``cache_data.plan``), runs its contiguous share on
-its own device, writes its own shards, and rank 0 writes ``manifest.json`` once every rank is done.
-Bad input (a file, a field, a value this load cannot serve) is reported on one line with exit
-status 2, before any forward.
+environment): every rank plans the same batches (``cache_data.plan``: by length unless ``--no-sort``),
+runs its contiguous share on its own device, writes its own shards (on a thread, :class:`Background`,
+while the next forwards run), and rank 0 writes ``manifest.json`` once every rank is done.
+Bad input (a file, a field, a setting, a device, a value this load cannot serve) is reported on one
+line with exit status 2, before any forward of the data.
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
+import queue
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -43,6 +47,8 @@ from .cache_store import (
 from .errors import NnatlasError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# the most --batch-size / --seq-len / --shard-size (MB) may be: more is a typo, not a run
+LIMITS = {"batch_size": 1 << 20, "seq_len": 1 << 20, "shard_size": 1e6}
 META_KEYS = {"all": ("meta.doc", "meta.length", "meta.tokens"), "last": ("meta.doc", "meta.position", "meta.token"),
              "nonpad": ("meta.doc", "meta.position", "meta.token")}
 
@@ -53,6 +59,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="a checkpoint folder or hub name (nnatlas.load)")
     p.add_argument("--data", type=Path, required=True, help="a .jsonl, .txt (a document per line) or .parquet file")
     p.add_argument("--text-field", default="text", help="the field (.jsonl) or column (.parquet) holding the text")
+    p.add_argument("--errors", choices=("strict", "replace"), default="strict",
+                   help="bytes of a .jsonl / .txt file that are not UTF-8: refused with their line and offset "
+                        "(strict, default) or read as U+FFFD (replace)")
     p.add_argument("--values", action="append", default=None,
                    help="comma-separated values, read on every chosen block that has them (layer_output, "
                         "self_attn.attention_output), else on the model (logits); repeatable; default layer_output")
@@ -60,7 +69,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="the folder to write")
     p.add_argument("--batch-size", type=int, default=8, help="documents per forward (default 8)")
     p.add_argument("--seq-len", type=int, default=128, help="tokens per document at most; longer ones are cut "
-                   "(default 128)")
+                   "(default 128; a long text is tokenized in pieces of about --seq-len tokens)")
+    p.add_argument("--no-sort", action="store_true",
+                   help="batch the documents in file order (default: longest first, so a batch pads its "
+                        "documents to about their own length; the rows are then stored in that order, "
+                        "meta.doc and meta.position say where each is from)")
     p.add_argument("--max-tokens", type=int, default=None, help="stop after this many tokens of the dataset")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                    help="store floating values in this dtype (default: as the model computes them)")
@@ -71,7 +84,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--positions", choices=POSITIONS, default="nonpad",
                    help="rows: one per real token (nonpad, default), one per document at its last token (last), "
                         "or one per document of --seq-len positions, padding included (all)")
-    p.add_argument("--shard-size", type=float, default=512.0, help="MB per shard at most (default 512)")
+    p.add_argument("--shard-size", type=float, default=512.0, help="MB per shard at most (default 512; a "
+                   "rank holds up to about three shards of rows in memory while one is written)")
     p.add_argument("--device", default=None, help="default: cuda:LOCAL_RANK when CUDA is there, else cpu")
     p.add_argument("--resume", action="store_true", help="continue a stopped run in --out (same settings)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -165,38 +179,80 @@ def checked(dist: Dist, step: Callable[[], Any]) -> Any:
 
 def _settings_error(args: argparse.Namespace) -> None:
     for name in ("batch_size", "seq_len"):
-        if getattr(args, name) < 1:
-            raise CacheError(f"--{name.replace('_', '-')} is at least 1")
+        flag, value = f"--{name.replace('_', '-')}", getattr(args, name)
+        if value < 1:
+            raise CacheError(f"{flag} is at least 1")
+        if value > LIMITS[name]:
+            raise CacheError(f"{flag} {value}: at most {LIMITS[name]}")
     if args.max_tokens is not None and args.max_tokens < 1:
         raise CacheError("--max-tokens is at least 1")
-    if not args.shard_size > 0:
-        raise CacheError("--shard-size is a positive number of MB")
+    if not (math.isfinite(args.shard_size) and 0 < args.shard_size <= LIMITS["shard_size"]):
+        raise CacheError(f"--shard-size {args.shard_size:g}: a number of MB above 0 and at most "
+                         f"{LIMITS['shard_size']:g} (a shard is held in memory while it fills)")
+    if not _value_names(args):
+        raise CacheError(f"--values {','.join(args.values or [])!r} names no value; name one or more, such as "
+                         "layer_output,mlp.mlp_output")
+
+
+def _value_names(args: argparse.Namespace) -> list[str]:
+    return [n.strip() for v in (args.values or ["layer_output"]) for n in v.split(",") if n.strip()]
+
+
+def _device(text: str | None, dist: Dist) -> torch.device:
+    """``--device``, checked: one this torch has on this machine (default: cuda:LOCAL_RANK, else cpu)."""
+    if text is None:
+        return torch.device(f"cuda:{dist.local_rank}" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError, TypeError) as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CacheError(f"--device {text!r} is not a device: {why}") from None
+    if device.type == "meta":
+        raise CacheError("--device meta computes shapes, not values: there is nothing to cache; pass cpu or cuda")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise CacheError(f"--device {device}: this torch has no CUDA device")
+        n = torch.cuda.device_count()
+        if device.index is not None and device.index >= n:
+            raise CacheError(f"--device {device}: this machine has {n} CUDA device{'s' if n > 1 else ''} "
+                             f"(cuda:0 to cuda:{n - 1})")
+    elif device.type != "cpu":
+        try:
+            torch.empty(1, device=device)
+        except Exception as e:  # each backend raises its own
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise CacheError(f"--device {text}: this torch cannot use it ({why})") from None
+    return device
 
 
 def run(args: argparse.Namespace, dist: Dist) -> int:
-    device = torch.device(args.device or (f"cuda:{dist.local_rank}" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise CacheError(f"--device {device}: this torch has no CUDA device")
-    dist.start(device)
     _settings_error(args)
-    names = [n.strip() for v in (args.values or ["layer_output"]) for n in v.split(",") if n.strip()]
+    device = _device(args.device, dist)
+    dist.start(device)
+    names = _value_names(args)
     layers = parse_layers(args.layers)
-    texts = checked(dist, lambda: read_texts(args.data, args.text_field))
+    texts = checked(dist, lambda: read_texts(args.data, args.text_field, args.errors))
     model = checked(dist, lambda: _load(args, device))
     handles = checked(dist, lambda: _handles(model, names, layers))
     ids = tokenize(model.tokenizer, texts, args.seq_len)
-    the_plan = checked(dist, lambda: plan(ids, args.batch_size, args.positions, dist.world, args.max_tokens))
+    del texts
+    width = args.seq_len if args.positions == "all" else None
+    the_plan = checked(dist, lambda: plan(ids, args.batch_size, args.positions, dist.world, args.max_tokens,
+                                          _order(args), width))
     store_dtype = DTYPES[args.dtype] if args.dtype else None
     shapes = _row_shapes(model, handles, the_plan, args.positions, args.seq_len, store_dtype)
     row_bytes = sum(_numel(s) * torch.empty(0, dtype=d).element_size() for s, d in shapes.values())
     # a shard's safetensors header (a JSON entry per key, padded) counts against --shard-size too
     header = 1024 + 256 * len(shapes)
-    per_shard = max(1, (int(args.shard_size * 1e6) - header) // row_bytes)
+    per_shard = (int(args.shard_size * 1e6) - header) // row_bytes
+    if per_shard < 1:
+        raise CacheError(f"--shard-size {args.shard_size:g} holds not one row (a row of these values is {row_bytes} "
+                         f"bytes, a shard's header about {header}): at least {(header + row_bytes) / 1e6:.6f} MB")
     settings = _settings(args, model, handles, the_plan, dist.world, per_shard)
     _take_out(args, settings, dist)
     dist.barrier()
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.thread_time()
     rank = dist.rank
     total_rows = the_plan.rows(rank)
     expected = -(-total_rows // per_shard)
@@ -206,17 +262,26 @@ def run(args: argparse.Namespace, dist: Dist) -> int:
     writer = ShardWriter(args.out, rank, per_shard, done, first_row - batches[0].first_row if batches else 0,
                          run_id=settings["run_id"], sha256=kept)
     tokens = sum(len(d.ids) for b in batches for d in b.docs)
+    positions = sum(len(b.docs) * (width or max(len(d.ids) for d in b.docs)) for b in batches)
     bar = _progress(args, dist, tokens)
-    for batch in batches:
-        writer.add(_batch_rows(model, handles, batch.docs, args.positions, args.seq_len, store_dtype))
+    pad = _pad_id(model)
+    try:
+        # the writes (and a GPU's copies to the host) overlap the next forwards; at most a shard of rows waits
+        with Background(writer, per_shard * row_bytes) as background:
+            for batch in batches:
+                background.add(*_to_host(_batch_rows(model, handles, batch.docs, args.positions, args.seq_len,
+                                                     store_dtype, pad)))
+                if bar is not None:
+                    bar.update(sum(len(d.ids) for d in batch.docs))
+    finally:
         if bar is not None:
-            bar.update(sum(len(d.ids) for d in batch.docs))
-    writer.close()
-    if bar is not None:
-        bar.close()
+            bar.close()
+    cpu = time.thread_time() - cpu  # (before the barrier, where a rank that is done early may wait)
     dist.barrier()
-    gathered = dist.gather((tokens, _peak_rss_mb()))
-    ran, peak = sum(t for t, _ in gathered), max(p for _, p in gathered)
+    gathered = dist.gather((tokens, _peak_rss_mb(), positions, cpu, background.cpu))
+    ran, peak = sum(g[0] for g in gathered), max(g[1] for g in gathered)
+    padding = 1 - ran / max(sum(g[2] for g in gathered), 1)
+    cpu, writer_cpu = sum(g[3] for g in gathered), sum(g[4] for g in gathered)
     records = dist.gather(writer.sha256)
     error = None
     if rank == 0:
@@ -230,8 +295,95 @@ def run(args: argparse.Namespace, dist: Dist) -> int:
         print(f"nnatlas cache: {the_plan.tokens} tokens of {len(the_plan.docs)} documents -> {manifest['rows']} rows "
               f"x {len(handles)} values in {len(manifest['shards'])} shards ({args.out}); {ran} tokens in "
               f"{took:.2f} s on {dist.world} process{'es' if dist.world > 1 else ''}: {ran / max(took, 1e-9):.0f} "
-              f"tokens/s; peak memory {peak:.0f} MB per process", file=sys.stderr)
+              f"tokens/s; peak memory {peak:.0f} MB per process; padding {100 * padding:.1f}% of the positions "
+              f"the forwards ran (batched in {the_plan.order} order); CPU {cpu:.2f} s in the forward loop, "
+              f"{writer_cpu:.2f} s writing", file=sys.stderr)
     return 0
+
+
+def _order(args: argparse.Namespace) -> str:
+    """Batches by length (the default) pad less; ``--positions all`` pads every batch to --seq-len anyway."""
+    return "file" if args.no_sort or args.positions == "all" else "length"
+
+
+class Background:
+    """``ShardWriter.add`` / ``close`` on one thread, fed through a queue of at most ``limit`` bytes of rows
+    (one batch always fits): the shard writes, and the copies from a GPU, overlap the next forwards.
+
+    Used as a context: leaving it normally waits for the last shard; an error on the thread is raised in
+    the caller (at its next :meth:`add` or at the end, the thread's own exception); leaving it by an
+    error (a KeyboardInterrupt included) stops the thread once the shard it is writing, if any, is whole.
+    No thread outlives the block.
+    """
+
+    def __init__(self, writer: ShardWriter, limit: int):
+        self.writer, self.limit = writer, limit
+        self.items: queue.SimpleQueue[tuple[dict[str, torch.Tensor], Any, int] | None] = queue.SimpleQueue()
+        self.held = 0  # bytes of rows queued, not yet given to the writer
+        self.room = threading.Condition()
+        self.error: BaseException | None = None
+        self.stopping = False
+        self.cpu = 0.0  # seconds of CPU the thread took
+        self.thread = threading.Thread(target=self._work, name="nnatlas-cache-writer", daemon=True)
+
+    def __enter__(self) -> Background:
+        self.thread.start()
+        return self
+
+    def add(self, rows: dict[str, torch.Tensor], ready: Any = None) -> None:
+        """Queue one batch's rows (``ready``: an event to wait for before they are read, or None)."""
+        size = sum(v.numel() * v.element_size() for v in rows.values())
+        with self.room:
+            while self.held and self.held + size > self.limit and self.error is None:
+                self.room.wait(0.5)
+            self.held += size
+        self._raise()
+        self.items.put((rows, ready, size))
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def _work(self) -> None:
+        start = time.thread_time()
+        try:
+            self._loop()
+        except BaseException as e:  # raised again in the caller's thread
+            self.error = e
+            with self.room:
+                self.room.notify()
+        finally:
+            self.cpu = time.thread_time() - start
+
+    def _loop(self) -> None:
+        while True:
+            item = self.items.get()
+            if self.stopping:
+                return
+            if item is None:
+                self.writer.close()
+                return
+            rows, ready, size = item
+            if ready is not None:
+                ready.synchronize()
+            self.writer.add(rows)
+            del rows, item
+            with self.room:
+                self.held -= size
+                self.room.notify()
+
+    def __exit__(self, kind: Any, value: Any, tb: Any) -> None:
+        if kind is not None:
+            self.stopping = True
+        self.items.put(None)
+        try:
+            self.thread.join()
+        except BaseException:  # interrupted while the last shards are written: stop after the current one
+            self.stopping = True
+            self.thread.join()
+            raise
+        if kind is None:
+            self._raise()
 
 
 def _peak_rss_mb() -> float:
@@ -274,11 +426,8 @@ def _handles(model: Any, names: list[str], layers: list[int] | None) -> list[Any
 def _inputs(docs: Sequence[Any], pad: int, length: int | None) -> dict[str, torch.Tensor]:
     """Right-padded: a document's tokens keep the positions they have alone (padding comes after them)."""
     width = length or max(len(d.ids) for d in docs)
-    ids = torch.full((len(docs), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(docs), width), dtype=torch.long)
-    for i, d in enumerate(docs):
-        ids[i, :len(d.ids)] = torch.tensor(d.ids)
-        mask[i, :len(d.ids)] = 1
+    ids = torch.tensor([(*d.ids, *(pad,) * (width - len(d.ids))) for d in docs], dtype=torch.long)
+    mask = torch.tensor([(1,) * len(d.ids) + (0,) * (width - len(d.ids)) for d in docs], dtype=torch.long)
     return {"input_ids": ids, "attention_mask": mask}
 
 
@@ -291,9 +440,10 @@ def _pad_id(model: Any) -> int:
 
 
 def _batch_rows(model: Any, handles: list[Any], docs: Sequence[Any], positions: str, seq_len: int,
-                dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-    """The rows of one batch: each value at the chosen positions, and what says where each row is from."""
-    inputs = _inputs(docs, _pad_id(model), seq_len if positions == "all" else None)
+                dtype: torch.dtype | None, pad: int | None = None) -> dict[str, torch.Tensor]:
+    """The rows of one batch: each value at the chosen positions (on the model's device), and what says
+    where each row is from (``meta.*``, on the CPU)."""
+    inputs = _inputs(docs, _pad_id(model) if pad is None else pad, seq_len if positions == "all" else None)
     with model.trace(inputs, order="any"):
         saved = [h.save() for h in handles]
     mask = inputs["attention_mask"].bool()
@@ -318,8 +468,22 @@ def _batch_rows(model: Any, handles: list[Any], docs: Sequence[Any], positions: 
         rows_v = pick(v)
         if dtype is not None and rows_v.is_floating_point():
             rows_v = rows_v.to(dtype)
-        values[h.label] = rows_v.detach().cpu()
+        values[h.label] = rows_v.detach()
     return {**values, **out}
+
+
+def _to_host(rows: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], Any]:
+    """``rows`` on the CPU, and an event to wait for before they are read: from a CUDA device the copies
+    are queued (into pinned memory) behind the forward, not waited for here."""
+    devices = {v.device for v in rows.values() if v.device.type != "cpu"}
+    if not devices:
+        return rows, None
+    if len(devices) == 1 and next(iter(devices)).type == "cuda":
+        host = {k: v.to("cpu", non_blocking=True) for k, v in rows.items()}
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(next(iter(devices))))
+        return host, ready
+    return {k: v.cpu() for k, v in rows.items()}, None
 
 
 def _row_shapes(model: Any, handles: list[Any], the_plan: Plan, positions: str, seq_len: int,
@@ -370,7 +534,7 @@ def _settings(args: argparse.Namespace, model: Any, handles: list[Any], the_plan
         "batch_size": args.batch_size, "max_tokens": args.max_tokens, "dtype": args.dtype,
         "model_dtype": str(next(model.native.parameters()).dtype).removeprefix("torch."),
         "attn_implementation": getattr(config, "_attn_implementation", None),
-        "world_size": world, "rows_per_shard": per_shard,
+        "world_size": world, "rows_per_shard": per_shard, "order": the_plan.order,
     }
     return {"format": FORMAT, "run_id": run_id_of(settings), **settings}
 
@@ -462,7 +626,7 @@ def _manifest(settings: dict[str, Any], the_plan: Plan, world: int, per_shard: i
             name = shard_name(r, k)
             record = records[r].get(name, {})
             shards.append({"file": name, "rank": r, "rows": [offset + lo, offset + hi],
-                           "docs": [docs[0], docs[-1] + 1] if docs else [0, 0],
+                           "docs": [min(docs), max(docs) + 1] if docs else [0, 0],
                            "sha256": record.get("sha256"), "bytes": record.get("bytes")})
     lead = ["rows", "seq"] if args.positions == "all" else ["rows"]
     layouts = {}

@@ -18,7 +18,7 @@ import torch
 
 import nnatlas
 from nnatlas import cache_cli
-from nnatlas.cache_store import ShardWriter
+from nnatlas.cache_store import ShardWriter, StoredCache
 from nnatlas.testing import WORDS, build
 
 DOCS = 24
@@ -121,7 +121,10 @@ def test_rows_equal_direct_traces(saved: Path, data: Path, model: nnatlas.AtlasM
         alone = direct(model, text, 10, labels)
         for label in labels:
             torch.testing.assert_close(stored[label][rows], alone[label], atol=1e-5, rtol=1e-4)
-    assert torch.equal(stored["meta.token"], torch.tensor([t for i in ids for t in i]))
+    # rows in length order (longest document first, ties in file order): each row's meta.doc says whose
+    assert manifest["order"] == "length"
+    order = sorted(range(DOCS), key=lambda i: -len(ids[i]))
+    assert torch.equal(stored["meta.token"], torch.tensor([t for i in order for t in ids[i]]))
 
 
 @pytest.mark.parametrize("family", ["gpt2", "qwen3_5_text", "qwen3_next"])
@@ -158,20 +161,24 @@ def test_last_and_all_positions(saved: Path, data: Path, model: nnatlas.AtlasMod
     value = stored["layers[2].layer_output"]
     assert value.dtype == torch.bfloat16
     docs = stored["meta.doc"].tolist()
-    assert docs == list(range(len(docs)))
     ids = [model.tokenizer(t, truncation=True, max_length=8)["input_ids"] for t in texts()]
-    lengths = []
-    for i in docs:  # --max-tokens 60: documents in order, the last one cut to make 60 tokens
+    lengths: list[int] = []
+    for i in range(len(docs)):  # --max-tokens 60: documents in file order, the last one cut to make 60 tokens
         lengths.append(min(len(ids[i]), 60 - sum(lengths)))
     assert sum(lengths) == stored.manifest["tokens"] == 60
-    for i, n in zip(docs, lengths):
+    # `last` batches the longest documents first (ties in file order); `all` pads every batch to --seq-len,
+    # so nothing is gained by sorting: file order
+    want = sorted(range(len(docs)), key=lambda i: -lengths[i]) if positions == "last" else list(range(len(docs)))
+    assert docs == want and stored.manifest["order"] == ("length" if positions == "last" else "file")
+    for row, i in enumerate(docs):
+        n = lengths[i]
         alone = direct(model, texts()[i], 8, ["layers[2].layer_output"])["layers[2].layer_output"][:n]
         if positions == "last":
-            torch.testing.assert_close(value[i], alone[n - 1].to(torch.bfloat16))
+            torch.testing.assert_close(value[row], alone[n - 1].to(torch.bfloat16))
         else:
             assert value.shape[1:] == (8, model.hidden_size)
-            assert stored["meta.length"][i] == n
-            torch.testing.assert_close(value[i, :n], alone.to(torch.bfloat16))
+            assert stored["meta.length"][row] == n
+            torch.testing.assert_close(value[row, :n], alone.to(torch.bfloat16))
 
 
 class Stop(Exception):
@@ -203,6 +210,7 @@ def test_a_stopped_run_resumed_equals_one_never_stopped(saved: Path, data: Path,
         with pytest.raises(Stop):
             run(cache(saved, data, out, *argv))
         monkeypatch.setattr(ShardWriter, "write", staticmethod(write))
+        assert not _writer_threads()  # the error on the writer thread stopped it, and was raised here
         assert sum(p.name.startswith("shard-") for p in out.iterdir()) == stop_at
         assert not (out / "manifest.json").exists()
         with pytest.raises(Exception, match="did not finish"):
@@ -370,3 +378,192 @@ def test_two_gloo_processes_give_the_rows_of_one(saved: Path, data: Path, tmp_pa
         assert torch.equal(a[key], b[key])
     for label in a.values:  # the same batches on one process or two: the same rows, in the same order
         torch.testing.assert_close(a[label], b[label], atol=1e-6, rtol=1e-5)
+
+
+def test_bad_bytes_numbers_devices_and_values_are_one_line_and_exit_2(
+        saved: Path, data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # bytes that are not UTF-8: where they are (file, line, byte of the line and of the file), or read as U+FFFD
+    txt = tmp_path / "bad.txt"
+    txt.write_bytes(b"one two\nthree \xff four\n")
+    err = bad(saved, tmp_path, capsys, txt)
+    assert f"{txt}:2: byte 0xff at byte 6 of the line (byte 14 of the file) is not UTF-8" in err
+    assert "--errors replace" in err
+    jsonl = tmp_path / "bad.jsonl"
+    jsonl.write_bytes(b'{"text": "one"}\n{"text": "two \xc3("}\n')
+    assert f"{jsonl}:2: byte 0xc3 at byte 14 of the line (byte 30 of the file) is not UTF-8" in bad(
+        saved, tmp_path, capsys, jsonl)
+    surrogate = tmp_path / "surrogate.jsonl"
+    surrogate.write_text('{"text": "one \\ud800 two"}\n')
+    assert f"{surrogate}:1: field 'text' holds a lone surrogate" in bad(saved, tmp_path, capsys, surrogate)
+    for path in (txt, jsonl, surrogate):
+        out = tmp_path / f"replaced-{path.name}"
+        assert run(cache(saved, path, out, "--layers", "0", "--errors", "replace")) == 0
+        assert nnatlas.Cache.load(out).manifest["docs"] == (1 if path is surrogate else 2)
+    capsys.readouterr()
+    # numbers that are not finite, or absurd, or that hold not one row
+    for shard, said in (("inf", "inf"), ("nan", "nan"), ("-inf", "-inf"), ("1e300", "1e+300")):
+        assert f"--shard-size {said}: a number of MB above 0" in bad(saved, tmp_path, capsys, data,
+                                                                     f"--shard-size={shard}")
+    assert "--seq-len 99999999: at most 1048576" in bad(saved, tmp_path, capsys, data, "--seq-len", "99999999")
+    assert "--batch-size 99999999: at most 1048576" in bad(saved, tmp_path, capsys, data, "--batch-size", "99999999")
+    assert "--shard-size 1e-06 holds not one row" in bad(saved, tmp_path, capsys, data, "--shard-size", "0.000001")
+    # devices this torch has not, or that hold no values
+    assert "--device 'tpu:9' is not a device" in bad(saved, tmp_path, capsys, data, "--device", "tpu:9")
+    assert "--device meta computes shapes, not values" in bad(saved, tmp_path, capsys, data, "--device", "meta")
+    if torch.cuda.is_available():
+        assert f"this machine has {torch.cuda.device_count()} CUDA device" in bad(
+            saved, tmp_path, capsys, data, "--device", f"cuda:{torch.cuda.device_count()}")
+    # a list of no values
+    for values in (",", " , "):
+        assert "names no value" in bad(saved, tmp_path, capsys, data, "--values", values)
+
+
+class Recording:
+    """A tokenizer that remembers the longest text it was handed."""
+
+    def __init__(self, tokenizer: object):
+        self.tokenizer, self.longest = tokenizer, 0
+
+    def __call__(self, texts: str | list[str], **kwargs: object) -> dict[str, list[list[int]]]:
+        self.longest = max(self.longest, *(len(t) for t in ([texts] if isinstance(texts, str) else texts)))
+        return self.tokenizer(texts, **kwargs)  # type: ignore[operator,no-any-return]
+
+
+def test_a_long_line_is_tokenized_in_pieces_of_about_seq_len(model: nnatlas.AtlasModel) -> None:
+    """A 1 MB line is handed to the tokenizer in prefixes of a few hundred characters (in proportion to
+    --seq-len, not to the line), and gives the tokens of the whole line; one word of 1.5 MB (no prefix holds
+    enough tokens) stops growing at MOST characters per token."""
+    from nnatlas.cache_data import MARGIN, MOST, tokenize
+
+    rng = random.Random(2)
+    line = " ".join(rng.choice(WORDS) for _ in range(250_000))
+    assert len(line) > 1_000_000
+    short = texts(3)
+    rec = Recording(model.tokenizer)
+    got = tokenize(rec, [short[0], line, short[1], "x" * 1_500_000, short[2]], 16)
+    assert rec.longest <= MOST * (16 + MARGIN) < 30_000
+    whole = model.tokenizer([short[0], line, short[1], short[2]], truncation=True, max_length=16)["input_ids"]
+    assert [got[0], got[1], got[2], got[4]] == [list(i) for i in whole]
+    assert 0 < len(got[3]) <= 16
+
+
+def test_plan_batches_by_length_and_splits_ranks_by_cost() -> None:
+    """Longest documents first (ties in file order), cut into batches; ranks take contiguous runs of about
+    the same cost, in the order of one process; --no-sort (order="file") keeps the file's order."""
+    from nnatlas.cache_data import plan
+
+    rng = random.Random(3)
+    lengths = [rng.randint(1, 60) for _ in range(400)]
+    ids = [[7] * n for n in lengths]
+    one = plan(ids, 8, "nonpad", 1, order="length")
+    docs = [d for b in one.ranks[0] for d in b.docs]
+    assert [d.index for d in docs] == sorted(range(400), key=lambda i: -lengths[i])
+    assert one.order == "length" and one.tokens == sum(lengths)
+    by_file = plan(ids, 8, "nonpad", 1, order="file")
+    assert [d.index for b in by_file.ranks[0] for d in b.docs] == list(range(400))
+    assert one.padded(0) < 1.02 * one.tokens < by_file.padded(0)
+    for world in (2, 3, 7):
+        many = plan(ids, 8, "nonpad", world, order="length")
+        assert [b.docs for r in many.ranks for b in r] == [b.docs for b in one.ranks[0]]
+        costs = [many.padded(r) for r in range(world)]
+        biggest = max(len(b.docs) * len(b.docs[0].ids) for b in one.ranks[0])
+        assert max(costs) - min(costs) <= 2 * biggest, costs
+        assert all(b.first_row == sum(x.rows for x in r[:k]) for r in many.ranks for k, b in enumerate(r))
+
+
+def test_no_sort_keeps_file_order_and_both_report_padding(saved: Path, data: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--layers", "1", "--batch-size", "6", "--seq-len", "10"]
+    sorted_out, file_out = tmp_path / "sorted", tmp_path / "file"
+    assert run(cache(saved, data, sorted_out, *argv)) == 0
+    said_sorted = capsys.readouterr().err
+    assert run(cache(saved, data, file_out, *argv, "--no-sort")) == 0
+    said_file = capsys.readouterr().err
+    a, b = nnatlas.Cache.load(sorted_out), nnatlas.Cache.load(file_out)
+    assert (a.manifest["order"], b.manifest["order"]) == ("length", "file")
+    assert b["meta.doc"].tolist() == sorted(b["meta.doc"].tolist())
+    assert a["meta.doc"].tolist() != b["meta.doc"].tolist()
+    assert a.manifest["padded_tokens"] < b.manifest["padded_tokens"]
+    for said, m in ((said_sorted, a.manifest), (said_file, b.manifest)):
+        padding = 100 * (1 - m["tokens"] / m["padded_tokens"])
+        assert f"padding {padding:.1f}% of the positions the forwards ran" in said
+    # the same rows, found by document and position
+    rows_a, rows_b = _by_doc_and_position(a), _by_doc_and_position(b)
+    assert rows_a.keys() == rows_b.keys()
+    for k, v in rows_a.items():
+        torch.testing.assert_close(v, rows_b[k], atol=1e-5, rtol=1e-4)
+
+
+def _by_doc_and_position(stored: StoredCache) -> dict[tuple[int, int], torch.Tensor]:
+    where = zip(stored["meta.doc"].tolist(), stored["meta.position"].tolist())
+    return dict(zip(where, stored["layers[1].layer_output"]))
+
+
+def _writer_threads() -> list[object]:
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "nnatlas-cache-writer"]
+
+
+def test_shard_writes_overlap_the_forwards(saved: Path, data: Path, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the first shard is written, the next batches' forwards run (on main they waited for it)."""
+    forwards: list[int] = []
+    batch_rows = cache_cli._batch_rows
+
+    def counting(*args: object, **kwargs: object) -> object:
+        forwards.append(1)
+        return batch_rows(*args, **kwargs)  # type: ignore[arg-type]
+
+    write = ShardWriter.write
+    during: list[int] = []
+
+    def slow(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+        if not during:  # the first shard: wait (5 s at most) for two more forwards
+            n = len(forwards)
+            deadline = time.monotonic() + 5
+            while len(forwards) < n + 2 and time.monotonic() < deadline:
+                time.sleep(0.002)
+            during.append(len(forwards) - n)
+        write(path, tensors, metadata)
+
+    monkeypatch.setattr(cache_cli, "_batch_rows", counting)
+    monkeypatch.setattr(ShardWriter, "write", staticmethod(slow))
+    out = tmp_path / "out"
+    assert run(cache(saved, data, out, "--layers", "0", "--batch-size", "1", "--seq-len", "10",
+                     "--shard-size", "0.01")) == 0
+    assert during and during[0] >= 2, during
+    assert len(nnatlas.Cache.load(out).manifest["shards"]) > 1
+    assert not _writer_threads()
+
+
+def test_an_interrupt_stops_the_writer_thread_and_resumes(saved: Path, data: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C in the forward loop: the writer thread stops (no thread left, no torn file) and --resume
+    gives the bytes of a run never stopped."""
+    argv = ["--layers", "0,2", "--batch-size", "2", "--seq-len", "12", "--shard-size", "0.005"]
+    whole = tmp_path / "whole"
+    assert run(cache(saved, data, whole, *argv)) == 0
+    batch_rows = cache_cli._batch_rows
+    calls: list[int] = []
+
+    def interrupted(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        if len(calls) == 8:  # (the first call is the one-token probe of the row shapes)
+            raise KeyboardInterrupt
+        return batch_rows(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cache_cli, "_batch_rows", interrupted)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        run(cache(saved, data, out, *argv))
+    assert not _writer_threads()
+    names = sorted(p.name for p in out.iterdir())
+    assert not [n for n in names if n.endswith(".tmp")] and "manifest.json" not in names
+    assert 0 < sum(n.startswith("shard-") for n in names) < len(json.loads((whole / "manifest.json").read_text())["shards"])
+    monkeypatch.setattr(cache_cli, "_batch_rows", batch_rows)
+    assert run(cache(saved, data, out, *argv, "--resume")) == 0
+    got = files(out)
+    got["manifest.json"] = got["manifest.json"].replace(str(out).encode(), str(whole).encode())
+    got["run.json"] = got["run.json"].replace(str(out).encode(), str(whole).encode())
+    assert got == files(whole)
