@@ -501,6 +501,7 @@ class Manifest:
     attn_implementation: str | None
     world_size: int
     rows_per_shard: int
+    order: str  # the batches' order: "length" (longest documents first: rows map back by meta.doc) or "file"
     layouts: dict[str, StoredLayout]
     meta: dict[str, StoredMeta]
     tokens: int
@@ -530,6 +531,8 @@ class Manifest:
             problems.add("run_id", "not a run id (64 hex digits)")
         if not _HEX64.match(self.config_sha256):
             problems.add("config_sha256", "not a sha256 (64 hex digits)")
+        if self.order not in ("length", "file"):
+            problems.add("order", f"{self.order!r} is not one of length, file")
         if self.positions not in META_KEYS:
             problems.add("positions", f"{self.positions!r} is not one of {', '.join(META_KEYS)}")
         elif set(self.meta) != set(META_KEYS[self.positions]):
