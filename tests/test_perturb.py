@@ -131,6 +131,9 @@ ROUTING = [
     ("deepseek_v3", "sum(expert_indices, -1) == sum(grouped_topk_indices(sigmoid(router_logits) + "
      "router.e_score_correction_bias, top_k, n_group, topk_group), -1)",
      "sum(expert_indices, -1) == sum(topk_indices(sigmoid(router_logits), top_k), -1)", {}),
+    ("nemotron_h", "sum(expert_indices, -1) == sum(grouped_topk_indices(sigmoid(router_logits) + "
+     "router.e_score_correction_bias, top_k, n_group, topk_group), -1)",
+     "sum(expert_indices, -1) == sum(topk_indices(sigmoid(router_logits), top_k), -1)", {}),
     ("ernie4_5_moe", "expert_indices == topk_indices(softmax(router_logits, -1) + "
      "router.moe_statics.e_score_correction_bias, top_k)",
      "expert_indices == topk_indices(softmax(router_logits, -1), top_k)", {}),
@@ -143,12 +146,12 @@ ROUTING = [
 @pytest.mark.parametrize("family,text,old,config", ROUTING, ids=[f"{r[0]}-{k}" for k, r in enumerate(ROUTING)])
 def test_routing_identity_of_main_fails_on_a_perturbed_model(family: str, text: str, old: str,
                                                              config: dict[str, Any]) -> None:
-    index, identity = spec_identity(family, "layers[i].mlp", text)
+    path = "layers[i].mixer" if family == "nemotron_h" else "layers[i].mlp"
+    index, identity = spec_identity(family, path, text)
     for perturbed in (False, True):
-        T.check_identity(case_of(family, perturbed, **config), "layers[i].mlp", index)
+        T.check_identity(case_of(family, perturbed, **config), path, index)
     with pytest.raises(AssertionError, match=re.escape(old)):
-        T.check_identity(case_of(family, True, **config), "layers[i].mlp", index,
-                         replace=identity_of(old, identity.atol))
+        T.check_identity(case_of(family, True, **config), path, index, replace=identity_of(old, identity.atol))
 
 
 # ---- mutations: a factor taken out of an identity makes its check fail -------------------------
@@ -170,3 +173,14 @@ def test_an_identity_without_its_factor_fails(family: str, path: str, factor: st
     T.check_identity(case_of(family, True), path, index)
     with pytest.raises(AssertionError):
         T.check_identity(case_of(family, True), path, index, replace=mutated)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "olmo2", "glm4_moe", "gpt2"])
+def test_the_mixer_read_swapped_for_the_mlp_read_fails(family: str) -> None:
+    ids = [i for s in T.adapter_module(family).FAMILY.hosts if s.path == "layers[i]" for i in s.identities]
+    index, identity = next((k, i) for k, i in enumerate(ids)
+                           if "self_attn.attention_output" in i.terms and "mlp.mlp_output" not in i.terms)
+    swapped = identity_of(identity.text.replace("self_attn.attention_output", "mlp.mlp_output"), identity.atol)
+    T.check_identity(case_of(family, True), "layers[i]", index)
+    with pytest.raises(AssertionError):
+        T.check_identity(case_of(family, True), "layers[i]", index, replace=swapped)
