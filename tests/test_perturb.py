@@ -184,3 +184,27 @@ def test_the_mixer_read_swapped_for_the_mlp_read_fails(family: str) -> None:
     T.check_identity(case_of(family, True), "layers[i]", index)
     with pytest.raises(AssertionError):
         T.check_identity(case_of(family, True), "layers[i]", index, replace=swapped)
+
+
+def test_a_pinned_factor_says_why_and_a_range_is_ordered(tmp_path: Any) -> None:
+    import shutil
+    from pathlib import Path
+
+    from nnatlas.compiler import SpecError, compile_atlas
+
+    root = Path(__file__).resolve().parent.parent
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    for name in ("_vocabulary.yaml", "_notes.yaml", "llama.yaml"):
+        shutil.copy(root / "specs" / name, specs)
+    text = (root / "specs" / "granite.yaml").read_text().replace("tiny:\n", "tiny:\n  factors:\n"
+        "    residual_multiplier: {pin: 0.22}\n    logits_scaling: {range: [8.0, 2.0]}\n"
+        "    attention_multiplier: {pin: 0.0078125, reason: 'Granite 3: 1/128'}\n", 1)
+    (specs / "granite.yaml").write_text(text)
+    with pytest.raises(SpecError) as info:
+        compile_atlas(specs, tmp_path)
+    line = next(n for n, t in enumerate(text.splitlines(), 1) if "residual_multiplier: {pin" in t)
+    assert str(info.value).splitlines() == [
+        f"specs/granite.yaml:{line}:26: tiny.factors.residual_multiplier: a pinned factor says why (reason: ...), "
+        "true of the released checkpoints",
+        f"specs/granite.yaml:{line + 1}:21: tiny.factors.logits_scaling: range [low, high] needs low < high"]

@@ -80,12 +80,18 @@ class Case:
                  variant: str | None = None, perturbed: bool = False):
         self.family, self.params, self.inputs, self.seed, self.variant = family, params, inputs, seed, variant
         self.perturbed = perturbed
+        self._repr: str | None = None
 
     def model(self, attn_implementation: str = "eager", experts: str | None = None) -> AtlasModel:
         return build(self.family, self.params, attn_implementation, seed=self.seed, experts=experts,
                      variant=self.variant, perturbed=self.perturbed)
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # made once: every identity's message names the case
+        if self._repr is None:
+            self._repr = self._describe()
+        return self._repr
+
+    def _describe(self) -> str:
         shape = tuple(self.inputs["input_ids"].shape)
         pads = (self.inputs["attention_mask"] == 0).sum(-1).tolist()
         grid = self.inputs.get("image_grid_thw")
