@@ -52,12 +52,13 @@ def config_factors(config: Any) -> dict[str, Any]:
 
 
 def _away(value: float, gen: torch.Generator, low: float | None, high: float | None, cap: bool) -> float:
-    """One draw away from ``value``: in [low, high] when the spec narrows it; a softcap in [1, 5]; a
-    zero in ±[0.1, 0.5]; else value × [0.5, 0.8] or value × [1.25, 2]."""
+    """One draw away from ``value``: in [low, high] when the spec narrows it; a softcap over 5 in [1, 5]
+    (a released cap, 30 or 50, never bends a tiny model's logits); a zero in ±[0.1, 0.5]; else
+    value × [0.5, 0.8] or value × [1.25, 2]."""
     u = float(torch.rand((), generator=gen))
     if low is not None and high is not None:
         return float(low + (high - low) * u)
-    if cap:
+    if cap and value > 5.0:
         return 1.0 + 4.0 * u
     if value == 0.0:
         sign = 1.0 if float(torch.rand((), generator=gen)) < 0.5 else -1.0
