@@ -277,7 +277,9 @@ _memo = functools.lru_cache(maxsize=4096, typed=True)
 
 @_memo
 def compile_identity(text: str) -> tuple[str, Compiled, Compiled]:
-    """``lhs OP rhs`` → (op, lhs, rhs); names are value paths relative to the host."""
+    """``lhs OP rhs`` → (op, lhs, rhs); names are value paths relative to the host, config entries, or
+    a parameter or buffer of a child module (``router.e_score_correction_bias``: checked on the tiny
+    model's tree by ``make generate``, read from the module when the identity is checked)."""
     node = _parse(text)
     if not isinstance(node, ast.Compare) or len(node.ops) != 1 or type(node.ops[0]) not in _CMPOPS:
         raise ExprError("an identity is one comparison: lhs == rhs (or <=, <, >=, >)")

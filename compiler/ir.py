@@ -137,6 +137,7 @@ class TinyIR:
     processor: tuple[tuple[str, Any], ...] | None = None  # class, image_processor, image_processor_config, tokens
     images: tuple[tuple[str, Any], ...] | None = None  # count, sizes
     image_text: tuple[tuple[str, Any], ...] | None = None  # a second tiny load: the multimodal wrapper
+    factors: tuple[tuple[str, Any], ...] = ()  # config entry -> {"range": (low, high)} or {"pin": value, "reason": why}
 
 
 @dataclass(frozen=True)

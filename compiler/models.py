@@ -100,7 +100,10 @@ class ValueRaw(Strict):
 
 
 class IdentityRaw(Strict):
-    """An equation the generated tests check on every drawn tiny config. A plain string is short for {check: STRING}."""
+    """An equation the generated tests check on every drawn tiny config, at the config's defaults and perturbed
+    (scalar factors drawn off their defaults, constant weights drawn: nnatlas.testing.perturb). A plain string is
+    short for {check: STRING}. A term may name a parameter or buffer of a child module of the host's
+    (router.e_score_correction_bias), besides values and config entries."""
 
     check: StrictStr = Field(description="lhs OP rhs, OP one of == != < <= > >= (see Expressions)")
     atol: StrictFloat | StrictInt = Field(default=0.0, description="absolute tolerance of ==")
@@ -218,6 +221,18 @@ class TinyLoadRaw(Strict):
     examples: StrictInt = Field(default=3, description="hypothesis examples per test (3 to 1000)")
 
 
+class FactorRaw(Strict):
+    """How the perturbed tiny models draw one scalar factor of the config (found by rule from the config
+    class: every float entry that is not an epsilon, a dropout, an init scale ...): a narrower range, or a
+    value pinned with its reason (true of the released checkpoints), never silently."""
+
+    range: tuple[StrictFloat | StrictInt, StrictFloat | StrictInt] | None = Field(
+        default=None, description="[low, high]: the factor is drawn uniformly in it (each element of a list factor)")
+    pin: StrictFloat | StrictInt | list[StrictFloat | StrictInt] | None = Field(
+        default=None, description="the value the perturbed models keep (needs reason)")
+    reason: StrictStr | None = Field(default=None, description="why the factor is pinned or narrowed (required with pin)")
+
+
 class TinyRaw(Strict):
     """The tiny random configs the generated tests draw, and their inputs."""
 
@@ -236,6 +251,9 @@ class TinyRaw(Strict):
     processor: ProcessorRaw | None = Field(default=None, description="a processor built locally, for image inputs")
     images: ImagesRaw | None = Field(default=None, description="the images drawn (needs processor)")
     image_text: TinyLoadRaw | None = Field(default=None, description="a second load: the multimodal wrapper of the text model")
+    factors: dict[StrictStr, FactorRaw] = Field(
+        default={}, description="the perturbed tiny models' scalar factors: a config entry -> {range: [low, high]} or "
+        "{pin: value, reason: why}; every other factor is drawn away from its default (see nnatlas.testing.perturb)")
 
 
 class CheckpointRaw(Strict):

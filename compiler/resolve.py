@@ -1093,7 +1093,8 @@ class _Family:
         for h in hosts:
             for k, ident in enumerate(h.identities):
                 for term in ident.terms:
-                    if term not in config_names and not self.term_exists(h.path, term, by_path):
+                    if term not in config_names and not self.term_exists(h.path, term, by_path) \
+                            and not self.tensor_term(term):
                         known = sorted(by_path.get(h.path, set()))
                         self.err(("hosts", h.path, "identities", k), f"identity term '{term}' names nothing on host {h.path}" + suggest(term.split(".")[-1], known))
 
@@ -1118,6 +1119,14 @@ class _Family:
                     f"boundary, a parameter or another value), or read it by name (a child's .input/.output, "
                     f"call:attention.args[N], fn:NAME.args.PARAM)"))
                 self.ok = False
+
+    @staticmethod
+    def tensor_term(term: str) -> bool:
+        """A term that may name a parameter or buffer of a child module of the host's
+        (``gate.e_score_correction_bias``): a plain path of two parts or more, not from the root; checked on the module tree
+        of the tiny model and of every checkpoint by treecheck (``make generate``)."""
+        parts = term.split(".")
+        return len(parts) > 1 and parts[0] != "model" and "[" not in term and parts[-1] not in ("input", "output")
 
     @staticmethod
     def term_exists(host: str, term: str, by_path: dict[str, set[str]]) -> bool:
@@ -1199,8 +1208,25 @@ class _Family:
                           ("processor", _processor(it.processor)),
                           ("images", (("count", tuple(it.images.count)), ("sizes", tuple(tuple(x) for x in it.images.sizes)))),
                           ("examples", it.examples))
+        factors = []
+        for key, fr in t.factors.items():
+            fat: DataPath = ("tiny", "factors", key)
+            if (fr.range is None) == (fr.pin is None):
+                self.err(fat, f"tiny.factors.{key}: give one of range: [low, high] or pin: value (with its reason)")
+                continue
+            if fr.pin is not None and not fr.reason:
+                self.err(fat, f"tiny.factors.{key}: a pinned factor says why (reason: ...), true of the released checkpoints")
+                continue
+            if fr.range is not None and not fr.range[0] < fr.range[1]:
+                self.err(fat, f"tiny.factors.{key}: range [low, high] needs low < high")
+                continue
+            rule: dict[str, Any] = {"range": tuple(fr.range)} if fr.range is not None else {"pin": fr.pin}
+            if fr.reason:
+                rule["reason"] = fr.reason
+            factors.append((key, rule))
         return TinyIR(t.model_class, t.config_class, tuple(t.config.items()), tuple(draws), t.batch, t.seq, t.examples,
-                      experts=tuple(t.experts), processor=processor, images=images, image_text=image_text)
+                      experts=tuple(t.experts), processor=processor, images=images, image_text=image_text,
+                      factors=tuple(factors))
 
     def draw_order(self, draw: dict[str, Any]) -> list[tuple[str, Any]]:
         """The draws in an order that follows their dependencies (each after every draw its

@@ -14,6 +14,7 @@ means its family passed this check); imports torch and transformers only when it
 from __future__ import annotations
 
 import copy
+import re
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -185,11 +186,43 @@ class _Checker:
         for i_ir, ident in zip(ir.identities, spec.identities, strict=True):
             for term in ident.terms:
                 parts = term.split(".")
-                if parts[-1] not in ("input", "output") or len(parts) < 2 or "[" in term or parts[0] == "model":
+                if "[" in term or parts[0] == "model":
                     continue
-                msg = self.walk(host, tuple(parts[:-1]), host, term)
+                if parts[-1] not in ("input", "output"):
+                    msg = self.tensor(ir, host, term)
+                elif len(parts) < 2:
+                    continue
+                else:
+                    msg = self.walk(host, tuple(parts[:-1]), host, term)
                 if msg:
                     self.add(("identity", k, term), i_ir.at, f"{_host_words(ir)}: identity term '{term}': {msg} ({label} of {what})")
+
+    def tensor(self, ir: Any, host: Any, term: str) -> str | None:
+        """None when ``term`` names a value or a config entry, or a parameter or buffer of the host's
+        module or of a child's (``gate.e_score_correction_bias``); else what is missing."""
+        from nnatlas import introspect
+
+        from .resolve import _Family
+
+        by_path: dict[str, set[str]] = {}
+        for h in self.f.hosts:
+            by_path.setdefault(h.path, set()).update(v.name for v in h.values)
+        if term in {k for k, _, _ in self.f.config} or _Family.term_exists(ir.path, term, by_path):
+            return None
+        *prefix, last = term.split(".")
+        if prefix:
+            msg = self.walk(host, tuple(prefix), host, term)
+            if msg is not None:
+                return msg
+        module = _resolve(host, tuple(prefix)) if prefix else introspect.native(host)
+        held = {**dict(module.named_parameters(recurse=False)), **dict(module.named_buffers(recurse=False))}
+        if last in held:
+            return None
+        where = type(module).__name__
+        target = ".".join([ir.path, *prefix])
+        values = by_path.get(re.sub(r"\[\d+\]", "[i]", target), set())
+        return (f"{where} has no parameter or buffer '{last}', and {target} no value of that name (its parameters "
+                f"and buffers: {', '.join(sorted(held)) or 'none'})" + suggest(last, [*held, *values]))
 
     @staticmethod
     def walk(start: Any, path: tuple[str, ...], host: Any, text: str) -> str | None:

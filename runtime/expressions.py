@@ -155,6 +155,28 @@ def topk_indices(probs: torch.Tensor, k: int) -> torch.Tensor:
     return torch.topk(probs, int(k), dim=-1).indices
 
 
+def grouped_topk_indices(choice: torch.Tensor, k: int, groups: int, topk_groups: int) -> torch.Tensor:
+    """The indices of the ``k`` largest entries of each row of ``choice``, taken only among the
+    ``topk_groups`` best of its ``groups`` equal groups of columns (a group scores the sum of its two
+    largest entries: DeepSeek-V3's group-limited routing), largest first."""
+    groups, topk_groups = int(groups), int(topk_groups)
+    rows = choice.reshape(-1, choice.shape[-1])
+    n = rows.shape[-1]
+    per_group = rows.view(-1, groups, n // groups)
+    group_scores = per_group.topk(min(2, n // groups), dim=-1).values.sum(-1)
+    best = group_scores.topk(topk_groups, dim=-1).indices
+    keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+    keep = keep.unsqueeze(-1).expand(-1, groups, n // groups).reshape(-1, n)
+    picked = rows.masked_fill(~keep, float("-inf")).topk(int(k), dim=-1).indices
+    return picked.reshape(*choice.shape[:-1], int(k))
+
+
+def chosen_weights(probs: torch.Tensor, indices: torch.Tensor, normalize: Any) -> torch.Tensor:
+    """The entries of ``probs`` at ``indices`` (along the last dim), divided by their sum when ``normalize``."""
+    picked = torch.gather(probs, -1, indices.to(torch.long))
+    return picked / picked.sum(-1, keepdim=True) if normalize else picked
+
+
 def masked(pattern: torch.Tensor, values: Mapping[str, Any], window: Any = None, chunk: Any = None,
            sinks: Any = 0) -> torch.Tensor:
     """The entries of a [batch heads query key] pattern that the model's attention mask hides.

@@ -77,7 +77,7 @@ def test_functions_are_the_runtime_helpers() -> None:
     ("sigmoid(x, dim=1) == y", "sigmoid() takes positional arguments only, not keyword 'dim'"),
     ("masked(x, size=3) == y", "masked() takes the keywords window, chunk, sinks, not keyword 'size'"),
     ("cumsum(x) == y", "cumsum() takes 2 positional arguments, got 1: cumsum(x, dim)"),
-    ("softplis(x) == y", "unknown function 'softplis'; did you mean 'softplus'? (allowed: abs, cat, chunk, cumsum"),
+    ("softplis(x) == y", "unknown function 'softplis'; did you mean 'softplus'? (allowed: abs, cat, chosen_weights, chunk, cumsum"),
 ])
 def test_bad_calls_say_why(text: str, message: str) -> None:
     with pytest.raises(expr.ExprError) as info:
@@ -319,3 +319,29 @@ def test_cfg_reads_an_item_of_a_sequence_between_attributes() -> None:
     assert expressions.cfg(config, "per_layer_config[1].head_dim") == 8
     assert expressions.cfg({"a": [[1, 2]]}, "a[0][1]") == 2
     assert expressions.cfg(config, "missing[0].head_dim") is None
+
+
+# ---- routing: the choice on a correction bias, within the best groups (DeepSeek-V3, GLM-4.5) ----
+
+@pytest.mark.parametrize("groups,keep,k,normalize", [(1, 1, 2, True), (4, 2, 3, False), (2, 1, 2, True)])
+def test_grouped_routing_is_transformers_router(groups: int, keep: int, k: int, normalize: bool) -> None:
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    config = DeepseekV3Config(hidden_size=16, n_routed_experts=8, num_experts_per_tok=k, n_group=groups,
+                              topk_group=keep, norm_topk_prob=normalize, routed_scaling_factor=1.5)
+    router = DeepseekV3TopkRouter(config)
+    g = torch.Generator().manual_seed(groups * 10 + k)
+    with torch.no_grad():
+        router.weight.normal_(0, 0.5, generator=g)
+        router.e_score_correction_bias.uniform_(-0.5, 0.5, generator=g)
+    logits, weights, indices = router(torch.randn(2, 5, 16, generator=g))
+    v = {"logits": logits, "bias": router.e_score_correction_bias, "indices": indices, "weights": weights,
+         "k": k, "groups": groups, "keep": keep, "normalize": normalize}
+    chosen, theirs = evaluate("grouped_topk_indices(sigmoid(logits) + bias, k, groups, keep) == indices", v)
+    assert torch.equal(chosen.sort(-1).values, theirs.sort(-1).values)
+    ours, theirs = evaluate("1.5 * chosen_weights(sigmoid(logits), indices, normalize) == weights", v)
+    torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=0)
+    if groups > 1:  # the group limit changes the choice here: a plain top-k of the biased scores differs
+        plain = torch.topk(logits.sigmoid() + router.e_score_correction_bias, k, dim=-1).indices
+        assert not torch.equal(plain.sort(-1).values, theirs.sort(-1).values) or keep == groups

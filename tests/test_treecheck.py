@@ -112,3 +112,16 @@ def test_a_base_line_that_fails_in_every_family_extending_it_is_reported_once(tm
         "specs/llama.yaml:80:20: layers[i].mlp: mlp_neurons: 'down_projection.input': layers[0].mlp (Gemma2MLP) has "
         "no child module 'down_projection' (its children: gate_proj, up_proj, down_proj, act_fn); did you mean "
         "'down_proj'? (layers[0].mlp of the tiny model)"]
+
+
+def test_an_identity_term_naming_no_parameter_or_buffer_fails_generate(tmp_path: Path) -> None:
+    old = "- sum(expert_indices, -1) == sum(grouped_topk_indices(sigmoid(router_logits) + router.e_score_correction_bias,"
+    root = _root(tmp_path, {"llama.yaml": [], "mixtral.yaml": [], "glm4_moe.yaml": [
+        (old, old.replace("e_score_correction_bias", "e_score_correction_bais"))]})
+    line = next(n for n, text in enumerate((root / "specs" / "glm4_moe.yaml").read_text().splitlines(), 1)
+                if "e_score_correction_bais" in text)
+    assert _problems(root) == [
+        f"specs/glm4_moe.yaml:{line}:9: layers[i].mlp: identity term 'router.e_score_correction_bais': "
+        "Glm4MoeTopkRouter has no parameter or buffer 'e_score_correction_bais', and layers[i].mlp.router no value of "
+        "that name (its parameters and buffers: e_score_correction_bias, weight); did you mean "
+        "'e_score_correction_bias'? (layers[1].mlp of the tiny model)"]

@@ -476,6 +476,7 @@ TINY: dict[str, Any] = {
     "seq": (1, 7),
     "examples": 12,
     "experts": (),
+    "factors": {},
     "processor": None,
     "images": None,
     "image_text": None,

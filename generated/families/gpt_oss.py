@@ -644,6 +644,7 @@ TINY: dict[str, Any] = {
     "seq": (1, 7),
     "examples": 3,
     "experts": ('eager', 'grouped_mm'),
+    "factors": {},
     "processor": None,
     "images": None,
     "image_text": None,

@@ -437,6 +437,7 @@ TINY: dict[str, Any] = {
     "seq": (1, 7),
     "examples": 3,
     "experts": (),
+    "factors": {},
     "processor": None,
     "images": None,
     "image_text": None,

@@ -539,6 +539,7 @@ TINY: dict[str, Any] = {
     "seq": (1, 7),
     "examples": 3,
     "experts": ('grouped_mm',),
+    "factors": {},
     "processor": None,
     "images": None,
     "image_text": None,

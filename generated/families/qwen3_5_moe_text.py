@@ -906,6 +906,7 @@ TINY: dict[str, Any] = {
     "seq": (1, 7),
     "examples": 6,
     "experts": ('eager', 'batched_mm', 'grouped_mm'),
+    "factors": {},
     "processor": None,
     "images": None,
     "image_text": None,

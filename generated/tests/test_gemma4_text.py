@@ -8,14 +8,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from nnatlas import testing as T
 from nnatlas.families import gemma4_text as adapter
 
 FAMILY = 'gemma4_text'
+# no shrinking: a failing case fails at once (the case, perturbed or not, is in the message)
 SETTINGS = settings(max_examples=adapter.TINY["examples"], deadline=None, derandomize=True, database=None,
+                    phases=[Phase.explicit, Phase.generate],
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 HOST_PATHS = ('model', 'layers[i]', 'layers[i].self_attn', 'layers[i].mlp')

@@ -28,11 +28,21 @@ from .tiny import (
     draw_inputs,
     draw_params,
     image_prompt_inputs,
+    perturbed_params,
     tiny_of,
     tiny_processor,
     variant_params,
 )
-from .values import _blocks_with, assert_identity, dims_of, each_host, expected_shape, host_specs, resolve_term
+from .values import (
+    _blocks_with,
+    assert_identity,
+    dims_of,
+    each_host,
+    expected_shape,
+    host_specs,
+    resolve_term,
+    tensor_term,
+)
 
 
 class Allocations(TorchDispatchMode):
@@ -60,25 +70,39 @@ class Allocations(TorchDispatchMode):
 
 
 PROMPT = "the eiffel tower is in the city of"
+PERTURB_ODDS = 8  # a drawn case is perturbed unless a draw from range(PERTURB_ODDS) is 0 (the first example's)
 
 
 class Case:
     """One drawn tiny config and its inputs."""
 
     def __init__(self, family: str, params: dict[str, Any], inputs: dict[str, torch.Tensor], seed: int,
-                 variant: str | None = None):
+                 variant: str | None = None, perturbed: bool = False):
         self.family, self.params, self.inputs, self.seed, self.variant = family, params, inputs, seed, variant
+        self.perturbed = perturbed
+        self._repr: str | None = None
 
     def model(self, attn_implementation: str = "eager", experts: str | None = None) -> AtlasModel:
         return build(self.family, self.params, attn_implementation, seed=self.seed, experts=experts,
-                     variant=self.variant)
+                     variant=self.variant, perturbed=self.perturbed)
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # made once: every identity's message names the case
+        if self._repr is None:
+            self._repr = self._describe()
+        return self._repr
+
+    def _describe(self) -> str:
         shape = tuple(self.inputs["input_ids"].shape)
         pads = (self.inputs["attention_mask"] == 0).sum(-1).tolist()
         grid = self.inputs.get("image_grid_thw")
         images = f", image grids {grid.tolist()}" if grid is not None else ""
-        return f"Case({self.family}, {self.params}, inputs {shape}, left padding {pads}{images}, seed {self.seed})"
+        perturbed = ", at the config's defaults"
+        if self.perturbed:
+            drawn = perturbed_params(self.family, self.params, self.seed, self.variant)
+            factors = {k: v for k, v in drawn.items() if v != self.params.get(k)}
+            perturbed = f", perturbed (nnatlas.testing.perturb: factors {factors}, constant weights drawn)"
+        return (f"Case({self.family}, {self.params}, inputs {shape}, left padding {pads}{images}, seed {self.seed}"
+                f"{perturbed})")
 
 
 def draw_case(family: str, choose: Callable[[str, list[Any]], Any], data: Any, variant: str | None = None) -> Case:
@@ -92,15 +116,20 @@ def draw_case(family: str, choose: Callable[[str, list[Any]], Any], data: Any, v
     seq = data.draw(st.integers(*tiny["seq"]), label="seq")
     pads = [data.draw(st.integers(0, max(seq - 1, 0)), label="pad") for _ in range(batch)]
     seed = data.draw(st.integers(0, 2**16), label="seed")
+    # the first (simplest) example is the plain tiny model at the config's defaults; every other is
+    # perturbed with odds 7 in 8 (factors off their defaults, constant weights drawn): the perturbed
+    # draw takes the place of a default one, the examples are as many
+    perturbed = data.draw(st.integers(0, PERTURB_ODDS - 1), label="perturbed") != 0
     images = tiny.get("images")
     if images:
         count = data.draw(st.sampled_from(list(images["count"])), label="images")
         sizes = [tuple(data.draw(st.sampled_from(list(images["sizes"])), label="size")) for _ in range(count)]
         vocab = int(params.get("text_config", {}).get("vocab_size", params.get("vocab_size", 64)))
         proc = tiny_processor(tiny["processor"], vocab)
-        return Case(family, params, image_prompt_inputs(proc, seq, sizes, seed), seed, variant)  # type: ignore[arg-type]
+        return Case(family, params, image_prompt_inputs(proc, seq, sizes, seed), seed, variant,  # type: ignore[arg-type]
+                    perturbed)
     vocab = int(params.get("vocab_size", 64))
-    return Case(family, params, draw_inputs(vocab, batch, seq, pads, seed), seed)
+    return Case(family, params, draw_inputs(vocab, batch, seq, pads, seed), seed, perturbed=perturbed)
 
 
 def _save_all(model: AtlasModel, inputs: Mapping[str, torch.Tensor], names: Callable[[Any], list[str]] | None = None
@@ -155,7 +184,7 @@ def _unavailable_term(host: Any, terms: tuple[str, ...], config: Mapping[str, An
                       block: int | None) -> tuple[str, Any] | None:
     """The first term of an identity this load cannot serve, and why (the value says which load it needs)."""
     for term in terms:
-        if term in config:
+        if term in config or tensor_term(host, term, model, block) is not None:
             continue
         handle = resolve_term(host, term, model, block)
         why = handle.unavailable() if isinstance(handle, Value) else None
@@ -164,7 +193,10 @@ def _unavailable_term(host: Any, terms: tuple[str, ...], config: Mapping[str, An
     return None
 
 
-def check_identity(case: Case, path: str, index: int, experts: str | None = None) -> None:
+def check_identity(case: Case, path: str, index: int, experts: str | None = None, replace: Any = None) -> None:
+    """The spec's ``index``-th identity at ``path`` holds on every host of the drawn case that has it.
+    ``replace``: an identity (``nnatlas.spec.Identity``) checked instead, on the same hosts: a
+    mutation test's changed identity."""
     model = case.model("eager", experts)
     config = model.normalized_config
     checked = 0
@@ -173,7 +205,7 @@ def check_identity(case: Case, path: str, index: int, experts: str | None = None
         spec_ids = [i for s in model._family.hosts if s.path == path for i in s.identities]
         if index >= len(spec_ids) or spec_ids[index] not in identities:
             continue
-        identity = spec_ids[index]
+        identity = spec_ids[index] if replace is None else replace
         found = re.search(r"\[(\d+)\]", label)
         block = int(found.group(1)) if found else None
         missing = _unavailable_term(host, identity.terms, config, model, block)
@@ -190,8 +222,14 @@ def check_identity(case: Case, path: str, index: int, experts: str | None = None
             checked += 1  # checked: the value says which load it needs
             continue
         values: dict[str, Any] = {}
+        for term in identity.terms:  # a parameter or buffer the identity names: read outside the trace
+            tensor = tensor_term(host, term, model, block) if term not in config else None
+            if tensor is not None:
+                values[term] = tensor
         with model.trace(dict(case.inputs), order="any"):
             for term in identity.terms:
+                if term in values:
+                    continue
                 if term in config:
                     values[term] = config[term]
                 else:
@@ -202,7 +240,8 @@ def check_identity(case: Case, path: str, index: int, experts: str | None = None
         checked += 1
     from hypothesis import assume
 
-    assume(checked > 0)  # a block kind this drawn config lacks: draw another (none at all fails the test)
+    if not checked:
+        assume(False)  # a block kind this drawn config lacks: draw another (none at all fails the test)
 
 
 def _first_host(model: AtlasModel, path: str, name: str | None = None, missing: bool | None = None
@@ -217,7 +256,7 @@ def _first_host(model: AtlasModel, path: str, name: str | None = None, missing: 
 
 
 def check_native_class(family: str, path: str, variant: str | None = None) -> None:
-    model = build(family, variant=variant)
+    model = build(family, variant=variant, perturbed=True)
     found = list(each_host(model, path))
     assert found, f"{path}: no native module found (check rename)"
     for label, host in found:
@@ -245,7 +284,7 @@ def check_edit(family: str, path: str, name: str, experts: str | None = None, va
     ``route_kernels`` for a value that needs it; under ``experts``, the experts implementation)."""
     import contextlib
 
-    model = build(family, attn_implementation="eager", experts=experts, variant=variant)
+    model = build(family, attn_implementation="eager", experts=experts, variant=variant, perturbed=True)
     spec = next(v for h in model._family.hosts if h.path == path for v in h.values if v.name == name)
     routed = spec.needs is not None and spec.needs.name == "torch_kernels"
     with nnatlas.route_kernels(family, "torch") if routed else contextlib.nullcontext():
@@ -284,7 +323,7 @@ def _check_edit(model: AtlasModel, path: str, name: str) -> None:
 
 
 def check_readonly(family: str, path: str, name: str, variant: str | None = None) -> None:
-    model = build(family, variant=variant)
+    model = build(family, variant=variant, perturbed=True)
     _, host = _first_host(model, path, name, missing=False)
     try:
         with model.trace(dict(_fixed_inputs(model))):
@@ -297,7 +336,7 @@ def check_readonly(family: str, path: str, name: str, variant: str | None = None
 
 def check_missing(family: str, path: str, name: str) -> None:
     """A value the family marks missing: support() and a trace both say why."""
-    model = build(family)
+    model = build(family, perturbed=True)
     label, host = _first_host(model, path, name, missing=True)
     spec = next(s.value(name) for s in host_specs(model, host) if s.value(name) is not None)
     reason = spec.read.words
@@ -314,7 +353,7 @@ def check_missing(family: str, path: str, name: str) -> None:
 
 def check_support(family: str, attn: str, experts: str | None = None, variant: str | None = None) -> None:
     """support() says available exactly for what a trace can read under this load."""
-    model = build(family, attn_implementation=attn, experts=experts, variant=variant)
+    model = build(family, attn_implementation=attn, experts=experts, variant=variant, perturbed=True)
     inputs = _fixed_inputs(model)
     rows = model.support().rows
     assert rows
@@ -339,7 +378,7 @@ def run_example(family: str, source: str, where: str, load: str | None = None) -
     """Run a note's example on the tiny config (on the image-text load when the note says so and the
     family has a second load for it)."""
     variant = "image_text" if load == "image-text-to-text" and adapter_module(family).TINY.get("image_text") else None
-    model = build(family, attn_implementation="eager", variant=variant)
+    model = build(family, attn_implementation="eager", variant=variant, perturbed=True)
     namespace = {"model": model, "prompt": PROMPT, "torch": torch, "nnatlas": nnatlas}
     if model.processor is not None:  # the pages' images: a red square and a wide one
         from PIL import Image
@@ -362,7 +401,7 @@ def _vision_specs(model: AtlasModel) -> list[tuple[str, Any, Any]]:
 
 def check_text_only_load(family: str, variant: str | None = None) -> None:
     """Without a processor every vision value (and DeepStack's) raises Unavailable, naming the load."""
-    model = build(family, processor=False, variant=variant)
+    model = build(family, processor=False, variant=variant, perturbed=True)
     assert model.processor is None
     found = [x for x in _vision_specs(model) if x[2].needs is not None and x[2].needs.name == "processor"]
     assert found, "no value needs the image-text load"
@@ -383,7 +422,7 @@ def check_text_only_load(family: str, variant: str | None = None) -> None:
 def check_text_prompt(family: str, variant: str | None = None) -> None:
     """On a prompt without images, a value computed only with images raises NotReached before the
     forward (not a hang, not a wrong tensor), also when later values were asked for after it."""
-    model = build(family, variant=variant)
+    model = build(family, variant=variant, perturbed=True)
     inputs = _fixed_inputs(model, text_only=True)
     found = [x for x in _vision_specs(model) if x[2].reached is not None]
     assert found, "no value is computed only with images"
@@ -408,7 +447,7 @@ def check_text_prompt(family: str, variant: str | None = None) -> None:
 def check_image_input_errors(family: str, variant: str | None = None) -> None:
     """Raw image tensors: a missing mm_token_type_ids (where the model takes them) or an image-token
     count that does not match the images is a clear error before the forward."""
-    model = build(family, variant=variant)
+    model = build(family, variant=variant, perturbed=True)
     inputs = _fixed_inputs(model)
     calls = []
     handle = model.native.register_forward_pre_hook(lambda *a: calls.append(1))
@@ -443,7 +482,7 @@ def check_processor_round_trip(family: str, tmp: Any, variant: str | None = None
     """save_pretrained / from_pretrained in a directory: nnatlas.load(path, task="image-text-to-text")
     brings back the wrapper with its processor (no torchvision needed), and the same logits; the
     default load (text-generation) of the same directory takes text only, with the same text values."""
-    model = build(family, variant=variant)
+    model = build(family, variant=variant, perturbed=True)
     native: Any = model.native
     native.save_pretrained(tmp)
     processor: Any = model.processor
@@ -512,8 +551,8 @@ def check_recomputed_patterns(family: str, attn: str, variant: str | None = None
 
 
 def _check_recomputed_patterns(family: str, attn: str, variant: str | None) -> float:
-    eager = build(family, attn_implementation="eager", variant=variant)
-    fused = build(family, attn_implementation=attn, variant=variant)
+    eager = build(family, attn_implementation="eager", variant=variant, perturbed=True)
+    fused = build(family, attn_implementation=attn, variant=variant, perturbed=True)
     vocab = int(eager.normalized_config["vocab_size"])
     layers: Any = fused.layers
     worst = 0.0

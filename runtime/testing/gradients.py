@@ -64,7 +64,7 @@ def _check_gradients(family: str, variant: str | None = None) -> float:
     to the tensor whose storage holds it (the same graph; total derivative), and the block values
     equal the gradients of a separate plain forward read with plain torch forward hooks. Returns
     the largest error seen."""
-    model = build(family, attn_implementation="eager", variant=variant)
+    model = build(family, attn_implementation="eager", variant=variant, perturbed=True)
     inputs = _fixed_inputs(model)
     saved: dict[str, torch.Tensor] = {}
     copies: set[str] = set()  # served as snapshots (copy: true): no tensor of the forward's graph holds them

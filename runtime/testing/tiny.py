@@ -13,6 +13,7 @@ import torch
 from ..loading import wrap
 from ..model import AtlasModel
 from ..processing import image_processor_class, images_only, vision_marks
+from .perturb import config_factors, perturb_config, perturb_tensors
 
 WORDS = ("the eiffel tower is in city of paris france a an and to on at with from by for as it this that "
          "was were be been being have has had do does did not no yes one two three four five six seven "
@@ -132,17 +133,23 @@ def first_variant_params(family: str, variant: str) -> dict[str, Any]:
 
 def build(family: str, params: Mapping[str, Any] | None = None, attn_implementation: str = "eager",
           seed: int = 0, dtype: torch.dtype = torch.float32, experts: str | None = None, processor: bool = True,
-          variant: str | None = None) -> AtlasModel:
+          variant: str | None = None, perturbed: bool = False) -> AtlasModel:
     """A tiny random model of ``family``, wrapped, with an in-memory tokenizer (and, for a family
     whose ``tiny.processor`` says how, a local processor; ``processor=False`` is the text-only load).
     ``variant="image_text"``: the family's multimodal wrapper load (``tiny.image_text``).
-    ``experts``: the experts implementation (``set_experts_implementation``) of a mixture of experts."""
+    ``experts``: the experts implementation (``set_experts_implementation``) of a mixture of experts.
+    ``perturbed``: the config's scalar factors drawn away from their defaults and every constant
+    parameter or buffer drawn at random (:mod:`nnatlas.testing.perturb`), from ``seed``. The generated
+    tests and the oracle ask for it; the default (False) is the plain tiny model at the config's
+    defaults, which hand-written tests and the bench build as a fixed fixture."""
     import transformers
 
     tiny = tiny_of(family, variant)
     if params is None:
         params = first_variant_params(family, variant) if variant else first_params(family)
     params = _nested_copy(dict(params))
+    if perturbed:
+        params = perturbed_params(family, params, seed, variant)
     config = getattr(transformers, tiny["config_class"])(**params)
     config._attn_implementation = attn_implementation
     for sub in ("text_config", "vision_config"):
@@ -154,6 +161,8 @@ def build(family: str, params: Mapping[str, Any] | None = None, attn_implementat
         for name, param in hf.named_parameters():  # which a checkpoint fills) is drawn, so every value reaches
             if param.dim() >= 2 and name.endswith("weight") and not param.any():  # the logits (biases stay)
                 param.normal_(0.0, 0.02)
+    if perturbed:
+        perturb_tensors(hf, seed)
     if experts is not None:
         hf.set_experts_implementation(experts)
     vocab = int(getattr(config.get_text_config(), "vocab_size", 64))
@@ -164,6 +173,28 @@ def build(family: str, params: Mapping[str, Any] | None = None, attn_implementat
             return wrap(hf, processor=proc)
         return wrap(hf, tokenizer=proc.tokenizer)
     return wrap(hf, tokenizer=tiny_tokenizer(vocab))
+
+
+def perturbed_params(family: str, params: Mapping[str, Any], seed: int, variant: str | None = None
+                     ) -> dict[str, Any]:
+    """``params`` with every scalar factor of the config drawn away from its value (the family's
+    ``tiny.factors`` narrow or pin some): of the config itself, and of a wrapper's text_config."""
+    import transformers
+
+    tiny = tiny_of(family, variant)
+    rules = dict(adapter_module(family).TINY.get("factors") or {})
+    out = _nested_copy(dict(params))
+    config = getattr(transformers, tiny["config_class"])(**_nested_copy(out))
+    found = config_factors(config)
+    unknown = sorted(set(rules) - set(found) - set(config_factors(config.get_text_config())))
+    if unknown:
+        raise ValueError(f"{family}: tiny.factors names {', '.join(unknown)}, which is no scalar factor of "
+                         f"{type(config).__name__} (its factors: {', '.join(sorted(found)) or 'none'})")
+    out.update(perturb_config(config, seed, rules))
+    text = config.get_text_config()
+    if text is not config and isinstance(out.get("text_config"), dict):
+        out["text_config"] = {**out["text_config"], **perturb_config(text, seed + 1, rules)}
+    return out
 
 
 CPU_ATTENTION = ("eager", "sdpa")  # the attention implementations a CPU test can run

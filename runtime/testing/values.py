@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..errors import NnatlasError
 from ..model import AtlasModel
 
 
@@ -49,6 +50,35 @@ def resolve_term(host: Any, term: str, model: Any = None, index: int | None = No
         if idx:
             node = node[int(idx.rstrip("]"))]
     return node
+
+
+def tensor_term(host: Any, term: str, model: Any = None, index: int | None = None) -> torch.Tensor | None:
+    """The parameter or buffer an identity term names, relative to the host's module
+    (``gate.e_score_correction_bias``: a buffer of the host's child ``gate``), or None when the term
+    names a value, a boundary or a config entry. A copy, read outside the trace: the forward does not
+    change it. A term that names neither raises ``AssertionError`` saying what the module holds."""
+    *prefix, last = term.split(".")
+    if last in ("input", "output") or term.startswith("model."):
+        return None
+    node = host
+    if prefix:
+        try:
+            node = resolve_term(host, ".".join(prefix), model, index)
+        except (NnatlasError, AttributeError):
+            return None  # reported by the trace that reads the term
+    if not hasattr(node, "_specs") or node._model._value_spec(node._pattern, node._block_index(), last) is not None:
+        return None
+    module = node._module
+    tensors = {**dict(module.named_parameters(recurse=False)), **dict(module.named_buffers(recurse=False))}
+    if last in tensors:
+        return tensors[last].detach().clone()
+    try:
+        getattr(node, last)
+    except (NnatlasError, AttributeError):
+        held = ", ".join(sorted(tensors)) or "none"
+        raise AssertionError(f"identity term '{term}': {type(module).__name__} has no value, parameter or buffer "
+                             f"'{last}' (its parameters and buffers: {held})") from None
+    return None
 
 
 def host_specs(model: AtlasModel, host: Any) -> list[Any]:
