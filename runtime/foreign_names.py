@@ -107,7 +107,7 @@ def module_path(model: Any, name: str) -> str | None:
     hosts = {id(host._module): label for label, host in _every_host(model)}
     for start in (0, 1) if parts[:1] == ["model"] else (0,):  # nnsight's root envoy is called model
         node: Any = model._module
-        label, rest = "model", []
+        label, rest = "model", list[str]()
         for part in parts[start:]:
             child = getattr(node, "_modules", {}).get(part)
             if child is None:

@@ -95,7 +95,7 @@ LAYERS = (
                     "nnatlas.foreign_names"}),
     ("sites", {"nnatlas.interrupts", "nnatlas.sites", "nnatlas.op_scopes", "nnatlas.patterns"}),
     ("requests and the tracer", {"nnatlas.requests", "nnatlas.installers", "nnatlas.function_sites", "nnatlas.trace",
-                                 "nnatlas.validate"}),
+                                 "nnatlas.validate", "nnatlas.placeholders"}),
     ("hosts and values", {"nnatlas.hosts", "nnatlas.processing", "nnatlas.inputs", "nnatlas.introspect", "nnatlas.model_tree",
                           "nnatlas.targets"}),
     ("what a model shows", {"nnatlas.describe", "nnatlas.cache"}),
