@@ -97,7 +97,7 @@ LAYERS = (
     ("requests and the tracer", {"nnatlas.requests", "nnatlas.installers", "nnatlas.function_sites", "nnatlas.trace",
                                  "nnatlas.validate", "nnatlas.placeholders"}),
     ("hosts and values", {"nnatlas.hosts", "nnatlas.processing", "nnatlas.inputs", "nnatlas.introspect", "nnatlas.model_tree",
-                          "nnatlas.targets"}),
+                          "nnatlas.targets", "nnatlas.given"}),
     ("what a model shows", {"nnatlas.describe", "nnatlas.cache"}),
     ("model facade", {"nnatlas.model", "nnatlas.typed"}),
     ("load", {"nnatlas.loading"}),
