@@ -40,12 +40,39 @@ class Cache(Mapping[str, Any]):
 
     A value is a tensor (the model's own, no copy), or for a value whose layout is not one (a
     size, a state that may be None) the value itself. ``layout(path)`` gives its layout.
+
+    Which tokens are real, whatever values were asked for (attributes, not entries):
+    ``attention_mask`` [batch seq], the mask the forward was given (ones when the inputs had none:
+    every token counted as real); ``positions`` [batch seq], each token's position in its own row's
+    text (0 at the row's first real token, counted over the tokens the mask keeps), -1 on padding.
+    ``positions`` is not the position ids the model used: transformers gives a forward without
+    ``position_ids`` 0..seq-1 on every row, whichever side the padding is on.
     """
 
-    def __init__(self, values: Mapping[str, Any], layouts: Mapping[str, Layout], family: str | None = None):
+    def __init__(self, values: Mapping[str, Any], layouts: Mapping[str, Layout], family: str | None = None,
+                 attention_mask: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+                 inputs: Mapping[str, Any] | None = None):
         self._values = dict(values)
         self._layouts = dict(layouts)
         self.family = family
+        self._mask, self._positions = attention_mask, positions
+        self._inputs = inputs  # (mask and positions are made from these when first asked: a cache allocates nothing)
+
+    @property
+    def attention_mask(self) -> torch.Tensor | None:
+        """[batch seq]: the attention mask the forward was given (ones when it had none), 0 on padding."""
+        if self._mask is None and self._inputs is not None:
+            self._mask, self._positions = _real_tokens(self._inputs)
+            self._inputs = None
+        return self._mask
+
+    @property
+    def positions(self) -> torch.Tensor | None:
+        """[batch seq]: each token's position in its own row's text (0 at its first real token), -1 on padding."""
+        if self._positions is None and self.attention_mask is not None:
+            real = self.attention_mask != 0
+            self._positions = (real.long().cumsum(-1) - 1).masked_fill(~real, -1)
+        return self._positions
 
     def __getitem__(self, path: str) -> Any:
         try:
@@ -72,7 +99,9 @@ class Cache(Mapping[str, Any]):
                 return x
             cast = dtype if dtype is not None and x.is_floating_point() else None
             return x.to(device=device, dtype=cast)
-        return Cache({k: move(v) for k, v in self._values.items()}, self._layouts, self.family)
+        mask, positions = self.attention_mask, self.positions
+        return Cache({k: move(v) for k, v in self._values.items()}, self._layouts, self.family,
+                     None if mask is None else mask.to(device), None if positions is None else positions.to(device))
 
     def layers(self, name: str) -> list[int]:
         """The block indices that hold ``name`` (``layer_output`` → every cached block)."""
@@ -229,4 +258,20 @@ def cache_values(model: ModelTargets, tracer: Tracer, values: Iterable[str] | No
         saved = [(h.label, h.save()) for h in handles]
     out = {label: (holder.value if isinstance(holder, Box) else holder) for label, holder in saved}
     layouts = {h.label: h._spec.layout for h in handles if h._spec is not None}
-    return Cache(out, layouts, model.family)
+    inputs = tracer.inputs
+    return Cache(out, layouts, model.family, inputs=inputs if isinstance(inputs, Mapping) else None)
+
+
+def _real_tokens(inputs: Mapping[str, Any]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(the attention mask the forward got, ones when none; None: positions made from it when asked), the
+    mask [batch seq]; (None, None) for inputs with neither ids nor embeddings of that shape."""
+    ids = inputs.get("input_ids")
+    if not isinstance(ids, torch.Tensor):
+        ids = inputs.get("inputs_embeds")
+    if not isinstance(ids, torch.Tensor) or ids.dim() < 2:
+        return None, None
+    batch, seq = ids.shape[0], ids.shape[1]
+    mask = inputs.get("attention_mask")
+    if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != (batch, seq):
+        mask = torch.ones(batch, seq, dtype=torch.long, device=ids.device)
+    return mask, None

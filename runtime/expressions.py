@@ -118,6 +118,18 @@ def shape(x: torch.Tensor) -> list[int]:
     return list(x.shape)
 
 
+def last_token(x: torch.Tensor, attention_mask: Any) -> torch.Tensor:
+    """``x[:, i]`` at each row's last real token ``i`` (the last position whose mask is not zero), whichever
+    side the padding is on; ``x[:, -1]`` without a mask, or with one of another length (a generation step's
+    logits hold the new token only). A row with no real token gives its last position."""
+    mask = getattr(attention_mask, "value", attention_mask)
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or mask.shape[1] != x.shape[1] or mask.shape[0] != x.shape[0]:
+        return x[:, -1]
+    real = (mask != 0).to(x.device)
+    last = real.shape[1] - 1 - real.flip(1).int().argmax(1)  # [batch] (argmax: the first maximum)
+    return x[torch.arange(x.shape[0], device=x.device), last]
+
+
 def l2norm(x: torch.Tensor) -> torch.Tensor:
     return x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6)
 

@@ -17,6 +17,7 @@ import torch
 
 from . import foreign_names
 from .errors import InputError, NnatlasError, Unavailable, UnknownName
+from .placeholders import Placeholder, placeholder
 from .protocols import WrappedModel
 from .requests import Box, Expr, Request, Target
 from .spec import HostSpec, ReadPoint, ValueSpec
@@ -346,12 +347,13 @@ _HOLDER_DTYPES = {"long": torch.long, "bool": torch.bool}
 # an empty tensor of each holder dtype: ``new()`` of one is the cheapest fresh tensor to make (a third of
 # ``torch.Tensor()``'s time), with its own storage and version counter
 _EMPTY = {dtype: torch.empty(0, dtype=dtype) for dtype in (torch.float32, *_HOLDER_DTYPES.values())}
+_make_subclass = torch.Tensor._make_subclass
 
 
 def _placeholder(kind: Any, label: str) -> Any:
-    """What ``save()`` returns: a tensor whose ``.data`` the forward points at the value, or a
-    :class:`Box` for a value that is not one."""
-    return Box(label) if kind is Box else _EMPTY[kind].new()
+    """What ``save()`` returns: a tensor whose ``.data`` the forward points at the value (a
+    :class:`~nnatlas.placeholders.Placeholder` until the block ends), or a :class:`Box` for a value that is not one."""
+    return Box(label) if kind is Box else placeholder(_EMPTY[kind], label)
 
 
 class Value(_Lazy):
@@ -447,7 +449,12 @@ class Value(_Lazy):
                     if node is None:
                         break
             if (parts is None or node is target.module) and (scoped is None or self._available(tracer, scoped)):
-                holder = empty.new() if empty is not None else Box(target.label)
+                holder: Any
+                if empty is not None:  # (placeholder(), inlined)
+                    holder = _make_subclass(Placeholder, empty.new())
+                    holder.__dict__["_nnatlas_label"] = target.label
+                else:
+                    holder = Box(target.label)
                 seq = tracer.seq
                 tracer.requests.append(Request(seq, target.label, "save", target, holder, tracer.current_step,
                                                tracer.current_call if call is None else call))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,6 +42,7 @@ def prepare(model: WrappedModel, inputs: Any, extra: dict[str, Any]) -> dict[str
         extra = dict(extra)
         images = extra.pop("images", None)
     out: dict[str, Any]
+    mask_made = False  # a mask of ones made here for ids given without one
     if images is None and isinstance(inputs, dict):  # the common case first: a dict of tensors
         out = dict(inputs)
     elif images is not None:
@@ -56,10 +58,12 @@ def prepare(model: WrappedModel, inputs: Any, extra: dict[str, Any]) -> dict[str
         check_ids(inputs)
         ids = inputs if inputs.dim() == 2 else inputs.unsqueeze(0)
         out = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        mask_made = True
     elif isinstance(inputs, list | tuple) and inputs and all(isinstance(x, int) and not isinstance(x, bool)
                                                              for x in inputs):
         ids = torch.tensor([list(inputs)])
         out = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        mask_made = True
     elif isinstance(inputs, Mapping):
         # a tokenizer's or processor's own output keeps only what the forward takes (a fast
         # tokenizer adds token_type_ids that Llama's forward would ignore); a plain dict is checked
@@ -72,11 +76,31 @@ def prepare(model: WrappedModel, inputs: Any, extra: dict[str, Any]) -> dict[str
     if extra:
         out.update(extra)
     check_inputs(model, out)
+    if mask_made or out.get("attention_mask") is None:
+        _warn_unmasked_padding(model, out.get("input_ids"))
     device = _device(model)
     for k, v in out.items():
         if isinstance(v, torch.Tensor) and v.device != device:
             out[k] = v.to(device)
     return out
+
+
+class PaddingWarning(UserWarning):
+    """Token ids that hold the tokenizer's pad id were given without an attention mask."""
+
+
+def _warn_unmasked_padding(model: WrappedModel, ids: Any) -> None:
+    """Warn (once per model) when ids given without an attention mask hold the tokenizer's pad id: every
+    token is then treated as real, the pads included (``next_token_probs`` reads the last position)."""
+    tok = model.tokenizer
+    pad = getattr(tok, "pad_token_id", None) if tok is not None else None
+    if not isinstance(pad, int) or not isinstance(ids, torch.Tensor) or model.__dict__.get("_warned_padding"):
+        return
+    if bool((ids == pad).any()):
+        model.__dict__["_warned_padding"] = True
+        warnings.warn(f"these token ids hold the pad id {pad} ({tok.pad_token!r}) but no attention mask was given: "
+                      "every token counts as real, the pads included; pass attention_mask (0 on the pads), or the "
+                      "prompts as text (a list is padded and masked)", PaddingWarning, stacklevel=4)
 
 
 def _accepted(model: WrappedModel, made: Mapping[str, Any]) -> dict[str, Any]:

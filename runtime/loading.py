@@ -11,6 +11,7 @@ import torch
 
 from . import registry as _families
 from .errors import InputError, NnatlasError
+from .given import unwrap
 from .model import AtlasModel
 from .processing import load_processor
 from .sites import _KERNEL_ROUTES
@@ -46,20 +47,27 @@ def route_kernels(family: str | AtlasModel, kernels: str = "torch") -> Iterator[
 def wrap(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None,
          family: str | Family | None = None) -> AtlasModel:
     """Wrap an already-built transformers model with its family's adapter: an instance of the family's
-    generated class (``nnatlas.families.<family>.Model``; ``<family>.wrap`` says so to a type checker)."""
+    generated class (``nnatlas.families.<family>.Model``; ``<family>.wrap`` says so to a type checker).
+
+    A ``peft`` model (LoRA …) is wrapped through the transformers model inside it, and its forward runs
+    through the PeftModel (``model.peft``); a compiled model is refused (see :mod:`nnatlas.given`)."""
     if isinstance(model, AtlasModel):
         return model
-    fam = family if isinstance(family, Family) else _families.get(family) if family else _families.pick(model)
-    return _new(_families.model_class(fam) or AtlasModel, fam, model, tokenizer, processor)
+    hf, peft = unwrap(model)
+    fam = family if isinstance(family, Family) else _families.get(family) if family else _families.pick(hf)
+    return _new(_families.model_class(fam) or AtlasModel, fam, hf, tokenizer, processor, peft)
 
 
 M = TypeVar("M", bound=AtlasModel)
 
 
-def _new(cls: type[M], family: Family, model: torch.nn.Module, tokenizer: Any, processor: Any) -> M:
+def _new(cls: type[M], family: Family, model: torch.nn.Module, tokenizer: Any, processor: Any, peft: Any = None) -> M:
     if tokenizer is None and processor is not None:
         tokenizer = getattr(processor, "tokenizer", None)
-    return cls(model, family, tokenizer=tokenizer, processor=processor)
+    made = cls(model, family, tokenizer=tokenizer, processor=processor)
+    if peft is not None:
+        object.__setattr__(made, "_peft", peft)
+    return made
 
 
 class Wrapper(Generic[M]):
@@ -74,7 +82,8 @@ class Wrapper(Generic[M]):
         if isinstance(model, AtlasModel):
             raise NnatlasError(f"this model is already wrapped as {model.family}; wrap its .native as "
                                f"{self.family.name}")
-        return _new(self.cls, self.family, model, tokenizer, processor)
+        hf, peft = unwrap(model)
+        return _new(self.cls, self.family, hf, tokenizer, processor, peft)
 
 
 class Loader(Generic[M]):

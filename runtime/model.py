@@ -10,6 +10,7 @@ from . import foreign_names, readout
 from .cache import Cache, cache_values
 from .describe import Support, render, support
 from .errors import InputError, NnatlasError, UnknownName
+from .given import refuse_compiled
 from .hosts import Value
 from .inputs import prepare
 from .targets import ModelTargets
@@ -38,13 +39,32 @@ class AtlasModel(ModelTargets):
         if not isinstance(grad, bool):
             raise InputError(f"trace(grad=...): expected True or False, got {grad!r}")
         model_inputs = prepare(self, inputs, kwargs)
-        module = self._module
+        module = self._runner()
         return Tracer(self, lambda: module(**model_inputs), order=order, grad=grad, inputs=model_inputs)
+
+    @property
+    def peft(self) -> Any:
+        """The ``peft`` PeftModel this model was wrapped from (its forward is the one a trace runs), or None.
+        ``model.native`` is the transformers model inside it, where the standard names resolve."""
+        return self.__dict__.get("_peft")
+
+    def _runner(self) -> Any:
+        """What a trace calls: the PeftModel when wrapped from one, else the transformers model; refused
+        when either has been compiled in place since it was wrapped (before anything compiles)."""
+        module = self._module
+        peft = self.__dict__.get("_peft")
+        if module.__dict__.get("_compiled_call_impl") is not None:
+            refuse_compiled(module, "trace")
+        if peft is not None:
+            if peft.__dict__.get("_compiled_call_impl") is not None:
+                refuse_compiled(peft, "trace")
+            return peft
+        return module
 
     def generate(self, inputs: Any = None, *, max_new_tokens: int = 8, order: str = "strict", **kwargs: Any) -> Tracer:
         """Like ``trace`` over ``generate``: the body reads step 0 unless inside ``tracer.iter[...]``."""
         model_inputs = prepare(self, inputs, {})
-        gen = getattr(self._module, "generate", None)
+        gen = getattr(self._runner(), "generate", None)
         if gen is None:
             raise NnatlasError(f"{type(self._module).__name__} cannot generate")
         settings = {"max_new_tokens": max_new_tokens, "do_sample": False, "min_new_tokens": max_new_tokens, **kwargs}

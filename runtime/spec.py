@@ -267,6 +267,10 @@ FUNCTIONS: dict[str, Function] = {
     "chunk": _f(3, "chunk(x, n, dim)", "x cut into n equal pieces along dim (index the result: chunk(...)[1])."),
     "cat": _f(2, "cat([a, b], dim)", "The tensors concatenated along dim."),
     "shape": _f(1, "shape(x)", "x's sizes, as a list."),
+    "last_token": _f(2, "last_token(x, attention_mask)",
+                     "x[:, i] at each row's last real token i, the last position whose attention_mask is not zero "
+                     "(on either side of padding); x[:, -1] when the mask is None or not as long as x's dim 1 "
+                     "(a generation step)."),
     "l2norm": _f(1, "l2norm(x)", "x divided by its L2 norm along the last dim (clamped at 1e-6)."),
     "vnorm": _f(1, "vnorm(x)", "The L2 norm of each vector along the last dim, in float32."),
     "repeat_kv": _f(2, "repeat_kv(x, groups)", "Each key/value head of a [batch heads seq dim] tensor repeated groups "

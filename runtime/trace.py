@@ -22,6 +22,7 @@ from . import conditions, interrupts, op_scopes, sites
 from .errors import InputError, NnatlasError, NotReached, OutOfOrderError
 from .function_sites import FunctionInstaller
 from .installers import installer_of
+from .placeholders import release
 from .protocols import WrappedModel
 from .requests import (
     INPUT_SIDES,
@@ -282,6 +283,7 @@ class Tracer:
 
     def _execute(self) -> None:
         ordered = self._ordered = sorted(self.requests, key=_seq)
+        release([r.payload for r in ordered])  # the body's placeholders become plain tensors, to be filled
         by_site = self.by_site
         conditional = functions = derived = False
         dims: tuple[torch.nn.Module, ...] = ()  # the modules whose calls give views their dims

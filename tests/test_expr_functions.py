@@ -345,3 +345,16 @@ def test_grouped_routing_is_transformers_router(groups: int, keep: int, k: int, 
     if groups > 1:  # the group limit changes the choice here: a plain top-k of the biased scores differs
         plain = torch.topk(logits.sigmoid() + router.e_score_correction_bias, k, dim=-1).indices
         assert not torch.equal(plain.sort(-1).values, theirs.sort(-1).values) or keep == groups
+
+
+def test_last_token_follows_the_mask_on_either_side_of_padding() -> None:
+    v = tensors()
+    x = v["x"]  # [2 3 5]
+    masks = {"right": [[1, 1, 0], [1, 0, 0]], "left": [[0, 1, 1], [0, 0, 1]], "none": [[1, 1, 1], [1, 1, 1]]}
+    rows = {"right": (1, 0), "left": (2, 2), "none": (2, 2)}
+    for side, mask in masks.items():
+        lhs, _ = evaluate("last_token(x, m) == x", {**v, "m": torch.tensor(mask)})
+        assert torch.equal(lhs, torch.stack([x[0, rows[side][0]], x[1, rows[side][1]]])), side
+    for mask in (None, torch.ones(2, 7, dtype=torch.long)):  # no mask, or one of a generation step's length
+        lhs, _ = evaluate("last_token(x, m) == x", {**v, "m": mask})
+        assert torch.equal(lhs, x[:, -1])

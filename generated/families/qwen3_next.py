@@ -203,7 +203,7 @@ def _derive_model_input_size(v: Any) -> Any:
 
 
 def _derive_model_next_token_probs(v: Any) -> Any:
-    return _fn.softmax(v['logits'][:, (-1)], -1)
+    return _fn.softmax(_fn.last_token(v['logits'], v['attention_mask']), -1)
 
 
 def _identity_model_0(v: Any) -> Any:
@@ -411,8 +411,8 @@ HOSTS: tuple[HostSpec, ...] = (
             ValueSpec(
                 'next_token_probs',
                 _L_NextTokenProbs,
-                'The next-token distribution at the last position; derived, read-only',
-                ReadPoint('derived', 'softmax(logits[:, -1], -1)', 'derived from logits: softmax(logits[:, -1], -1)', deps=('logits',), derive=_derive_model_next_token_probs),
+                "The next-token distribution at each row's last real token (the last position the attention mask keeps, on either side of padding); derived, read-only",
+                ReadPoint('derived', 'softmax(last_token(logits, attention_mask), -1)', 'derived from logits, attention_mask: softmax(last_token(logits, attention_mask), -1)', deps=('logits', 'attention_mask'), derive=_derive_model_next_token_probs),
                 readonly=True,
                 at='specs/qwen3_5_text.yaml:74:25',
             ),
