@@ -470,8 +470,9 @@ def _value_families(atlas: Atlas) -> tuple[list[str], dict[str, list[str]]]:
 
 
 def render_index(atlas: Atlas, printout_texts: dict[str, str] | None = None,
-                 status_data: dict[str, Any] | None = None) -> str:
-    return env().get_template("index.html.j2").render(**_index_data(atlas, printout_texts),
+                 status_data: dict[str, Any] | None = None, cookbook: bool = False) -> str:
+    """The index; ``cookbook``: the site has a cookbook page to link to (a checkout with docs/cookbook.md)."""
+    return env().get_template("index.html.j2").render(**_index_data(atlas, printout_texts), cookbook=cookbook,
                                                       **status.page_rows(atlas, status_data))
 
 

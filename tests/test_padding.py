@@ -93,3 +93,21 @@ def test_cache_carries_the_attention_mask_and_positions(model: nnatlas.AtlasMode
     assert torch.equal(moved.attention_mask, cache.attention_mask) and torch.equal(moved.positions, cache.positions)
     single = model.cache(torch.tensor([[5, 6, 7]]), values=["logits"])
     assert single.attention_mask.tolist() == [[1, 1, 1]] and single.positions.tolist() == [[0, 1, 2]]
+
+
+def test_the_generated_tests_draw_both_sides_of_padding() -> None:
+    """The generated tests' inputs: drawn cases pad on the left or the right (a hypothesis draw), and the fixed
+    inputs every oracle, edit and gradient check runs hold an unpadded, a left-padded and a right-padded row."""
+    from nnatlas import testing as T
+
+    right = T.draw_inputs(64, 2, 5, [0, 2], seed=1, side="right")
+    assert right["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
+    assert right["input_ids"][1, 3:].tolist() == [0, 0]
+    left = T.draw_inputs(64, 2, 5, [0, 2], seed=1)
+    assert left["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]]
+    fixed = T._fixed_inputs(T.build("llama"))["attention_mask"]
+    assert fixed[:, 0].tolist() == [1, 0, 1] and fixed[:, -1].tolist() == [1, 1, 0]
+    case = T.Case("llama", T.first_params("llama"), right, 0)
+    assert "right padding [0, 2]" in repr(case)
+    with pytest.raises(ValueError, match="side"):
+        T.draw_inputs(64, 1, 3, [1], side="middle")

@@ -93,7 +93,9 @@ class Case:
 
     def _describe(self) -> str:
         shape = tuple(self.inputs["input_ids"].shape)
-        pads = (self.inputs["attention_mask"] == 0).sum(-1).tolist()
+        mask = self.inputs["attention_mask"]
+        pads = (mask == 0).sum(-1).tolist()
+        side = "right" if bool((mask[:, -1] == 0).any()) else "left"
         grid = self.inputs.get("image_grid_thw")
         images = f", image grids {grid.tolist()}" if grid is not None else ""
         perturbed = ", at the config's defaults"
@@ -101,7 +103,7 @@ class Case:
             drawn = perturbed_params(self.family, self.params, self.seed, self.variant)
             factors = {k: v for k, v in drawn.items() if v != self.params.get(k)}
             perturbed = f", perturbed (nnatlas.testing.perturb: factors {factors}, constant weights drawn)"
-        return (f"Case({self.family}, {self.params}, inputs {shape}, left padding {pads}{images}, seed {self.seed}"
+        return (f"Case({self.family}, {self.params}, inputs {shape}, {side} padding {pads}{images}, seed {self.seed}"
                 f"{perturbed})")
 
 
@@ -115,6 +117,7 @@ def draw_case(family: str, choose: Callable[[str, list[Any]], Any], data: Any, v
     batch = data.draw(st.integers(*tiny["batch"]), label="batch")
     seq = data.draw(st.integers(*tiny["seq"]), label="seq")
     pads = [data.draw(st.integers(0, max(seq - 1, 0)), label="pad") for _ in range(batch)]
+    side = data.draw(st.sampled_from(["left", "right"]), label="padding side")
     seed = data.draw(st.integers(0, 2**16), label="seed")
     # the first (simplest) example is the plain tiny model at the config's defaults; every other is
     # perturbed with odds 7 in 8 (factors off their defaults, constant weights drawn): the perturbed
@@ -129,7 +132,7 @@ def draw_case(family: str, choose: Callable[[str, list[Any]], Any], data: Any, v
         return Case(family, params, image_prompt_inputs(proc, seq, sizes, seed), seed, variant,  # type: ignore[arg-type]
                     perturbed)
     vocab = int(params.get("vocab_size", 64))
-    return Case(family, params, draw_inputs(vocab, batch, seq, pads, seed), seed, perturbed=perturbed)
+    return Case(family, params, draw_inputs(vocab, batch, seq, pads, seed, side), seed, perturbed=perturbed)
 
 
 def _save_all(model: AtlasModel, inputs: Mapping[str, torch.Tensor], names: Callable[[Any], list[str]] | None = None
@@ -272,11 +275,14 @@ FIXED_SIZES = [(16, 16), (24, 16)]
 
 
 def _fixed_inputs(model: AtlasModel, text_only: bool = False) -> dict[str, torch.Tensor]:
-    """Two sequences of token ids, or (a family with images) one prompt with two images of different grids."""
+    """Three sequences of token ids, one unpadded, one padded on the left, one on the right (both sides in one
+    batch: the mask says which positions are real), or (a family with images) one prompt with two images of
+    different grids."""
     if model.processor is not None and not text_only:
         return image_prompt_inputs(model.processor, 5, FIXED_SIZES, seed=1)
     vocab = int(model.normalized_config["vocab_size"])
-    return draw_inputs(vocab, 2, 6, [0, 2], seed=1)
+    left, right = draw_inputs(vocab, 2, 6, [0, 2], seed=1), draw_inputs(vocab, 1, 6, [2], seed=2, side="right")
+    return {k: torch.cat([left[k], right[k]]) for k in left}
 
 
 def check_edit(family: str, path: str, name: str, experts: str | None = None, variant: str | None = None) -> None:

@@ -259,14 +259,21 @@ def image_prompt_inputs(processor: Any, words: int, sizes: list[tuple[int, int]]
     return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
 
 
-def draw_inputs(vocab_size: int, batch: int, seq: int, pads: list[int], seed: int = 0) -> dict[str, torch.Tensor]:
-    """Token ids and a left-padding mask: row ``b`` has ``pads[b]`` padding positions first."""
+def draw_inputs(vocab_size: int, batch: int, seq: int, pads: list[int], seed: int = 0,
+                side: str = "left") -> dict[str, torch.Tensor]:
+    """Token ids and a padding mask: row ``b`` has ``pads[b]`` padding positions (id 0), first (``side="left"``,
+    as a batch for generation is padded) or last (``"right"``, as a tokenizer pads by default); every row keeps
+    at least one real token."""
+    if side not in ("left", "right"):
+        raise ValueError(f"side: 'left' or 'right', not {side!r}")
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(4, max(vocab_size, 5), (batch, seq), generator=gen)
     mask = torch.ones(batch, seq, dtype=torch.long)
     for b, p in enumerate(pads):
-        mask[b, : min(p, seq - 1)] = 0
-        ids[b, : min(p, seq - 1)] = 0
+        n = min(p, seq - 1)
+        cut = slice(0, n) if side == "left" else slice(seq - n, seq)
+        mask[b, cut] = 0
+        ids[b, cut] = 0
     return {"input_ids": ids, "attention_mask": mask}
 
 
