@@ -92,8 +92,9 @@ def test_the_cache_row_runs_the_command() -> None:
     """``nnatlas cache`` in its own process: its summary line parsed into tokens/s and memory."""
     from bench import cache
 
-    rows = cache.cache_rows(30, [1])
-    assert len(rows) == 1 and " tokens/s; peak memory " in rows[0] and "MB of shards" in rows[0]
+    rows = cache.cache_rows(30, [1], rounds=1)
+    assert len(rows) == 1 and re.search(r"nnatlas cache \d+ tokens/s .*, plain loop \d+ .*: ratio [\d.]+ ", rows[0])
+    assert "; peak memory " in rows[0] and "MB of shards" in rows[0] and "padding " in rows[0]
     assert "allocated +0 bytes vs the plain forward" in cache.model_cache_memory()
 
 
