@@ -191,7 +191,7 @@ class Matcher:
             self.seen.add(head.path)
             v["lm_head_output"] = Value("lm_head.output", sure="sure")
         v["logits"] = Value("output.logits", sure="sure")
-        v["next_token_probs"] = Value(derived="softmax(logits[:, -1], -1)", sure="sure")
+        v["next_token_probs"] = Value(derived="softmax(last_token(logits, attention_mask), -1)", sure="sure")
         if head is not None and holds(tensor_of(head.output), rec.output.get("logits")) == 0.0:
             host.identities.insert(0, ident("logits == lm_head_output", 0.0, "held on the tiny model"))
         if head is not None and embed is not None and head_mod.weight is self.modules[embed.path].weight:
