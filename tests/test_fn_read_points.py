@@ -80,7 +80,7 @@ def test_route_kernels_states_and_logits() -> None:
             states = attn.states.save()
             final = attn.state_output.save()
             routed = model.logits.save()
-    assert states.shape == (2, 6, model.heads, model.key_dim, model.value_dim)
+    assert states.shape == (*inputs["input_ids"].shape, model.heads, model.key_dim, model.value_dim)
     for t, s in enumerate(per_token):
         assert torch.equal(s, states[:, t])
     assert torch.equal(states[:, -1], final)
