@@ -509,10 +509,6 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def _file_sha256(path: Path) -> str:
-    return file_sha256(path)
-
-
 def _settings(args: argparse.Namespace, model: Any, handles: list[Any], the_plan: Plan, world: int,
               per_shard: int) -> dict[str, Any]:
     """What makes the rows what they are: a resumed run must have the same (checked against run.json).
@@ -529,7 +525,7 @@ def _settings(args: argparse.Namespace, model: Any, handles: list[Any], the_plan
         "format": FORMAT, "model": _resolved(args.model), "family": model.family,
         "revision": getattr(config, "_commit_hash", None),
         "config_sha256": hashlib.sha256(config_json.encode()).hexdigest(),
-        "data": {"file": str(args.data.resolve()), "sha256": _file_sha256(args.data), "text_field": args.text_field},
+        "data": {"file": str(args.data.resolve()), "sha256": file_sha256(args.data), "text_field": args.text_field},
         "values": [h.label for h in handles], "positions": args.positions, "seq_len": args.seq_len,
         "batch_size": args.batch_size, "max_tokens": args.max_tokens, "dtype": args.dtype,
         "model_dtype": str(next(model.native.parameters()).dtype).removeprefix("torch."),

@@ -81,15 +81,16 @@ def readout(model: Any) -> Readout:
     return Readout(norm, head, found[0])
 
 
-def unembed(model: Any, x: torch.Tensor) -> torch.Tensor:
+def unembed(model: Any, x: torch.Tensor, r: Readout | None = None) -> torch.Tensor:
     """``x`` (``[..., hidden_size]``, a residual stream) read out as the logits: final norm, head, then what the
-    model does past the head (softcaps, scales, multipliers), as the spec declares them."""
+    model does past the head (softcaps, scales, multipliers), as the spec declares them (``r``: the model's
+    readout, when the caller has it)."""
     if not isinstance(x, torch.Tensor):
         raise NnatlasError(f"unembed: expected a tensor [..., hidden_size], got {type(x).__name__}")
     if model._tracer is not None:
         raise NnatlasError("unembed: call it after the trace block, on saved values (inside the block a saved "
                            "value is a placeholder until the forward runs)")
-    r = readout(model)
+    r = r or readout(model)
     hidden = model.config_value("hidden_size")
     if x.shape[-1:] != (hidden,):
         raise NnatlasError(f"unembed: expected [..., {hidden}] (hidden_size), got {list(x.shape)}")
@@ -102,8 +103,9 @@ def unembed(model: Any, x: torch.Tensor) -> torch.Tensor:
 
 def logit_lens(model: Any, values: Any) -> Any:
     """``unembed`` of each residual value: a tensor, or a list / tuple / dict of them (the same shape back)."""
+    r = readout(model)  # found once for every value
     if isinstance(values, Mapping):
-        return {k: unembed(model, v) for k, v in values.items()}
+        return {k: unembed(model, v, r) for k, v in values.items()}
     if isinstance(values, list | tuple):
-        return type(values)(unembed(model, v) for v in values)
-    return unembed(model, values)
+        return type(values)(unembed(model, v, r) for v in values)
+    return unembed(model, values, r)
