@@ -54,7 +54,9 @@ FORMAT = "nnatlas-cache/2"
 OLD_FORMATS = ("nnatlas-cache/1",)
 SHARD = re.compile(r"^shard-(\d{3})-(\d{5})\.safetensors$")
 # what a run may leave behind when it is killed: removed when a run takes the folder again
-TEMPORARY = re.compile(r"^\.(?:shard-\d{3}-\d{5}\.safetensors|(?:run|manifest|journal-\d{3})\.json\.\d+)\.tmp$")
+# a temporary file's name; ``rank`` is the rank whose shard or journal it is (none: run.json, the manifest)
+TEMPORARY = re.compile(r"^\.(?:shard-(?P<rank>\d{3})-\d{5}\.safetensors|(?:run|manifest|journal-(?P<journal>\d{3}))"
+                       r"\.json\.\d+)\.tmp$")
 # torch dtype name <-> safetensors' header name
 DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64", "int32": "I32",
           "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3",
@@ -277,8 +279,9 @@ def _read_pid(fd: int) -> str:
 def remove_temporary(folder: Path, rank: int | None = None) -> None:
     """The temporary files a killed run left (of ``rank``'s shards and journal, or all of them)."""
     for p in folder.iterdir() if folder.is_dir() else ():
-        if TEMPORARY.match(p.name) and (rank is None or f"-{rank:03d}" in p.name):
-            _remove(p)
+        match = TEMPORARY.match(p.name)
+        if match and (rank is None or int(match["rank"] or match["journal"] or -1) == rank):
+            _remove(p)  # (by the rank in its name: rank 0's '-000' is also in rank 1's shard '-001-00000')
 
 
 def resume_point(folder: Path, rank: int, expected: int, run_id: str) -> tuple[int, dict[str, dict[str, Any]]]:

@@ -457,3 +457,24 @@ def test_dataset_of_all_positions(saved: Path, data: Path, tmp_path: Path) -> No
         n = int(length[int(item["row"])])
         assert item["attention_mask"].tolist() == [1] * n + [0] * (6 - n)
         assert item["position"].tolist() == list(range(6)) and item["layers[1].layer_output"].shape[0] == 6
+
+
+def test_a_rank_clears_only_its_own_temporary_files(tmp_path: Path) -> None:
+    """What made two gloo processes fail under load: rank 0, clearing what a killed run left, read
+    '-000' in rank 1's shard '.shard-001-00000' and removed the file rank 1 was writing."""
+    from nnatlas.cache_store import remove_temporary
+
+    names = {0: [".shard-000-00000.safetensors.tmp", ".shard-000-00012.safetensors.tmp", ".journal-000.json.7.tmp"],
+             1: [".shard-001-00000.safetensors.tmp", ".shard-001-00010.safetensors.tmp", ".journal-001.json.7.tmp"],
+             10: [".shard-010-00000.safetensors.tmp", ".journal-010.json.7.tmp"]}
+    whole_run = [".run.json.7.tmp", ".manifest.json.7.tmp", "shard-001-00000.safetensors", "notes.txt"]
+    for name in [*whole_run, *(n for ns in names.values() for n in ns)]:
+        (tmp_path / name).write_bytes(b"x")
+    cleared: set[str] = set()
+    for rank in (1, 0, 10):
+        remove_temporary(tmp_path, rank)
+        cleared |= set(names[rank])
+        every = set(whole_run) | {n for ns in names.values() for n in ns}
+        assert {p.name for p in tmp_path.iterdir()} == every - cleared, rank
+    remove_temporary(tmp_path)  # a new run: every temporary file, never a shard or another file
+    assert {p.name for p in tmp_path.iterdir()} == {"shard-001-00000.safetensors", "notes.txt"}
