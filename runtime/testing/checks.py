@@ -29,6 +29,7 @@ from .tiny import (
     draw_params,
     image_prompt_inputs,
     perturbed_params,
+    shared_build,
     tiny_of,
     tiny_processor,
     variant_params,
@@ -83,8 +84,8 @@ class Case:
         self._repr: str | None = None
 
     def model(self, attn_implementation: str = "eager", experts: str | None = None) -> AtlasModel:
-        return build(self.family, self.params, attn_implementation, seed=self.seed, experts=experts,
-                     variant=self.variant, perturbed=self.perturbed)
+        return shared_build(self.family, self.params, attn_implementation, seed=self.seed, experts=experts,
+                            variant=self.variant, perturbed=self.perturbed)
 
     def __repr__(self) -> str:  # made once: every identity's message names the case
         if self._repr is None:
@@ -259,7 +260,7 @@ def _first_host(model: AtlasModel, path: str, name: str | None = None, missing: 
 
 
 def check_native_class(family: str, path: str, variant: str | None = None) -> None:
-    model = build(family, variant=variant, perturbed=True)
+    model = shared_build(family, variant=variant, perturbed=True)
     found = list(each_host(model, path))
     assert found, f"{path}: no native module found (check rename)"
     for label, host in found:
@@ -290,7 +291,7 @@ def check_edit(family: str, path: str, name: str, experts: str | None = None, va
     ``route_kernels`` for a value that needs it; under ``experts``, the experts implementation)."""
     import contextlib
 
-    model = build(family, attn_implementation="eager", experts=experts, variant=variant, perturbed=True)
+    model = shared_build(family, attn_implementation="eager", experts=experts, variant=variant, perturbed=True)
     spec = next(v for h in model._family.hosts if h.path == path for v in h.values if v.name == name)
     routed = spec.needs is not None and spec.needs.name == "torch_kernels"
     with nnatlas.route_kernels(family, "torch") if routed else contextlib.nullcontext():
@@ -329,7 +330,7 @@ def _check_edit(model: AtlasModel, path: str, name: str) -> None:
 
 
 def check_readonly(family: str, path: str, name: str, variant: str | None = None) -> None:
-    model = build(family, variant=variant, perturbed=True)
+    model = shared_build(family, variant=variant, perturbed=True)
     _, host = _first_host(model, path, name, missing=False)
     try:
         with model.trace(dict(_fixed_inputs(model))):
@@ -342,7 +343,7 @@ def check_readonly(family: str, path: str, name: str, variant: str | None = None
 
 def check_missing(family: str, path: str, name: str) -> None:
     """A value the family marks missing: support() and a trace both say why."""
-    model = build(family, perturbed=True)
+    model = shared_build(family, perturbed=True)
     label, host = _first_host(model, path, name, missing=True)
     spec = next(s.value(name) for s in host_specs(model, host) if s.value(name) is not None)
     reason = spec.read.words
@@ -359,7 +360,7 @@ def check_missing(family: str, path: str, name: str) -> None:
 
 def check_support(family: str, attn: str, experts: str | None = None, variant: str | None = None) -> None:
     """support() says available exactly for what a trace can read under this load."""
-    model = build(family, attn_implementation=attn, experts=experts, variant=variant, perturbed=True)
+    model = shared_build(family, attn_implementation=attn, experts=experts, variant=variant, perturbed=True)
     inputs = _fixed_inputs(model)
     rows = model.support().rows
     assert rows
@@ -407,7 +408,7 @@ def _vision_specs(model: AtlasModel) -> list[tuple[str, Any, Any]]:
 
 def check_text_only_load(family: str, variant: str | None = None) -> None:
     """Without a processor every vision value (and DeepStack's) raises Unavailable, naming the load."""
-    model = build(family, processor=False, variant=variant, perturbed=True)
+    model = shared_build(family, processor=False, variant=variant, perturbed=True)
     assert model.processor is None
     found = [x for x in _vision_specs(model) if x[2].needs is not None and x[2].needs.name == "processor"]
     assert found, "no value needs the image-text load"
@@ -428,7 +429,7 @@ def check_text_only_load(family: str, variant: str | None = None) -> None:
 def check_text_prompt(family: str, variant: str | None = None) -> None:
     """On a prompt without images, a value computed only with images raises NotReached before the
     forward (not a hang, not a wrong tensor), also when later values were asked for after it."""
-    model = build(family, variant=variant, perturbed=True)
+    model = shared_build(family, variant=variant, perturbed=True)
     inputs = _fixed_inputs(model, text_only=True)
     found = [x for x in _vision_specs(model) if x[2].reached is not None]
     assert found, "no value is computed only with images"
@@ -453,7 +454,7 @@ def check_text_prompt(family: str, variant: str | None = None) -> None:
 def check_image_input_errors(family: str, variant: str | None = None) -> None:
     """Raw image tensors: a missing mm_token_type_ids (where the model takes them) or an image-token
     count that does not match the images is a clear error before the forward."""
-    model = build(family, variant=variant, perturbed=True)
+    model = shared_build(family, variant=variant, perturbed=True)
     inputs = _fixed_inputs(model)
     calls = []
     handle = model.native.register_forward_pre_hook(lambda *a: calls.append(1))
@@ -488,7 +489,7 @@ def check_processor_round_trip(family: str, tmp: Any, variant: str | None = None
     """save_pretrained / from_pretrained in a directory: nnatlas.load(path, task="image-text-to-text")
     brings back the wrapper with its processor (no torchvision needed), and the same logits; the
     default load (text-generation) of the same directory takes text only, with the same text values."""
-    model = build(family, variant=variant, perturbed=True)
+    model = shared_build(family, variant=variant, perturbed=True)
     native: Any = model.native
     native.save_pretrained(tmp)
     processor: Any = model.processor
@@ -557,8 +558,8 @@ def check_recomputed_patterns(family: str, attn: str, variant: str | None = None
 
 
 def _check_recomputed_patterns(family: str, attn: str, variant: str | None) -> float:
-    eager = build(family, attn_implementation="eager", variant=variant, perturbed=True)
-    fused = build(family, attn_implementation=attn, variant=variant, perturbed=True)
+    eager = shared_build(family, attn_implementation="eager", variant=variant, perturbed=True)
+    fused = shared_build(family, attn_implementation=attn, variant=variant, perturbed=True)
     vocab = int(eager.normalized_config["vocab_size"])
     layers: Any = fused.layers
     worst = 0.0

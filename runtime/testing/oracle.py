@@ -9,7 +9,7 @@ import torch
 
 from ..model import AtlasModel
 from .checks import HIDDEN_STATES_AFTER_BLOCKS, ORACLE_ATOL, _fixed_inputs
-from .tiny import adapter_module, attention_loads, build, tiny_of
+from .tiny import adapter_module, attention_loads, shared_build, tiny_of
 from .values import _blocks_with
 
 
@@ -70,7 +70,7 @@ def _exact(ours: Any, theirs: Any, what: str) -> None:
 
 def check_oracle(family: str, check: str, attn: str) -> None:
     """nnatlas's values equal what transformers returns for the same tiny model and inputs."""
-    model = build(family, attn_implementation=attn, perturbed=True)
+    model = shared_build(family, attn_implementation=attn, perturbed=True)
     native: Any = model.native
     images = check.startswith("image_")
     inputs = _fixed_inputs(model, text_only=not images)

@@ -4,6 +4,8 @@ word-level tokenizer and a processor made in memory, so nothing is downloaded.""
 from __future__ import annotations
 
 import importlib
+import json
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
@@ -129,6 +131,34 @@ def variant_from(it: Mapping[str, Any], text_params: dict[str, Any], choose: Cal
 
 def first_variant_params(family: str, variant: str) -> dict[str, Any]:
     return variant_params(family, first_params(family), lambda name, options: options[0], variant)
+
+
+SHARED_MODELS = 8  # the shared builds kept (the newest): a test module's cases and its fixed model
+
+
+_shared: OrderedDict[str, AtlasModel] = OrderedDict()
+
+
+def shared_build(family: str, params: Mapping[str, Any] | None = None, attn_implementation: str = "eager",
+                 seed: int = 0, experts: str | None = None, processor: bool = True, variant: str | None = None,
+                 perturbed: bool = False) -> AtlasModel:
+    """:func:`build`, once per distinct set of arguments among the last :data:`SHARED_MODELS`: the
+    generated checks trace the same tiny model again and again (every identity over the same drawn cases,
+    every edit on the family's fixed model), and a trace leaves its model as it found it (no hook, no
+    patched global: tests/test_hooks.py). Never for code that changes a model (a note's example, a
+    gradient's backward into the parameters, PEFT): those build their own."""
+    key = json.dumps([family, params, attn_implementation, seed, experts, processor, variant, perturbed],
+                     sort_keys=True, default=repr)
+    model = _shared.get(key)
+    if model is None:
+        model = build(family, params, attn_implementation, seed, experts=experts, processor=processor,
+                      variant=variant, perturbed=perturbed)
+        _shared[key] = model
+        while len(_shared) > SHARED_MODELS:
+            _shared.popitem(last=False)
+    else:
+        _shared.move_to_end(key)
+    return model
 
 
 def build(family: str, params: Mapping[str, Any] | None = None, attn_implementation: str = "eager",
