@@ -417,7 +417,7 @@ def _index_data(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> d
     from . import printouts
     names, families_of = _value_families(atlas)
     matrix: dict[str, dict[str, str]] = {}
-    conditional: dict[str, set[str]] = {}
+    marks: dict[str, dict[str, list[tuple[str, str]]]] = {}
     entries: list[dict[str, str]] = []
     sizes: list[dict[str, Any]] = []
     for f in atlas.families:
@@ -426,7 +426,6 @@ def _index_data(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> d
         page = page_model.PageModel(f, head.facts if head else None)
         sizes.extend({"family": f.name, **r} for r in page.sizes())
         matrix[f.name] = {}
-        conditional[f.name] = set()
         for h in f.hosts:
             host_label = "model" if h.path == "model" else f"model.{h.path}"
             entries.append({"text": h.cls, "name": h.cls, "kind": "native class", "family": f.name,
@@ -435,14 +434,12 @@ def _index_data(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> d
                 anchor = page_model.value_anchor(h, v, f)
                 entries.append({"text": v.name, "name": v.name, "kind": "value", "family": f.name,
                                 "where": f"{host_label} ({h.cls})", "href": f"{f.name}.html#{anchor}"})
-        # the matrix's cell is the value on its first text host (then vision), ⚠︎ when that one needs a
-        # load: a text block's layer_output is unconditional though the vision block's needs images
+        # the matrix's cell links the value on its first text host (then vision), with one mark per load
         for h in sorted(f.hosts, key=lambda h: h.path == "vision" or h.path.startswith("vision.")):
             for v in h.values:
                 if v.name not in matrix[f.name] and v.missing is None:
                     matrix[f.name][v.name] = page_model.value_anchor(h, v, f)
-                    if v.needs and not page.page_serves(v):
-                        conditional[f.name].add(v.name)
+        marks[f.name] = page_model.load_marks(f)
         for note in f.notes:  # the notes' words are searched too (attn_implementation, sae, resid_post)
             entries.append({"text": f"{note.title} {note.body}", "name": note.title, "kind": "note", "family": f.name,
                             "where": "notes", "href": f"{f.name}.html#{page.uid(f'note-{note.title}')}"})
@@ -454,7 +451,9 @@ def _index_data(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> d
                 entries.append({"text": f"{std} {n}", "name": std, "kind": f"standard name of {n}", "family": f.name,
                                 "where": "rename", "href": f"{f.name}.html#support"})
     traits = sorted({t for f in atlas.families for t, _ in f.traits})
-    return {"atlas": atlas, "value_names": names, "matrix": matrix, "conditional": conditional,
+    return {"atlas": atlas, "value_names": names, "matrix": matrix, "marks": marks,
+            "mark_words": page_model.MARK_WORDS,
+            "two_loads": {f.name for f in atlas.families if len(page_model.loads(f)) > 1},
             "families_of": families_of, "search_index": entries, "traits": traits, "sizes": sizes}
 
 
