@@ -99,3 +99,22 @@ def test_the_matrix_marks_each_load_as_the_family_page_says_for_every_family() -
             cell = cells[(value, fam)]
             assert '<span data-load="text-only">○</span><span data-load="image-text">●</span>' in cell, (fam, value)
     assert '<span class="mark none">○</span> not served on that load' in _text("index.html")
+
+
+# ---- traits: a tooltip names only a mixer the family's own words name ----
+
+MIXERS = ("DeltaNet", "Mamba", "short convolution", "short-convolution", "RG-LRU")
+
+
+def test_trait_tooltips_name_only_the_mixers_the_family_has() -> None:
+    for name in FAMILIES:
+        f = _family(name)
+        own = f"{f.title} {f.summary} {f.docstring}".lower()
+        tips = re.findall(r'<li class="chip" tabindex="0">([^<]*)<span class="tip">([^<]*)</span>', _text(f"{name}.html"))
+        assert [t for t, _ in tips] == [t for t, _ in f.traits], name
+        for trait, tip in tips:
+            for mixer in MIXERS:
+                if mixer.lower() in unescape(tip).lower():
+                    assert mixer.lower() in own, (name, trait, mixer)
+    hybrid = dict(_family("bamba").traits)["Hybrid"]
+    assert "DeltaNet" not in hybrid and "Gated DeltaNet" in dict(_family("qwen3_5_text").traits)
