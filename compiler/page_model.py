@@ -22,6 +22,7 @@ from .expr import Compiled
 from .ir import DEFAULT_BLOCK, DEFAULT_TEXT, FamilyIR, HostIR, ValueIR
 
 MAX_KINDS = 8
+NOT_SERVED_TEXT = "not served"  # a config cell whose standard name the spec makes unavailable(...)
 
 
 def slug(text: str) -> str:
@@ -564,6 +565,9 @@ class PageModel:
 
     def checkpoints(self) -> list[dict[str, Any]]:
         facts = {c["name"]: c for c in self.facts.get("checkpoints", [])}
+        # a standard config name the spec makes unavailable(...) says so (its reason is in the config
+        # table's "from the native config" column), not the exception the printout met computing it
+        unavailable = {key for key, _, text in self.f.config if text.startswith("Unavailable: ")}
         out = []
         for c in self.f.checkpoints:
             fc = facts.get(c.name, {})
@@ -575,6 +579,7 @@ class PageModel:
                         normalized[key] = evaluate(comp, dict(c.config))
                     except Exception:  # noqa: BLE001
                         normalized[key] = None
+            normalized = {k: NOT_SERVED_TEXT if k in unavailable else v for k, v in normalized.items()}
             out.append({"name": c.name, "normalized": normalized, "config": c.config, "cls": fc.get("class", "")})
         return out
 

@@ -118,3 +118,29 @@ def test_trait_tooltips_name_only_the_mixers_the_family_has() -> None:
                     assert mixer.lower() in own, (name, trait, mixer)
     hybrid = dict(_family("bamba").traits)["Hybrid"]
     assert "DeltaNet" not in hybrid and "Gated DeltaNet" in dict(_family("qwen3_5_text").traits)
+
+
+# ---- config cells: a value or "not served", never the exception a printout met ----
+
+def test_no_page_shows_an_exception_in_place_of_a_config_value() -> None:
+    pages = sorted(DOCS.glob("*.html")) + sorted(DOCS.glob("*.md"))
+    assert len(pages) > 2 * len(FAMILIES)
+    for page in pages:
+        hit = re.search(r"error: [A-Z][A-Za-z]*", page.read_text(encoding="utf-8"))
+        assert hit is None, (page.name, hit.group(0) if hit else "")
+    vision = _text("qwen3_vl.html")
+    row = re.search(r"<tr><td><code>model\.vision\.image_size</code></td><td><code>([^<]*)</code></td>(.*?)</tr>", vision)
+    assert row is not None and "no one image size" in row.group(1)
+    assert set(re.findall(r"<td>([^<]*)</td>", row.group(2))) == {"not served"}
+    sizes = _text("index.html")
+    mamba = re.search(r'<tr><td><a href="mamba\.html#sizes">mamba</a></td>(.*?)</tr>', sizes)
+    assert mamba is not None and mamba.group(1).count("<td>not served</td>") == 3  # heads, kv heads, head_dim
+
+
+def test_the_readout_note_names_nnatlas_own_call_not_another_librarys() -> None:
+    # no page introduces nnterp: a stray mention of its project_on_vocab sat in qwen3_5_text's readout note
+    for page in sorted(DOCS.glob("*.html")) + sorted(DOCS.glob("*.md")):
+        assert "nnterp" not in page.read_text(encoding="utf-8"), page.name
+    html = _text("qwen3_5_text.html")
+    note = html.split("<h3>The readout is the plain projection</h3>", 1)[1].split("</article>", 1)[0]
+    assert "model.unembed(x) is this projection" in " ".join(note.split())
