@@ -5,6 +5,7 @@ Plain reads of the committed HTML in generated/docs (no browser)."""
 
 from __future__ import annotations
 
+import json
 import re
 from functools import cache
 from html import unescape
@@ -254,3 +255,48 @@ def test_a_diagram_product_or_condition_names_a_value_of_the_block(tmp_path, ite
     (specs / "llama.yaml").write_text(text + f"\ndiagram:\n  block: {block}\n", encoding="utf-8")
     with pytest.raises(SpecError, match=message):
         compile_atlas(specs, tmp_path)
+
+
+# ---- the search: real names resolve; its entries load on first use, not with the index ----
+
+def _variants(q: str) -> list[str]:
+    """The query as typed and with block indices made generic, as atlas.js's variants() makes them."""
+    out = [q]
+    for v in (re.sub(r"\.(\d+)(?=\.|$)", "[i]", re.sub(r"\[\d+\]", "[i]", q)),
+              re.sub(r"\.(\d+)(?=\.|$)", ".{i}", re.sub(r"\[\d+\]", ".{i}", q))):
+        if v not in out:
+            out.append(v)
+    return out
+
+
+def _search(q: str) -> list[dict[str, str]]:
+    text = _text("search.js")
+    entries = json.loads(text[text.index("window.nnatlasSearch = ") + len("window.nnatlasSearch = "):].rstrip().rstrip(";"))
+    vs = _variants(q.lower())
+    return [e for e in entries if any(v in e.get("text", e["name"]).lower() for v in vs)]
+
+
+def test_the_search_resolves_concrete_names_to_the_family_and_the_standard_value() -> None:
+    js = _text("atlas.js")
+    assert 'q.replace(/\\[\\d+\\]/g, "[i]").replace(/\\.(\\d+)(?=\\.|$)/g, "[i]")' in js  # the variants _variants mirrors
+    hits = _search("blocks.0.attn.hook_pattern")
+    assert {"llama", "gpt2", "qwen3_5_text"} <= {e["family"] for e in hits}
+    assert {e["kind"] for e in hits if e["family"] == "llama"} == {"is model.layers[i].self_attn.attention_probabilities"}
+    hits = _search("model.model.layers[0].self_attn.o_proj")
+    assert {"attention_premix"} <= {e["name"] for e in hits if e["family"] == "llama"}
+    hits = _search("transformer.h[0].attn")
+    assert ("gpt2", "GPT2Attention", "native class") in {(e["family"], e["name"], e["kind"]) for e in hits}
+    assert "attention_output" in {e["name"] for e in hits if e["family"] == "gpt2"}
+    for ckpt, fam in (("Qwen/Qwen3.5-0.8B", "qwen3_5_text"), ("openai-community/gpt2", "gpt2")):
+        assert [(e["family"], e["kind"]) for e in _search(ckpt)] == [(fam, "checkpoint")]
+    assert ("qwen3_5_text", "load class") in {(e["family"], e["kind"]) for e in _search("Qwen3_5ForConditionalGeneration")}
+    assert "gpt2" in {e["family"] for e in _search("model.transformer.h.3.mlp")}  # a named_modules path
+
+
+def test_the_index_loads_its_search_entries_on_first_use() -> None:
+    index = _text("index.html")
+    assert "nnatlasSearch" not in index and 'id="atlas-index"' not in index
+    assert 'data-index="search.js"' in index
+    assert len(index.encode()) < 600_000  # 1.8 MB with the entries inline
+    js = _text("atlas.js")
+    assert 'script.src = search.getAttribute("data-index")' in js and "setTimeout(function () { timer = null; update(); }" in js
