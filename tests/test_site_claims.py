@@ -225,9 +225,12 @@ def test_the_diagrams_the_issue_names() -> None:
     for k in range(2):
         assert ("pre_ff_layernorm", "mlp_norm_output") in _drawn("jamba", k)
         assert ("+", "layer_mid") in _drawn("jamba", k) and ("+", "residual add") not in _drawn("jamba", k)
-    # deepseek_v3: the dense first blocks draw their MLP (a module it serves no value at)
-    first = next(k for s, k, _ in _kinds("deepseek_v3") if s.name == "layers" and 0 in k.blocks)
-    assert ("mlp", "no value served") in [(p.std, p.subtitle) for p in first.parts]
+    # deepseek_v3 (and glm4_moe, ernie4_5_moe): the dense blocks draw their MLP, a kind of the mlp host
+    for fam, cls in (("deepseek_v3", "DeepseekV3MLP"), ("glm4_moe", "Glm4MoeMLP"), ("ernie4_5_moe", "Ernie4_5_MoeMLP")):
+        first = next(k for s, k, _ in _kinds(fam) if s.name == "layers" and 0 in k.blocks)
+        assert ("mlp", "mlp_output") in [(p.std, p.value.name if p.value else "") for p in first.parts], fam
+        assert f"mlp: {cls}" in first.label, fam
+        assert "layer_input + self_attn.attention_output + mlp.mlp_output == layer_output" in first.identities, fam
     # gemma4_text: per_layer_input multiplies the branch, layer_scalar the block, before the output
     ple = _drawn("gemma4_text", 0)
     assert ple[-7:] == [("per_layer_input_gate", "no value served"), ("×", "per_layer_input"),

@@ -132,7 +132,11 @@ def test_the_matrix_has_a_legend_and_its_header_stays_in_view(page: Any, real_si
     box = scroller.bounding_box()
     assert head is not None and box is not None and abs(head["y"] - box["y"]) <= 2
     cell = page.locator("table.matrix tr", has=page.locator("td:first-child code", has_text="layer_output")).first
-    assert cell.locator("td[data-col-family='qwen3_5_text']").inner_text() == "●"
+    # a mark per load on an image-text family (issue 30): text-only, then image-text
+    assert cell.locator("td[data-col-family='qwen3_5_text'] span").all_inner_texts() == ["●", "●"]
+    assert cell.locator("td[data-col-family='llama']").inner_text() == "●"
+    vision = page.locator("table.matrix tr", has=page.locator("td:first-child code", has_text="image_features")).first
+    assert vision.locator("td[data-col-family='qwen3_5_text'] span").all_inner_texts() == ["○", "●"]
     assert page.errors == []
 
 
