@@ -478,6 +478,8 @@ class PageModel:
                 continue  # a default part this family does not have
             role = "norm" if "norm" in name else "mlp" if name == "mlp" else "module"
             ins = _input_cards(lay, name, _native(f, f"{stack}[i].{name}"), f)
+            if card is None and ins:  # a module the block reads only at its input (opt's up_proj: mlp_input)
+                card, ins = ins[0], ins[1:]
             parts.append(Part(self.uid(f"k{k}-{stack}-{name}"), name, _native(f, f"{stack}[i].{name}"), role,
                               f"{stack}[i].{name}", "", card, [c for c in ins if card is None or c.name != card.name],
                               subtitle="" if card else "no value served"))

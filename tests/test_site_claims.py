@@ -170,10 +170,9 @@ def test_every_image_text_family_has_its_vision_traits_and_its_vision_section() 
 # ---- the block diagrams against the block identities, every family and kind ----
 
 # values of a block its drawing still leaves out: their blocks are drawn from the default layout, which
-# has no part for them (dbrx's norm_attn_norm wrapper, opt's MLP inline in the block, zamba2's hybrid
-# block whose shared transformer feeds the mixer's input)
+# has no part for them (dbrx's norms inside its norm_attn_norm wrapper; zamba2's hybrid block, whose
+# shared transformer's output is added to the Mamba block's input, drawn after the block instead)
 UNDRAWN = {("dbrx", 0): {"attention_norm_output", "mlp_norm_output"},
-           ("opt", 0): {"mlp_input", "mlp_activation", "mlp_neurons", "mlp_output"},
            ("zamba2", 1): {"mixer_norm_output"}}
 
 
@@ -236,6 +235,9 @@ def test_the_diagrams_the_issue_names() -> None:
     assert ple[-7:] == [("per_layer_input_gate", "no value served"), ("×", "per_layer_input"),
                         ("per_layer_projection", "no value served"), ("post_per_layer_input_norm", "per_layer_output"),
                         ("+", "residual add"), ("×", "layer_scalar"), ("out", "layer_output")]
+    # opt: no MLP module, the block's own fc1, activation and fc2
+    assert _drawn("opt", 0)[-4:] == [("up_proj", "mlp_input"), ("act_fn", "mlp_activation"),
+                                     ("down_proj", "mlp_output"), ("+", "layer_output")]
     # a Mamba block draws its norm and mixer (a host named mixer is a mixer)
     assert _drawn("mamba", 0) == [("x", "layer_input"), ("norm", "mixer_norm_output"), ("mixer", "mixer_output"),
                                   ("+", "layer_output")]
