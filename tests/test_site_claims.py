@@ -67,7 +67,7 @@ def _page_marks(name: str) -> tuple[bool, dict[str, tuple[str, ...]]]:
 
 
 def _matrix_cells() -> dict[tuple[str, str], str]:
-    html = _text("index.html")
+    html = _text("matrix.html")
     matrix = html[html.index('<section id="matrix"'):]
     cells = {}
     for value, row in re.findall(r"<tr><td><code>([A-Za-z0-9_]+)</code></td>(.*?)</tr>", matrix, re.S):
@@ -99,7 +99,7 @@ def test_the_matrix_marks_each_load_as_the_family_page_says_for_every_family() -
         for value in ("image_features", "patch_embeddings", "image_token_mask"):
             cell = cells[(value, fam)]
             assert '<span data-load="text-only">○</span><span data-load="image-text">●</span>' in cell, (fam, value)
-    assert '<span class="mark none">○</span> not served on that load' in _text("index.html")
+    assert '<span class="mark none">○</span> not served on that load' in _text("matrix.html")
 
 
 # ---- traits: a tooltip names only a mixer the family's own words name ----
@@ -298,10 +298,13 @@ def test_the_search_resolves_concrete_names_to_the_family_and_the_standard_value
     assert "gpt2" in {e["family"] for e in _search("model.transformer.h.3.mlp")}  # a named_modules path
 
 
-def test_the_index_loads_its_search_entries_on_first_use() -> None:
+def test_the_index_loads_its_search_entries_on_first_use_and_links_its_matrix() -> None:
     index = _text("index.html")
     assert "nnatlasSearch" not in index and 'id="atlas-index"' not in index
     assert 'data-index="search.js"' in index
-    assert len(index.encode()) < 600_000  # 1.8 MB with the entries inline
+    assert len(index.encode()) < 300_000  # 1.8 MB with the search entries and the matrix inline
+    assert '<a href="matrix.html">the matrix</a>' in index and '<table class="matrix"' not in index
+    matrix = _text("matrix.html")
+    assert '<select id="matrix-family">' in matrix and matrix.count('<option value="') == len(FAMILIES) + 1
     js = _text("atlas.js")
     assert 'script.src = search.getAttribute("data-index")' in js and "setTimeout(function () { timer = null; update(); }" in js

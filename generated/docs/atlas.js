@@ -203,6 +203,20 @@
     update();
   }
 
+  // ---- the matrix page: a family picker shows one family's column (a phone shows about two) ----
+  function setupMatrix() {
+    var pick = document.getElementById("matrix-family");
+    if (!pick) { return; }
+    function show() {
+      var fam = pick.value;
+      document.querySelectorAll("table.matrix [data-col-family]").forEach(function (cell) {
+        cell.hidden = fam !== "" && cell.getAttribute("data-col-family") !== fam;
+      });
+    }
+    pick.addEventListener("change", show);
+    show();
+  }
+
   // ---- code: a copy button on each block, Python highlighted (a small tokenizer, no library) ----
   var KEYWORDS = /^(False|None|True|and|as|assert|async|await|break|class|continue|def|del|elif|else|except|finally|for|from|global|if|import|in|is|lambda|nonlocal|not|or|pass|raise|return|try|while|with|yield)$/;
   var TOKEN = /(#[^\n]*)|("""[\s\S]*?"""|'[^'\n]*'|"[^"\n]*")|(\b\d[\d_]*(?:\.\d+)?(?:e[-+]?\d+)?\b)|([A-Za-z_][A-Za-z0-9_]*)/g;
@@ -279,6 +293,7 @@
   document.querySelectorAll("section.stack").forEach(setupStack);
   setupParts();
   setupIndex();
+  setupMatrix();
   setupCode();
   setupTableFilters();
 }());

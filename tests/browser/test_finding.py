@@ -120,7 +120,7 @@ def test_code_blocks_have_a_copy_button_and_python_is_highlighted(page: Any, rea
 
 
 def test_the_matrix_has_a_legend_and_its_header_stays_in_view(page: Any, real_site: Path) -> None:
-    _open(page, real_site / "index.html")
+    _open(page, real_site / "matrix.html")  # its own page (issue 30), linked from the index
     legend = page.locator("#matrix .legend")
     assert legend.is_visible() and "●" in legend.inner_text() and "⚠︎" in legend.inner_text()
     legend_box, table_box = legend.bounding_box(), page.locator("table.matrix").bounding_box()
@@ -137,6 +137,11 @@ def test_the_matrix_has_a_legend_and_its_header_stays_in_view(page: Any, real_si
     assert cell.locator("td[data-col-family='llama']").inner_text() == "●"
     vision = page.locator("table.matrix tr", has=page.locator("td:first-child code", has_text="image_features")).first
     assert vision.locator("td[data-col-family='qwen3_5_text'] span").all_inner_texts() == ["○", "●"]
+    page.select_option("#matrix-family", "qwen3_5_text")  # the family picker: one family's column
+    assert page.locator("table.matrix th[data-col-family]:visible").count() == 2  # its head and its tests
+    assert vision.locator("td[data-col-family]:visible").count() == 1
+    page.select_option("#matrix-family", "")
+    assert vision.locator("td[data-col-family]:visible").count() == page.locator("#matrix-family option").count() - 1
     assert page.errors == []
 
 
