@@ -417,7 +417,7 @@ def _index_data(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> d
     from . import printouts
     names, families_of = _value_families(atlas)
     matrix: dict[str, dict[str, str]] = {}
-    conditional: dict[str, set[str]] = {}
+    marks: dict[str, dict[str, list[tuple[str, str]]]] = {}
     entries: list[dict[str, str]] = []
     sizes: list[dict[str, Any]] = []
     for f in atlas.families:
@@ -426,23 +426,30 @@ def _index_data(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> d
         page = page_model.PageModel(f, head.facts if head else None)
         sizes.extend({"family": f.name, **r} for r in page.sizes())
         matrix[f.name] = {}
-        conditional[f.name] = set()
+        for c in f.checkpoints:  # a checkpoint id finds its family (Qwen/Qwen3.5-0.8B)
+            entries.append({"name": c.name, "kind": "checkpoint", "family": f.name, "where": "sizes",
+                            "href": f"{f.name}.html#sizes"})
+        for cls in f.classes:  # the classes a load builds (Qwen3_5ForConditionalGeneration)
+            entries.append({"name": cls, "kind": "load class", "family": f.name, "where": "model",
+                            "href": f"{f.name}.html#support"})
         for h in f.hosts:
             host_label = "model" if h.path == "model" else f"model.{h.path}"
-            entries.append({"text": h.cls, "name": h.cls, "kind": "native class", "family": f.name,
-                            "where": host_label, "href": f"{f.name}.html#{page_model.host_anchor(h, f)}"})
+            native = page_model.native_path(f, h.path)  # the module path with indices as [i] (transformer.h[i].attn)
+            entries.append({"text": f"{h.cls} {host_label}" + (f" model.{native}" if native else ""), "name": h.cls,
+                            "kind": "native class", "family": f.name, "where": host_label,
+                            "href": f"{f.name}.html#{page_model.host_anchor(h, f)}"})
             for v in h.values:
                 anchor = page_model.value_anchor(h, v, f)
-                entries.append({"text": v.name, "name": v.name, "kind": "value", "family": f.name,
+                path = page_model.nnsight_path(f, h.path, v)  # model.model.layers[i].self_attn.o_proj.input
+                entries.append({"text": f"{v.name} {host_label}.{v.name}" + (f" {path}" if path else ""),
+                                "name": v.name, "kind": "value", "family": f.name,
                                 "where": f"{host_label} ({h.cls})", "href": f"{f.name}.html#{anchor}"})
-        # the matrix's cell is the value on its first text host (then vision), ⚠︎ when that one needs a
-        # load: a text block's layer_output is unconditional though the vision block's needs images
+        # the matrix's cell links the value on its first text host (then vision), with one mark per load
         for h in sorted(f.hosts, key=lambda h: h.path == "vision" or h.path.startswith("vision.")):
             for v in h.values:
                 if v.name not in matrix[f.name] and v.missing is None:
                     matrix[f.name][v.name] = page_model.value_anchor(h, v, f)
-                    if v.needs and not page.page_serves(v):
-                        conditional[f.name].add(v.name)
+        marks[f.name] = page_model.load_marks(f)
         for note in f.notes:  # the notes' words are searched too (attn_implementation, sae, resid_post)
             entries.append({"text": f"{note.title} {note.body}", "name": note.title, "kind": "note", "family": f.name,
                             "where": "notes", "href": f"{f.name}.html#{page.uid(f'note-{note.title}')}"})
@@ -454,7 +461,9 @@ def _index_data(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> d
                 entries.append({"text": f"{std} {n}", "name": std, "kind": f"standard name of {n}", "family": f.name,
                                 "where": "rename", "href": f"{f.name}.html#support"})
     traits = sorted({t for f in atlas.families for t, _ in f.traits})
-    return {"atlas": atlas, "value_names": names, "matrix": matrix, "conditional": conditional,
+    return {"atlas": atlas, "value_names": names, "matrix": matrix, "marks": marks,
+            "mark_words": page_model.MARK_WORDS,
+            "two_loads": {f.name for f in atlas.families if len(page_model.loads(f)) > 1},
             "families_of": families_of, "search_index": entries, "traits": traits, "sizes": sizes}
 
 
@@ -470,10 +479,18 @@ def _value_families(atlas: Atlas) -> tuple[list[str], dict[str, list[str]]]:
 
 
 def render_index(atlas: Atlas, printout_texts: dict[str, str] | None = None,
-                 status_data: dict[str, Any] | None = None, cookbook: bool = False) -> str:
-    """The index; ``cookbook``: the site has a cookbook page to link to (a checkout with docs/cookbook.md)."""
-    return env().get_template("index.html.j2").render(**_index_data(atlas, printout_texts), cookbook=cookbook,
-                                                      **status.page_rows(atlas, status_data))
+                 status_data: dict[str, Any] | None = None, cookbook: bool = False) -> tuple[str, str, str]:
+    """(the index, its search index ``search.js``, the values × families matrix page); ``cookbook``: the site
+    has a cookbook page to link to (a checkout with docs/cookbook.md). The search index is a script the index
+    loads on the search's first use (a script, not a fetch: pages opened from file:// may not fetch)."""
+    data = _index_data(atlas, printout_texts)
+    search = [{k: v for k, v in e.items() if k != "text" or v != e["name"]} for e in data.pop("search_index")]
+    rows = status.page_rows(atlas, status_data)
+    page = env().get_template("index.html.j2").render(**data, cookbook=cookbook, **rows)
+    matrix = env().get_template("matrix.html.j2").render(**data, **rows)
+    head = ("/* Generated by nnatlas from specs/: the index's search entries, loaded on the search's first use. "
+            "Do not edit: edit the specs, then run `make generate`. */\n")
+    return page, f"{head}window.nnatlasSearch = {script_json(search)};\n", matrix
 
 
 def render_status(atlas: Atlas, status_data: dict[str, Any] | None = None) -> str:

@@ -289,7 +289,10 @@ class DiagramRaw(Strict):
 
     ``text``: the path of the tokens (default embed_tokens, layers, norm, lm_head); ``block``: one
     block of ``layers`` (default input_layernorm, mixer, add, post_attention_layernorm, mlp, add,
-    where ``mixer`` stands for the block's mixer hosts of its kind and ``add`` for a residual add);
+    where ``mixer`` stands for the block's mixer hosts of its kind, ``add`` for a residual add and
+    ``mul:VALUE`` for a product with a value of the block (``mul:layer_scalar``); an item ``PART if
+    VALUE`` is drawn only on the block kinds that serve VALUE, and a block that does not end on ``add``
+    draws its output after its last part);
     ``vision`` and ``vision_block`` the same for the vision encoder, when the family has one.
     """
 

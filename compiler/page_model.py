@@ -22,6 +22,7 @@ from .expr import Compiled
 from .ir import DEFAULT_BLOCK, DEFAULT_TEXT, FamilyIR, HostIR, ValueIR
 
 MAX_KINDS = 8
+NOT_SERVED_TEXT = "not served"  # a config cell whose standard name the spec makes unavailable(...)
 
 
 def slug(text: str) -> str:
@@ -177,12 +178,65 @@ def _tower(hosts: list[HostIR], f: FamilyIR) -> Card | None:
     return next((_card(h, v, f) for h in hosts for v in h.values if v.name == "tower_output"), None)
 
 
+def _input_cards(lay: HostIR | None, name: str, native: str, f: FamilyIR) -> list[Card]:
+    """The block's values read at the input of its child ``name`` (``mlp_input``), by either name."""
+    if lay is None:
+        return []
+    return [_card(lay, v, f) for v in lay.values if v.read is not None and v.read.kind == "module" and not v.read.up
+            and v.read.module in ((name,), (native,)) and v.read.side == "input"]
+
+
 def _own_output(h: HostIR, f: FamilyIR) -> Card | None:
     for v in h.values:
         r = v.read
         if r is not None and r.kind == "module" and not r.module and r.side == "output":
             return _card(h, v, f)
     return None
+
+
+# the loads the index's matrix marks a value on: every family has a text-only load; one whose values
+# need the processor has an image-text load besides (its vision values are served there only)
+TEXT_ONLY = "text-only"
+IMAGE_TEXT = "image-text"
+SERVED, SOME_LOAD, NOT_SERVED = "●", "⚠︎", "○"
+MARK_WORDS = {SERVED: "served", SOME_LOAD: "served only under some load (the family's page says which)",
+              NOT_SERVED: "not served"}
+
+
+def loads(f: FamilyIR) -> tuple[str, ...]:
+    """The loads the matrix gives a family a mark for: text-only, then image-text where a value needs it."""
+    image = any(v.needs is not None and v.needs.name == "processor" for h in f.hosts for v in h.values)
+    return (TEXT_ONLY, IMAGE_TEXT) if image else (TEXT_ONLY,)
+
+
+def _mark(v: ValueIR, load: str) -> str:
+    if v.needs is None or v.recomputed:
+        return SERVED
+    if v.needs.never:
+        return NOT_SERVED
+    if v.needs.name == "processor":  # what the page says: a text-only load serves no vision value
+        return SERVED if load == IMAGE_TEXT else NOT_SERVED
+    return SOME_LOAD
+
+
+def load_marks(f: FamilyIR) -> dict[str, list[tuple[str, str]]]:
+    """value name → [(load, mark)] for each of the family's loads: ● served, ⚠︎ served only under some
+    attention, kernel or experts load, ○ not served on that load; the best over the hosts serving it (a
+    text block's layer_output is served on every load though the vision block's needs the image-text one).
+    A value missing on every host has no entry."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    rank = {SERVED: 0, SOME_LOAD: 1, NOT_SERVED: 2}
+    for load in loads(f):
+        best: dict[str, str] = {}
+        for h in f.hosts:
+            for v in h.values:
+                if v.missing is None:
+                    m = _mark(v, load)
+                    if v.name not in best or rank[m] < rank[best[v.name]]:
+                        best[v.name] = m
+        for name, m in best.items():
+            out.setdefault(name, []).append((load, m))
+    return out
 
 
 class PageModel:
@@ -349,16 +403,40 @@ class PageModel:
         layer_hosts = [h for h in hosts if h.path == f"{stack}[i]"]
         children = {h.path[len(stack) + 4:]: h for h in hosts
                     if h.path.startswith(f"{stack}[i].") and "." not in h.path[len(stack) + 4:]}
-        named = set(spec)
-        mixers = [c for c in children if c not in named]
+        named = {x.partition(" if ")[0] for x in spec} - {"mixer", "add"}
+        mixers = [c for c in children if c not in named]  # a host named mixer (Mamba's) is a mixer too
         parts: list[Part] = []
         lay = layer_hosts[0] if layer_hosts else None
+        served = {v.name for h in hosts for v in h.values if v.missing is None}
         items: list[str] = []
         for item in spec:
+            item, _, cond = item.partition(" if ")
+            if cond and cond.strip() not in served:
+                continue  # a part of another kind (gemma4's per-layer input branch)
             if item == "mixer":
                 items.extend(f"host:{m}" for m in mixers)
             else:
                 items.append(item)
+        if spec == DEFAULT_BLOCK and lay is not None:
+            # the default's norms are the modules the block's own values read (jamba's pre_ff_layernorm,
+            # Mamba's norm); a block without an MLP host ends on its mixer's add
+            def read_at(*names: str) -> str | None:
+                return next((v.read.module[0] for v in lay.values if v.name in names and v.read is not None
+                             and v.read.kind == "module" and len(v.read.module) == 1 and not v.read.up
+                             and v.read.side == "output"), None)
+            subs = {"input_layernorm": read_at("attention_norm_output", "mixer_norm_output"),
+                    "post_attention_layernorm": read_at("mlp_norm_output")}
+            items = [subs.get(x) or x for x in items]
+            # an MLP host on other blocks only (glm4_moe's and deepseek_v3's dense first blocks): the
+            # module is there, drawn with no value served
+            if "mlp" not in children and f"{stack}[i].mlp" not in dict(f.rename) and not f.hosts_at(f"{stack}[i].mlp"):
+                items = [x for x in items if x != "mlp"]
+            if subs["post_attention_layernorm"] is None and "post_attention_layernorm" not in children \
+                    and f"{stack}[i].post_attention_layernorm" not in dict(f.rename):
+                items = [x for x in items if x != "post_attention_layernorm"]
+            while any(a == b == "add" for a, b in zip(items, items[1:], strict=False)):  # an empty branch
+                k2 = next(j for j, (a, b) in enumerate(zip(items, items[1:], strict=False)) if a == b == "add")
+                items.pop(k2)
         if lay is not None:
             card = _module_value([lay], "", "input", f)
             parts.append(Part(self.uid(f"k{k}-{stack}-input"), "x", "", "input", f"{stack}[i]", lay.cls, card,
@@ -376,11 +454,18 @@ class PageModel:
                 parts.append(Part(self.uid(f"k{k}-{stack}-add{j}"), "+", "", "add", f"{stack}[i]", "", card,
                                   subtitle="residual add"))
                 continue
+            if item.startswith("mul:"):  # a product with a value of the block (gemma4's per_layer_input, layer_scalar)
+                factor = item.removeprefix("mul:")
+                card = next((_card(h, v, f) for h in hosts for v in h.values if v.name == factor), None)
+                parts.append(Part(self.uid(f"k{k}-{stack}-mul{j}"), "×", "", "mul", f"{stack}[i]", "", card,
+                                  subtitle="multiply"))
+                continue
             name = item.removeprefix("host:")
             host = children.get(name)
             if host is not None:
                 role = "mlp" if "mlp" in name or name in ("moe", "feed_forward", "experts") else "mixer"
                 others = [_card(host, v, f) for v in host.values]
+                others += _input_cards(lay, name, _native(f, f"{stack}[i].{name}"), f)  # mlp_input
                 main = _own_output(host, f)
                 parts.append(Part(self.uid(f"k{k}-{stack}-{name}"), name, _native(f, f"{stack}[i].{name}"), role,
                                   host.path, host.cls, main, [c for c in others if main is None or c.name != main.name]))
@@ -388,11 +473,19 @@ class PageModel:
             card = _module_value([lay], name, "output", f) if lay is not None else None
             if card is None:  # a sibling's boundary a child host reads (^.post_attention_layernorm.output)
                 card = _sibling_value([c for c in children.values()], name, f)
-            if card is None and default and f"{stack}[i].{name}" not in dict(f.rename):
+            if card is None and default and f"{stack}[i].{name}" not in dict(f.rename) \
+                    and not (name == "mlp" and f.hosts_at(f"{stack}[i].mlp")):
                 continue  # a default part this family does not have
-            role = "norm" if "norm" in name else "module"
+            role = "norm" if "norm" in name else "mlp" if name == "mlp" else "module"
+            ins = _input_cards(lay, name, _native(f, f"{stack}[i].{name}"), f)
+            if card is None and ins:  # a module the block reads only at its input (opt's up_proj: mlp_input)
+                card, ins = ins[0], ins[1:]
             parts.append(Part(self.uid(f"k{k}-{stack}-{name}"), name, _native(f, f"{stack}[i].{name}"), role,
-                              f"{stack}[i].{name}", "", card))
+                              f"{stack}[i].{name}", "", card, [c for c in ins if card is None or c.name != card.name],
+                              subtitle="" if card else "no value served"))
+        if lay is not None and items and items[-1] != "add":  # the block ends on a product: its output apart
+            parts.append(Part(self.uid(f"k{k}-{stack}-output"), "out", "", "output", f"{stack}[i]", lay.cls,
+                              _own_output(lay, f), subtitle="the block's output"))
         everywhere = set.intersection(*[{v.name for v in h.values} for h in f.hosts_at(f"{stack}[i]")]) \
             if f.hosts_at(f"{stack}[i]") else set()
         extra: list[str] = []
@@ -402,12 +495,14 @@ class PageModel:
                     parts.append(Part(self.uid(f"k{k}-{stack}-{v.name}"), "+", "", "add", h.path, h.cls,
                                       _card(h, v, f), subtitle=h.kind or "", note=h.kind or ""))
                     extra.append(h.kind or v.name)
-        present = set(children)
+        # an identity names a child host of another kind only where a spec shares it across kinds:
+        # leave those out; one naming a module (per_layer_projection) or the model stays
+        absent = {h.path[len(stack) + 4:].split(".")[0] for h in f.hosts if h.path.startswith(f"{stack}[i].")} - set(children)
         identities = []
         for h in layer_hosts:
             for ident in h.identities:
                 heads = {t.split(".")[0] for t in ident.terms if "." in t}
-                if heads <= present | {"input", "output"} or not heads:
+                if not heads & absent:
                     identities.append(ident.text)
         ordered = sorted(children.items(), key=lambda kv: (kv[0] in named, kv[0]))  # the mixers first
         label = " · ".join(f"{n}: {h.cls}" for n, h in ordered) or (lay.cls if lay else stack)
@@ -519,6 +614,9 @@ class PageModel:
 
     def checkpoints(self) -> list[dict[str, Any]]:
         facts = {c["name"]: c for c in self.facts.get("checkpoints", [])}
+        # a standard config name the spec makes unavailable(...) says so (its reason is in the config
+        # table's "from the native config" column), not the exception the printout met computing it
+        unavailable = {key for key, _, text in self.f.config if text.startswith("Unavailable: ")}
         out = []
         for c in self.f.checkpoints:
             fc = facts.get(c.name, {})
@@ -530,6 +628,7 @@ class PageModel:
                         normalized[key] = evaluate(comp, dict(c.config))
                     except Exception:  # noqa: BLE001
                         normalized[key] = None
+            normalized = {k: NOT_SERVED_TEXT if k in unavailable else v for k, v in normalized.items()}
             out.append({"name": c.name, "normalized": normalized, "config": c.config, "cls": fc.get("class", "")})
         return out
 

@@ -763,8 +763,18 @@ class _Family:
             items = getattr(d, key) if d is not None else None
             if items is None:
                 continue
-            for k, name in enumerate(items):
-                ok = name in words or known(prefix, host, name) or (key == "vision" and known("", "model", name))
+            values = {v.name for h in hosts if h.path == host for v in h.values}
+            for k, item in enumerate(items):
+                name, _, cond = item.partition(" if ")
+                if cond and cond.strip() not in values:
+                    self.err(("diagram", key, k), f"diagram.{key}: '{item}': '{cond.strip()}' is no value of {host}")
+                    continue
+                if words and name.startswith("mul:"):  # a product with a value of the block
+                    if name[4:] not in values:
+                        self.err(("diagram", key, k), f"diagram.{key}: '{item}': '{name[4:]}' is no value of {host}")
+                    continue
+                ok = name in words or known(prefix, host, name) or (key == "vision" and known("", "model", name)) or \
+                    any(t.split(".")[0] == name for h in hosts if h.path == host for i in h.identities for t in i.terms)
                 if not ok:
                     where = f"{prefix} " if prefix else ""
                     self.err(("diagram", key, k), f"diagram.{key}: '{name}' is no {where}part of this family "

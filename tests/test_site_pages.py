@@ -104,7 +104,7 @@ def test_qwen3_vl_has_one_config_column_per_release_standard_names_and_a_drawn_d
 # ---- the index ----
 
 def test_the_matrix_warns_only_where_the_text_value_is_conditional_and_has_a_legend() -> None:
-    html = _text("index.html")
+    html = _text("matrix.html")
     matrix = html[html.index('<section id="matrix"'):]
     assert 'class="legend"' in matrix.split("<table")[0]
 

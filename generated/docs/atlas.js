@@ -82,31 +82,68 @@
   }
 
   // ---- the index: trait filter and search ----
+  // The search entries are search.js, loaded on the search's first use (focus or a query), not with the page.
+  // A query matches as typed and with its block indices made generic: blocks.0.attn.hook_pattern finds
+  // blocks.{i}.attn.hook_pattern, model.model.layers[0].self_attn (or layers.0) finds layers[i].
+  function variants(q) {
+    var out = [q];
+    [q.replace(/\[\d+\]/g, "[i]").replace(/\.(\d+)(?=\.|$)/g, "[i]"),
+     q.replace(/\[\d+\]/g, ".{i}").replace(/\.(\d+)(?=\.|$)/g, ".{i}")].forEach(function (v) {
+      if (out.indexOf(v) === -1) { out.push(v); }
+    });
+    return out;
+  }
   function setupIndex() {
-    var data = document.getElementById("atlas-index");
-    if (!data) { return; }
-    var index = JSON.parse(data.textContent);
     var families = document.querySelectorAll("li.family");
-    var filters = document.querySelectorAll("button.trait-filter");
     var search = document.getElementById("search");
+    if (!families.length || !search) { return; }
+    var index = null;
+    var waiting = null;
+    var filters = document.querySelectorAll("button.trait-filter");
     var results = document.getElementById("results");
     var count = document.getElementById("result-count");
+    function withIndex(then) {
+      if (index) { then(); return; }
+      if (waiting) { waiting.push(then); return; }
+      waiting = [then];
+      var script = document.createElement("script");
+      script.src = search.getAttribute("data-index") || "search.js";
+      function done(ok) {
+        index = ok && window.nnatlasSearch ? window.nnatlasSearch : [];
+        if (!ok && count) { count.textContent = "the search index (search.js) did not load"; }
+        var run = waiting;
+        waiting = [];
+        run.forEach(function (f) { f(); });
+      }
+      script.onload = function () { done(true); };
+      script.onerror = function () { done(false); };
+      document.head.appendChild(script);
+    }
     function selectedTraits() {
       var out = [];
       filters.forEach(function (b) { if (b.getAttribute("aria-pressed") === "true") { out.push(b.getAttribute("data-trait")); } });
       return out;
     }
     function matches(q) {
+      if (!q) { return []; }
+      var vs = variants(q);
       var hits = [];
-      if (!q) { return hits; }
-      index.forEach(function (entry) {
-        if (entry.text.toLowerCase().indexOf(q) !== -1) { hits.push(entry); }
+      index.forEach(function (entry, n) {
+        var name = entry.name.toLowerCase();
+        var text = " " + (entry.text || entry.name).toLowerCase() + " ";
+        var best = 3;
+        vs.forEach(function (v) {
+          if (name === v) { best = 0; } else if (text.indexOf(" " + v + " ") !== -1) { best = Math.min(best, 1); } else if (text.indexOf(v) !== -1) { best = Math.min(best, 2); }
+        });
+        if (best < 3) { hits.push([best, n, entry]); }
       });
-      return hits;
+      hits.sort(function (a, b) { return a[0] - b[0] || a[1] - b[1]; });  // exact names first, then whole words
+      return hits.map(function (h) { return h[2]; });
     }
     function update() {
+      var q = search.value.trim().toLowerCase();
+      if (q && !index) { withIndex(update); return; }
       var traits = selectedTraits();
-      var q = search ? search.value.trim().toLowerCase() : "";
       var hits = matches(q);
       var hitFamilies = {};
       hits.forEach(function (h) { hitFamilies[h.family] = true; });
@@ -139,6 +176,7 @@
           item.appendChild(document.createTextNode(" " + h.kind + " · " + h.family + " · " + h.where));
           results.appendChild(item);
         });
+        results.setAttribute("data-query", q);  // what the list shows (a debounced query lands later)
       }
       if (count) { count.textContent = shown + " of " + families.length + " families" + (q ? ", " + hits.length + " matches" : ""); }
     }
@@ -148,16 +186,35 @@
         update();
       });
     });
-    if (search) { search.addEventListener("input", update); }
+    var timer = null;
+    search.addEventListener("input", function () {  // debounced: one search per pause in the typing
+      if (timer) { clearTimeout(timer); }
+      timer = setTimeout(function () { timer = null; update(); }, 120);
+    });
+    search.addEventListener("focus", function () { withIndex(function () {}); }, { once: true });
     var clear = document.getElementById("clear-filters");
     if (clear) {
       clear.addEventListener("click", function () {
         filters.forEach(function (b) { b.setAttribute("aria-pressed", "false"); });
-        if (search) { search.value = ""; }
+        search.value = "";
         update();
       });
     }
     update();
+  }
+
+  // ---- the matrix page: a family picker shows one family's column (a phone shows about two) ----
+  function setupMatrix() {
+    var pick = document.getElementById("matrix-family");
+    if (!pick) { return; }
+    function show() {
+      var fam = pick.value;
+      document.querySelectorAll("table.matrix [data-col-family]").forEach(function (cell) {
+        cell.hidden = fam !== "" && cell.getAttribute("data-col-family") !== fam;
+      });
+    }
+    pick.addEventListener("change", show);
+    show();
   }
 
   // ---- code: a copy button on each block, Python highlighted (a small tokenizer, no library) ----
@@ -236,6 +293,7 @@
   document.querySelectorAll("section.stack").forEach(setupStack);
   setupParts();
   setupIndex();
+  setupMatrix();
   setupCode();
   setupTableFilters();
 }());

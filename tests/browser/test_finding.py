@@ -13,6 +13,12 @@ import pytest
 pytestmark = pytest.mark.browser
 
 
+
+def _search(page: Any, query: str) -> None:
+    """Type a query and wait for its results: the search is debounced, its entries load on first use."""
+    page.fill("#search", query)
+    page.wait_for_function("q => document.getElementById('results').dataset.query === q", arg=query.strip().lower())
+
 def _open(page: Any, path: Path) -> None:
     page.goto(path.as_uri())
     page.wait_for_load_state("load")
@@ -25,15 +31,25 @@ def _families(page: Any) -> list[str]:
 
 def test_the_search_finds_words_of_the_notes_and_transformer_lens_hooks(page: Any, real_site: Path) -> None:
     _open(page, real_site / "index.html")
+    assert page.evaluate("window.nnatlasSearch === undefined")  # the entries load on the search's first use
     results = page.locator("#results")
-    page.fill("#search", "attn_implementation")
+    _search(page, "attn_implementation")
     assert "note" in results.inner_text() and len(_families(page)) >= 3
-    page.fill("#search", "sae")
+    _search(page, "sae")
     assert "qwen3_5_text" in _families(page)
     assert results.locator("a[href^='qwen3_5_text.html#note-']").count() >= 1
-    page.fill("#search", "resid_post")
+    _search(page, "resid_post")
     assert results.locator("li").count() >= 1 and "qwen3_5_text" in _families(page)
-    page.fill("#search", "blocks.{i}.hook_resid_post")
+    # real names (issue 30): a hook with its block number, module paths with indices, checkpoint ids
+    for query, family, text in (("blocks.0.attn.hook_pattern", "llama", "is model.layers[i].self_attn.attention_probabilities"),
+                                ("model.model.layers[0].self_attn.o_proj", "llama", "attention_premix"),
+                                ("transformer.h[0].attn", "gpt2", "GPT2Attention"),
+                                ("Qwen/Qwen3.5-0.8B", "qwen3_5_text", "checkpoint"),
+                                ("openai-community/gpt2", "gpt2", "checkpoint")):
+        _search(page, query)
+        assert family in _families(page), query
+        assert text in results.locator(f"li:has(a[href^='{family}.html'])").first.inner_text(), query
+    _search(page, "blocks.{i}.hook_resid_post")
     assert len(_families(page)) == page.locator("li.family").count()  # every family serves it
     href = results.locator("a").first.get_attribute("href")
     results.locator("a").first.click()
@@ -47,7 +63,7 @@ def test_the_trait_filter_has_a_clear_button(page: Any, real_site: Path) -> None
     total = len(_families(page))
     page.click("button.trait-filter[data-trait='Hybrid']")
     page.click("button.trait-filter[data-trait='Mixture of experts']")
-    page.fill("#search", "router")
+    _search(page, "router")
     assert len(_families(page)) < total
     page.click("#clear-filters")
     assert len(_families(page)) == total
@@ -104,7 +120,7 @@ def test_code_blocks_have_a_copy_button_and_python_is_highlighted(page: Any, rea
 
 
 def test_the_matrix_has_a_legend_and_its_header_stays_in_view(page: Any, real_site: Path) -> None:
-    _open(page, real_site / "index.html")
+    _open(page, real_site / "matrix.html")  # its own page (issue 30), linked from the index
     legend = page.locator("#matrix .legend")
     assert legend.is_visible() and "●" in legend.inner_text() and "⚠︎" in legend.inner_text()
     legend_box, table_box = legend.bounding_box(), page.locator("table.matrix").bounding_box()
@@ -116,7 +132,16 @@ def test_the_matrix_has_a_legend_and_its_header_stays_in_view(page: Any, real_si
     box = scroller.bounding_box()
     assert head is not None and box is not None and abs(head["y"] - box["y"]) <= 2
     cell = page.locator("table.matrix tr", has=page.locator("td:first-child code", has_text="layer_output")).first
-    assert cell.locator("td[data-col-family='qwen3_5_text']").inner_text() == "●"
+    # a mark per load on an image-text family (issue 30): text-only, then image-text
+    assert cell.locator("td[data-col-family='qwen3_5_text'] span").all_inner_texts() == ["●", "●"]
+    assert cell.locator("td[data-col-family='llama']").inner_text() == "●"
+    vision = page.locator("table.matrix tr", has=page.locator("td:first-child code", has_text="image_features")).first
+    assert vision.locator("td[data-col-family='qwen3_5_text'] span").all_inner_texts() == ["○", "●"]
+    page.select_option("#matrix-family", "qwen3_5_text")  # the family picker: one family's column
+    assert page.locator("table.matrix th[data-col-family]:visible").count() == 2  # its head and its tests
+    assert vision.locator("td[data-col-family]:visible").count() == 1
+    page.select_option("#matrix-family", "")
+    assert vision.locator("td[data-col-family]:visible").count() == page.locator("#matrix-family option").count() - 1
     assert page.errors == []
 
 
