@@ -73,6 +73,7 @@ class Tracer:
         self._ordered: list[Request] = []
         self.by_site: dict[SiteKey, list[Request]] = {}
         self.fired: dict[int | tuple[int, int], int] = {}  # times each site fired (by id of its list in by_site, and step)
+        self._state: set[int] | None = None  # the storages of the model's weights (made at the first in-place edit)
         self.call_dims: dict[int, tuple[int, int]] = {}
 
     @property
@@ -218,6 +219,8 @@ class Tracer:
                 payload = copied
         if self.grad_live and (action == "replace" or action == "setitem"):
             payload = _editable(t, payload)
+        if action == "replace" or action == "setitem":  # both write into the tensor the forward holds
+            payload = self._unshared(t, payload)
         if action == "save" or action == "capture":
             value = t.get(payload)
             if action == "capture":
@@ -243,6 +246,20 @@ class Tracer:
                 raise InputError(t.edit_error(f"{r.label}[{key!r}] = ...", current, new, e)) from e
         r.done = True
         return self._finish(r, payload)
+
+    def _unshared(self, t: Target, payload: Any) -> Any:
+        """A value that is the model's own parameter or buffer (an op's operand: Gemma 4's ``layer_scalar``
+        is the buffer ``mul_`` reads) is written in place on a copy put in its place: an edit changes this
+        forward, never the model's weights."""
+        native = t.native(payload)
+        if isinstance(native, torch.Tensor):
+            if self._state is None:  # the storages of the model's parameters and buffers, once per trace
+                module = self.model.native
+                self._state = {x.untyped_storage().data_ptr()
+                               for x in (*module.parameters(), *module.buffers()) if x.device.type != "meta"}
+            if native.untyped_storage().data_ptr() in self._state:
+                return t.with_native(payload, native.clone())
+        return payload
 
     def _finish(self, r: Request, payload: Any) -> Any:
         owner = r.owner

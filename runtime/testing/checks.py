@@ -294,8 +294,12 @@ def check_edit(family: str, path: str, name: str, experts: str | None = None, va
     model = shared_build(family, attn_implementation="eager", experts=experts, variant=variant, perturbed=True)
     spec = next(v for h in model._family.hosts if h.path == path for v in h.values if v.name == name)
     routed = spec.needs is not None and spec.needs.name == "torch_kernels"
+    weights = {k: v.clone() for k, v in model.native.state_dict().items()}
     with nnatlas.route_kernels(family, "torch") if routed else contextlib.nullcontext():
         _check_edit(model, path, name)
+    # an edit changes its forward, never the model (a value that is a weight, an op's operand, included)
+    changed = [k for k, v in model.native.state_dict().items() if not torch.equal(v, weights[k])]
+    assert not changed, f"editing {path}.{name} changed the model's own tensors: {', '.join(changed)}"
 
 
 def _check_edit(model: AtlasModel, path: str, name: str) -> None:

@@ -15,6 +15,7 @@ import torch
 from ..loading import wrap
 from ..model import AtlasModel
 from ..processing import image_processor_class, images_only, vision_marks
+from ..registry import all_families
 from .perturb import config_factors, perturb_config, perturb_tensors
 
 WORDS = ("the eiffel tower is in city of paris france a an and to on at with from by for as it this that "
@@ -147,7 +148,9 @@ def shared_build(family: str, params: Mapping[str, Any] | None = None, attn_impl
     every edit on the family's fixed model), and a trace leaves its model as it found it (no hook, no
     patched global: tests/test_hooks.py). Never for code that changes a model (a note's example, a
     gradient's backward into the parameters, PEFT): those build their own."""
-    key = json.dumps([family, params, attn_implementation, seed, experts, processor, variant, perturbed],
+    # (the adapter the registry holds now is part of the key: a test may put a changed one in its place)
+    adapter = id(all_families().get(family))
+    key = json.dumps([family, adapter, params, attn_implementation, seed, experts, processor, variant, perturbed],
                      sort_keys=True, default=repr)
     model = _shared.get(key)
     if model is None:
