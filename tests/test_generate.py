@@ -64,7 +64,7 @@ def test_writes_only_what_changed(spec_root: Path) -> None:
     assert set(result.changed) == {"generated/families/gpt2.py", "generated/tests/test_gpt2.py", "generated/docs/gpt2.html",
                                    "generated/docs/gpt2.md", "generated/docs/printouts/gpt2.txt",
                                    "generated/docs/printouts/gpt_bigcode.txt", "generated/docs/index.html",
-                                   "generated/docs/status.html", "generated/docs/llms.txt", "generated/families/__init__.py"}
+                                   "generated/docs/matrix.html", "generated/docs/status.html", "generated/docs/llms.txt", "generated/families/__init__.py"}
     for p, t in stamp.items():
         rel = p.relative_to(spec_root).as_posix()
         if rel not in result.changed:

@@ -54,7 +54,7 @@ def test_page_and_index_show_the_status_and_mark_a_stale_spec() -> None:
     assert '<tr id="llama" data-family="llama" data-result="fail">' in page
     assert "✗ 2 failed of 7" in page and "stale" in page and "could not install: no wheel" in page
     assert "✓</span> hidden_states (eager)" in page and "✗</span> attentions (eager)" in page
-    assert 'data-col-family="llama" data-result="fail"' in out["generated/docs/index.html"]
+    assert 'data-col-family="llama" data-result="fail"' in out["generated/docs/matrix.html"]
     assert 'href="status.html"' in out["generated/docs/index.html"]
     empty = render(atlas)["generated/docs/status.html"]
     assert 'id="no-run"' in empty

@@ -121,7 +121,7 @@ def test_an_identity_term_naming_no_parameter_or_buffer_fails_generate(tmp_path:
     line = next(n for n, text in enumerate((root / "specs" / "glm4_moe.yaml").read_text().splitlines(), 1)
                 if "e_score_correction_bais" in text)
     assert _problems(root) == [
-        f"specs/glm4_moe.yaml:{line}:9: layers[i].mlp: identity term 'router.e_score_correction_bais': "
+        f"specs/glm4_moe.yaml:{line}:13: layers[i].mlp (kind moe): identity term 'router.e_score_correction_bais': "
         "Glm4MoeTopkRouter has no parameter or buffer 'e_score_correction_bais', and layers[i].mlp.router no value of "
         "that name (its parameters and buffers: e_score_correction_bias, weight); did you mean "
         "'e_score_correction_bias'? (layers[1].mlp of the tiny model)"]
