@@ -38,8 +38,10 @@ $(CHROMIUM):
 	$(SUDO) apt-get update -qq
 	$(SUDO) apt-get install -y -qq --no-install-recommends chromium
 
+# one worker per core (at most 4), a test file per worker at a time (its module fixtures, such as a tiny model
+# built once, stay with its tests); each worker one thread
 test: $(STAMP) $(CHROMIUM)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest --durations=25
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadfile --durations=25
 
 # every family's generated tests under each transformers version of pyproject.toml's [tool.nnatlas]
 # status-transformers (one venv each under .venv-status/), folded into generated/docs/status.json (committed);
