@@ -1,0 +1,90 @@
+"""A user's own spec at load: ``nnatlas.load(path, spec="my_family.yaml")``, ``nnatlas.wrap(model, spec=...)``, and
+``NNATLAS_SPECS=dir`` (a folder of spec files consulted for a model type no shipped family covers).
+
+The runtime's one second door to the compiler (beside ``python -m nnatlas``): the spec is compiled with ``nnatlas
+generate``'s validation (``nnatlas.compiler.userspec``, imported here only when a user spec is asked for, so ``import
+nnatlas`` and every shipped family's wrap and trace load no compiler), its adapter run as a module in memory and
+added to the family lookup of this process after the shipped families (``registry.add_user``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from . import registry
+from .errors import NnatlasError
+from .spec import Family
+
+ENV = "NNATLAS_SPECS"
+
+_COMPILED: dict[tuple[str, str], ModuleType] = {}  # (resolved path, sha256 of it and its folder's specs) -> adapter
+
+
+def _key(path: Path, siblings: list[Path]) -> tuple[str, str]:
+    h = hashlib.sha256()
+    for p in [path, *sorted(siblings)]:
+        h.update(str(p).encode() + b"\0" + p.read_bytes() + b"\0")
+    return str(path), h.hexdigest()
+
+
+def compile_file(path: str | os.PathLike[str], siblings: list[Path] | None = None) -> ModuleType:
+    """The adapter of the spec file ``path``, compiled once per content in this process and added to the family
+    lookup. Every problem of the spec is one NnatlasError, each ``file:line:col: message``."""
+    file = Path(os.fspath(path)).expanduser()
+    if not file.is_file():
+        what = "does not exist" if not file.exists() else "is not a file"
+        raise NnatlasError(f"spec={os.fspath(path)!s}: the spec file {what} (give a family spec YAML, such as the one "
+                           "`nnatlas draft TYPE --out FILE` writes)")
+    key = _key(file.resolve(), siblings or [])
+    module = _COMPILED.get(key)
+    if module is None:
+        from nnatlas.compiler import SpecError, UserError  # the one place the runtime reaches the compiler
+        from nnatlas.compiler.userspec import compile_spec
+
+        try:
+            module = compile_spec(file, siblings)
+        except SpecError as e:
+            n = len(e.problems)
+            raise NnatlasError(f"the spec {file} does not compile ({n} problem{'s' if n != 1 else ''}):\n{e}") from None
+        except UserError as e:  # rendered Python that does not parse
+            raise NnatlasError(f"the spec {file} does not compile: {e}") from None
+        _COMPILED[key] = module
+    registry.add_user(module)
+    return module
+
+
+def family_for(spec: str | os.PathLike[str]) -> tuple[Family, type[Any] | None]:
+    """(the family a spec file declares, its generated Model class)."""
+    module = compile_file(spec)
+    cls = getattr(module, "Model", None)
+    return module.FAMILY, cls if isinstance(cls, type) else None
+
+
+def from_env(model: Any) -> Family | None:
+    """The family of ``model`` from the folder NNATLAS_SPECS names (its ``*.yaml`` files whose ``loads.model_types``
+    list the model's type), compiled and added to the lookup; None when the variable is unset or no file lists it."""
+    folder = os.environ.get(ENV)
+    if not folder:
+        return None
+    where = Path(folder).expanduser()
+    if not where.is_dir():
+        raise NnatlasError(f"{ENV}={folder}: not a folder (it names a folder of family spec YAML files)")
+    files = sorted(p for p in where.glob("*.yaml") if p.is_file())
+    if not files:
+        return None
+    from nnatlas.compiler.userspec import model_types_of  # (only with NNATLAS_SPECS set)
+
+    wanted = registry.model_types(model.config)
+    for mt in wanted:
+        for f in files:
+            if mt in model_types_of(f):
+                module = compile_file(f, files)
+                if registry.find(model) is not module.FAMILY:
+                    raise NnatlasError(f"{f}: lists model_type {mt}, but its family {module.FAMILY.name} is not "
+                                       f"the one {type(model).__name__} loads as")
+                return module.FAMILY  # type: ignore[no-any-return]
+    return None
