@@ -333,9 +333,10 @@ def load(name_or_path: str, *, task: str = "text-generation", tokenizer: Any = T
     model is checked against it (see :func:`wrap`); without it, a model type no shipped family covers is looked up in
     the folder NNATLAS_SPECS names.
     """
-    fam = user_specs.family_for(spec)[0] if spec is not None else None
+    if spec is not None:
+        user_specs.family_for(spec)  # its problems before the weights load (compiled once: wrap finds it compiled)
     hf, tok, processor = _from_pretrained(name_or_path, task, tokenizer, kwargs)
-    return wrap(hf, tokenizer=tok, processor=processor, family=fam, check=fam is not None)
+    return wrap(hf, tokenizer=tok, processor=processor, spec=spec)
 
 
 def _from_pretrained(name_or_path: str, task: str, tokenizer: Any, kwargs: dict[str, Any]) -> tuple[Any, Any, Any]:

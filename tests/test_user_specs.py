@@ -147,6 +147,12 @@ def test_a_users_spec_serves_what_the_shipped_family_serves(tmp_path: Path) -> N
         assert torch.equal(ours[k], theirs[k]), k
     _matches_transformers(mine, ours)
     assert nnatlas.wrap(shipped.native).family == "llama"  # a model of a shipped family's type still loads as it
+    assert type(nnatlas.wrap(shipped.native, spec=spec)) is type(mine)  # compiled once per content
+    persimmon = transformers.PersimmonForCausalLM(transformers.PersimmonConfig(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=32))
+    with pytest.raises(nnatlas.NnatlasError, match=r"(?s)PersimmonForCausalLM does not fit family my_llama's spec "
+                                                   rf"\({re.escape(str(spec))}\): 8 mismatches:.*'down_proj'"):
+        nnatlas.wrap(persimmon, spec=spec)
 
 
 def test_load_with_a_spec_for_a_type_no_family_ships(tmp_path: Path) -> None:
