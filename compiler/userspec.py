@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from . import default_root, emit, pycheck, treecheck
-from .errors import Problem, SpecError
+from .errors import Problem, SpecError, UserError
 from .resolve import PARTS, parse_sources
 from .resolve import _resolve as resolve_sources
 
-__all__ = ["compile_spec", "model_types_of", "shipped_specs"]
+__all__ = ["compile_spec", "compile_text", "draft_text", "model_types_of", "shipped_specs", "verify"]
 
 
 def shipped_specs() -> Path:
@@ -57,17 +57,22 @@ def compile_spec(path: Path, siblings: list[Path] | None = None) -> types.Module
     rel = str(path)
     if not path.is_file():
         raise SpecError([Problem(rel, 1, 1, "no such spec file" if not path.exists() else "not a file")])
+    return compile_text(path.read_bytes(), rel, siblings, path)
+
+
+def compile_text(raw: bytes, rel: str, siblings: list[Path] | None = None, path: Path | None = None) -> types.ModuleType:
+    """:func:`compile_spec` of a spec's bytes, shown in messages as ``rel``."""
     specs = shipped_specs()
     shipped = {p.stem: p for p in specs.glob("*.yaml") if not p.name.startswith("_")}
-    users = {p.stem: p for p in (siblings or []) if p.resolve() != path.resolve()}
-    data = _read_yaml(path)
-    name = data.get("family") if isinstance(data.get("family"), str) else path.stem
+    users = {p.stem: p for p in (siblings or []) if path is None or p.resolve() != path.resolve()}
+    data = _parse(raw)
+    name = data.get("family") if isinstance(data.get("family"), str) else Path(rel).stem
     if name in shipped:
         raise SpecError([Problem(rel, 1, 1, f"family '{name}' is a family nnatlas ships (specs/{name}.yaml): give "
                                             "your spec a name of its own (family: my_" + name + ")")])
     files: list[tuple[str, str, bytes]] = [(p.name, f"{specs.name}/{p.name}", p.read_bytes())
                                            for p in sorted(specs.glob("_*.yaml"))]
-    files.append((f"{name}.yaml", rel, path.read_bytes()))
+    files.append((f"{name}.yaml", rel, raw))
     todo, seen = _bases(data), {name}
     while todo:  # the specs it extends, directly or not: the user's own siblings first, then the shipped ones
         base = todo.pop()
@@ -89,3 +94,50 @@ def compile_spec(path: Path, siblings: list[Path] | None = None) -> types.Module
     module.__file__ = rel
     exec(compile(source, f"<adapter of {rel}>", "exec"), module.__dict__)  # our own output, checked above
     return module
+
+
+def _parse(raw: bytes) -> dict[str, Any]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(raw.decode("utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def draft_text(model_type: str, model_path: str | None = None) -> str:
+    """The drafter's spec for ``model_type`` (from the checkpoint folder's config when given), in memory. Raises
+    UserError when the type cannot be drafted."""
+    from .draft import DraftError, draft
+
+    try:
+        return draft(model_type, model_path=model_path).text
+    except DraftError as e:
+        raise UserError(f"nnatlas cannot draft a spec for {model_type}: {e}") from None
+
+
+def verify(family: str, budget_s: float = 60.0) -> tuple[list[str], list[str]]:
+    """(the checks that held, the ones that failed or did not run, each with why): the family's oracle (its values
+    against what transformers returns itself, exactly, on a perturbed tiny twin of its config class, under each
+    attention load) and its identities on that twin, within ``budget_s`` seconds. The family must be in the lookup."""
+    import time
+
+    from nnatlas import testing
+
+    start = time.perf_counter()
+    held: list[str] = []
+    failed: list[str] = []
+    checks = [(f"oracle {check} [{attn}]", lambda c=check, a=attn: testing.check_oracle(family, c, a))
+              for check, attn in testing.oracle_checks(family)]
+    for what, run in checks:
+        if time.perf_counter() - start > budget_s:
+            failed.append(f"{what}: not run (the {budget_s:.0f} s verification budget ran out)")
+            continue
+        try:
+            run()
+        except Exception as e:  # noqa: BLE001 - a failing check is the draft's finding, said as such
+            failed.append(f"{what}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        else:
+            held.append(what)
+    return held, failed

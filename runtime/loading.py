@@ -50,7 +50,7 @@ def route_kernels(family: str | AtlasModel, kernels: str = "torch") -> Iterator[
 
 def wrap(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None,
          family: str | Family | None = None, spec: str | os.PathLike[str] | None = None,
-         check: bool | None = None) -> AtlasModel:
+         check: bool | None = None, draft: bool = False) -> AtlasModel:
     """Wrap an already-built transformers model with its family's adapter: an instance of the family's
     generated class (``nnatlas.families.<family>.Model``; ``<family>.wrap`` says so to a type checker).
 
@@ -75,7 +75,7 @@ def wrap(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None,
     else:
         fam = _families.find(hf)
         if fam is None:  # no shipped family (nor a user's compiled before): NNATLAS_SPECS, checked as a spec= is
-            fam = user_specs.from_env(hf)
+            fam = user_specs.from_env(hf) or (user_specs.drafted(hf) if draft else None)
             if fam is None:
                 raise _families.no_family(hf)
         elif check is None:
@@ -319,7 +319,7 @@ def _check_path(name: Any) -> None:
 
 
 def load(name_or_path: str, *, task: str = "text-generation", tokenizer: Any = True,
-         spec: str | os.PathLike[str] | None = None, **kwargs: Any) -> AtlasModel:
+         spec: str | os.PathLike[str] | None = None, draft: bool = False, **kwargs: Any) -> AtlasModel:
     """``from_pretrained`` with the family picked from the config, then :func:`wrap`.
 
     ``task="text-generation"`` loads the causal-LM class (``AutoModelForCausalLM``); a multimodal
@@ -331,12 +331,12 @@ def load(name_or_path: str, *, task: str = "text-generation", tokenizer: Any = T
     ``nnatlas.families.<family>.load`` does the same as one family, typed with its generated class.
     ``spec="my_family.yaml"``: your own spec file, compiled (and its problems said) before the weights load, then the
     model is checked against it (see :func:`wrap`); without it, a model type no shipped family covers is looked up in
-    the folder NNATLAS_SPECS names.
+    the folder NNATLAS_SPECS names, then drafted when ``draft=True`` (see :func:`wrap`).
     """
     if spec is not None:
         user_specs.family_for(spec)  # its problems before the weights load (compiled once: wrap finds it compiled)
     hf, tok, processor = _from_pretrained(name_or_path, task, tokenizer, kwargs)
-    return wrap(hf, tokenizer=tok, processor=processor, spec=spec)
+    return wrap(hf, tokenizer=tok, processor=processor, spec=spec, draft=draft)
 
 
 def _from_pretrained(name_or_path: str, task: str, tokenizer: Any, kwargs: dict[str, Any]) -> tuple[Any, Any, Any]:

@@ -52,6 +52,18 @@ def add_user(module: ModuleType) -> None:
     all_families.cache_clear()
 
 
+def remove_user(name: str) -> None:
+    """Take the user family ``name`` (:func:`add_user`) out of the lookup again."""
+    import nnatlas.families as families
+
+    if name in _LAST:
+        _LAST.remove(name)
+        sys.modules.pop(f"nnatlas.families.{name}", None)
+        if hasattr(families, name):
+            delattr(families, name)
+        all_families.cache_clear()
+
+
 def shipped() -> tuple[str, ...]:
     """The families nnatlas ships (generated/families), by name."""
     from nnatlas.families import FAMILIES
@@ -116,8 +128,10 @@ def no_family(model: Any) -> NnatlasError:
     known = sorted(t for f in all_families().values() for t in f.model_types)
     return NnatlasError(
         f"no family for model_type {types} ({type(model).__name__}). Draft a spec for it and load with it: "
-        f"`nnatlas draft {first} --out {first}.yaml`, then `nnatlas.load(path, spec='{first}.yaml')` (or "
-        f"`nnatlas.wrap(model, spec='{first}.yaml')`; or put the file in a folder named by NNATLAS_SPECS). "
+        f"`nnatlas.load(path, draft=True)` (or `nnatlas.wrap(model, draft=True)`: drafted in memory and verified "
+        f"against transformers on a tiny twin before it serves), or `nnatlas draft {first} --out {first}.yaml`, "
+        f"review it, then `nnatlas.load(path, spec='{first}.yaml')` (or `nnatlas.wrap(model, spec='{first}.yaml')`; "
+        "or put the file in a folder named by NNATLAS_SPECS). "
         f"nnatlas knows {', '.join(known)}")
 
 

@@ -57,6 +57,50 @@ def compile_file(path: str | os.PathLike[str], siblings: list[Path] | None = Non
     return module
 
 
+def drafted(model: Any, budget_s: float = 120.0) -> Family:
+    """``draft=True``: the drafter's spec for ``model``'s type (from its own config), compiled through the same door as
+    a user's spec, then verified on a perturbed tiny twin of its config class (its oracle: the values against what
+    transformers returns itself, under each attention load) before it serves; a draft whose checks fail is refused,
+    naming them. Drafted once per model type and config in this process."""
+    import json
+    import tempfile
+
+    import transformers
+
+    types = registry.model_types(model.config)
+    if not types:
+        raise NnatlasError(f"draft=True: {type(model).__name__}'s config has no model_type to draft from")
+    config_json = model.config.to_json_string()
+    key = ("draft", hashlib.sha256(f"{transformers.__version__}\0{config_json}".encode()).hexdigest())
+    module = _COMPILED.get(key)
+    if module is None:
+        from nnatlas.compiler import SpecError, UserError  # the one place the runtime reaches the compiler
+        from nnatlas.compiler.userspec import compile_text, draft_text, verify
+
+        shown = f"<draft of {types[0]}>"
+        try:
+            with tempfile.TemporaryDirectory(prefix="nnatlas-draft-config-") as tmp:
+                Path(tmp, "config.json").write_text(json.dumps(json.loads(config_json)))
+                text = draft_text(types[0], tmp)
+            module = compile_text(text.encode("utf-8"), shown)
+        except SpecError as e:
+            raise NnatlasError(f"draft=True: the drafted spec for {types[0]} does not compile; write it out with "
+                               f"`nnatlas draft {types[0]} --out FILE`, fix it, and load with spec=FILE:\n{e}") from None
+        except UserError as e:
+            raise NnatlasError(f"draft=True: {e}") from None
+        registry.add_user(module)
+        held, failed = verify(module.FAMILY.name, budget_s)
+        if failed or not held:
+            registry.remove_user(module.FAMILY.name)
+            raise NnatlasError(f"draft=True: the drafted spec for {types[0]} did not verify on a tiny twin "
+                               f"({len(held)} checks held, {len(failed)} did not); nothing is served. Write it out with "
+                               f"`nnatlas draft {types[0]} --out FILE`, fix it, and load with spec=FILE:\n  "
+                               + "\n  ".join(failed))
+        _COMPILED[key] = module
+    registry.add_user(module)
+    return module.FAMILY  # type: ignore[no-any-return]
+
+
 def family_for(spec: str | os.PathLike[str]) -> tuple[Family, type[Any] | None]:
     """(the family a spec file declares, its generated Model class)."""
     module = compile_file(spec)

@@ -178,7 +178,8 @@ DATA_MODEL = {"nnatlas.spec", "nnatlas.conditions", "nnatlas.foreign_names"}
 # the compiler's tools that run models with the runtime, and what each uses of it: the public API
 TOOLS = {"nnatlas.compiler.printouts": {"nnatlas"},  # nnatlas.wrap, on the meta device
          "nnatlas.compiler.treecheck": {"nnatlas", "nnatlas.introspect", "nnatlas.testing"},
-         "nnatlas.compiler.cli": {"nnatlas.cache_cli"}}  # the `nnatlas cache` command
+         "nnatlas.compiler.cli": {"nnatlas.cache_cli"},  # the `nnatlas cache` command
+         "nnatlas.compiler.userspec": {"nnatlas.testing"}}  # a draft's oracle on a tiny twin (draft=True)
 
 
 def test_the_compiler_imports_the_runtimes_data_model_only() -> None:

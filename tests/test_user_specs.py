@@ -1,6 +1,7 @@
 """A model nnatlas ships no family for: the error names the routes, a forced family is checked against the model's
-module tree (every mismatch at once), and a user's own spec (``spec=FILE``, ``NNATLAS_SPECS=dir``) is compiled at load
-with generate's validation and serves what transformers computes, as a shipped family does."""
+module tree (every mismatch at once), a user's own spec (``spec=FILE``, ``NNATLAS_SPECS=dir``) is compiled at load
+with generate's validation and serves what transformers computes, as a shipped family does, and ``draft=True`` drafts
+one in memory and serves it only once it verified on a tiny twin."""
 
 from __future__ import annotations
 
@@ -83,7 +84,8 @@ def test_no_family_names_the_routes() -> None:
         nnatlas.wrap(_helium())
     said = str(e.value)
     assert said.startswith("no family for model_type ['helium'] (HeliumForCausalLM)")
-    assert "`nnatlas draft helium --out helium.yaml`, then `nnatlas.load(path, spec='helium.yaml')`" in said
+    assert "`nnatlas.load(path, draft=True)` (or `nnatlas.wrap(model, draft=True)`" in said
+    assert "`nnatlas draft helium --out helium.yaml`, review it, then `nnatlas.load(path, spec='helium.yaml')`" in said
     assert "NNATLAS_SPECS" in said and "nnatlas knows bamba, " in said
 
 
@@ -202,3 +204,29 @@ def test_a_user_spec_must_name_a_family_of_its_own(tmp_path: Path) -> None:
         nnatlas.wrap(testing.build("llama").native, spec=spec)
     with pytest.raises(nnatlas.NnatlasError, match="spec=.*missing.yaml: the spec file does not exist"):
         nnatlas.wrap(testing.build("llama").native, spec=tmp_path / "missing.yaml")
+
+
+# ---- 4. draft=True ----
+
+def test_draft_true_drafts_verifies_and_serves(tmp_path: Path) -> None:
+    helium = _helium()
+    helium.save_pretrained(tmp_path / "ckpt")
+    model = nnatlas.load(str(tmp_path / "ckpt"), draft=True, tokenizer=None)
+    assert model.family == "helium" and type(model).__module__ == "nnatlas.families.helium"
+    _matches_transformers(model, _values(model))
+    again = nnatlas.wrap(_helium(), draft=True)  # the same config: drafted and verified once in this process
+    assert type(again) is type(model)
+
+
+def test_a_draft_that_does_not_verify_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nnatlas.compiler import userspec
+
+    monkeypatch.setattr(userspec, "verify", lambda family, budget_s: (
+        ["oracle hidden_states [eager]"], ["oracle logits [eager]: AssertionError: helium [eager]: logits differ"]))
+    with pytest.raises(nnatlas.NnatlasError) as e:
+        nnatlas.wrap(_helium(), draft=True)
+    assert str(e.value).splitlines() == [
+        "draft=True: the drafted spec for helium did not verify on a tiny twin (1 checks held, 1 did not); nothing is "
+        "served. Write it out with `nnatlas draft helium --out FILE`, fix it, and load with spec=FILE:",
+        "  oracle logits [eager]: AssertionError: helium [eager]: logits differ"]
+    assert "helium" not in registry.all_families() and "nnatlas.families.helium" not in sys.modules
