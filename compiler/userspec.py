@@ -120,7 +120,8 @@ def draft_text(model_type: str, model_path: str | None = None) -> str:
 def verify(family: str, budget_s: float = 60.0) -> tuple[list[str], list[str]]:
     """(the checks that held, the ones that failed or did not run, each with why): the family's oracle (its values
     against what transformers returns itself, exactly, on a perturbed tiny twin of its config class, under each
-    attention load) and its identities on that twin, within ``budget_s`` seconds. The family must be in the lookup."""
+    attention load) and every identity of its spec on that twin (three sequences, padded left and right), within
+    ``budget_s`` seconds. The family must be in the lookup."""
     import time
 
     from nnatlas import testing
@@ -128,8 +129,22 @@ def verify(family: str, budget_s: float = 60.0) -> tuple[list[str], list[str]]:
     start = time.perf_counter()
     held: list[str] = []
     failed: list[str] = []
-    checks = [(f"oracle {check} [{attn}]", lambda c=check, a=attn: testing.check_oracle(family, c, a))
-              for check, attn in testing.oracle_checks(family)]
+    checks: list[tuple[str, Any]] = [(f"oracle {check} [{attn}]", lambda c=check, a=attn: testing.check_oracle(family, c, a))
+                                     for check, attn in testing.oracle_checks(family)]
+    fam = testing.adapter_module(family).FAMILY
+    try:
+        twin = testing.build(family, perturbed=True)
+        case = testing.Case(family, testing.first_params(family), testing._fixed_inputs(twin, text_only=True), seed=0,
+                            perturbed=True)
+    except Exception as e:  # noqa: BLE001 - said as the draft's finding
+        return [], [f"the perturbed tiny twin does not build: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"]
+    counts: dict[str, int] = {}
+    for h in fam.hosts:
+        if not h.path.startswith("vision"):
+            counts[h.path] = counts.get(h.path, 0) + len(h.identities)
+    texts = {h.path: [i.text for s in fam.hosts if s.path == h.path for i in s.identities] for h in fam.hosts}
+    checks += [(f"identity {path}: {texts[path][k]}", lambda p=path, k=k: testing.check_identity(case, p, k))
+               for path, n in counts.items() for k in range(n)]
     for what, run in checks:
         if time.perf_counter() - start > budget_s:
             failed.append(f"{what}: not run (the {budget_s:.0f} s verification budget ran out)")
