@@ -13,6 +13,7 @@ from .spec import Family
 
 _FIRST: list[str] = []  # families put before the generated ones in this process (put_first), newest first
 _LAST: list[str] = []  # user families (a spec given at load, NNATLAS_SPECS), after the generated ones (add_user)
+_ORIGIN: dict[str, str] = {}  # user family -> where it comes from, as support() says it
 
 
 @cache
@@ -38,13 +39,15 @@ def put_first(module: ModuleType) -> None:
     all_families.cache_clear()
 
 
-def add_user(module: ModuleType) -> None:
+def add_user(module: ModuleType, origin: str = "") -> None:
     """Make ``module``, an adapter compiled from a user's spec (``nnatlas.user_specs``), the family
     ``nnatlas.families.<its FAMILY.name>`` of this process, picked after every shipped family: a model whose type a
-    shipped family lists still loads as that one. Adding a family of the same name again replaces it."""
+    shipped family lists still loads as that one. Adding a family of the same name again replaces it. ``origin``:
+    where it comes from (your spec file, a draft and what verified it), as ``support()`` says it."""
     import nnatlas.families as families
 
     name = module.FAMILY.name
+    _ORIGIN[name] = origin or f"your spec {module.FAMILY.spec_file}"
     sys.modules[f"nnatlas.families.{name}"] = module
     setattr(families, name, module)
     if name not in _LAST:
@@ -56,12 +59,18 @@ def remove_user(name: str) -> None:
     """Take the user family ``name`` (:func:`add_user`) out of the lookup again."""
     import nnatlas.families as families
 
+    _ORIGIN.pop(name, None)
     if name in _LAST:
         _LAST.remove(name)
         sys.modules.pop(f"nnatlas.families.{name}", None)
         if hasattr(families, name):
             delattr(families, name)
         all_families.cache_clear()
+
+
+def origin(family: Family) -> str:
+    """Where a user family comes from (``add_user``); "" for a shipped family."""
+    return _ORIGIN.get(family.name, "") if family.name in _LAST else ""
 
 
 def shipped() -> tuple[str, ...]:

@@ -22,6 +22,7 @@ from .spec import Family
 ENV = "NNATLAS_SPECS"
 
 _COMPILED: dict[tuple[str, str], ModuleType] = {}  # (resolved path, sha256 of it and its folder's specs) -> adapter
+_ORIGINS: dict[tuple[str, str], str] = {}  # a draft's key -> what verified it (support() says it)
 
 
 def _key(path: Path, siblings: list[Path]) -> tuple[str, str]:
@@ -97,7 +98,9 @@ def drafted(model: Any, budget_s: float = 120.0) -> Family:
                                f"`nnatlas draft {types[0]} --out FILE`, fix it, and load with spec=FILE:\n  "
                                + "\n  ".join(failed))
         _COMPILED[key] = module
-    registry.add_user(module)
+        _ORIGINS[key] = (f"drafted in memory by nnatlas draft, not reviewed; served because its oracle and identities "
+                         f"held on a perturbed tiny twin: {', '.join(held)}")
+    registry.add_user(module, _ORIGINS[key])
     return module.FAMILY  # type: ignore[no-any-return]
 
 

@@ -27,12 +27,10 @@ def no_user_family_left() -> Iterator[None]:
     """Each test starts and ends with the shipped families only (a user family is added to this process's lookup)."""
     yield
     for name in list(registry._LAST):
-        sys.modules.pop(f"nnatlas.families.{name}", None)
-        if hasattr(nnatlas.families, name):
-            delattr(nnatlas.families, name)
-    registry._LAST.clear()
+        registry.remove_user(name)
     user_specs._COMPILED.clear()
-    registry.all_families.cache_clear()
+    user_specs._ORIGINS.clear()
+    assert registry._LAST == [] and registry._ORIGIN == {}
 
 
 def _tiny(config_cls: type, model_cls: type, **extra: object) -> torch.nn.Module:
@@ -148,6 +146,8 @@ def test_a_users_spec_serves_what_the_shipped_family_serves(tmp_path: Path) -> N
     for k in ours:
         assert torch.equal(ours[k], theirs[k]), k
     _matches_transformers(mine, ours)
+    assert repr(mine.support()).splitlines()[0] == f"support() · family my_llama (your spec {spec})"
+    assert shipped.support().origin == ""
     assert nnatlas.wrap(shipped.native).family == "llama"  # a model of a shipped family's type still loads as it
     assert type(nnatlas.wrap(shipped.native, spec=spec)) is type(mine)  # compiled once per content
     persimmon = transformers.PersimmonForCausalLM(transformers.PersimmonConfig(
@@ -214,6 +214,11 @@ def test_draft_true_drafts_verifies_and_serves(tmp_path: Path) -> None:
     model = nnatlas.load(str(tmp_path / "ckpt"), draft=True, tokenizer=None)
     assert model.family == "helium" and type(model).__module__ == "nnatlas.families.helium"
     _matches_transformers(model, _values(model))
+    said = repr(model.support()).splitlines()[0]
+    assert said.startswith("support() · family helium (drafted in memory by nnatlas draft, not reviewed; served "
+                           "because its oracle and identities held on a perturbed tiny twin: oracle hidden_states [eager], "
+                           "oracle logits [eager], ")
+    assert "identity layers[i]: layer_input + self_attn.attention_output + mlp.mlp_output == layer_output" in said
     again = nnatlas.wrap(_helium(), draft=True)  # the same config: drafted and verified once in this process
     assert type(again) is type(model)
 
