@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import patterns, registry
+from . import patterns
 from .hosts import Host, Value, resolve_native
 from .spec import HostSpec, ValueSpec
 from .targets import ModelTargets
@@ -138,10 +138,9 @@ class Row:
 class Support:
     """Values by host for this load: available, or ⚠︎ with the condition that serves them."""
 
-    def __init__(self, family: str, rows: list[Row], origin: str = ""):
+    def __init__(self, family: str, rows: list[Row]):
         self.family = family
         self.rows = rows
-        self.origin = origin  # a family not shipped: your spec file, or a draft and what verified it
 
     def available(self) -> list[tuple[str, str]]:
         return [(r.host, r.value) for r in self.rows if r.status == "available"]
@@ -156,7 +155,7 @@ class Support:
         return out
 
     def __repr__(self) -> str:
-        lines = [f"support() · family {self.family}" + (f" ({self.origin})" if self.origin else "")]
+        lines = [f"support() · family {self.family}"]
         host = None
         for r in self.rows:
             if r.host != host:
@@ -196,4 +195,4 @@ def support(model: ModelTargets) -> Support:
                 rows.append(Row(label, type(host._module).__name__, v.name, v.layout.text,
                                 "available" if why is None else "missing" if missing else "unavailable",
                                 says, v.needs is not None))
-    return Support(model.family, rows, registry.origin(model._family))
+    return Support(model.family, rows)
