@@ -78,8 +78,8 @@ def wrap(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None,
             fam = user_specs.from_env(hf) or (user_specs.drafted(hf) if draft else None)
             if fam is None:
                 raise _families.no_family(hf)
-        elif check is None:
-            check = False  # (picked by its own model type: the family's generated tests hold its tree)
+        elif check is None:  # picked by its own model type: a shipped family's generated tests hold its tree; a user's
+            check = bool(_families.origin(fam))  # family (a spec or a draft added in this process) is checked
     assert fam is not None
     made = _new(_families.model_class(fam) or AtlasModel, fam, hf, tokenizer, processor, peft)
     if check is not False:

@@ -61,8 +61,10 @@ def compile_file(path: str | os.PathLike[str], siblings: list[Path] | None = Non
 def drafted(model: Any, budget_s: float = 120.0) -> Family:
     """``draft=True``: the drafter's spec for ``model``'s type (from its own config), compiled through the same door as
     a user's spec, then verified on a perturbed tiny twin of its config class (its oracle: the values against what
-    transformers returns itself, under each attention load) before it serves; a draft whose checks fail is refused,
-    naming them. Drafted once per model type and config in this process."""
+    transformers returns itself, under each attention load; and every identity of the spec) before it serves; a draft
+    whose checks fail is refused, naming them. A verified adapter is kept in memory for this process and on disk
+    (:func:`draft_cache`), keyed by transformers' version, the config (its class and values) and the sources of the
+    drafter and compiler with the specs they read: a later load of the same config runs it without the compiler."""
     import json
     import tempfile
 
@@ -72,8 +74,10 @@ def drafted(model: Any, budget_s: float = 120.0) -> Family:
     if not types:
         raise NnatlasError(f"draft=True: {type(model).__name__}'s config has no model_type to draft from")
     config_json = model.config.to_json_string()
-    key = ("draft", hashlib.sha256(f"{transformers.__version__}\0{config_json}".encode()).hexdigest())
-    module = _COMPILED.get(key)
+    digest = hashlib.sha256(f"{transformers.__version__}\0{type(model.config).__name__}\0{config_json}\0"
+                            f"{_compiler_sha256()}".encode()).hexdigest()
+    key = ("draft", digest)
+    module = _COMPILED.get(key) or _from_disk(digest, key)
     if module is None:
         from nnatlas.compiler import SpecError, UserError  # the one place the runtime reaches the compiler
         from nnatlas.compiler.userspec import compile_text, draft_text, verify
@@ -100,8 +104,74 @@ def drafted(model: Any, budget_s: float = 120.0) -> Family:
         _COMPILED[key] = module
         _ORIGINS[key] = (f"drafted in memory by nnatlas draft, not reviewed; served because its oracle and identities "
                          f"held on a perturbed tiny twin: {', '.join(held)}")
+        _to_disk(digest, module, _ORIGINS[key])
     registry.add_user(module, _ORIGINS[key])
     return module.FAMILY  # type: ignore[no-any-return]
+
+
+def draft_cache() -> Path:
+    """Where verified drafts are kept: ``$NNATLAS_CACHE/drafts``, else ``$XDG_CACHE_HOME/nnatlas/drafts``, else
+    ``~/.cache/nnatlas/drafts``."""
+    if os.environ.get("NNATLAS_CACHE"):
+        return Path(os.environ["NNATLAS_CACHE"]).expanduser() / "drafts"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "nnatlas" / "drafts"
+
+
+def _compiler_sha256() -> str:
+    """sha256 over the compiler's sources and templates (the drafter's among them) and the specs this nnatlas carries:
+    a draft cached by another drafter or compiler is not reused. Located without importing the compiler."""
+    import importlib.util
+
+    h = hashlib.sha256()
+    found = importlib.util.find_spec("nnatlas.compiler")  # (imports only the parent, nnatlas, already imported)
+    compiler = Path((found.submodule_search_locations or [""])[0]) if found is not None else None
+    if compiler is None or not compiler.is_dir():
+        return ""
+    # the specs sit beside the compiler, in a checkout (specs/) as in the wheel (nnatlas/specs)
+    for folder in (compiler, compiler.parent / "specs"):
+        for path in sorted(folder.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                h.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _from_disk(digest: str, key: tuple[str, str]) -> ModuleType | None:
+    import json
+
+    path = draft_cache() / f"{digest}.json"
+    try:
+        kept = json.loads(path.read_text(encoding="utf-8"))
+        module = ModuleType(f"nnatlas.families.{kept['family']}")
+        module.__file__ = str(path)
+        exec(compile(kept["source"], str(path), "exec"), module.__dict__)  # an adapter this process's compiler wrote
+    except (OSError, ValueError, KeyError, TypeError, SyntaxError):
+        return None  # none kept (or not readable as one): drafted again
+    _COMPILED[key] = module
+    _ORIGINS[key] = str(kept.get("origin", "")) + " (kept from an earlier load)"
+    return module
+
+
+def _to_disk(digest: str, module: ModuleType, origin: str) -> None:
+    """Keep a verified draft (written whole under a temporary name, then renamed); a cache that cannot be written is
+    skipped: the draft still serves."""
+    import json
+    import tempfile
+
+    folder = draft_cache()
+    text = json.dumps({"family": module.FAMILY.name, "origin": origin, "source": module.__dict__["__adapter_source__"]})
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=folder, prefix=f".{digest}.", suffix=".tmp", delete=False,
+                                         encoding="utf-8") as f:
+            f.write(text)
+        try:
+            os.replace(f.name, folder / f"{digest}.json")
+        finally:
+            if os.path.exists(f.name):
+                os.unlink(f.name)
+    except OSError:
+        return
 
 
 def family_for(spec: str | os.PathLike[str]) -> tuple[Family, type[Any] | None]:

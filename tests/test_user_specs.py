@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,8 +24,10 @@ IDS = torch.tensor([[2, 5, 9, 4, 7, 11], [2, 8, 6, 3, 10, 12]])
 
 
 @pytest.fixture(autouse=True)
-def no_user_family_left() -> Iterator[None]:
-    """Each test starts and ends with the shipped families only (a user family is added to this process's lookup)."""
+def no_user_family_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test starts and ends with the shipped families only (a user family is added to this process's lookup),
+    and keeps verified drafts in a folder of its own."""
+    monkeypatch.setenv("NNATLAS_CACHE", str(tmp_path / "cache"))
     yield
     for name in list(registry._LAST):
         registry.remove_user(name)
@@ -221,6 +224,31 @@ def test_draft_true_drafts_verifies_and_serves(tmp_path: Path) -> None:
     assert "identity layers[i]: layer_input + self_attn.attention_output + mlp.mlp_output == layer_output" in said
     again = nnatlas.wrap(_helium(), draft=True)  # the same config: drafted and verified once in this process
     assert type(again) is type(model)
+
+
+def test_a_verified_draft_is_kept_on_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A later process (here: this one, its memory of the draft cleared) runs the kept adapter: no draft, no compile,
+    no verification, and no compiler module is imported for it."""
+    first = nnatlas.wrap(_helium(), draft=True)
+    (kept,) = (tmp_path / "cache" / "drafts").glob("*.json")
+    assert [p.name for p in kept.parent.iterdir()] == [kept.name]  # (no temporary file left)
+    registry.remove_user("helium")
+    user_specs._COMPILED.clear()
+    from nnatlas.compiler import userspec
+
+    for name in ("draft_text", "compile_text", "verify"):
+        monkeypatch.setattr(userspec, name, lambda *a, **k: pytest.fail("drafted again"))
+    start = time.perf_counter()
+    model = nnatlas.wrap(_helium(), draft=True)
+    took = time.perf_counter() - start
+    assert took < 1.0 and model.family == "helium" and type(model) is not type(first)
+    _matches_transformers(model, _values(model))
+    assert repr(model.support()).splitlines()[0].endswith("(kept from an earlier load))")
+    registry.remove_user("helium")
+    user_specs._COMPILED.clear()
+    other = _tiny(transformers.HeliumConfig, transformers.HeliumForCausalLM, head_dim=4)  # another config: not kept
+    with pytest.raises(pytest.fail.Exception, match="drafted again"):
+        nnatlas.wrap(other, draft=True)
 
 
 def test_a_draft_that_does_not_verify_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
