@@ -228,7 +228,7 @@ def test_draft_true_drafts_verifies_and_serves(tmp_path: Path) -> None:
 
 def test_a_verified_draft_is_kept_on_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A later process (here: this one, its memory of the draft cleared) runs the kept adapter: no draft, no compile,
-    no verification, and no compiler module is imported for it."""
+    no verification; another config of the same type is drafted anew."""
     first = nnatlas.wrap(_helium(), draft=True)
     (kept,) = (tmp_path / "cache" / "drafts").glob("*.json")
     assert [p.name for p in kept.parent.iterdir()] == [kept.name]  # (no temporary file left)
@@ -251,15 +251,20 @@ def test_a_verified_draft_is_kept_on_disk(tmp_path: Path, monkeypatch: pytest.Mo
         nnatlas.wrap(other, draft=True)
 
 
-def test_a_draft_that_does_not_verify_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    from nnatlas.compiler import userspec
-
-    monkeypatch.setattr(userspec, "verify", lambda family, budget_s: (
-        ["oracle hidden_states [eager]"], ["oracle logits [eager]: AssertionError: helium [eager]: logits differ"]))
+def test_a_draft_wrong_off_the_default_factors_is_refused() -> None:
+    """GraniteMoeShared's drafted identities hold at its multipliers' defaults (1.0) and not on the perturbed twin
+    (embedding_multiplier, residual_multiplier, logits_scaling drawn off them): refused, naming each."""
+    config = transformers.GraniteMoeSharedConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                                 num_attention_heads=4, num_key_value_heads=2, vocab_size=64,
+                                                 num_local_experts=4, num_experts_per_tok=2)
     with pytest.raises(nnatlas.NnatlasError) as e:
-        nnatlas.wrap(_helium(), draft=True)
-    assert str(e.value).splitlines() == [
-        "draft=True: the drafted spec for helium did not verify on a tiny twin (1 checks held, 1 did not); nothing is "
-        "served. Write it out with `nnatlas draft helium --out FILE`, fix it, and load with spec=FILE:",
-        "  oracle logits [eager]: AssertionError: helium [eager]: logits differ"]
-    assert "helium" not in registry.all_families() and "nnatlas.families.helium" not in sys.modules
+        nnatlas.wrap(transformers.GraniteMoeSharedForCausalLM(config), draft=True)
+    lines = str(e.value).splitlines()
+    assert lines[0].startswith("draft=True: the drafted spec for granitemoeshared did not verify on a tiny twin "
+                               "(13 checks held, 4 did not); nothing is served.")
+    assert [line.split(": AssertionError")[0] for line in lines[1:]] == [
+        "  identity model: logits == lm_head_output", "  identity model: layers[0].layer_input == token_embeddings",
+        "  identity layers[i]: layer_input + self_attn.attention_output + mlp.mlp_output == layer_output",
+        "  identity layers[i]: layer_input + self_attn.attention_output == layer_mid"]
+    assert "'logits_scaling': " in lines[1]
+    assert "granitemoeshared" not in registry.all_families() and not list(user_specs.draft_cache().glob("*"))
