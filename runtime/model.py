@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import foreign_names, readout
+from . import foreign_names, readout, registry
 from .cache import Cache, cache_values
 from .describe import Support, render, support
 from .errors import InputError, NnatlasError, UnknownName
@@ -118,7 +118,11 @@ class AtlasModel(ModelTargets):
 
     # ---- introspection ----
     def support(self) -> Support:
-        return support(self)
+        found = support(self)
+        origin = registry.origin(self._family)  # a family not shipped: your spec file, or a draft and what verified it
+        if origin:
+            found.family = f"{found.family} ({origin})"
+        return found
 
     def __repr__(self) -> str:
         return render(self)

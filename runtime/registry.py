@@ -12,13 +12,15 @@ from .errors import NnatlasError
 from .spec import Family
 
 _FIRST: list[str] = []  # families put before the generated ones in this process (put_first), newest first
+_LAST: list[str] = []  # user families (a spec given at load, NNATLAS_SPECS), after the generated ones (add_user)
+_ORIGIN: dict[str, str] = {}  # user family -> where it comes from, as support() says it
 
 
 @cache
 def all_families() -> dict[str, Family]:
     from nnatlas.families import FAMILIES
 
-    names = [*_FIRST, *(n for n in FAMILIES if n not in _FIRST)]
+    names = [*_FIRST, *(n for n in FAMILIES if n not in _FIRST), *(n for n in _LAST if n not in _FIRST)]
     return {name: importlib.import_module(f"nnatlas.families.{name}").FAMILY for name in names}
 
 
@@ -35,6 +37,47 @@ def put_first(module: ModuleType) -> None:
         _FIRST.remove(name)
     _FIRST.insert(0, name)
     all_families.cache_clear()
+
+
+def add_user(module: ModuleType, origin: str = "") -> None:
+    """Make ``module``, an adapter compiled from a user's spec (``nnatlas.user_specs``), the family
+    ``nnatlas.families.<its FAMILY.name>`` of this process, picked after every shipped family: a model whose type a
+    shipped family lists still loads as that one. Adding a family of the same name again replaces it. ``origin``:
+    where it comes from (your spec file, a draft and what verified it), as ``support()`` says it."""
+    import nnatlas.families as families
+
+    name = module.FAMILY.name
+    _ORIGIN[name] = origin or f"your spec {module.FAMILY.spec_file}"
+    sys.modules[f"nnatlas.families.{name}"] = module
+    setattr(families, name, module)
+    if name not in _LAST:
+        _LAST.append(name)
+    all_families.cache_clear()
+
+
+def remove_user(name: str) -> None:
+    """Take the user family ``name`` (:func:`add_user`) out of the lookup again."""
+    import nnatlas.families as families
+
+    _ORIGIN.pop(name, None)
+    if name in _LAST:
+        _LAST.remove(name)
+        sys.modules.pop(f"nnatlas.families.{name}", None)
+        if hasattr(families, name):
+            delattr(families, name)
+        all_families.cache_clear()
+
+
+def origin(family: Family) -> str:
+    """Where a user family comes from (``add_user``); "" for a shipped family."""
+    return _ORIGIN.get(family.name, "") if family.name in _LAST else ""
+
+
+def shipped() -> tuple[str, ...]:
+    """The families nnatlas ships (generated/families), by name."""
+    from nnatlas.families import FAMILIES
+
+    return tuple(FAMILIES)
 
 
 def model_class(family: Family) -> type[Any] | None:
@@ -66,7 +109,8 @@ def model_types(config: Any) -> list[str]:
     return types
 
 
-def pick(model: Any) -> Family:
+def find(model: Any) -> Family | None:
+    """The family ``model`` loads as (by its config's model_type, then its class name), or None."""
     config = getattr(model, "config", None)
     if config is None:
         raise NnatlasError(f"{type(model).__name__} has no config; pass family= to nnatlas.wrap")
@@ -83,5 +127,25 @@ def pick(model: Any) -> Family:
     for fam in fams.values():
         if cls in fam.classes:
             return fam
-    known = sorted(t for f in fams.values() for t in f.model_types)
-    raise NnatlasError(f"no family for model_type {model_types(config)} ({cls}); nnatlas knows {', '.join(known)}")
+    return None
+
+
+def no_family(model: Any) -> NnatlasError:
+    """The error for a model no family (shipped or the user's) covers: the two routes to one, then what is known."""
+    types = model_types(model.config)
+    first = types[0] if types else "MODEL_TYPE"
+    known = sorted(t for f in all_families().values() for t in f.model_types)
+    return NnatlasError(
+        f"no family for model_type {types} ({type(model).__name__}). Draft a spec for it and load with it: "
+        f"`nnatlas.load(path, draft=True)` (or `nnatlas.wrap(model, draft=True)`: drafted in memory and verified "
+        f"against transformers on a tiny twin before it serves), or `nnatlas draft {first} --out {first}.yaml`, "
+        f"review it, then `nnatlas.load(path, spec='{first}.yaml')` (or `nnatlas.wrap(model, spec='{first}.yaml')`; "
+        "or put the file in a folder named by NNATLAS_SPECS). "
+        f"nnatlas knows {', '.join(known)}")
+
+
+def pick(model: Any) -> Family:
+    found = find(model)
+    if found is None:
+        raise no_family(model)
+    return found

@@ -19,6 +19,10 @@ from . import imports as I  # the import graph, read from the source
 # the runtime's one door to the compiler: ``python -m nnatlas generate ...`` hands the command line to
 # the compiler's CLI (the program's entry point; nothing imports it)
 ENTRY = "nnatlas.__main__"
+# and its one second door: a user's own spec (``nnatlas.load(path, spec=FILE)``, ``wrap(model, spec=FILE)``,
+# NNATLAS_SPECS) is compiled at load with generate's validation, which is the compiler's; this module imports it only
+# inside the function a user spec calls (see the tests below: ``import nnatlas``, a wrap and a trace load no compiler)
+USER_SPECS = "nnatlas.user_specs"
 
 
 def _fresh(code: str) -> dict[str, list[str]]:
@@ -50,12 +54,15 @@ def test_wrapping_and_tracing_load_no_compiler() -> None:
 
 
 def test_the_runtime_never_imports_the_compiler() -> None:
-    """Not at module level, not inside a function: only the program's entry point hands over to it."""
+    """Not at module level, not inside a function: only the program's entry point hands over to it, and the user
+    specs' door, only inside a function."""
     g = I.graph("nnatlas", "nnatlas.compiler", "nnatlas.families")
     runtime = [m for m in I.modules("nnatlas") if not m.startswith(("nnatlas.compiler", "nnatlas.families"))]
-    found = [f"{i.source}:{i.line} imports {i.target}" for m in runtime if m != ENTRY for i in g[m]
+    found = [f"{i.source}:{i.line} imports {i.target}" for m in runtime if m not in (ENTRY, USER_SPECS) for i in g[m]
              if i.target.startswith("nnatlas.compiler")]
     assert found == []
+    door = [i for i in g[USER_SPECS] if i.target.startswith("nnatlas.compiler")]
+    assert door and all(i.local for i in door), door
     text = [f"{m}: {i.target}" for m in runtime if m != ENTRY
             for i in I.imports(I.modules("nnatlas")[m]) if i.target.split(".")[0] in ("jinja2", "pydantic")]
     assert text == []
@@ -100,7 +107,7 @@ LAYERS = (
                           "nnatlas.targets", "nnatlas.given"}),
     ("what a model shows", {"nnatlas.describe", "nnatlas.cache", "nnatlas.readout"}),
     ("model facade", {"nnatlas.model", "nnatlas.typed"}),
-    ("load", {"nnatlas.loading"}),
+    ("load", {"nnatlas.loading", "nnatlas.user_specs"}),
     ("entry points", {"nnatlas", "nnatlas.cache_cli", "nnatlas.__main__"}),
 )
 
@@ -171,7 +178,8 @@ DATA_MODEL = {"nnatlas.spec", "nnatlas.conditions", "nnatlas.foreign_names"}
 # the compiler's tools that run models with the runtime, and what each uses of it: the public API
 TOOLS = {"nnatlas.compiler.printouts": {"nnatlas"},  # nnatlas.wrap, on the meta device
          "nnatlas.compiler.treecheck": {"nnatlas", "nnatlas.introspect", "nnatlas.testing"},
-         "nnatlas.compiler.cli": {"nnatlas.cache_cli"}}  # the `nnatlas cache` command
+         "nnatlas.compiler.cli": {"nnatlas.cache_cli"},  # the `nnatlas cache` command
+         "nnatlas.compiler.userspec": {"nnatlas.testing"}}  # a draft's oracle on a tiny twin (draft=True)
 
 
 def test_the_compiler_imports_the_runtimes_data_model_only() -> None:

@@ -1,6 +1,6 @@
 """nnatlas as a researcher installs it: the wheel (not editable) ships every subpackage, its templates and the
-specs, so a pip-installed nnatlas drafts and compiles a spec and runs `nnatlas cache` without a checkout, and the
-commands that need a checkout say so in one line, naming --root."""
+specs, so a pip-installed nnatlas drafts and compiles a spec, loads a model with a user's spec and runs `nnatlas
+cache` without a checkout, and the commands that need a checkout say so in one line, naming --root."""
 
 from __future__ import annotations
 
@@ -89,8 +89,28 @@ def test_cache_from_the_wheel(installed: Path) -> None:
     done = run(installed, "-m", "nnatlas", "cache", "ckpt", "--data", "corpus.txt", "--values", "layer_output",
                "--layers", "0", "--out", "acts", "--batch-size", "2", "--seq-len", "16")
     assert done.returncode == 0, done.stderr
-    read = run(installed, "-c", "import nnatlas; c = nnatlas.Cache.load('acts', verify='content'); "
-               "print(c.rows, nnatlas.__file__)")
+    # the same interpreter loads the checkpoint with a user's spec (llama's, as the wheel ships it, renamed), compiled
+    # at load from the wheel: its values are what transformers computes
+    shipped = (installed / "site" / "nnatlas" / "specs" / "llama.yaml").read_text()
+    (installed / "my_llama.yaml").write_text(shipped.replace("family: llama", "family: my_llama", 1))
+    read = run(installed, "-c", READ_AND_LOAD_WITH_A_SPEC)
     assert read.returncode == 0, read.stderr
-    rows, where = read.stdout.split()
+    rows, where, family, compiled = read.stdout.split()
     assert int(rows) == 6 + 4 + 3 and where.startswith(str(installed / "site"))
+    assert (family, compiled) == ("my_llama", "True")
+
+
+READ_AND_LOAD_WITH_A_SPEC = """\
+import sys, torch, nnatlas
+c = nnatlas.Cache.load('acts', verify='content')
+model = nnatlas.load('ckpt', spec='my_llama.yaml')
+ids = torch.tensor([[2, 5, 9, 3, 7]])
+with model.trace({"input_ids": ids}):
+    outs = [model.layers[i].layer_output.save() for i in range(model.num_layers)]
+    logits = model.logits.save()
+with torch.no_grad():
+    plain = model.native(input_ids=ids, output_hidden_states=True)
+assert torch.equal(logits, plain.logits)
+assert all(torch.equal(o, h) for o, h in zip(outs[:-1], plain.hidden_states[1:-1], strict=True))
+print(c.rows, nnatlas.__file__, model.family, "nnatlas.compiler.userspec" in sys.modules)
+"""
