@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted(p.name for p in (ROOT / "specs").glob("*.yaml"))
 TOKENS = [":", "-", "- ", "[", "]", "{", "}", "&a ", "*a", "\t", "{{ x }}", "'", '"', "\\", "#", "!!python/object:os.system ",
           "null", "~", "0", "-1", "1e309", "true", "<<: {}", "\n", "  ", "call:attention", "op:softmax.input[0]", ">"]
-SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, database=None,
+SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 

@@ -278,7 +278,7 @@ def assert_no_payload_ran() -> None:
     assert not ran, "a spec ran code"
 
 
-SETTINGS = settings(max_examples=600, deadline=None, derandomize=True, database=None,
+SETTINGS = settings(max_examples=300, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.nested_given])
 
 
@@ -298,13 +298,13 @@ def test_values_of_the_family(n: int, data: st.DataObject) -> None:
     run(n, data, keys=False, vocabulary=False)
 
 
-@settings(SETTINGS, max_examples=450)
+@settings(SETTINGS, max_examples=225)
 @given(st.integers(1, 2), st.data(), st.booleans())
 def test_keys_and_values_of_the_vocabulary(n: int, data: st.DataObject, keys: bool) -> None:
     run(n, data, keys=keys, vocabulary=True)
 
 
-@settings(SETTINGS, max_examples=400)
+@settings(SETTINGS, max_examples=200)
 @given(st.data())
 def test_one_payload_in_every_string_at_once(data: st.DataObject) -> None:
     """Every string of the family (keys too) replaced by the same payload, and each alone."""
@@ -332,7 +332,7 @@ VOCABULARY_TEXT = [("values", "layer_input", "meaning"), ("conditions", "eager",
 TEXT_PAYLOADS = [p for p in PAYLOADS if p.strip()]
 
 
-@settings(SETTINGS, max_examples=300)
+@settings(SETTINGS, max_examples=150)
 @given(st.sampled_from([(False, p) for p in TEXT] + [(True, p) for p in VOCABULARY_TEXT]),
        st.lists(st.sampled_from(TEXT_PAYLOADS), min_size=1, max_size=3))
 def test_payloads_in_text_compile_and_stay_text(where: tuple[bool, tuple[Any, ...]], payloads: list[str]) -> None:

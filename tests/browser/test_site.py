@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote, urlparse
 
 import pytest
@@ -29,46 +29,94 @@ def _open(page: Any, path: Path) -> None:
     page.wait_for_load_state("load")
 
 
-def test_every_page_loads_clean_is_screenshotted_at_1400_and_390_and_never_scrolls_sideways_on_a_phone(
-        page: Any, real_site: Path, test_site: Path) -> None:
-    """One browser page for every page and both widths (a viewport change, no new context): the
-    screenshots land in artifacts/screenshots, and at 390 px the document is no wider than the
-    screen: what is wider scrolls inside its own area (.scroll around tables, pre)."""
+class Walk(NamedTuple):
+    """What one visit of every page of both sites saw: titles, console errors and outside requests,
+    what sticks out sideways at 390 px, and each page's ids and links."""
+    seen: list[str]
+    errors: list[str]
+    requests: list[str]
+    wide: list[tuple[str, list[str]]]
+    ids: dict[tuple[str, str], set[str]]  # (site tag, page) -> its element ids
+    links: dict[tuple[str, str], list[str]]  # (site tag, page) -> its href and src attributes
+
+
+@pytest.fixture(scope="module")
+def walk(browser: Any, real_site: Path, test_site: Path) -> Walk:
+    """One browser page visits every page of both sites once (the widths are a resize of the same page):
+    screenshots at 1400 and 390 px land in artifacts/screenshots; the tests below read what it saw."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    seen, wide = [], []
-    for site, tag in ((real_site, "site"), (test_site, "test")):
-        for path in _pages(site):
-            page.set_viewport_size({"width": 1400, "height": 900})
-            _open(page, path)  # once per page: the phone width is a resize of the same page
-            assert page.title(), path
-            for width in (1400, 390):
-                page.set_viewport_size({"width": width, "height": 900})
-                if width == 1400 and page.query_selector("button.part.role-mixer"):
-                    page.hover("button.part.role-mixer")
-                else:
-                    page.mouse.move(0, 0)
-                page.screenshot(path=str(ARTIFACTS / f"{tag}-{path.stem}-{width}.jpg"), full_page=True, type="jpeg",
-                                quality=70)
-                if width == 390:
-                    over = page.evaluate("""() => { const w = document.documentElement.clientWidth;
-                        const out = [];
-                        if (document.documentElement.scrollWidth > w) {
-                          for (const e of document.querySelectorAll('body *')) {
-                            if (e.closest('.scroll, pre, .code-wrap')) continue;
-                            const r = e.getBoundingClientRect();
-                            if (r.right > w + 1 && r.width > 0) out.push(e.tagName + '.' + e.className + ' ' + Math.round(r.right));
-                          }
-                          out.unshift('scrollWidth ' + document.documentElement.scrollWidth);
-                        }
-                        return out.slice(0, 6); }""")
-                    if over:
-                        wide.append((path.name, over))
-            seen.append(path.name)
-    assert page.errors == []
+    ctx = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = ctx.new_page()
+    out = Walk([], [], [], [], {}, {})
+    page.on("console", lambda m: out.errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: out.errors.append(str(e)))
+    page.on("requestfailed", lambda r: out.errors.append(f"failed {r.url}"))
+    page.on("request", lambda r: out.requests.append(r.url) if not r.url.startswith(("file:", "data:", "blob:")) else None)
+    try:
+        for site, tag in ((real_site, "site"), (test_site, "test")):
+            for path in _pages(site):
+                page.set_viewport_size({"width": 1400, "height": 900})
+                _open(page, path)
+                assert page.title(), path
+                out.ids[(tag, path.name)] = set(page.eval_on_selector_all("[id]", "els => els.map(e => e.id)"))
+                out.links[(tag, path.name)] = page.eval_on_selector_all(
+                    "a[href], link[href], script[src]", "els => els.map(e => e.getAttribute('href') || e.getAttribute('src'))")
+                for width in (1400, 390):
+                    page.set_viewport_size({"width": width, "height": 900})
+                    if width == 1400 and page.query_selector("button.part.role-mixer"):
+                        page.hover("button.part.role-mixer")
+                    else:
+                        page.mouse.move(0, 0)
+                    page.screenshot(path=str(ARTIFACTS / f"{tag}-{path.stem}-{width}.jpg"), full_page=True,
+                                    type="jpeg", quality=70)
+                    if width == 390:
+                        over = page.evaluate("""() => { const w = document.documentElement.clientWidth;
+                            const out = [];
+                            if (document.documentElement.scrollWidth > w) {
+                              for (const e of document.querySelectorAll('body *')) {
+                                if (e.closest('.scroll, pre, .code-wrap')) continue;
+                                const r = e.getBoundingClientRect();
+                                if (r.right > w + 1 && r.width > 0) out.push(e.tagName + '.' + e.className + ' ' + Math.round(r.right));
+                              }
+                              out.unshift('scrollWidth ' + document.documentElement.scrollWidth);
+                            }
+                            return out.slice(0, 6); }""")
+                        if over:
+                            out.wide.append((path.name, over))
+                out.seen.append(path.name)
+    finally:
+        ctx.close()
+    return out
+
+
+def test_every_page_loads_clean_and_is_screenshotted_at_1400_and_390(walk: Walk) -> None:
+    assert walk.errors == []
     assert {"index.html", "llama.html", "gpt2.html", "gemma2.html", "qwen3_5_text.html", "hybrid_test.html",
-            "cookbook.html", "spec.html"} <= set(seen)
-    assert wide == []
-    assert page.requests == []
+            "cookbook.html", "spec.html", "matrix.html"} <= set(walk.seen)
+    assert walk.requests == []
+    for name in ("site-index", "site-llama", "test-hybrid_test"):
+        assert all((ARTIFACTS / f"{name}-{width}.jpg").stat().st_size > 1000 for width in (1400, 390)), name
+
+
+def test_no_page_scrolls_sideways_on_a_phone(walk: Walk) -> None:
+    """At 390 px the document is no wider than the screen: what is wider scrolls inside its own area
+    (.scroll around tables, pre)."""
+    assert walk.wide == []
+
+
+def test_no_internal_link_is_broken(walk: Walk, real_site: Path, test_site: Path) -> None:
+    checked = 0
+    for (tag, name), hrefs in walk.links.items():
+        site = real_site if tag == "site" else test_site
+        for href in hrefs:
+            url = urlparse(href)
+            assert not url.scheme and not url.netloc, f"{name}: external reference {href}"
+            target = url.path or name
+            assert (site / unquote(target)).is_file(), f"{name}: broken link {href}"
+            if url.fragment and target.endswith(".html"):
+                assert unquote(url.fragment) in walk.ids[(tag, target)], f"{name}: no #{url.fragment} in {target}"
+            checked += 1
+    assert checked > 50
 
 
 def test_the_slider_redraws_the_block_kind_on_a_hybrid_family(page: Any, test_site: Path) -> None:
@@ -165,28 +213,6 @@ def test_search_and_trait_filter_narrow_the_index(page: Any, test_site: Path, re
     assert shown() == [f for f in hit("LlamaMLP") if "LayerNorm" in traits[f].split("|")]  # both narrow
     assert "llama" not in shown()  # llama's norms are RMSNorms
     assert page.errors == []
-
-
-def test_no_internal_link_is_broken(page: Any, real_site: Path, test_site: Path) -> None:
-    checked = 0
-    for site in (real_site, test_site):
-        ids: dict[str, set[str]] = {}
-        for path in _pages(site):
-            _open(page, path)
-            ids[path.name] = set(page.eval_on_selector_all("[id]", "els => els.map(e => e.id)"))
-        for path in _pages(site):
-            _open(page, path)
-            hrefs = page.eval_on_selector_all("a[href], link[href], script[src]",
-                                              "els => els.map(e => e.getAttribute('href') || e.getAttribute('src'))")
-            for href in hrefs:
-                url = urlparse(href)
-                assert not url.scheme and not url.netloc, f"{path.name}: external reference {href}"
-                target = url.path or path.name
-                assert (site / unquote(target)).is_file(), f"{path.name}: broken link {href}"
-                if url.fragment and target.endswith(".html"):
-                    assert unquote(url.fragment) in ids[target], f"{path.name}: no #{url.fragment} in {target}"
-                checked += 1
-    assert checked > 50
 
 
 def test_keyboard_alone_reaches_every_card(page: Any, test_site: Path, real_site: Path) -> None:
