@@ -254,7 +254,7 @@ class Tracer:
         native = t.native(payload)
         if isinstance(native, torch.Tensor):
             if self._state is None:  # the storages of the model's parameters and buffers, once per trace
-                module = self.model.native
+                module = self.model._module
                 self._state = {x.untyped_storage().data_ptr()
                                for x in (*module.parameters(), *module.buffers()) if x.device.type != "meta"}
             if native.untyped_storage().data_ptr() in self._state:

@@ -15,6 +15,22 @@ ROOT = Path(__file__).resolve().parent.parent
 torch.set_num_threads(1)
 
 
+# The longest test files start first: `make test` hands whole files to its workers in collection order
+# (pytest-xdist --dist loadfile), and one long file started last is a tail the other workers wait through
+# (the browser walk began 8 minutes into a 12-minute run)
+FIRST = ("tests/browser/test_site.py", "tests/test_spec_fuzz.py", "tests/test_bench.py", "tests/test_interrupts.py",
+         "tests/test_spec_injection_fuzz.py", "tests/browser/test_finding.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = Path(str(item.path)).resolve()
+        name = path.relative_to(ROOT).as_posix() if ROOT in path.parents else ""
+        return FIRST.index(name) if name in FIRST else len(FIRST)
+
+    items.sort(key=rank)  # (stable: the rest keep their order)
+
+
 @pytest.fixture
 def spec_root(tmp_path: Path) -> Path:
     """A copy of the checkout's specs/ and generated/ in a temporary root, to break at will."""
