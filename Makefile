@@ -39,9 +39,10 @@ $(CHROMIUM):
 	$(SUDO) apt-get install -y -qq --no-install-recommends chromium
 
 # one worker per core (at most 4), a test file per worker at a time (its module fixtures, such as a tiny model
-# built once, stay with its tests); each worker one thread
+# built once, stay with its tests), handed out in collection order, where tests/conftest.py puts the longest
+# files first (xdist's own order, most tests first, started the browser walk last); each worker one thread
 test: $(STAMP) $(CHROMIUM)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadfile --durations=25
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder --durations=25
 
 # every family's generated tests under each transformers version of pyproject.toml's [tool.nnatlas]
 # status-transformers (one venv each under .venv-status/), folded into generated/docs/status.json (committed);

@@ -16,8 +16,8 @@ torch.set_num_threads(1)
 
 
 # The longest test files start first: `make test` hands whole files to its workers in collection order
-# (pytest-xdist --dist loadfile), and one long file started last is a tail the other workers wait through
-# (the browser walk began 8 minutes into a 12-minute run)
+# (pytest-xdist --dist loadfile --no-loadscope-reorder), and one long file started last is a tail the other
+# workers wait through (the browser walk began 8 minutes into a 12-minute run)
 FIRST = ("tests/browser/test_site.py", "tests/test_spec_fuzz.py", "tests/test_bench.py", "tests/test_interrupts.py",
          "tests/test_spec_injection_fuzz.py", "tests/browser/test_finding.py")
 
