@@ -28,13 +28,7 @@ def shipped_specs() -> Path:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    import yaml
-
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError):
-        return {}  # the compiler says what is wrong with it, at its line
-    return data if isinstance(data, dict) else {}
+    return _parse(path.read_bytes())
 
 
 def model_types_of(path: Path) -> list[str]:
@@ -98,6 +92,7 @@ def compile_text(raw: bytes, rel: str, siblings: list[Path] | None = None, path:
 
 
 def _parse(raw: bytes) -> dict[str, Any]:
+    """A spec's mapping, or {} for one that does not read as YAML (the compiler says what is wrong, at its line)."""
     import yaml
 
     try:
@@ -133,19 +128,18 @@ def verify(family: str, budget_s: float = 60.0) -> tuple[list[str], list[str]]:
     checks: list[tuple[str, Any]] = [(f"oracle {check} [{attn}]", lambda c=check, a=attn: testing.check_oracle(family, c, a))
                                      for check, attn in testing.oracle_checks(family)]
     fam = testing.adapter_module(family).FAMILY
-    try:
-        twin = testing.build(family, perturbed=True)
-        case = testing.Case(family, testing.first_params(family), testing._fixed_inputs(twin, text_only=True), seed=0,
-                            perturbed=True)
+    try:  # (the identities' case draws the same twin: built once)
+        params = testing.first_params(family)
+        twin = testing.shared_build(family, params, perturbed=True)
+        case = testing.Case(family, params, testing._fixed_inputs(twin, text_only=True), seed=0, perturbed=True)
     except Exception as e:  # noqa: BLE001 - said as the draft's finding
         return [], [f"the perturbed tiny twin does not build: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"]
-    counts: dict[str, int] = {}
+    texts: dict[str, list[str]] = {}  # each host path's identities, in the spec's order (check_identity's index)
     for h in fam.hosts:
         if not h.path.startswith("vision"):
-            counts[h.path] = counts.get(h.path, 0) + len(h.identities)
-    texts = {h.path: [i.text for s in fam.hosts if s.path == h.path for i in s.identities] for h in fam.hosts}
-    checks += [(f"identity {path}: {texts[path][k]}", lambda p=path, k=k: testing.check_identity(case, p, k))
-               for path, n in counts.items() for k in range(n)]
+            texts.setdefault(h.path, []).extend(i.text for i in h.identities)
+    checks += [(f"identity {path}: {text}", lambda p=path, k=k: testing.check_identity(case, p, k))
+               for path, ts in texts.items() for k, text in enumerate(ts)]
     for what, run in checks:
         if time.perf_counter() - start > budget_s:
             failed.append(f"{what}: not run (the {budget_s:.0f} s verification budget ran out)")

@@ -68,7 +68,7 @@ def wrap(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None,
         raise NnatlasError("give family= or spec=, not both")
     hf, peft = unwrap(model)
     if spec is not None:
-        fam: Family | None = user_specs.family_for(spec)[0]
+        fam: Family | None = user_specs.family_for(spec)
     elif family is not None:
         fam = family if isinstance(family, Family) else _families.get(family)
         check = not isinstance(family, Family) if check is None else check
@@ -157,7 +157,7 @@ def mismatches(model: AtlasModel) -> list[str]:
                             break  # a renamed child that is missing: said at its rename
                         if nxt is None:
                             add(f"{path}.{v.name} ('{read.text}'): {_at(node).replace(label, path)} has no child "
-                                f"module '{part}'" + _kids(node), label)
+                                f"module '{part}'" + _children(introspect.native(node)), label)
                             break
                         node = nxt
     if "num_layers" in fam.config and "layers" in {p.partition("[i]")[0] for p in paths}:
@@ -236,9 +236,7 @@ def _missing(host: Host, dotted: str) -> str:
     for part in dotted.split("."):
         nxt = node._modules.get(part)
         if nxt is None:
-            kids = list(node._modules)
-            return (f"{label} ({type(node).__name__}) has no child module '{part}'"
-                    + (f" (its children: {', '.join(kids[:12])}{', ...' if len(kids) > 12 else ''})" if kids else ""))
+            return f"{label} ({type(node).__name__}) has no child module '{part}'" + _children(node, none="")
         node, label = nxt, f"{label}.{part}"
     return "found"
 
@@ -247,10 +245,10 @@ def _at(node: Any) -> str:
     return f"{introspect.label(node) or 'model'} ({type(introspect.native(node)).__name__})"
 
 
-def _kids(node: Any) -> str:
-    kids = list(introspect.native(node)._modules)
-    return f" (its children: {', '.join(kids[:12])}{', ...' if len(kids) > 12 else ''})" if kids else \
-        " (it has no child modules)"
+def _children(module: torch.nn.Module, none: str = " (it has no child modules)") -> str:
+    """A module's children, as a mismatch names them (the first 12); ``none`` where it has none."""
+    kids = list(module._modules)
+    return f" (its children: {', '.join(kids[:12])}{', ...' if len(kids) > 12 else ''})" if kids else none
 
 
 def _blocks(labels: list[str]) -> str:

@@ -73,13 +73,6 @@ def origin(family: Family) -> str:
     return _ORIGIN.get(family.name, "") if family.name in _LAST else ""
 
 
-def shipped() -> tuple[str, ...]:
-    """The families nnatlas ships (generated/families), by name."""
-    from nnatlas.families import FAMILIES
-
-    return tuple(FAMILIES)
-
-
 def model_class(family: Family) -> type[Any] | None:
     """The generated class a model of ``family`` is wrapped as (``nnatlas.families.<name>.Model``), or
     None for a family built elsewhere (an adapter the compiler runs before writing it)."""

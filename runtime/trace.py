@@ -217,9 +217,9 @@ class Tracer:
                     r.done = True
                     return self._finish(r, payload)
                 payload = copied
-        if self.grad_live and (action == "replace" or action == "setitem"):
-            payload = _editable(t, payload)
         if action == "replace" or action == "setitem":  # both write into the tensor the forward holds
+            if self.grad_live:
+                payload = _editable(t, payload)
             payload = self._unshared(t, payload)
         if action == "save" or action == "capture":
             value = t.get(payload)

@@ -16,6 +16,8 @@ from types import ModuleType
 from typing import Any
 
 from . import registry
+from .cache_data import CacheError
+from .cache_store import write_json
 from .errors import NnatlasError
 from .spec import Family
 
@@ -155,30 +157,18 @@ def _from_disk(digest: str, key: tuple[str, str]) -> ModuleType | None:
 def _to_disk(digest: str, module: ModuleType, origin: str) -> None:
     """Keep a verified draft (written whole under a temporary name, then renamed); a cache that cannot be written is
     skipped: the draft still serves."""
-    import json
-    import tempfile
-
     folder = draft_cache()
-    text = json.dumps({"family": module.FAMILY.name, "origin": origin, "source": module.__dict__["__adapter_source__"]})
+    kept = {"family": module.FAMILY.name, "origin": origin, "source": module.__dict__["__adapter_source__"]}
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=folder, prefix=f".{digest}.", suffix=".tmp", delete=False,
-                                         encoding="utf-8") as f:
-            f.write(text)
-        try:
-            os.replace(f.name, folder / f"{digest}.json")
-        finally:
-            if os.path.exists(f.name):
-                os.unlink(f.name)
-    except OSError:
+        write_json(folder / f"{digest}.json", kept)
+    except (OSError, CacheError):
         return
 
 
-def family_for(spec: str | os.PathLike[str]) -> tuple[Family, type[Any] | None]:
-    """(the family a spec file declares, its generated Model class)."""
-    module = compile_file(spec)
-    cls = getattr(module, "Model", None)
-    return module.FAMILY, cls if isinstance(cls, type) else None
+def family_for(spec: str | os.PathLike[str]) -> Family:
+    """The family a spec file declares (compiled once per content, and added to the lookup)."""
+    return compile_file(spec).FAMILY  # type: ignore[no-any-return]
 
 
 def from_env(model: Any) -> Family | None:
