@@ -61,6 +61,9 @@ class Vocabulary(Strict):
         "(a vision encoder's layer_input, a DeltaNet's attention_queries)")
     conditions: dict[StrictStr, ConditionRaw] = Field(default={}, description="condition name → what it says and what meets it")
     traits: dict[StrictStr, StrictStr] = Field(default={}, description="trait name → what it means (the chips on the pages)")
+    modules: dict[StrictStr, StrictStr] = Field(
+        default={}, description="standard module name → what it is: every name a spec gives a module (a host "
+        "path's parts, a rename key) is one of these, so a new one is a choice written once, not a typo")
 
 
 # ---- a family ----------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from nnatlas import conditions
-from nnatlas.spec import CALL_DIMS, DTYPES, Condition, Layout, ReadPoint
+from nnatlas.spec import CALL_DIMS, DTYPES, INPUT_DIMS, Condition, Layout, ReadPoint
 
 from . import expr, names, page_model, readpoint
 from .errors import Problem, Problems, SpecError
@@ -661,6 +661,17 @@ class _Family:
             parts=tuple((s.rel, s.sha256) for s in self.merged.parts),
         )
 
+    def module_name_problem(self, path: str, what: str) -> str | None:
+        """A module name outside the vocabulary's modules: is a typo or an unmade choice (self_attn_2, dense_mlp)."""
+        known = self.vocab.modules
+        for part in path.split("."):
+            name = part.removesuffix("[i]")
+            if name and name != "model" and name not in known:
+                return (f"{what} '{path}': '{name}' is not a standard module name" + (suggest(name, known) or ".")
+                        + f" A new module name is declared once in specs/{VOCABULARY}, under modules:, with its "
+                        "one-line meaning (what any family's module of that name is)")
+        return None
+
     def check_names(self) -> None:
         """Every spec name that becomes a Python name (or a name the runtime looks up) is a name."""
         r = self.raw
@@ -670,7 +681,8 @@ class _Family:
                 self.err(at, bad, key=key)
 
         for key, natives in r.rename.items():
-            check(("rename", key), names.path_problem(key, "rename key"), key=True)
+            check(("rename", key), names.path_problem(key, "rename key") or self.module_name_problem(key, "rename key"),
+                  key=True)
             items = natives if isinstance(natives, list) else [natives]
             for k, native in enumerate(items):
                 at = ("rename", key, k) if isinstance(natives, list) else ("rename", key)
@@ -680,6 +692,8 @@ class _Family:
         for path, h in r.hosts.items():
             if h.cls is not None:
                 check(("hosts", path, "class"), names.problem(h.cls, "class"))
+            if path not in r.rename and not names.path_problem(path, "host path"):  # (those are said elsewhere)
+                check(("hosts", path), self.module_name_problem(path, "host"), key=True)
             for kname, kind in h.kinds.items():
                 if kind.cls is not None:
                     check(("hosts", path, "kinds", kname, "class"), names.problem(kind.cls, "class"))
@@ -872,6 +886,13 @@ class _Family:
             if when_text is None:
                 continue
             dropped = {k for k, v in kind.values.items() if v is None}
+            for vname, v in kind.values.items():
+                if v is not None and h.values.get(vname) is not None:
+                    hfile, hline, _ = self.at((*at, "values", vname))
+                    self.err((*kat, "values", vname),
+                             f"kind '{kname}' of host '{path}': value '{vname}' is read on the host too "
+                             f"({hfile}:{hline}); a kind's read does not replace the host's: set '{vname}: null' on the "
+                             f"host and give every kind its own read, or drop it here", key=True)
             kv = [x for x in common_v if x[1] not in dropped] + [((*kat, "values", k), k, v) for k, v in kind.values.items()]
             ki = common_i + [((*kat, "identities", k), x) for k, x in enumerate(kind.identities)]
             own = {f: getattr(kind, f) for f in ("cls", "stream", "needs", "reached") if getattr(kind, f) is not None}
@@ -971,6 +992,13 @@ class _Family:
                          f"{'no parent' if not depth else f'only {depth} above it'}", key=isinstance(v, ValueRaw))
                 continue
             if built is not None:
+                unsized = [d for d in built.layout.dims if d not in INPUT_DIMS and d not in config_names
+                           and d not in h.dims] if built.missing is None else []
+                if unsized:
+                    self.err(vat, f"{vname}: its layout {built.layout.name} has "
+                             + ", ".join(repr(d) for d in unsized) + ", which is not a config entry of this family "
+                             "nor sized by the call's inputs: add it under config: (the config attribute that sizes "
+                             "it), or size it on this host with dims:", key=isinstance(v, ValueRaw))
                 values.append(dataclasses.replace(built, at=self.at((*vat, "read"))))
         names = [x.name for x in values]
         root_names = self.root_value_names()

@@ -18,6 +18,13 @@ import yaml
 
 from .errors import Problem
 
+#: Why a spec has no anchors: every entry must stand where it is read, so that an error, a page and a
+#: reviewer each point at the one line that says it (an alias's line is not where its words are), and so
+#: that a spec's size is the size of its text (no alias bombs).
+ANCHORS_WHY = ("anchors and aliases are not allowed in specs: each entry must stand on the line that an error or "
+               "a page points to. Share between families with extends: (or a part under specs/parts/), else "
+               "write the entry again")
+
 Path = tuple[str | int, ...]
 MAX_BYTES = 1 << 20
 MAX_DEPTH = 32  # mappings and sequences inside each other (the specs use 7)
@@ -71,7 +78,7 @@ def load(text: str, file: str) -> tuple[Located | None, list[Problem]]:
             if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
                 what = "alias" if isinstance(event, yaml.AliasEvent) else "anchor"
                 m = event.start_mark
-                problems.append(Problem(file, m.line + 1, m.column + 1, f"{what} '{event.anchor}': anchors and aliases are not allowed in specs"))
+                problems.append(Problem(file, m.line + 1, m.column + 1, f"{what} '{event.anchor}': " + ANCHORS_WHY))
             if isinstance(event, yaml.CollectionStartEvent):
                 depth += 1
                 if depth > MAX_DEPTH:
@@ -118,7 +125,7 @@ class _Builder:
     def build(self, node: yaml.Node, path: Path) -> Any:
         self.located.values[path] = _mark(node)
         if id(node) in self.seen:  # the composer hands an alias back as the anchored node itself
-            self.problems.append(Problem(self.file, *_mark(node), "anchors and aliases are not allowed in specs"))
+            self.problems.append(Problem(self.file, *_mark(node), ANCHORS_WHY))
             return None
         self.seen.add(id(node))
         if isinstance(node, yaml.MappingNode):

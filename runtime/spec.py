@@ -17,6 +17,8 @@ from typing import Any, Literal, get_args
 
 # the view arguments bound per call (from the model's input ids, or its input embeddings), not by the config
 CALL_DIMS = ("batch", "seq")
+# the dims a call's inputs size (the rest are config entries, or a host's dims:)
+INPUT_DIMS = ("batch", "seq", "query", "key", "one", "images", "patches", "image_tokens", "tiles")
 
 ReadKind = Literal["module", "call", "op", "method", "fn", "derived", "missing"]
 Side = Literal["input", "output", "inputs", "args", "fn_args", "fn_output", "fn_step", "fn_steps"]

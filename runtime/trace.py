@@ -50,6 +50,9 @@ class Tracer:
     step = 0
     output: Any = None
     _cursor = 0
+    # (first, later): the first request still waiting when a later one's site fired; the forward then runs
+    # on serving nothing but ``first``, to tell "computed later" (OutOfOrderError) from "never fired"
+    _late: tuple[Request, Request] | None = None
     _lock_held = False
     _guarded = False  # whether __enter__ counted in ``interrupts`` (the main thread's)
     grad_live = False  # whether this forward keeps autograd (trace(grad=True), with grad mode on)
@@ -178,7 +181,7 @@ class Tracer:
                     i += 1
                 self._cursor = i
                 if i < end and ordered[i].seq < r.seq:
-                    raise OutOfOrderError(ordered[i].label, r.label)
+                    return self._out_of_order(ordered[i], r, payload)
             t: Target = r.target  # type: ignore[assignment]  # (every request in by_site has one)
             if r.action == "save" and not t.copy:  # the common case, inlined: point the holder at the value
                 get = t.get
@@ -193,6 +196,15 @@ class Tracer:
                 r.done = True
             else:
                 payload = self._apply(r, payload)
+        return payload
+
+    def _out_of_order(self, first: Request, later: Request, payload: Any) -> Any:
+        """``later``'s site fired while ``first`` still waits. From here the forward serves nothing; it
+        only counts whether ``first``'s site fires (in a list of its own), and ``_execute`` raises, once the
+        forward ends, the error that says which it was: computed later, or never reached."""
+        self._late = (first, later)
+        self.by_site = {k: [] for k, reqs in self.by_site.items() if any(q is first for q in reqs)}
+        self.fired = {}
         return payload
 
     def _apply(self, r: Request, payload: Any) -> Any:
@@ -365,6 +377,8 @@ class Tracer:
             raise
         finally:
             _teardown(installed, restore, tokens, grad, modes)
+        if self._late is not None:
+            self._raise_late(*self._late)
         missing = [r for r in self._ordered if not r.done and r.owner is None]
         if derived:  # a derived value and its inputs point at each other: unlinked, they go with the last reference
             for r in ordered:
@@ -373,6 +387,14 @@ class Tracer:
             names = ", ".join(r.label + (f" (step {r.step})" if self.steps is not None else "") for r in missing)
             raise NotReached(f"the forward finished without computing {names}: "
                              "nothing in this call reaches that point (check the inputs, the block kind, the step)")
+
+    def _raise_late(self, first: Request, later: Request) -> None:
+        if self.fired:  # first's site fired after later's: the body asked in the wrong order
+            raise OutOfOrderError(first.label, later.label)
+        raise NotReached(f"{first.label} was never computed: its read point never fired in this forward, so "
+                         f"{later.label}, asked for after it, could not be served in the body's order. Nothing in this "
+                         "call reaches that point (check the inputs, the block kind, the step); in a spec of your own, "
+                         "check the read point names a module or op the forward really calls")
 
     def _own_inputs(self) -> None:
         """The forward gets copies of the input tensors (the dict its call reads is this one), so that

@@ -109,6 +109,33 @@ def test_out_of_order_names_both(llama: nnatlas.AtlasModel, inputs: dict) -> Non
     assert late.shape == early.shape
 
 
+def test_a_read_point_that_never_fires_says_so_not_out_of_order(llama: nnatlas.AtlasModel, inputs: dict) -> None:
+    """A value whose read point the forward never reaches, asked for before a later one, was reported as
+    "computed after" the later one; the forward now runs on, and says the read point never fired."""
+    mlp = llama.native.model.layers[0].mlp
+
+    def forward(x: torch.Tensor) -> torch.Tensor:  # the activation as a function: act_fn never fires
+        return mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+
+    mlp.forward = forward
+    try:
+        with pytest.raises(NotReached) as info:
+            with llama.trace(inputs):
+                llama.layers[0].mlp.mlp_activation.save()
+                llama.layers[0].mlp.mlp_neurons.save()
+                llama.layers[1].layer_output.save()
+        assert str(info.value).startswith("layers[0].mlp.mlp_activation was never computed: its read point never "
+                                          "fired in this forward, so layers[0].mlp.mlp_neurons, asked for after it")
+        assert_clean(llama)
+    finally:
+        del mlp.forward
+    with llama.trace(inputs):  # the same body on the model's own forward
+        x = llama.layers[0].mlp_input.save()
+        act = llama.layers[0].mlp.mlp_activation.save()
+        neurons = llama.layers[0].mlp.mlp_neurons.save()
+    torch.testing.assert_close(neurons, act * mlp.up_proj(x))
+
+
 def test_expression_of_a_later_value_is_out_of_order(llama: nnatlas.AtlasModel, inputs: dict) -> None:
     with pytest.raises(OutOfOrderError) as info:
         with llama.trace(inputs):

@@ -80,7 +80,9 @@ def test_alias_bomb_is_refused_without_expansion(spec_root: Path) -> None:
         bomb.append(f"{cur}: &{cur} [*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev}]")
     (spec_root / "specs" / "bomb.yaml").write_text("\n".join(bomb) + "\n")
     got = errors(spec_root)
-    assert got[0] == "specs/bomb.yaml:2:4: anchor 'a': anchors and aliases are not allowed in specs"
+    assert got[0] == ("specs/bomb.yaml:2:4: anchor 'a': anchors and aliases are not allowed in specs: each entry must "
+                      "stand on the line that an error or a page points to. Share between families with extends: (or "
+                      "a part under specs/parts/), else write the entry again")
     assert all(line.startswith("specs/bomb.yaml:") for line in got)
 
 
@@ -163,3 +165,54 @@ def test_recompute_sdpa_misused(spec_root: Path) -> None:
     assert at("llama.yaml", "recompute: sdpa", "attention_scores: recompute: sdpa stands for eager's softmax in the "
               "host's own forward: read op:softmax.input[0] (the scores) or op:softmax.output (the probabilities); "
               "a read inside eager attention (call:attention > op:...) is recomputed without it") in got
+
+
+def test_a_new_module_name_is_a_choice_not_an_accident(spec_root: Path) -> None:
+    """A host or rename key named outside the vocabulary's modules: (self_attn_2, dense_mlp) is refused with
+    the nearest standard name, and says where a new one is declared."""
+    edit(spec_root, "llama.yaml", "  layers[i].mlp:\n", "  layers[i].self_attn_2: {class: LlamaAttention}\n  layers[i].mlp:\n")
+    edit(spec_root, "llama.yaml", "  lm_head: lm_head\n", "  lm_head: lm_head\n  dense_mlp: model.dense\n")
+    n1 = line_of(spec_root, "llama.yaml", "dense_mlp")
+    n2 = line_of(spec_root, "llama.yaml", "self_attn_2")
+    tail = " A new module name is declared once in specs/_vocabulary.yaml, under modules:, with its one-line meaning " \
+           "(what any family's module of that name is)"
+    got = errors(spec_root)
+    assert f"specs/llama.yaml:{n1}:3: rename key 'dense_mlp': 'dense_mlp' is not a standard module name." + tail in got
+    assert f"specs/llama.yaml:{n2}:3: host 'layers[i].self_attn_2': 'self_attn_2' is not a standard module name; " \
+           "did you mean 'self_attn'?" + tail in got
+    # declared in the vocabulary, the same names are a choice, and these two problems are gone
+    edit(spec_root, "_vocabulary.yaml", "modules:\n", "modules:\n  self_attn_2: a second attention\n  dense_mlp: a dense MLP\n")
+    assert not [e for e in _errors_or_none(spec_root) if "standard module name" in e]
+
+
+def _errors_or_none(root: Path) -> list[str]:
+    try:
+        compile_atlas(root / "specs", root)
+    except SpecError as e:
+        return str(e).splitlines()
+    return []
+
+
+def test_a_kind_value_that_the_host_also_reads_is_refused(spec_root: Path) -> None:
+    """A value read on a host and again on one of its kinds was two reads of one name, one served by accident
+    of order: both kinds of glm4_moe's MLP say so, naming the host's line."""
+    edit(spec_root, "glm4_moe.yaml", "    values:\n      mlp_activation: null\n", "    values:\n      mlp_activation: act_fn.output\n")
+    host = line_of(spec_root, "glm4_moe.yaml", "mlp_activation: act_fn.output")
+    lines = (spec_root / "specs" / "glm4_moe.yaml").read_text().splitlines()
+    kinds = [n for n, text in enumerate(lines, 1) if text.startswith("          mlp_activation:")]
+    assert len(kinds) == 2
+    tail = (f"value 'mlp_activation' is read on the host too (specs/glm4_moe.yaml:{host}); a kind's read does not "
+            "replace the host's: set 'mlp_activation: null' on the host and give every kind its own read, or drop it here")
+    got = errors(spec_root)
+    assert f"specs/glm4_moe.yaml:{kinds[0]}:11: kind 'moe' of host 'layers[i].mlp': " + tail in got
+    assert f"specs/glm4_moe.yaml:{kinds[1]}:11: kind 'dense' of host 'layers[i].mlp': " + tail in got
+
+
+def test_a_layout_dim_no_config_entry_sizes_is_named_at_compile(spec_root: Path) -> None:
+    """Without the config entry that sizes a layout's dim, the generated tests died on a bare KeyError; now the
+    compiler names every value whose layout needs it."""
+    edit(spec_root, "qwen3_5_text.yaml", "  key_dim: linear_key_head_dim\n", "")
+    got = [e for e in errors(spec_root) if e.startswith("specs/qwen3_5_text.yaml:")]
+    assert got and all("has 'key_dim', which is not a config entry of this family nor sized by the call's inputs: "
+                       "add it under config:" in e for e in got), got
+    assert {e.split(": ")[1] for e in got} >= {"attention_queries", "attention_keys", "state_output"}, got
