@@ -167,15 +167,15 @@ def topk_indices(probs: torch.Tensor, k: int) -> torch.Tensor:
     return torch.topk(probs, int(k), dim=-1).indices
 
 
-def grouped_topk_indices(choice: torch.Tensor, k: int, groups: int, topk_groups: int) -> torch.Tensor:
+def grouped_topk_indices(choice: torch.Tensor, k: int, groups: int, topk_groups: int, best: int = 2) -> torch.Tensor:
     """The indices of the ``k`` largest entries of each row of ``choice``, taken only among the
-    ``topk_groups`` best of its ``groups`` equal groups of columns (a group scores the sum of its two
-    largest entries: DeepSeek-V3's group-limited routing), largest first."""
+    ``topk_groups`` best of its ``groups`` equal groups of columns (a group scores the sum of its ``best``
+    largest entries: 2 in DeepSeek-V3's group-limited routing, 1, its largest, in DeepSeek-V2's), largest first."""
     groups, topk_groups = int(groups), int(topk_groups)
     rows = choice.reshape(-1, choice.shape[-1])
     n = rows.shape[-1]
     per_group = rows.view(-1, groups, n // groups)
-    group_scores = per_group.topk(min(2, n // groups), dim=-1).values.sum(-1)
+    group_scores = per_group.topk(min(int(best), n // groups), dim=-1).values.sum(-1)
     best = group_scores.topk(topk_groups, dim=-1).indices
     keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
     keep = keep.unsqueeze(-1).expand(-1, groups, n // groups).reshape(-1, n)

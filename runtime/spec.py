@@ -281,10 +281,11 @@ FUNCTIONS: dict[str, Function] = {
     "topk_weights": _f(3, "topk_weights(probs, k, normalize)",
                        "The k largest probabilities of each row, divided by their sum when normalize is true."),
     "topk_indices": _f(2, "topk_indices(probs, k)", "The indices of the k largest entries of each row, largest first."),
-    "grouped_topk_indices": _f(4, "grouped_topk_indices(choice, k, groups, topk_groups)",
+    "grouped_topk_indices": _f((4, 5), "grouped_topk_indices(choice, k, groups, topk_groups, best=2)",
                                "The indices of the k largest entries of each row of choice, taken among the "
                                "topk_groups best of its groups equal groups of columns only (a group scores the sum "
-                               "of its two largest entries: DeepSeek-V3's group-limited routing), largest first."),
+                               "of its best largest entries: 2 in DeepSeek-V3's group-limited routing, 1 in "
+                               "DeepSeek-V2's), largest first."),
     "chosen_weights": _f(3, "chosen_weights(probs, indices, normalize)",
                          "The entries of probs at indices (along the last dim), divided by their sum when normalize "
                          "is true: the routing weights of experts chosen on other scores (a correction bias)."),

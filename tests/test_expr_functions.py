@@ -347,6 +347,36 @@ def test_grouped_routing_is_transformers_router(groups: int, keep: int, k: int, 
         assert not torch.equal(plain.sort(-1).values, theirs.sort(-1).values) or keep == groups
 
 
+@pytest.mark.parametrize("method,groups,keep,k", [("greedy", 1, 1, 2), ("group_limited_greedy", 4, 2, 3),
+                                                   ("group_limited_greedy", 2, 1, 2)])
+def test_deepseek_v2_routing_is_transformers_router(method: str, groups: int, keep: int, k: int) -> None:
+    """DeepSeek-V2's router: softmax, the best groups by their largest score (best=1), scaled, never
+    renormalized (specs/deepseek_v2.yaml's identities)."""
+    from transformers import DeepseekV2Config
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
+
+    config = DeepseekV2Config(hidden_size=16, num_attention_heads=4, n_routed_experts=8, num_experts_per_tok=k, n_group=groups,
+                              topk_group=keep, topk_method=method, routed_scaling_factor=2.5, norm_topk_prob=True)
+    router = DeepseekV2TopkRouter(config)
+    mismatched = 0
+    for seed in range(4):
+        g = torch.Generator().manual_seed(seed * 10 + k)
+        with torch.no_grad():
+            router.weight.normal_(0, 1.0, generator=g)
+        logits, weights, indices = router(torch.randn(2, 9, 16, generator=g))
+        grouped = method == "group_limited_greedy"
+        v = {"logits": logits, "indices": indices, "weights": weights, "k": k, "groups": groups if grouped else 1,
+             "keep": keep if grouped else 1}
+        chosen, theirs = evaluate("grouped_topk_indices(softmax(logits, -1), k, groups, keep, 1) == indices", v)
+        assert torch.equal(chosen.sort(-1).values, theirs.sort(-1).values)
+        ours, theirs = evaluate("2.5 * chosen_weights(softmax(logits, -1), indices, False) == weights", v)
+        torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=0)
+        v3_style, _ = evaluate("grouped_topk_indices(softmax(logits, -1), k, groups, keep) == indices", v)
+        mismatched += not torch.equal(v3_style.sort(-1).values, chosen.sort(-1).values)
+    if (groups, keep) == (4, 2):  # scoring a group by its two best (V3's rule) chooses other experts here
+        assert mismatched
+
+
 def test_last_token_follows_the_mask_on_either_side_of_padding() -> None:
     v = tensors()
     x = v["x"]  # [2 3 5]

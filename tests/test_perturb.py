@@ -140,6 +140,13 @@ ROUTING = [
     ("ernie4_5_moe", "expert_weights == chosen_weights(softmax(router_logits, -1), topk_indices(softmax(router_logits, "
      "-1) + router.moe_statics.e_score_correction_bias, top_k), True)",
      "expert_weights == topk_weights(softmax(router_logits, -1), top_k, True)", {}),
+    # the new families: DeepSeek-V2 scales without renormalizing (V3's rule renormalizes); Hunyuan renormalizes
+    ("deepseek_v2", "sum(expert_weights, -1) == routed_scaling_factor * sum(chosen_weights(softmax(router_logits, -1), "
+     "grouped_topk_indices(softmax(router_logits, -1), top_k, route_groups, route_topk_groups, 1), norm_topk_prob), -1)",
+     "sum(expert_weights, -1) == routed_scaling_factor * sum(topk_weights(softmax(router_logits, -1), top_k, True), -1)",
+     {}),
+    ("hunyuan_v1_moe", "expert_weights == topk_weights(softmax(router_logits, -1), top_k, norm_topk_prob)",
+     "expert_weights == topk_weights(softmax(router_logits, -1), top_k, False)", {}),
 ]
 
 
@@ -162,6 +169,7 @@ FACTORS = [
     ("cohere", "model", "logit_scale"), ("gemma2", "model", "logit_softcap"),
     ("falcon_h1", "model", "lm_head_multiplier"), ("falcon_h1", "layers[i]", "attention_out_multiplier"),
     ("falcon_h1", "layers[i]", "ssm_out_multiplier"), ("glm4_moe", "layers[i].mlp", "routed_scaling_factor"),
+    ("deepseek_v2", "layers[i].mlp", "routed_scaling_factor"),
 ]
 
 

@@ -76,7 +76,8 @@ def test_a_read_that_leaves_its_host_says_how_to_read_a_sibling(tmp_path: Path) 
 
 
 def test_a_host_with_no_module_and_a_missing_method(tmp_path: Path) -> None:
-    root = _root(tmp_path, {"llama.yaml": [
+    root = _root(tmp_path, {"_vocabulary.yaml": [("modules:\n", "modules:\n  mlpp: a module no model has\n")],
+                            "llama.yaml": [
         ("  layers[i].mlp:\n    class: LlamaMLP", "  layers[i].mlpp:\n    class: LlamaMLP"),
         ("      - layer_input + self_attn.attention_output + mlp.mlp_output == layer_output\n", ""),
         ("      attention_keys: call:attention.args[2]", "      attention_keys: method:rotate.output"),
