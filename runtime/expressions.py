@@ -176,8 +176,8 @@ def grouped_topk_indices(choice: torch.Tensor, k: int, groups: int, topk_groups:
     n = rows.shape[-1]
     per_group = rows.view(-1, groups, n // groups)
     group_scores = per_group.topk(min(int(best), n // groups), dim=-1).values.sum(-1)
-    best = group_scores.topk(topk_groups, dim=-1).indices
-    keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+    kept = group_scores.topk(topk_groups, dim=-1).indices
+    keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
     keep = keep.unsqueeze(-1).expand(-1, groups, n // groups).reshape(-1, n)
     picked = rows.masked_fill(~keep, float("-inf")).topk(int(k), dim=-1).indices
     return picked.reshape(*choice.shape[:-1], int(k))
