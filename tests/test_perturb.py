@@ -194,6 +194,48 @@ def test_the_mixer_read_swapped_for_the_mlp_read_fails(family: str) -> None:
         T.check_identity(case_of(family, True), "layers[i]", index, replace=swapped)
 
 
+def _read_of(family: str, path: str, name: str) -> str:
+    value = next(v for h in T.adapter_module(family).FAMILY.hosts if h.path == path for v in h.values if v.name == name)
+    assert value.read is not None
+    return str(value.read.text)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2", "qwen3_moe", "deepseek_v2"])
+def test_the_mixer_and_mlp_read_points_swapped_fail_the_block_identities(family: str) -> None:
+    """The reads themselves swapped (not the identity's terms): a spec of the family's own in which
+    attention_output reads the MLP's output and mlp_output the mixer's, compiled as a user's spec, fails the
+    block's identities on a perturbed tiny model. (Before testing.build wrapped a tiny model as the family it
+    builds, such a spec was checked with the shipped adapter of its model type, and passed.)"""
+    from nnatlas import registry
+    from nnatlas.compiler.userspec import compile_text
+
+    def reroot(read: str, sibling: str) -> str:  # a read of one host, made from its sibling host
+        return read if read.startswith("^.") else f"^.{sibling}.{read}"
+
+    attn = _read_of(family, "layers[i].self_attn", "attention_output")
+    mlp = _read_of(family, "layers[i].mlp", "mlp_output")
+    text = (f"family: swapped_{family}\nextends: {family}\nhosts:\n"
+            f"  layers[i].self_attn:\n    values:\n      attention_output: \"{reroot(mlp, 'mlp')}\"\n"
+            f"  layers[i].mlp:\n    values:\n      mlp_output: \"{reroot(attn, 'self_attn')}\"\n")
+    module = compile_text(text.encode(), f"swapped_{family}.yaml")
+    registry.add_user(module)
+    try:
+        name = module.FAMILY.name
+        case = case_of(name, True)
+        assert case.model()._family is module.FAMILY
+        texts = [i.text for h in module.FAMILY.hosts if h.path == "layers[i]" for i in h.identities]
+        failed = []
+        for k, identity in enumerate(texts):
+            try:
+                T.check_identity(case, "layers[i]", k)
+            except AssertionError:
+                failed.append(identity)
+        assert "layer_input + self_attn.attention_output == layer_mid" in failed, failed
+        T.check_identity(case_of(family, True), "layers[i]", texts.index(failed[0]))  # the family's own holds
+    finally:
+        registry.remove_user(module.FAMILY.name)
+
+
 def test_a_pinned_factor_says_why_and_a_range_is_ordered(tmp_path: Any) -> None:
     import shutil
     from pathlib import Path
