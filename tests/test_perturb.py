@@ -94,6 +94,33 @@ def test_constant_tensors_are_drawn_and_the_rest_left_alone() -> None:
     assert all(torch.equal(p, q) for p, q in zip(moved.state_dict().values(), again.state_dict().values()))
 
 
+@pytest.mark.parametrize("family,variant", [("qwen3_vl", None), ("llava", None), ("qwen3_5_text", "image_text")])
+def test_a_vision_tower_is_perturbed_too(family: str, variant: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A multimodal tiny model's vision tower holds no constant tensor once perturbed (its norm gains and
+    biases are drawn with the text model's), and a factor of its vision_config would be drawn too."""
+    build = {"variant": variant} if variant else {}
+    plain = T.build(family, seed=1, **build).native
+    moved = T.build(family, seed=1, perturbed=True, **build).native
+    vision = [n for n, _ in T.constant_tensors(plain)[0] if "visual" in n or "vision" in n]
+    assert vision, "the tower has constant gains or biases at init"
+    left = [n for n, _ in T.constant_tensors(moved)[0] if "visual" in n or "vision" in n]
+    assert left == [], left
+    # a factor the vision config had (none has one today): drawn away, like the text config's
+    import nnatlas.testing.tiny as tiny_module
+
+    real = tiny_module.config_factors
+
+    def with_vision_factor(config: Any) -> dict[str, Any]:
+        found = real(config)
+        return {**found, "hidden_act_scale": 0.5} if "Vision" in type(config).__name__ else found
+
+    monkeypatch.setattr(tiny_module, "config_factors", with_vision_factor)
+    monkeypatch.setattr("nnatlas.testing.perturb.config_factors", with_vision_factor)
+    params = T.first_variant_params(family, variant) if variant else T.first_params(family)
+    drawn = tiny_module.perturbed_params(family, params, seed=1, variant=variant)
+    assert drawn["vision_config"]["hidden_act_scale"] != 0.5
+
+
 def test_a_factor_the_config_does_not_have_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     tiny = dict(T.adapter_module("granite").TINY)
     tiny["factors"] = {"residual_multiplyer": {"range": (0.1, 0.2)}}

@@ -213,7 +213,8 @@ def build(family: str, params: Mapping[str, Any] | None = None, attn_implementat
 def perturbed_params(family: str, params: Mapping[str, Any], seed: int, variant: str | None = None
                      ) -> dict[str, Any]:
     """``params`` with every scalar factor of the config drawn away from its value (the family's
-    ``tiny.factors`` narrow or pin some): of the config itself, and of a wrapper's text_config."""
+    ``tiny.factors`` narrow or pin some): of the config itself, of a wrapper's text_config, and of its
+    vision_config (today's vision configs carry none by the rule; their tensors are redrawn with the rest)."""
     import transformers
 
     tiny = tiny_of(family, variant)
@@ -221,7 +222,9 @@ def perturbed_params(family: str, params: Mapping[str, Any], seed: int, variant:
     out = _nested_copy(dict(params))
     config = getattr(transformers, tiny["config_class"])(**_nested_copy(out))
     found = config_factors(config)
-    unknown = sorted(set(rules) - set(found) - set(config_factors(config.get_text_config())))
+    vision = getattr(config, "vision_config", None)
+    unknown = sorted(set(rules) - set(found) - set(config_factors(config.get_text_config()))
+                     - set(config_factors(vision) if vision is not None else ()))
     if unknown:
         raise ValueError(f"{family}: tiny.factors names {', '.join(unknown)}, which is no scalar factor of "
                          f"{type(config).__name__} (its factors: {', '.join(sorted(found)) or 'none'})")
@@ -229,6 +232,8 @@ def perturbed_params(family: str, params: Mapping[str, Any], seed: int, variant:
     text = config.get_text_config()
     if text is not config and isinstance(out.get("text_config"), dict):
         out["text_config"] = {**out["text_config"], **perturb_config(text, seed + 1, rules)}
+    if vision is not None and isinstance(out.get("vision_config"), dict):
+        out["vision_config"] = {**out["vision_config"], **perturb_config(vision, seed + 2, rules)}
     return out
 
 
