@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import sys
+import time
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
@@ -146,6 +147,9 @@ def check_tp(family: str, folder: Path, attn: str = "eager") -> dict[str, Any]:
         want = theirs[k].chunk(shard.size, shard.dim)[shard.rank]
         _diff(x, want, f"{family} {k} (local=True)")
         sharded.append(f"{k}: {shard.axis}")
+    said = tp.support()
+    gathered = [(h, v) for h, v, how in said.sharded() if "gathered" in how or "summed" in how]
+    assert said.tp and (gathered or not sharded), f"{family}: support() does not say which values are gathered"
     edits = _edit(one)
     edit_diff = None
     if edits:
@@ -177,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for family in args.families.split(","):
             try:
+                start = time.perf_counter()
                 report[family] = check_tp(family, out / family)
+                report[family]["seconds"] = round(time.perf_counter() - start, 2)
             except Exception as e:  # noqa: BLE001 - said in the report, per family
                 failed = True
                 report[family] = {"error": f"{type(e).__name__}: {e}"}
