@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
+from . import tensor_parallel
 from .errors import NnatlasError, Unavailable
 from .hosts import Host, HostList
 from .processing import PromptProcessor
-from . import tensor_parallel
 from .sites import kernel_route
 from .spec import Family, HostSpec, ValueSpec
 from .trace import Tracer

@@ -147,7 +147,7 @@ def _shards_children(s: Sharding, module: torch.nn.Module) -> bool:
 def is_sharded(model: torch.nn.Module) -> bool:
     """Whether transformers' tensor parallel sharded ``model`` (one attribute read)."""
     size = model.__dict__.get("_tp_size")
-    return bool(size) and size > 1
+    return isinstance(size, int) and size > 1
 
 
 def sharding_of(model: torch.nn.Module) -> Sharding | None:
@@ -364,7 +364,7 @@ class ShardedTarget(Target):
         if layout.kind is None or not isinstance(native, torch.Tensor):
             return Target.served(self, native)
         if layout.kind == "dtensor":
-            return native.to_local()
+            return native.to_local()  # type: ignore[attr-defined]
         if layout.kind == "sum":
             value = Target.served(self, native)
             value.tp_shard = Shard(None, None, s.rank, s.size, partial=True)

@@ -121,7 +121,7 @@ def check_tp(family: str, folder: Path, attn: str = "eager") -> dict[str, Any]:
     images = False
     if dist.get_rank() == 0:
         tiny = build(family, attn_implementation=attn, perturbed=True)
-        tiny.native.save_pretrained(folder)
+        tiny.native.save_pretrained(folder)  # type: ignore[operator]
         if tiny.processor is not None:
             tiny.processor.save_pretrained(folder)
         elif tiny.tokenizer is not None:
