@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .errors import NnatlasError, Unavailable
+from .errors import InputError, NnatlasError, Unavailable
 from .requests import Target
 
 # transformers' styles whose module output is the rank's slice of the last dim (use_local_output)
@@ -394,8 +394,6 @@ class ShardedTarget(Target):
             try:
                 served.copy_(new)
             except RuntimeError as e:
-                from .errors import InputError
-
                 raise InputError(self.edit_error(f"{self.label} = ...", served, new, e)) from e
             return
         raise NnatlasError(f"{self.label}: under tensor parallel an edit writes a tensor into the value; got a "
