@@ -1,6 +1,7 @@
 """Tensor parallel (transformers' ``tp_plan="auto"`` under torchrun, gloo on CPU): every value a trace saves is
 the full tensor on every rank, equal to one process's, and so are an edit's logits and the gradients
-(``nnatlas.testing.tp_oracle``, one torchrun launch over a dense, a mixture, a hybrid and an image-text family);
+(``nnatlas.testing.tp_oracle``, one torchrun launch over a dense, a mixture, a hybrid and an image-text family,
+with generate's per-step edits and model.cache);
 a family transformers cannot shard says so before anything loads; a model that is not sharded pays nothing."""
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ def test_two_gloo_ranks_serve_the_values_edits_and_gradients_of_one_process(tmp_
         r = report[family]
         assert r["values"] > 30 and r["grads"], (family, r)
         assert r["max_value_diff"] < 1e-5 and r["max_grad_diff"] < 1e-4, (family, r)
+        assert r["max_cache_diff"] < 1e-5 and (r["max_generate_diff"] or 0) < 1e-5, (family, r)
     # the values a rank holds a shard of: the heads of every attention, the neurons of a dense MLP
     assert any("attention_queries: num_heads" in v for v in report["llama"]["sharded_values"])
     assert any("mlp_neurons: intermediate_size" in v for v in report["llama"]["sharded_values"])
     assert "layers[0].mlp.expert_outputs" in report["qwen3_moe"]["edits"]
     assert report["jamba"]["edits"] and report["llava"]["edits"]
+    assert report["llama"]["max_generate_diff"] is not None  # generate, with an edit at every step
 
 
 def test_a_config_without_a_tp_plan_is_refused_before_anything_loads(tmp_path: Path) -> None:

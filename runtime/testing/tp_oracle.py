@@ -100,6 +100,18 @@ def _edited_logits(model: AtlasModel, inputs: Mapping[str, torch.Tensor], edits:
     return logits
 
 
+def _generated(model: AtlasModel, inputs: Mapping[str, torch.Tensor], edits: list[tuple[str, Any]]
+               ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Three generation steps with the same edit at every step: the edited value of each step, the tokens."""
+    saved = []
+    with model.generate({k: v[:1] for k, v in inputs.items()}, max_new_tokens=3) as tracer:
+        for _ in tracer.iter[0:3]:
+            for _, (value, key) in edits:
+                value[key] = 0
+                saved.append(value.save())
+    return saved, tracer.output
+
+
 def _grads(model: AtlasModel, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     handles = {}
     for n in ("self_attn.attention_queries", "mlp.mlp_neurons", "mlp.expert_outputs", "layer_output"):
@@ -157,13 +169,25 @@ def check_tp(family: str, folder: Path, attn: str = "eager") -> dict[str, Any]:
         a, b = _edited_logits(tp, inputs, _edit(tp)), _edited_logits(one, inputs, edits)
         assert not torch.allclose(b, plain), f"{family}: the edits {[n for n, _ in edits]} left the logits unchanged"
         edit_diff = _diff(a, b, f"{family} edited logits")
+    gen_diff = None
+    if edits and not flag[0]:  # generation with an edit at every step (text: the image prompt's steps are the same)
+        a_gen, a_tokens = _generated(tp, inputs, _edit(tp)[-1:])
+        b_gen, b_tokens = _generated(one, inputs, edits[-1:])
+        assert torch.equal(a_tokens, b_tokens), f"{family}: generate under tensor parallel chose other tokens"
+        gen_diff = max(_diff(x, y, f"{family} generate step {i}") for i, (x, y) in enumerate(zip(a_gen, b_gen,
+                                                                                                  strict=True)))
+    ca = tp.cache(dict(inputs), values=["layer_output"], layers=[0, 1])
+    cb = one.cache(dict(inputs), values=["layer_output"], layers=[0, 1])
+    cache_diff = max(_diff(ca[f"layers[{i}].layer_output"], cb[f"layers[{i}].layer_output"], f"{family} cache")
+                     for i in (0, 1))
     ga, gb = _grads(tp, inputs), _grads(one, inputs)
     assert ga.keys() == gb.keys() and gb, f"{family}: gradients {sorted(ga)} under tensor parallel, {sorted(gb)} on one"
     grad_diff = max(_diff(ga[k], gb[k], f"{family} {k}.grad") for k in gb)
     dist.barrier()
     return {"values": len(theirs), "max_value_diff": values, "sharded_values": sharded,
             "edits": [n for n, _ in edits], "max_edit_logit_diff": edit_diff,
-            "grads": sorted(gb), "max_grad_diff": grad_diff}
+            "grads": sorted(gb), "max_grad_diff": grad_diff, "max_generate_diff": gen_diff,
+            "max_cache_diff": cache_diff}
 
 
 def main(argv: list[str] | None = None) -> int:
