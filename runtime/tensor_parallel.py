@@ -303,6 +303,12 @@ class ShardedTarget(Target):
             return Layout("dtensor")
         s = self.sharding
         kind, style = self.site.kind, s.style(self.module)
+        width = getattr(self.module, "out_features" if kind == "post" else "in_features", None)
+        if style in COLWISE | PACKED_COLWISE | ROWWISE_INPUT and isinstance(width, int) and width % s.size:
+            # (every rank sees the same modules: every rank says so, none waits in a collective)
+            raise Unavailable(f"{self.label}: {type(self.module).__name__} has {width} features over {s.size} ranks, "
+                              "shards of unequal widths, which nnatlas does not gather; pick a rank count that "
+                              "divides the heads and the MLP's width")
         if kind == "post" and self.side == "output" and not self.access:
             if style in COLWISE:
                 return Layout("gather", native.dim() - 1)
