@@ -47,6 +47,13 @@ CANNOT_SHARD = {
                     "projections as [batch, seq, heads, -1] takes the full head count)",
     "qwen3_5_moe_text": "transformers' tensor parallel fails in its gated DeltaNet path (the path qwen3_next's "
                         "and qwen3_5_text's fail in)",
+    "gemma4_text": "transformers' tensor parallel fails in its attention (a view of the local projections as "
+                   "[batch, seq, -1, head_dim] that does not fit its shared or wider heads)",
+}
+# families whose sharded forward transformers cannot differentiate (measured as above): trace(grad=True) says so
+CANNOT_DIFFERENTIATE = {
+    "llama4_text": "transformers' tensor parallel backward fails in Llama 4's forward (an in-place edit of a view a "
+                   "DTensor's to_local returned)",
 }
 
 
@@ -164,6 +171,14 @@ def refuse_unshardable(family: str) -> None:
     if why is not None:
         raise Unavailable(f"family {family} cannot run under tensor parallel: {why}. Load it without tp_plan "
                           "(one process, or device_map='auto' across devices)")
+
+
+def refuse_grad(family: str) -> None:
+    """``trace(grad=True)`` on a sharded family whose backward transformers cannot run says so before the forward."""
+    why = CANNOT_DIFFERENTIATE.get(family)
+    if why is not None:
+        raise Unavailable(f"trace(grad=True) of family {family} under tensor parallel: {why}. Trace without grad, or "
+                          "load it without tp_plan")
 
 
 def plan_of_config(config: Any) -> dict[str, str] | None:
