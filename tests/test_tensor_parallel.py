@@ -17,7 +17,7 @@ import pytest
 
 import nnatlas
 from nnatlas.requests import Target
-from nnatlas.testing import build, shared_build
+from nnatlas.testing import shared_build
 
 # a dense, a mixture (experts inside moe_tp_experts: partial sums), a hybrid (Mamba and attention blocks, a mixture
 # on some), an image-text family traced with images (LLaVA: CLIP and a llama)
@@ -52,7 +52,7 @@ def test_two_gloo_ranks_serve_the_values_edits_and_gradients_of_one_process(tmp_
 def test_a_config_without_a_tp_plan_is_refused_before_anything_loads(tmp_path: Path) -> None:
     """gpt2's config class has no base_model_tp_plan: one Unavailable naming it, before from_pretrained
     (no process group is needed to say so)."""
-    build("gpt2").native.save_pretrained(tmp_path)
+    shared_build("gpt2").config.save_pretrained(tmp_path)  # (the config is all the check reads)
     with pytest.raises(nnatlas.Unavailable, match="no tensor-parallel plan"):
         nnatlas.load(str(tmp_path), tp_plan="auto", tokenizer=None)
 
@@ -60,8 +60,7 @@ def test_a_config_without_a_tp_plan_is_refused_before_anything_loads(tmp_path: P
 def test_a_family_transformers_cannot_shard_says_so(tmp_path: Path) -> None:
     """qwen3_5_text / qwen3_next fail inside transformers' own tensor parallel (the gated DeltaNet path): refused
     before loading, and at wrap when the user sharded the model."""
-    model = shared_build("qwen3_5_text")
-    model.native.save_pretrained(tmp_path)
+    shared_build("qwen3_5_text").config.save_pretrained(tmp_path)
     with pytest.raises(nnatlas.Unavailable, match="cannot run under tensor parallel"):
         nnatlas.load(str(tmp_path), tp_plan="auto", tokenizer=None)
     hf = shared_build("qwen3_next").native
