@@ -14,6 +14,7 @@ from nnatlas.testing import LIGHT_KINDS, SOAK_KINDS, standard_values
 
 from . import cache as bench_cache
 from . import compile_time, gradients, memory, models, phases
+from . import tensor_parallel as bench_tp
 from .timing import Timings, measure
 from .workloads import CASES, layer_values, nnsight_available, ours_workloads, theirs_workloads
 
@@ -170,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-procs", default="1,2", help="process counts for the nnatlas cache row (torchrun)")
     parser.add_argument("--cache-rounds", type=int, default=3,
                         help="rounds of the nnatlas cache row (each: the command, then a plain loop, alternated)")
+    parser.add_argument("--tp-runs", type=int, default=21,
+                        help="paired rounds of the tensor-parallel rows (torchrun, 2 gloo processes; 0: skip them)")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(1)
@@ -241,6 +244,12 @@ def main(argv: list[str] | None = None) -> int:
               f"batch {bench_cache.BATCH}, every layer_output at every token, {bench_cache.SHARD_MB} MB shards, 1 "
               "thread per process; forward-loop tokens/s of the command and of a plain loop over the same batches:")
         for row in bench_cache.cache_rows(args.cache_docs, procs, args.cache_rounds):
+            print(row)
+
+    if args.tp_runs:
+        print(f"\ntensor parallel: {bench_tp.__doc__.splitlines()[0].split(': ', 1)[1]}")
+        print(f"  a small llama (h256 L4, 4 heads), seq {bench_tp.SEQ}, {args.tp_runs} paired rounds, 1 thread per process:")
+        for row in bench_tp.rows(args.tp_runs):
             print(row)
 
     cold, cold_cpu = compile_time.cold_check()

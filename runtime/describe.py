@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import patterns
+from . import patterns, tensor_parallel
 from .hosts import Host, Value, resolve_native
 from .spec import HostSpec, ValueSpec
 from .targets import ModelTargets
@@ -133,14 +133,20 @@ class Row:
     status: str  # "available" | "unavailable" | "missing"
     why: str  # the condition, when conditional
     conditional: bool
+    tp: str = ""  # under tensor parallel: how the value is gathered from the ranks (tensor_parallel.how)
 
 
 class Support:
     """Values by host for this load: available, or ⚠︎ with the condition that serves them."""
 
-    def __init__(self, family: str, rows: list[Row]):
+    def __init__(self, family: str, rows: list[Row], tp: str = ""):
         self.family = family
         self.rows = rows
+        self.tp = tp  # the sharding, on a tensor-parallel model ("" otherwise)
+
+    def sharded(self) -> list[tuple[str, str, str]]:
+        """Under tensor parallel: (host, value, how it is gathered) of every value served."""
+        return [(r.host, r.value, r.tp) for r in self.rows if r.tp]
 
     def available(self) -> list[tuple[str, str]]:
         return [(r.host, r.value) for r in self.rows if r.status == "available"]
@@ -155,7 +161,7 @@ class Support:
         return out
 
     def __repr__(self) -> str:
-        lines = [f"support() · family {self.family}"]
+        lines = [f"support() · family {self.family}" + (f" · {self.tp}" if self.tp else "")]
         host = None
         for r in self.rows:
             if r.host != host:
@@ -163,7 +169,8 @@ class Support:
                 lines.append(f"{r.host} ({r.cls})")
             mark = "✓" if r.status == "available" else "⚠︎"
             why = f"  {r.why}" if r.status != "available" else (f"  (conditional: {r.why})" if r.conditional else "")
-            lines.append(f"  {mark} {r.value:<26} {r.layout}{why}")
+            tp = f"  [TP: {r.tp}]" if r.tp and r.status == "available" else ""
+            lines.append(f"  {mark} {r.value:<26} {r.layout}{why}{tp}")
         return "\n".join(lines)
 
 
@@ -192,7 +199,14 @@ def support(model: ModelTargets) -> Support:
                 says = v.read.words if missing else v.needs.says if v.needs else ""
                 if why is None and v.needs is not None and model._why_unavailable(handle, edit=True) is not None:
                     says = f"{patterns.words(v.read)}; an edit {v.needs.says}"  # read, but not editable, under this load
+                tp = ""
+                if model._tp is not None and why is None and v.read.kind != "derived":
+                    tp = tensor_parallel.how(model._target(handle))
                 rows.append(Row(label, type(host._module).__name__, v.name, v.layout.text,
                                 "available" if why is None else "missing" if missing else "unavailable",
-                                says, v.needs is not None))
-    return Support(model.family, rows)
+                                says, v.needs is not None, tp))
+    sharding = model._tp
+    said = "" if sharding is None else (
+        f"tensor parallel over {sharding.size} ranks (this is rank {sharding.rank}): every value is the full tensor on "
+        "every rank, gathered from the ranks' shards; save(local=True) gives the rank's shard")
+    return Support(model.family, rows, said)

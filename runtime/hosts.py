@@ -433,12 +433,18 @@ class Value(_Lazy):
             requests.append(r)
         return owner
 
-    def save(self) -> Any:
-        """The value, once the forward computed it: a tensor (a view, no copy) or a :class:`Box`."""
+    def save(self, local: bool = False) -> Any:
+        """The value, once the forward computed it: a tensor (a view, no copy) or a :class:`Box`.
+
+        On a tensor-parallel model the value is the full one on every rank (gathered from the ranks' shards);
+        ``local=True`` gives the rank's own shard, without communication, its ``tp_shard`` naming the sharded
+        axis (see :mod:`nnatlas.tensor_parallel`). On a model that is not sharded it is the whole value."""
         d = self.__dict__
         host = d["_host"]
         model = host._model
         tracer = model._tracer or model._active_tracer(self.label)
+        if local:
+            return self._save_local(tracer)
         fast = d.get("_fast_save")
         if fast is not None:  # saved before: (target, empty holder or None for a Box, path, scoped, call)
             target, empty, parts, scoped, call = fast
@@ -478,6 +484,24 @@ class Value(_Lazy):
             d["_fast_save"] = (target, None if kind is Box else _EMPTY[kind],
                                None if cached[1] is None else tuple(cached[1].split(".")), scoped,
                                None if target.per_call else target.call)
+        return holder
+
+    def _save_local(self, tracer: Tracer) -> Any:
+        """``save(local=True)``: the rank's shard of the value on a tensor-parallel model."""
+        if self._read.kind == "derived":
+            raise NnatlasError(f"{self.label} is derived from other values: save it whole (save()), or save the "
+                               "values it is computed from with local=True")
+        kind = self.__dict__.get("_kind")
+        if kind is None:
+            kind = self.__dict__["_kind"] = self._holder_kind()
+        holder = _placeholder(kind, self.label)
+        target = self._host._model._target(self)
+        if target.sharded:
+            local = target.__dict__.get("_local_twin")
+            if local is None:
+                local = target.__dict__["_local_twin"] = target.local_copy()  # type: ignore[attr-defined]
+            target = local
+        tracer.add(self.label, "save", target, holder)
         return holder
 
     def _available(self, tracer: Tracer, scoped: bool) -> bool:

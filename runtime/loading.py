@@ -11,7 +11,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from . import introspect, user_specs
+from . import introspect, tensor_parallel, user_specs
 from . import registry as _families
 from .errors import InputError, NnatlasError, Unavailable
 from .given import unwrap
@@ -81,6 +81,8 @@ def wrap(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None,
         elif check is None:  # picked by its own model type: a shipped family's generated tests hold its tree; a user's
             check = bool(_families.origin(fam))  # family (a spec or a draft added in this process) is checked
     assert fam is not None
+    if tensor_parallel.is_sharded(hf):  # sharded by transformers' tensor parallel: a family it cannot run says so now
+        tensor_parallel.refuse_unshardable(fam.name)
     made = _new(_families.model_class(fam) or AtlasModel, fam, hf, tokenizer, processor, peft)
     if check is not False:
         found = mismatches(made)
@@ -333,8 +335,24 @@ def load(name_or_path: str, *, task: str = "text-generation", tokenizer: Any = T
     """
     if spec is not None:
         user_specs.family_for(spec)  # its problems before the weights load (compiled once: wrap finds it compiled)
+    if kwargs.get("tp_plan") is not None or kwargs.get("distributed_config") is not None:
+        _check_shardable(name_or_path)
     hf, tok, processor = _from_pretrained(name_or_path, task, tokenizer, kwargs)
     return wrap(hf, tokenizer=tok, processor=processor, spec=spec, draft=draft)
+
+
+def _check_shardable(name_or_path: str) -> None:
+    """Before tensor parallel loads anything: a config class without a TP plan, or a family transformers' tensor
+    parallel fails on, says so (not a failure deep inside transformers' loading or forward)."""
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(name_or_path)
+    if tensor_parallel.plan_of_config(config) is None:
+        raise Unavailable(f"{type(config).__name__} has no tensor-parallel plan (base_model_tp_plan): transformers "
+                          "cannot shard it with tp_plan='auto'. Load it without tp_plan (device_map='auto' places "
+                          "its layers across devices)")
+    for model_type in _families.model_types(config):
+        tensor_parallel.refuse_unshardable(model_type)
 
 
 def _from_pretrained(name_or_path: str, task: str, tokenizer: Any, kwargs: dict[str, Any]) -> tuple[Any, Any, Any]:

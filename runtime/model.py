@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import foreign_names, readout, registry
+from . import foreign_names, readout, registry, tensor_parallel
 from .cache import Cache, cache_values
 from .describe import Support, render, support
 from .errors import InputError, NnatlasError, UnknownName
@@ -38,6 +38,8 @@ class AtlasModel(ModelTargets):
         """
         if not isinstance(grad, bool):
             raise InputError(f"trace(grad=...): expected True or False, got {grad!r}")
+        if grad and self._tp is not None:
+            tensor_parallel.refuse_grad(self.family)
         model_inputs = prepare(self, inputs, kwargs)
         module = self._runner()
         return Tracer(self, lambda: module(**model_inputs), order=order, grad=grad, inputs=model_inputs)

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from . import tensor_parallel
 from .errors import NnatlasError, Unavailable
 from .hosts import Host, HostList
 from .processing import PromptProcessor
@@ -55,6 +56,8 @@ class ModelTree(Host):
         object.__setattr__(self, "_config_view", ConfigView(getattr(hf_model, "config", None)))
         object.__setattr__(self, "_hosts_cache", {})
         object.__setattr__(self, "_value_specs", {})
+        # transformers' tensor parallel (tp_plan=): None on a model that is not sharded (one attribute read)
+        object.__setattr__(self, "_tp", tensor_parallel.sharding_of(hf_model))
         with _LOCKS_GUARD:
             lock = _LOCKS.setdefault(hf_model, threading.RLock())
         object.__setattr__(self, "_lock", lock)

@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
@@ -112,6 +112,7 @@ class Target:
     per_call: bool = field(default=False, init=False)  # fires once per token of a call (tracer.iter picks which)
     fn_site: bool = field(default=False, init=False)  # at a module-level function (fn: read point)
     _pidx: tuple[int, str | None] | None = field(default=None, init=False, repr=False, compare=False)
+    sharded: ClassVar[bool] = False  # a target on a tensor-parallel model (nnatlas.tensor_parallel.ShardedTarget)
 
     get: Callable[[Any], Any] = field(init=False, repr=False, compare=False)  # payload -> the served value
 

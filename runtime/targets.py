@@ -7,13 +7,14 @@ from typing import Any
 
 import torch
 
-from . import conditions, patterns, sites
+from . import conditions, patterns, sites, tensor_parallel
 from .errors import NnatlasError, Unavailable
 from .hosts import Host, Value, resolve_native
 from .model_tree import ModelTree
 from .requests import CallDim, SiteKey, Target
 from .spec import CALL_DIMS, Condition, Family
 from .trace import Tracer
+from .validate import _config_dims
 
 
 class ModelTargets(ModelTree):
@@ -110,12 +111,28 @@ class ModelTargets(ModelTree):
         target = self._resolve_target(value)
         if spec is not None and spec.layout.dtype != "object":
             target.layout = spec.layout.text  # (a tensor layout: the messages of bad edits name it)
+        if self._tp is not None:  # a tensor-parallel model: served as full values, gathered from the ranks
+            target = self._sharded(value, target)
         path = None
         if target.module is not host_module:
             path = next((n for n, m in host_module.named_modules() if m is target.module), None)
         if key is not None and (target.module is host_module or path is not None):
             self._targets_cache[key] = (host_module, target, path)
         return target
+
+    def _sharded(self, value: Value, target: Target) -> Target:
+        """``target`` on a tensor-parallel model, with the layout's sizes its gathers are found from."""
+        spec = value._spec
+        sizes: tuple[int | None, ...] | None = None
+        axes: tuple[str, ...] = ()
+        if spec is not None and spec.layout.dtype != "object":
+            dims: dict[str, int | None] = dict(_config_dims(self))
+            for host_spec in value._host._specs():
+                if host_spec.dims:
+                    dims = {**dims, **{d: dims.get(e) for d, e in host_spec.dims}}
+            axes = tuple(spec.layout.dims)
+            sizes = tuple(dims.get(d) for d in axes)
+        return tensor_parallel.shard_target(target, self._tp, sizes, axes)
 
     def _resolve_target(self, value: Value) -> Target:
         read, host = value._read, value._host

@@ -214,7 +214,8 @@ class Tracer:
         if t.copy:
             native = t.native(payload)
             if isinstance(native, torch.Tensor):
-                copied = t.with_native(payload, native.clone())
+                # (a rank's shard, save(local=True), is served as a new tensor: the forward keeps its own)
+                copied = payload if t.sharded and t.local else t.with_native(payload, native.clone())  # type: ignore[attr-defined]
                 if action == "save" or action == "capture":
                     # a snapshot: the forward goes on with its own tensor, which it may change in
                     # place later (Falcon adds the attention into the MLP's output), the save keeps
@@ -226,6 +227,8 @@ class Tracer:
                         save_with_grad(t, r, payload, value)  # the hook on the tensor the forward goes on with
                     else:
                         fill(r.payload, value, r.label)
+                        if t.sharded:  # save(local=True): the holder says which slice of the full value it is
+                            r.payload.tp_shard = getattr(value, "tp_shard", None)
                     r.done = True
                     return self._finish(r, payload)
                 payload = copied
@@ -253,7 +256,10 @@ class Tracer:
             # a number is written as it is (the same values as a full tensor, without making one)
             new = val if type(val) in (int, float, bool) else self.resolve(val, current[key], r.label)
             try:
-                current[key] = new
+                if t.sharded:  # the full value's element, written back into each rank's shard
+                    payload = t.edit_in_place(payload, lambda served: served.__setitem__(key, new))  # type: ignore[attr-defined]
+                else:
+                    current[key] = new
             except (RuntimeError, IndexError, TypeError, ValueError) as e:
                 raise InputError(t.edit_error(f"{r.label}[{key!r}] = ...", current, new, e)) from e
         r.done = True
@@ -267,7 +273,8 @@ class Tracer:
         if isinstance(native, torch.Tensor):
             if self._state is None:  # the storages of the model's parameters and buffers, once per trace
                 module = self.model._module
-                self._state = {x.untyped_storage().data_ptr()
+                # (a DTensor's storage is its local shard's: tensor parallel)
+                self._state = {getattr(x, "_local_tensor", x).untyped_storage().data_ptr()
                                for x in (*module.parameters(), *module.buffers()) if x.device.type != "meta"}
             if native.untyped_storage().data_ptr() in self._state:
                 return t.with_native(payload, native.clone())

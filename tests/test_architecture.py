@@ -102,7 +102,7 @@ LAYERS = (
                     "nnatlas.foreign_names"}),
     ("sites", {"nnatlas.interrupts", "nnatlas.sites", "nnatlas.op_scopes", "nnatlas.patterns"}),
     ("requests and the tracer", {"nnatlas.requests", "nnatlas.installers", "nnatlas.function_sites", "nnatlas.trace",
-                                 "nnatlas.validate", "nnatlas.placeholders"}),
+                                 "nnatlas.validate", "nnatlas.placeholders", "nnatlas.tensor_parallel"}),
     ("hosts and values", {"nnatlas.hosts", "nnatlas.processing", "nnatlas.inputs", "nnatlas.introspect", "nnatlas.model_tree",
                           "nnatlas.targets", "nnatlas.given"}),
     ("what a model shows", {"nnatlas.describe", "nnatlas.cache", "nnatlas.readout"}),

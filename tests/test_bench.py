@@ -19,7 +19,8 @@ def test_the_bench_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
     """End to end at its smallest; bloom refuses sdpa: the bench builds it under the loads its class accepts
     (it used to die building it under sdpa)."""
     assert run.main(["--families", "llama,bloom", "--runs", "3", "--gen-runs", "2", "--mid-layers", "0",
-                     "--no-nnsight", "--cache-docs", "0", "--deep", "12", "--grad-traces", "10"]) == 0
+                     "--no-nnsight", "--cache-docs", "0", "--deep", "12", "--grad-traces", "10",
+                     "--tp-runs", "0"]) == 0
     out = capsys.readouterr().out
     for case in ("(a) empty trace", "(b) save every layer output", "(c) save every standard value",
                  "(d) edit every layer", "(e) generate 16"):
@@ -81,7 +82,7 @@ def test_nnsight_reads_the_same_values_where_it_can(capsys: pytest.CaptureFixtur
     pytest.importorskip("nnsight", reason="nnsight is the optional `bench` extra (pip install -e '.[bench]')")
     # (no deep rows, no cache row: the table's other tests run them; 67 s of CI otherwise)
     assert run.main(["--families", "qwen3_5_text", "--cases", "c", "--runs", "2", "--mid-layers", "0",
-                     "--deep", "", "--cache-docs", "0"]) == 0
+                     "--deep", "", "--cache-docs", "0", "--tp-runs", "0"]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if "(c) save every standard value" in line)
     assert "vs nnsight on the 55 of 79 values it can read (not 24: fn reads and what derives from them)" in row
