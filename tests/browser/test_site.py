@@ -124,7 +124,7 @@ def walk(browser: Any, real_site: Path, test_site: Path) -> Walk:
                 out.ids[(tag, path.name)] = set(page.eval_on_selector_all("[id]", "els => els.map(e => e.id)"))
                 out.links[(tag, path.name)] = page.eval_on_selector_all(
                     "a[href], link[href], script[src]", "els => els.map(e => e.getAttribute('href') || e.getAttribute('src'))")
-                full = path.stem in FULL_PAGE
+                full = path.stem in FULL_PAGE if tag == "site" else path.stem == "hybrid_test"  # the test site: its own family
                 for width in (1400, 390):
                     page.set_viewport_size({"width": width, "height": 900})
                     if full:
@@ -135,6 +135,8 @@ def walk(browser: Any, real_site: Path, test_site: Path) -> Walk:
                         page.screenshot(path=str(ARTIFACTS / f"{tag}-{path.stem}-{width}.jpg"), full_page=True,
                                         type="jpeg", quality=60)
                     if width == 390:
+                        # two frames: the page's resize handlers (the scroll cues) run before it is measured
+                        page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
                         over = page.evaluate(_WIDE)
                         if over:
                             out.wide.append((path.name, over))
