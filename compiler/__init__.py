@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import cookbook, emit, files, outdir, printouts, pycheck, reference, status, treecheck
+from . import apiref, cookbook, emit, files, outdir, printouts, pycheck, reference, status, treecheck
 from .errors import GenerateError, Problem, SpecError, UserError
 from .ir import Atlas, FamilyIR
 from .resolve import resolve, resolve_texts
@@ -67,6 +67,7 @@ def render(atlas: Atlas, printout_texts: dict[str, str] | None = None,
     out["generated/docs/atlas.js"] = emit.env().get_template("atlas.js.j2").render()
     out[reference.PATH] = reference.render_md()  # the spec language reference, from the compiler's own models
     out[reference.PAGE] = reference.render_html()
+    out[apiref.PAGE] = apiref.render_html(cookbook_text is not None)  # the runtime's API, from its source
     if cookbook_text is not None:
         out[cookbook.PAGE] = cookbook.render_html(cookbook_text)
     return out

@@ -389,9 +389,13 @@ def page_context(f: FamilyIR, atlas: Atlas, printout: str | None = None) -> dict
     head = printouts.parse_header(printout)
     model = page_model.PageModel(f, head.facts if head else None)
     notes = [{"id": model.uid(f"note-{n.title}"), "title": n.title, "body": n.body} for n in f.notes]
+    papers = dict(atlas.papers)
+    # a hub link for a name that is a hub id (org/name, or a bare legacy name), a paper link where one is recorded
+    sizes = [{**r, "hub": r["name"] if re.fullmatch(r"[\w.-]+(/[\w.-]+)?", r["name"]) else None,
+              "paper": papers.get(r["name"])} for r in model.sizes()]
     return {"f": f, "atlas": atlas, "model": model, "stacks": model.stacks(), "hosts": model.hosts(),
             "checkpoints": model.checkpoints(), "printouts": printouts.body(printout) if printout else [],
-            "notes": notes, "sizes": model.sizes(), "coming_from": model.coming_from(),
+            "notes": notes, "sizes": sizes, "coming_from": model.coming_from(),
             "sae_points": model.sae_points(), "image_text": model.image_text()}
 
 

@@ -210,6 +210,7 @@ class Atlas:
     vocabulary_file: str
     vocabulary_sha256: str
     sources: tuple[tuple[str, str], ...] = ()  # every spec file read: (path, sha256)
+    papers: tuple[tuple[str, str], ...] = ()  # checkpoint id -> arXiv id of its paper (specs/_papers.yaml)
 
     @property
     def digest(self) -> str:

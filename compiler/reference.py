@@ -308,7 +308,8 @@ def presets_section() -> Section:
 def sections() -> list[Section]:
     out = [Section("The spec language", "the-spec-language").p(
         "One YAML file per model family in `specs/`, beside the shared vocabulary `specs/_vocabulary.yaml` and "
-        "the shared notes `specs/_notes.yaml`. Unknown keys are errors; every problem is reported at once as "
+        "the shared notes `specs/_notes.yaml` and `specs/_papers.yaml` (each recorded checkpoint's arXiv id, "
+        "`CHECKPOINT: \"2310.06825\"`, or `CHECKPOINT: {none: why}`: the pages link the paper and the hub page). Unknown keys are errors; every problem is reported at once as "
         "`specs/FILE.yaml:LINE:COL: message`, and nothing is written. `nnatlas new FAMILY --from BASE` writes a "
         "starting spec that extends BASE; `make generate` compiles the specs; `make test` runs what they generate.")
         .table(("file", "holds"), [(f"`{file}`", model_title(model) + (" (a list per `NAME`)" if prefix else ""))

@@ -59,6 +59,8 @@ from .yamlpos import Path as DataPath
 VOCABULARY = "_vocabulary.yaml"
 EXPERTS_IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm")  # what transformers runs on CPU
 SHARED_NOTES = "_notes.yaml"  # groups of notes written once, referenced by families as {shared: NAME}
+PAPERS = "_papers.yaml"  # checkpoint id -> the arXiv id of its paper, or {none: why}: the pages link both
+_ARXIV = re.compile(r"\d{4}\.\d{4,5}")
 PARTS = "parts"  # specs/parts/<part>.yaml: fragments families include (no family: nothing generated for one)
 _EDITS = ("logits", "later", "none")
 MIN_EXAMPLES, MAX_EXAMPLES = 3, 1000  # hypothesis examples per generated test (fewer draws too little of the config space)
@@ -318,6 +320,7 @@ def _resolve(sources: dict[str, Source], problems: list[Problem], folder: str,
         found.extend(vocab_found.items)
         found.raise_if_any()
     shared = _shared_notes(sources.pop(SHARED_NOTES, None), found)
+    papers_src = sources.pop(PAPERS, None)
     part_sources, part_problems = part_files
     found.extend(part_problems)
     parts = _parts(part_sources, found)
@@ -347,11 +350,33 @@ def _resolve(sources: dict[str, Source], problems: list[Problem], folder: str,
         fam = _Family(src, merged, raw, vocab, layouts, found, shared).build()
         if fam is not None:
             families.append(fam)
+    papers = _papers(papers_src, {c.name for f in families for c in f.checkpoints}, found)
     found.raise_if_any()
     all_sources = sorted([(vocab_src.rel, vocab_src.sha256), *((s.rel, s.sha256) for s in sources.values()),
-                          *((s.rel, s.sha256) for s, _ in parts.values())])
+                          *((s.rel, s.sha256) for s, _ in parts.values()),
+                          *([(papers_src.rel, papers_src.sha256)] if papers_src else [])])
     return Atlas(tuple(sorted(families, key=lambda f: f.name)), tuple(layouts.values()),
-                 tuple(vocab.dims.items()), vocab_src.rel, vocab_src.sha256, tuple(all_sources))
+                 tuple(vocab.dims.items()), vocab_src.rel, vocab_src.sha256, tuple(all_sources), papers)
+
+
+def _papers(src: Source | None, checkpoints: set[str], found: Problems) -> tuple[tuple[str, str], ...]:
+    """specs/_papers.yaml: CHECKPOINT: ARXIV_ID (2407.21783), or CHECKPOINT: {none: why} where no paper is
+    known. (checkpoint, arXiv id) for each checkpoint some family records that has a paper."""
+    if src is None:
+        return ()
+    data = src.located.data
+    if not isinstance(data, dict):
+        found.add(src.rel, (1, 1), "the papers are a mapping CHECKPOINT: ARXIV_ID or CHECKPOINT: {none: why}")
+        return ()
+    out = []
+    for name, paper in data.items():
+        at = src.located.pos((name,))
+        if isinstance(paper, str) and _ARXIV.fullmatch(paper):
+            if name in checkpoints:  # a checkpoint no family records (its family removed) links nothing
+                out.append((name, paper))
+        elif not (isinstance(paper, dict) and list(paper) == ["none"] and isinstance(paper["none"], str)):
+            found.add(src.rel, at, f"'{name}': an arXiv id such as 2407.21783, or {{none: why}}")
+    return tuple(sorted(out))
 
 
 def _parts(sources: dict[str, Source], found: Problems) -> dict[str, tuple[Source, PartRaw]]:

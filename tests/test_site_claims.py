@@ -308,3 +308,24 @@ def test_the_index_loads_its_search_entries_on_first_use_and_links_its_matrix() 
     assert '<select id="matrix-family">' in matrix and matrix.count('<option value="') == len(FAMILIES) + 1
     js = _text("atlas.js")
     assert 'script.src = search.getAttribute("data-index")' in js and "setTimeout(function () { timer = null; update(); }" in js
+
+
+# ---- papers: specs/_papers.yaml names recorded checkpoints, with an arXiv id or {none: why} ----
+
+def test_papers_cover_every_checkpoint_and_a_bad_entry_is_one_spec_error() -> None:
+    from nnatlas.compiler import SpecError, compile_texts
+
+    papers = dict(_atlas().papers)
+    checkpoints = {c.name for f in _atlas().families for c in f.checkpoints}
+    listed = set(re.findall(r"^([^#\s][^:]*):", (ROOT / "specs" / "_papers.yaml").read_text(encoding="utf-8"), re.M))
+    assert listed == checkpoints  # each with its paper, or a note that none is known
+    assert papers["mistralai/Mistral-7B-v0.1"] == "2310.06825" and "openai-community/gpt2" not in papers
+    assert 'href="https://arxiv.org/abs/2310.06825"' in _text("mistral.html")
+    assert 'href="https://huggingface.co/openai-community/gpt2"' in _text("gpt2.html")
+    texts = {n: (ROOT / "specs" / n).read_text(encoding="utf-8") for n in ("_vocabulary.yaml", "llama.yaml")}
+    texts["_papers.yaml"] = "meta-llama/Llama-3.2-1B: arxiv.org/abs/1\nnot/a-checkpoint: {none: 3}\n"
+    with pytest.raises(SpecError) as e:
+        compile_texts(texts)
+    text = str(e.value)
+    assert "specs/_papers.yaml:1:" in text and "an arXiv id" in text
+    assert "specs/_papers.yaml:2:" in text and "'not/a-checkpoint': an arXiv id" in text

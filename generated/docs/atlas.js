@@ -27,6 +27,9 @@
     }
     slider.addEventListener("input", show);
     slider.addEventListener("change", show);
+    ticks.forEach(function (t, j) {  // a tick picks its block (on a phone the ticks are a grid of numbers)
+      t.addEventListener("click", function () { slider.value = String(j); show(); });
+    });
     show();
   }
 
@@ -49,7 +52,32 @@
     var section = part.closest("section") || document;
     section.querySelectorAll(".card").forEach(function (c) { if (c !== card) { c.hidden = true; } });
     card.hidden = false;
+    place(part, card);
   }
+  // on a wide screen a card sits next to its part, inside the window: below it when it fits, else above
+  // (a card under a diagram at the bottom of the window was below the fold); a phone pins it to the bottom
+  var wide = window.matchMedia ? window.matchMedia("(min-width: 701px)") : null;
+  function place(part, card) {
+    if (!wide || !wide.matches) { card.style.position = ""; card.style.top = ""; card.style.left = ""; return; }
+    card.style.position = "fixed";
+    card.style.zIndex = "30";
+    var r = part.getBoundingClientRect();
+    var w = card.offsetWidth, h = card.offsetHeight;
+    var top = r.bottom + 8;
+    if (top + h > window.innerHeight - 8) { top = r.top - h - 8; }
+    top = Math.max(8, Math.min(top, window.innerHeight - h - 8));
+    var left = Math.max(8, Math.min(r.left, window.innerWidth - w - 8));
+    card.style.top = Math.round(top) + "px";
+    card.style.left = Math.round(left) + "px";
+  }
+  function replace() {
+    document.querySelectorAll("button.part").forEach(function (part) {
+      var card = cardOf(part);
+      if (card && !card.hidden && (pinned === part || part.matches(":hover, :focus"))) { place(part, card); }
+    });
+  }
+  window.addEventListener("scroll", replace, { passive: true });
+  window.addEventListener("resize", replace);
   function leave(part) {
     if (pinned === part) { return; }
     var card = cardOf(part);
@@ -66,7 +94,7 @@
     pinned = part;
     part.setAttribute("aria-pressed", "true");
     var card = cardOf(part);
-    if (card) { card.hidden = false; }
+    if (card) { card.hidden = false; place(part, card); }
   }
   function setupParts() {
     document.querySelectorAll("button.part").forEach(function (part) {
@@ -179,6 +207,10 @@
         results.setAttribute("data-query", q);  // what the list shows (a debounced query lands later)
       }
       if (count) { count.textContent = shown + " of " + families.length + " families" + (q ? ", " + hits.length + " matches" : ""); }
+      var params = new URLSearchParams();
+      if (search.value.trim()) { params.set("q", search.value.trim()); }
+      traits.forEach(function (t) { params.append("trait", t); });
+      keepState(params);
     }
     filters.forEach(function (b) {
       b.addEventListener("click", function () {
@@ -192,6 +224,11 @@
       timer = setTimeout(function () { timer = null; update(); }, 120);
     });
     search.addEventListener("focus", function () { withIndex(function () {}); }, { once: true });
+    var start = new URLSearchParams(window.location.search);  // a reload or a shared link keeps the query
+    if (start.get("q")) { search.value = start.get("q"); }
+    start.getAll("trait").forEach(function (t) {
+      filters.forEach(function (b) { if (b.getAttribute("data-trait") === t) { b.setAttribute("aria-pressed", "true"); } });
+    });
     var clear = document.getElementById("clear-filters");
     if (clear) {
       clear.addEventListener("click", function () {
@@ -213,8 +250,62 @@
         cell.hidden = fam !== "" && cell.getAttribute("data-col-family") !== fam;
       });
     }
-    pick.addEventListener("change", show);
+    var start = new URLSearchParams(window.location.search).get("family");
+    if (start && pick.querySelector("option[value='" + start.replace(/[^A-Za-z0-9_]/g, "") + "']")) { pick.value = start; }
+    pick.addEventListener("change", function () {
+      show();
+      var params = new URLSearchParams();
+      if (pick.value) { params.set("family", pick.value); }
+      keepState(params);
+    });
     show();
+  }
+
+  // the search and the filters live in the address (?q=…&trait=…, ?family=…): a reload or a link restores them
+  function keepState(params) {
+    var qs = params.toString();
+    var url = window.location.pathname + (qs ? "?" + qs : "") + window.location.hash;
+    if (url !== window.location.pathname + window.location.search + window.location.hash) {
+      try { window.history.replaceState(null, "", url); } catch (e) { /* a browser that refuses it keeps the page as it is */ }
+    }
+  }
+
+  // ---- a table wider than its area gets a shadowed edge and a "scroll →" hint ----
+  function setupScrollCues() {
+    var areas = [];
+    document.querySelectorAll(".scroll").forEach(function (el) {
+      var hint = document.createElement("span");
+      hint.className = "scroll-hint";
+      hint.setAttribute("aria-hidden", "true");
+      hint.textContent = "scroll →";
+      el.parentNode.insertBefore(hint, el);
+      areas.push([el, hint]);
+    });
+    function check() {
+      areas.forEach(function (a) {
+        var over = a[0].scrollWidth > a[0].clientWidth + 1;
+        a[0].classList.toggle("scrollable", over);
+        a[1].hidden = !over;
+      });
+    }
+    check();
+    window.addEventListener("resize", check);
+  }
+
+  // ---- heading permalinks: a # link after each h2 and h3 with an id, or heading a section or note with one ----
+  function setupPermalinks() {
+    document.querySelectorAll("main h2, main h3").forEach(function (h) {
+      var id = h.id;
+      var box = h.parentElement;
+      if (!id && box && box.id && (box.tagName === "SECTION" || box.tagName === "ARTICLE") && box.querySelector("h2, h3") === h) { id = box.id; }
+      if (!id || h.querySelector("a.permalink")) { return; }
+      var a = document.createElement("a");
+      a.className = "permalink";
+      a.href = "#" + id;
+      a.textContent = "#";
+      a.setAttribute("aria-label", "link to this section");
+      h.appendChild(a);
+    });
   }
 
   // ---- code: a copy button on each block, Python highlighted (a small tokenizer, no library) ----
@@ -296,4 +387,6 @@
   setupMatrix();
   setupCode();
   setupTableFilters();
+  setupScrollCues();
+  setupPermalinks();
 }());

@@ -84,10 +84,10 @@ def test_a_skip_link_and_a_table_of_contents_on_a_long_page(page: Any, real_site
     toc = page.locator("nav.toc")
     notes = page.locator("#notes article.note")
     assert notes.count() >= 10
-    assert toc.locator("ol ol li a").count() == notes.count()
+    assert toc.locator("ol.toc-notes li a").count() == notes.count()
     for target in ("#block", "#vision", "#sizes", "#coming-from", "#support", "#config", "#notes"):
         assert toc.locator(f"a[href='{target}']").count() == 1, target
-    toc.locator("ol ol li a").nth(3).click()
+    toc.locator("ol.toc-notes li a").nth(3).click()
     assert page.locator("article.note:target").count() == 1
     assert page.errors == []
 

@@ -1,0 +1,145 @@
+"""Reading the site (issue 30): dark mode, heading permalinks and section numbers that match the contents,
+the search and the matrix's family in the address, cards kept in the window, a tap on a tick, each
+checkpoint's hub and paper links, and the API reference."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+# WCAG contrast of an element's text on the first opaque background behind it
+_CONTRAST = """sel => {
+  const rgb = c => (c.match(/[\\d.]+/g) || []).map(Number);
+  const lum = c => { const v = rgb(c).slice(0, 3).map(x => { x /= 255; return x <= 0.03928 ? x / 12.92 : ((x + 0.055) / 1.055) ** 2.4; });
+                     return 0.2126 * v[0] + 0.7152 * v[1] + 0.0722 * v[2]; };
+  const bg = e => { for (; e; e = e.parentElement) { const c = getComputedStyle(e).backgroundColor; const a = rgb(c);
+                    if (a.length === 3 || a[3] > 0.5) return c; } return 'rgb(255, 255, 255)'; };
+  const out = [];
+  for (const e of Array.from(document.querySelectorAll(sel)).slice(0, 40)) {
+    const r = e.getBoundingClientRect();
+    if (!r.width) continue;
+    const a = lum(getComputedStyle(e).color), b = lum(bg(e));
+    out.push([e.tagName + '.' + e.className, (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05)]);
+  }
+  return {bg: lum(bg(document.body)), pairs: out}; }"""
+
+
+def _open(page: Any, path: Path) -> None:
+    page.goto(path.as_uri())
+    page.wait_for_load_state("load")
+
+
+def test_dark_mode_follows_the_system_and_keeps_text_and_diagrams_legible(browser: Any, real_site: Path) -> None:
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme="dark")
+    page = ctx.new_page()
+    try:
+        for name, text_sel, other_sel in (
+                ("llama.html", "main p, main td, main h2", ".part-name, .part-value, .identity code, .kind-label, .hub-links a, code.where"),
+                ("index.html", "main p, .family, main h2", ".chip, .crumbs a, .family a code"),
+                ("qwen3_5_text.html", "#notes p", "pre code, .tok-keyword, .tok-string, .tok-comment, .copy, .needs")):
+            _open(page, real_site / name)
+            seen = page.evaluate(_CONTRAST, text_sel)
+            assert seen["bg"] < 0.05, name  # a dark background
+            assert seen["pairs"] and min(c for _, c in seen["pairs"]) >= 7, (name, min(seen["pairs"], key=lambda p: p[1]))
+            other = page.evaluate(_CONTRAST, other_sel)["pairs"]
+            assert other and min(c for _, c in other) >= 4.5, (name, min(other, key=lambda p: p[1]))
+    finally:
+        ctx.close()
+
+
+def test_sections_are_numbered_as_the_contents_list_them_and_headings_have_permalinks(page: Any, real_site: Path) -> None:
+    for name in ("llama.html", "qwen3_5_text.html"):
+        _open(page, real_site / name)
+        toc = page.eval_on_selector_all("nav.toc details > ol > li > a", "els => els.map(e => e.getAttribute('href'))")
+        heads = page.eval_on_selector_all("main > section > h2", "els => els.map(e => ['#' + e.parentElement.id, "
+                                          "e.querySelector('.num').textContent])")
+        assert [h for h, _ in heads] == toc
+        assert [n for _, n in heads] == [str(k) for k in range(1, len(toc) + 1)]  # 1..N, no 01b, 02a
+        links = page.eval_on_selector_all("main h2 a.permalink", "els => els.map(e => e.getAttribute('href'))")
+        assert links == toc
+        assert page.locator("#notes article.note h3 a.permalink").count() == page.locator("#notes article.note").count()
+    page.locator("#sizes h2 a.permalink").click()
+    assert page.url.endswith("#sizes")
+    assert page.errors == []
+
+
+def test_the_search_and_the_matrix_family_live_in_the_address(page: Any, real_site: Path) -> None:
+    _open(page, real_site / "index.html")
+    page.click("button.trait-filter[data-trait='Mixture of experts']")
+    page.fill("#search", "router_logits")
+    page.wait_for_function("() => document.getElementById('results').dataset.query === 'router_logits'")
+    shown = page.eval_on_selector_all("li.family:not([hidden])", "els => els.map(e => e.dataset.family)")
+    assert "q=router_logits" in page.url and "trait=Mixture" in page.url
+    page.reload()
+    page.wait_for_function("() => document.getElementById('results').dataset.query === 'router_logits'")
+    assert page.input_value("#search") == "router_logits"
+    assert page.get_attribute("button.trait-filter[data-trait='Mixture of experts']", "aria-pressed") == "true"
+    assert page.eval_on_selector_all("li.family:not([hidden])", "els => els.map(e => e.dataset.family)") == shown
+    page.click("#clear-filters")
+    assert "?" not in page.url
+    _open(page, real_site / "matrix.html")
+    page.select_option("#matrix-family", "mixtral")
+    assert page.url.endswith("matrix.html?family=mixtral")
+    page.reload()
+    assert page.input_value("#matrix-family") == "mixtral"
+    assert page.locator("table.matrix thead tr:first-child th[data-col-family]:visible").count() == 1
+    assert page.errors == []
+
+
+def test_a_card_stays_in_the_window_and_a_tick_picks_its_block(page: Any, real_site: Path) -> None:
+    _open(page, real_site / "llama.html")
+    part = page.locator("section#block .kind:not([hidden]) button.part.role-mlp")
+    # the part on the window's last lines: a card drawn below it would be below the fold
+    part.evaluate("e => window.scrollTo(0, e.getBoundingClientRect().bottom + window.scrollY - 890)")
+    part.hover()
+    card = page.locator("#" + part.get_attribute("data-card"))
+    assert card.is_visible()
+    cb, pb = card.bounding_box(), part.bounding_box()
+    assert cb is not None and pb is not None
+    assert pb["y"] + pb["height"] > 800  # the part is low in the window
+    assert 0 <= cb["y"] and cb["y"] + cb["height"] <= 900 and 0 <= cb["x"] and cb["x"] + cb["width"] <= 1280
+    _open(page, real_site / "deepseek_v3.html")
+    page.locator("section#block .tick").nth(5).click()
+    assert page.locator("section#block .pick-i").inner_text() == "i = 5"
+    assert page.locator("section#block input.slider").input_value() == "5"
+    assert page.errors == []
+
+
+def test_each_checkpoint_links_its_hub_page_and_its_paper_where_one_is_known(page: Any, real_site: Path) -> None:
+    import yaml
+
+    from .conftest import ROOT
+
+    papers = yaml.safe_load((ROOT / "specs" / "_papers.yaml").read_text(encoding="utf-8"))
+    _open(page, real_site / "mistral.html")
+    row = page.locator("table.sizes tbody tr").first
+    assert row.locator("a", has_text="hub").get_attribute("href") == "https://huggingface.co/mistralai/Mistral-7B-v0.1"
+    assert row.locator("a", has_text="paper").get_attribute("href") == f"https://arxiv.org/abs/{papers['mistralai/Mistral-7B-v0.1']}"
+    _open(page, real_site / "gpt2.html")
+    row = page.locator("table.sizes tbody tr").first
+    assert row.locator("a", has_text="hub").get_attribute("href") == "https://huggingface.co/openai-community/gpt2"
+    assert row.locator("a", has_text="paper").count() == 0  # specs/_papers.yaml: {none: ...}
+    assert page.errors == [] and page.requests == []
+
+
+def test_the_api_reference_names_every_public_name_and_is_linked_from_the_index(page: Any, real_site: Path) -> None:
+    import nnatlas
+
+    _open(page, real_site / "index.html")
+    assert page.locator("header .crumbs a[href='api.html']").count() == 1
+    assert page.locator("header .crumbs a[href='cookbook.html']").count() == 1
+    _open(page, real_site / "api.html")
+    ids = set(page.eval_on_selector_all("[id]", "els => els.map(e => e.id)"))
+    assert {f"api-{n}" for n in nnatlas.__all__} <= ids, {f"api-{n}" for n in nnatlas.__all__} - ids
+    for method in ("trace", "generate", "cache", "support", "value", "unembed", "logit_lens"):
+        assert f"api-AtlasModel-{method}" in ids, method
+    sig = page.locator("#api-AtlasModel-trace .api-sig").inner_text()
+    assert re.search(r"trace\(inputs: Any=None, \*, order: str='strict', grad: bool=False", sig), sig
+    assert "docstring" not in page.locator("#api-load").inner_text()  # load's own docstring is shown
+    assert page.locator("main pre code").count() == 0  # no code example on it to keep running: those are the cookbook's
+    assert page.errors == []
