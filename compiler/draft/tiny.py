@@ -73,10 +73,16 @@ class Tiny:
         return params
 
 
-def causal_lm_class(model_type: str) -> str:
+def causal_lm_class(model_type: str, config_cls: type | None = None) -> str:
+    """The causal-LM class of a model type; for a type the mapping lacks (a multimodal wrapper's text config, such as
+    emu3_text_model), the mapped class whose config class is ``config_cls``."""
+    import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     cls = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    if cls is None and config_cls is not None:
+        cls = next((c for c in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() if isinstance(c, str)
+                    and getattr(getattr(transformers, c, None), "config_class", None) is config_cls), None)
     if cls is None:
         raise DraftError(f"model type '{model_type}' has no causal-LM class in transformers "
                          "(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)")
@@ -113,7 +119,7 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     base = base_config(model_type, path)
     asked = model_type
     model_type = base.model_type
-    model_class = causal_lm_class(model_type)
+    model_class = causal_lm_class(model_type, type(base))
     text = getattr(getattr(transformers, model_class, None), "config_class", None)
     if isinstance(text, type) and not isinstance(base, text) and isinstance(getattr(base, "text_config", None), text):
         # a composite config (text and vision ...) whose causal-LM class takes the text config alone
@@ -141,8 +147,9 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
         fixed["num_experts_per_tok"] = FIXED["num_experts_per_tok"]
     for name, value in ALL_SPARSE.items():
         cur = getattr(base, name, None)
+        if cur is not None and isinstance(cur, (int, list)) and not isinstance(cur, bool):
+            fixed[name] = value  # (also when a checkpoint's config says so already: the class default may not)
         if cur is not None and cur != value and isinstance(cur, (int, list)) and not isinstance(cur, bool):
-            fixed[name] = value
             tiny_notes.append(f"{name}: {value} makes every tiny block a mixture; the checkpoints' config says {cur!r}: "
                               "their dense blocks are not mapped by this draft (one MLP class per host path)")
     for name in DROPOUTS:
@@ -180,12 +187,14 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
         return tiny
     tiny.names["heads"] = heads
     kinds = getattr(base, "mlp_layer_types", None)
-    if isinstance(kinds, list) and len(set(kinds)) > 1:  # per-block MLP kinds: every tiny block the commonest
+    if isinstance(kinds, list) and kinds:  # per-block MLP kinds: every tiny block the commonest (also when the
+        # checkpoint's are all one: the config class's default for another layer count may not be)
         common = max(set(kinds), key=kinds.count)
         options = draw[layers]
         draw["mlp_layer_types"] = f"{[[common] * n for n in options]!r}[{layers} - {options[0]}]"
-        tiny.notes.append(f"mlp_layer_types: every tiny block {common!r}; the checkpoints' first blocks are "
-                          f"{kinds[0]!r}, which this draft does not map (one MLP class per host path)")
+        if len(set(kinds)) > 1:
+            tiny.notes.append(f"mlp_layer_types: every tiny block {common!r}; the checkpoints' first blocks are "
+                              f"{kinds[0]!r}, which this draft does not map (one MLP class per host path)")
     draw[heads] = [2, 4]
     if kv is not None:
         tiny.names["kv_heads"] = kv
@@ -291,8 +300,31 @@ def _explicit_types(config_cls: Any, layers: str, fixed: dict[str, Any], n: int,
     return True
 
 
-def build(tiny: Tiny, params: dict[str, Any] | None = None, attn_implementation: str = "eager", seed: int = 0) -> Any:
-    """The tiny model, float32, eval mode (raises DraftError when it does not build)."""
+def perturbed(tiny: Tiny, params: dict[str, Any], seed: int = 0) -> dict[str, Any]:
+    """``params`` with every scalar factor of the config (and of its text config) drawn away from its default, as
+    the generated tests and a draft's verification draw them (``nnatlas.testing.perturb``): an identity or a read
+    point that holds only at a factor's default (a multiplier of 1, a scale of 0) is then not proposed."""
+    import copy
+
+    import transformers
+
+    from nnatlas.testing import perturb_config
+
+    try:
+        config = getattr(transformers, tiny.config_class)(**copy.deepcopy(params))
+    except Exception as e:  # noqa: BLE001 - the build says so, with the config
+        raise DraftError(f"{tiny.model_class} does not build from the tiny config {params}: {type(e).__name__}: {e}") from e
+    out = {**params, **perturb_config(config, seed)}
+    text = config.get_text_config()
+    if text is not config and isinstance(out.get("text_config"), dict):
+        out["text_config"] = {**out["text_config"], **perturb_config(text, seed + 1)}
+    return out
+
+
+def build(tiny: Tiny, params: dict[str, Any] | None = None, attn_implementation: str = "eager", seed: int = 0,
+          perturb: bool = False) -> Any:
+    """The tiny model, float32, eval mode (raises DraftError when it does not build); ``perturb``: its constant
+    weights (biases, norm gains, layer scalars) drawn at random (``nnatlas.testing.perturb_tensors``)."""
     import torch
     import transformers
 
@@ -305,6 +337,10 @@ def build(tiny: Tiny, params: dict[str, Any] | None = None, attn_implementation:
                 getattr(config, sub)._attn_implementation = attn_implementation
         torch.manual_seed(seed)
         model = getattr(transformers, tiny.model_class)(config).float().eval()
+        if perturb:
+            from nnatlas.testing import perturb_tensors
+
+            perturb_tensors(model, seed)
     except Exception as e:  # noqa: BLE001 - any failure here means: this type does not build tiny
         raise DraftError(f"{tiny.model_class} does not build from the tiny config {params}: "
                          f"{type(e).__name__}: {e}") from e
