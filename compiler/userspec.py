@@ -170,7 +170,7 @@ def checks(family: str, budget_s: float = 60.0) -> tuple[list[str], list[tuple[C
 
 
 # what each oracle check compares with transformers' own outputs: values it verifies (never refused for an identity)
-ORACLE_VALUES = {"hidden_states": ("layer_output",), "logits": ("logits",),
+ORACLE_VALUES = {"hidden_states": ("layer_input", "layer_output", "final_norm_output"), "logits": ("logits",),
                  "attentions": ("attention_probabilities",), "router_logits": ("router_logits",)}
 WORD = r"[A-Za-z_][A-Za-z0-9_]*(?:\[[0-9i]+\])?(?:\.[A-Za-z_][A-Za-z0-9_]*(?:\[[0-9i]+\])?)*"
 
@@ -195,6 +195,8 @@ def draft_verified(model_type: str, model_path: str | None = None, budget_s: flo
     its identity dropped, then verified again; one whose hidden states or logits differ from transformers', whose twin
     does not build, or that ran out of time raises UserError listing the failures. The family is added to the lookup
     (``first``: before the shipped ones, as the sweep's draft of a shipped type) and stays there when it verified."""
+    import re
+
     import transformers
 
     from nnatlas import registry
@@ -209,6 +211,11 @@ def draft_verified(model_type: str, model_path: str | None = None, budget_s: flo
     shown = shown or f"<draft of {model_type}>"
     refused: list[str] = []
     text = d.text
+    taken = {f.stem for f in shipped_specs().glob("*.yaml")}
+    if not first and p.family in taken:  # (gpt-sw3 runs GPT-2's classes: its draft is named gpt2, a shipped family)
+        own = re.sub(r"[^a-z0-9_]", "_", model_type.lower())
+        p.family = own if own not in taken else f"draft_{own}"
+        text = writer.write(p, transformers.__version__)
     for _ in range(4):
         module = compile_text(text.encode("utf-8"), shown, shipped_name=first)
         name = module.FAMILY.name

@@ -156,7 +156,10 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
         if isinstance(getattr(base, name, None), float):
             fixed[name] = 0.0
     for name in ATTENTION_AT:  # a hybrid whose default stack has no attention block: one at block 1
-        if name in base.to_dict() and not getattr(base, name, None):
+        given = getattr(base, name, None)
+        if path is not None and isinstance(given, list) and given:  # a checkpoint's own: kept (those in a tiny stack)
+            fixed[name] = [i for i in given if isinstance(i, int) and i < 3] or [1]
+        elif name in base.to_dict() and not given:
             fixed[name] = [1]
             tiny_notes.append(f"{name}: [1] puts an attention block in the tiny stack (the default config has none)")
     for name, value in listed_flags(base, "auto_adjust"):  # sizes the model rounds itself (lfm2's MLP width)
@@ -167,7 +170,13 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     tiny = Tiny(model_type, model_class, config_class, fixed, {}, tiny_notes)
     tiny.also = [asked] if asked != model_type and path is None else []
     listed = base.to_dict()
-    layers, heads, kv, hidden = _first(base, LAYERS), _first(base, HEADS), _first(base, KV_HEADS), _first(base, HIDDEN)
+    # the layer count the config stores (LongCat-Flash stores num_layers; its num_hidden_layers, twice that, counts
+    # the sublayers and is derived)
+    layers = _first(base, LAYERS)
+    if layers is not None and layers not in listed and layers not in (getattr(type(base), "attribute_map", None) or {}):
+        layers = next((n for n in LAYERS if isinstance(listed.get(n), int) and not isinstance(listed.get(n), bool)),
+                      layers)
+    heads, kv, hidden = _first(base, HEADS), _first(base, KV_HEADS), _first(base, HIDDEN)
     kv = kv or next((n for n in KV_HEADS if n in listed), None)  # None by default: as many as the heads
     inter = _first(base, INTERMEDIATE) or next((n for n in INTERMEDIATE if n in base.to_dict()), None)
     if layers is None or hidden is None or (heads is None and not _attention_free(base)):
