@@ -125,6 +125,17 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
         # a composite config (text and vision ...) whose causal-LM class takes the text config alone
         base = text() if path is None else base.text_config
         model_type = base.model_type
+    inner = base.get_text_config() if hasattr(base, "get_text_config") else base
+    if inner is not base and _first(base, LAYERS) is None and _first(inner, LAYERS) is not None:
+        # a multimodal wrapper whose causal-LM class takes the whole config (Gemma 3, Fuyu): drafted through its
+        # text model, the causal-LM class of its text config
+        try:
+            text_class = causal_lm_class(inner.model_type, type(inner))
+        except DraftError:
+            text_class = None
+        if text_class is not None:
+            base = inner if path is not None else type(inner)()
+            model_type, model_class = base.model_type, text_class
     config_class = type(base).__name__
     for cls in (model_class, config_class):
         if not hasattr(transformers, cls):
