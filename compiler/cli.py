@@ -229,27 +229,57 @@ def run_draft(args: Any) -> int:
     if out.exists() and not args.force:
         print(f"nnatlas draft: {out} exists; give another --out, or --force to overwrite it", file=sys.stderr)
         return 2
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(d.text, encoding="utf-8")
     n_values = sum(len(h.values) for h in d.proposal.hosts.values())
-    print(f"nnatlas draft: wrote {out} ({len(d.proposal.hosts)} hosts, {n_values} values, "
-          f"{len(d.proposal.todos)} TODO)")
-    for todo in d.proposal.todos:
-        print(f"  TODO {todo}")
+    said = f"({len(d.proposal.hosts)} hosts, {n_values} values, {len(d.proposal.todos)} TODO)"
     if args.no_test:
+        _write(out, d.text)
+        print(f"nnatlas draft: wrote {out} {said}, untested")
+        _todos(d.proposal.todos)
         return 0
+    # generate and the generated tests first: only a draft that passes both is written where asked (specs/)
+    failures: list[str] = []
     compiled = compile_draft(d.text, d.proposal.family, root / "specs", [args.extends] if args.extends else None)
     if compiled.family is None:
-        print(f"generate: FAILED\n{compiled.error}")
-        return 1
-    print("generate: ok")
-    run = run_tests(compiled.family)
-    print(f"generated tests: {'ok' if run.ok else 'FAILED'} ({run.passed} passed, {run.failed} failed, "
-          f"{run.errors} errors)")
-    if not run.ok:
-        print(run.output[-4000:])
-    return 0 if run.ok else 1
+        failures = ["generate: " + line for line in compiled.error.splitlines()]
+        report = f"generate: FAILED\n{compiled.error}"
+    else:
+        run = run_tests(compiled.family)
+        report = (f"generate: ok\ngenerated tests: {'ok' if run.ok else 'FAILED'} ({run.passed} passed, {run.failed} "
+                  f"failed, {run.errors} errors)")
+        if not run.ok:
+            failures = [f"generated test failed: {f}" for f in run.failures] or [run.output.strip().splitlines()[-1]]
+            report += "\n" + run.output[-4000:]
+    if not failures:
+        _write(out, d.text)
+        print(f"nnatlas draft: wrote {out} {said}")
+        _todos(d.proposal.todos)
+        print(report)
+        return 0
+    beside = failing_path(out)
+    head = [f"# FAILING DRAFT: not written to {out} ({len(failures)} failure{'s' if len(failures) != 1 else ''}); "
+            "fix these, then move it there:"] + [f"#   {' '.join(f.split())}" for f in failures] + ["#"]
+    _write(beside, "\n".join(head) + "\n" + d.text)
+    print(f"nnatlas draft: the draft FAILED; wrote it to {beside} with its failures at the top, not to {out} {said}")
+    _todos(d.proposal.todos)
+    print(report)
+    return 1
 
+
+def failing_path(out: Path) -> Path:
+    """Where a failing draft is written instead of ``out``: never in a folder of specs (generate reads every
+    ``*.yaml`` of specs/): ``drafts/NAME.failing.yaml`` beside a specs/ folder, else ``NAME.failing.yaml`` beside out."""
+    name = f"{out.stem}.failing.yaml"
+    return out.parent.parent / "drafts" / name if out.parent.name == "specs" else out.with_name(name)
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def _todos(todos: list[str]) -> None:
+    for todo in todos:
+        print(f"  TODO {todo}")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -82,30 +82,25 @@ def drafted(model: Any, budget_s: float = 120.0) -> Family:
     module = _COMPILED.get(key) or _from_disk(digest, key)
     if module is None:
         from nnatlas.compiler import SpecError, UserError  # the one place the runtime reaches the compiler
-        from nnatlas.compiler.userspec import compile_text, draft_text, verify
+        from nnatlas.compiler.userspec import DraftFailed, draft_verified
 
-        shown = f"<draft of {types[0]}>"
         try:
             with tempfile.TemporaryDirectory(prefix="nnatlas-draft-config-") as tmp:
                 Path(tmp, "config.json").write_text(json.dumps(json.loads(config_json)))
-                text = draft_text(types[0], tmp)
-            module = compile_text(text.encode("utf-8"), shown)
+                done = draft_verified(types[0], tmp, budget_s)
         except SpecError as e:
             raise NnatlasError(f"draft=True: the drafted spec for {types[0]} does not compile; write it out with "
                                f"`nnatlas draft {types[0]} --out FILE`, fix it, and load with spec=FILE:\n{e}") from None
+        except DraftFailed as e:
+            raise NnatlasError(f"draft=True: {e}; nothing is served. Write it out with `nnatlas draft {types[0]} --out "
+                               "FILE`, fix it, and load with spec=FILE:\n  " + "\n  ".join(e.failed)) from None
         except UserError as e:
             raise NnatlasError(f"draft=True: {e}") from None
-        registry.add_user(module)
-        held, failed = verify(module.FAMILY.name, budget_s)
-        if failed or not held:
-            registry.remove_user(module.FAMILY.name)
-            raise NnatlasError(f"draft=True: the drafted spec for {types[0]} did not verify on a tiny twin "
-                               f"({len(held)} checks held, {len(failed)} did not); nothing is served. Write it out with "
-                               f"`nnatlas draft {types[0]} --out FILE`, fix it, and load with spec=FILE:\n  "
-                               + "\n  ".join(failed))
+        module = done.module
         _COMPILED[key] = module
+        refused = (f"; refused (served as missing, each saying why): {'; '.join(done.refused)}" if done.refused else "")
         _ORIGINS[key] = (f"drafted in memory by nnatlas draft, not reviewed; served because its oracle and identities "
-                         f"held on a perturbed tiny twin: {', '.join(held)}")
+                         f"held on a perturbed tiny twin: {', '.join(done.held)}{refused}")
         _to_disk(digest, module, _ORIGINS[key])
     registry.add_user(module, _ORIGINS[key])
     return module.FAMILY  # type: ignore[no-any-return]

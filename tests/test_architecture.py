@@ -179,7 +179,10 @@ DATA_MODEL = {"nnatlas.spec", "nnatlas.conditions", "nnatlas.foreign_names"}
 TOOLS = {"nnatlas.compiler.printouts": {"nnatlas"},  # nnatlas.wrap, on the meta device
          "nnatlas.compiler.treecheck": {"nnatlas", "nnatlas.introspect", "nnatlas.testing"},
          "nnatlas.compiler.cli": {"nnatlas.cache_cli"},  # the `nnatlas cache` command
-         "nnatlas.compiler.userspec": {"nnatlas.testing"}}  # a draft's oracle on a tiny twin (draft=True)
+         # a draft's oracle on a tiny twin (draft=True), the draft put in the lookup while it is verified
+         "nnatlas.compiler.userspec": {"nnatlas.testing", "nnatlas.registry"},
+         "nnatlas.compiler.draft.tiny": {"nnatlas.testing"},  # the drafter's tiny model, perturbed as the tests do
+         "nnatlas.compiler.draft.sweep": {"nnatlas.registry"}}  # whether a shipped family loads a type's tiny model
 
 
 def test_the_compiler_imports_the_runtimes_data_model_only() -> None:

@@ -116,6 +116,32 @@ def test_cli_writes_the_draft(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "no model type 'nope'" in capsys.readouterr().err
 
 
+def test_a_failing_draft_never_lands_in_specs(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A draft whose generated tests fail is written beside the specs folder (generate reads every spec there), with
+    its failures at the top; one that does not compile too."""
+    from nnatlas.compiler import cli
+    from nnatlas.compiler.draft import check
+
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    failed = check.TestRun(3, 1, 0, "FAILED test_llama.py::test_identity[layers[i]-0]\n1 failed, 3 passed",
+                           ["test_llama.py::test_identity[layers[i]-0]"])
+    monkeypatch.setattr(check, "run_tests", lambda *a, **k: failed)
+    assert main(["draft", "llama", "--out", str(specs / "my_llama.yaml")]) == 1
+    assert list(specs.iterdir()) == []
+    beside = tmp_path / "drafts" / "my_llama.failing.yaml"
+    text = beside.read_text()
+    assert text.startswith(f"# FAILING DRAFT: not written to {specs / 'my_llama.yaml'} (1 failure); fix these")
+    assert "#   generated test failed: test_llama.py::test_identity[layers[i]-0]\n" in text
+    assert f"wrote it to {beside} with its failures at the top" in capsys.readouterr().out
+    monkeypatch.setattr(check, "compile_draft", lambda *a, **k: check.Compiled(None, None, "x.yaml:3:1: broken"))
+    assert main(["draft", "llama", "--out", str(tmp_path / "mine.yaml")]) == 1
+    assert not (tmp_path / "mine.yaml").exists()
+    assert "#   generate: x.yaml:3:1: broken" in (tmp_path / "mine.failing.yaml").read_text()
+    assert cli.failing_path(Path("a/specs/x.yaml")) == Path("a/drafts/x.failing.yaml")
+
+
 def test_a_draft_passes_its_generated_tests(drafts: dict[str, object]) -> None:
     """mistral has no hand-written spec: its draft, unedited, generates and passes its tests."""
     d = _draft(drafts, "mistral")
@@ -142,7 +168,7 @@ def test_generate_keeps_the_sweep_table(tmp_path: Path) -> None:
              "todos": 1, "share": 1.0, "hand": "llama", "why": "tests: test_llama.py::test_x"}]
     page.write_text(sweep.table(rows, 3, "now"), encoding="utf-8")
     text = page.read_text()
-    assert "2 of 3 types swept; 2 build; 1 pass" in text
+    assert "2 of 3 types swept; 2 build; 1 verified by load(draft=True)" in text
     assert "| llama | yes | yes | yes | no | 25 | 1 | 100% (llama) |" in text
     assert files.stale(tmp_path, {}, OWNED) == ([], [])
 
@@ -179,7 +205,7 @@ def test_the_sweep_table_is_its_own_state() -> None:
     assert back == sorted(rows, key=lambda r: r["type"])  # sorted by type, each row whole
     assert "| bamba | yes | no | — | — |  |  | 0% (bamba) | forward failed: a \\| b | 12-01 13:01 |" in text
     assert "rows swept from 12-01 13:00 to 12-01 13:01 UTC" in text
-    assert "3 of 5 types swept; 3 build; 1 pass" in text and "2 have a hand-written spec" in text
+    assert "3 of 5 types swept; 3 build; 1 verified by load(draft=True)" in text and "2 have a hand-written spec" in text
     kept = {r["type"]: r for r in back}
     types = ["bamba", "gpt2", "llama", "mistral", "opt"]
     assert sweep.order(types, kept, [], None, {"opt", "llama"}) == ["gpt2", "mistral", "opt"]

@@ -30,8 +30,8 @@ def draft(model_type: str, model_path: str | None = None, extends: str | None = 
     from . import matcher, recorder, tiny, writer
 
     plan = tiny.plan(model_type, model_path)
-    params = plan.first()
-    model = tiny.build(plan, params, seed=seed)
+    params = tiny.perturbed(plan, plan.first(), seed)
+    model = tiny.build(plan, params, seed=seed, perturb=True)
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(4, int(params.get("vocab_size", 96)), (2, 7), generator=gen)
     inputs: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}

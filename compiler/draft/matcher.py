@@ -76,6 +76,7 @@ NORM = re.compile(r"norm", re.I)
 MLP = re.compile(r"mlp|moe|sparse|feedforward|ffn|expert|feed_forward", re.I)
 SSM = re.compile(r"mixer|mamba|ssm", re.I)
 ACT_CLASSES = re.compile(r"activation|gelu|silu|relu|tanh|sigmoid|swish|quickgelu|mish", re.I)
+LAYER_TYPES = ("layer_types", "layers_block_type", "block_types", "layers_block_types", "layer_block_types")
 ACT_OPS = ("silu", "gelu", "relu", "tanh", "sigmoid", "gelu_new", "relu2", "mish", "softplus")
 
 
@@ -255,7 +256,12 @@ class Matcher:
             kids = rec.children_calls(f"{layers}.{i}")
             sig = tuple(dict.fromkeys((self.child(c.path, f"{layers}.{i}"), c.cls) for c in kids))
             sigs.setdefault(sig, []).append(i)
-        types = list(getattr(self.config, "layer_types", None) or [])
+        tname, types = "layer_types", list(getattr(self.config, "layer_types", None) or [])
+        for name in LAYER_TYPES:  # the config's list of each block's kind
+            listed = getattr(self.config, name, None)
+            if isinstance(listed, (list, tuple)) and len(listed) == n and len(set(map(str, listed))) > 1:
+                tname, types = name, [str(x) for x in listed]
+                break
         layer_cls = rec.call(f"{layers}.0").cls  # type: ignore[union-attr]
         host = p.host("layers[i]", layer_cls, "the class of every block")
         kinds: list[tuple[str | None, int]] = []
@@ -272,14 +278,26 @@ class Matcher:
         else:
             kinds = [(None, 0)]
         common: dict[str, Value] | None = None
+        classes = {rec.call(f"{layers}.{i}").cls for _, i in kinds}  # type: ignore[union-attr]
+        if len(classes) > 1:
+            host.cls = None
+            host.sure = "one class per kind of block: each kind says its own"
         for kind, i in kinds:
-            values, identities = self.block(layers, i, host)
+            kname = "" if kind is None else \
+                "attention" if kind in ("full_attention", "attention") else re.sub(r"[^a-z0-9_]", "_", kind.lower())
+            when = f"{tname}[i] == {kind!r}"
+            p.kind = (kname, when) if kind is not None else None
+            try:
+                values, identities = self.block(layers, i, host)
+            finally:
+                p.kind = None
             if kind is None:
                 host.values.update(values)
                 host.identities.extend(identities)
                 continue
-            kname = "attention" if kind == "full_attention" else re.sub(r"[^a-z0-9_]", "_", kind.lower())
-            kk = host.kinds.setdefault(kname, Kind(kname, f"layer_types[i] == {kind!r}"))
+            kk = host.kinds.setdefault(kname, Kind(kname, when))
+            if len(classes) > 1:
+                kk.cls = rec.call(f"{layers}.{i}").cls  # type: ignore[union-attr]
             kk.identities.extend(identities)
             kk.values.update(values)
             common = dict(values) if common is None else {k: x for k, x in common.items()
@@ -295,6 +313,7 @@ class Matcher:
                 host.identities.append(x)
                 for k in host.kinds.values():
                     k.identities = [y for y in k.identities if y.check != x.check]
+        p.merge_kinds()
 
     def block(self, layers: str, i: int, host: Host) -> tuple[dict[str, Value], list[Identity]]:
         rec, p = self.rec, self.p

@@ -5,7 +5,8 @@
     python -m nnatlas.compiler.draft.sweep --one TYPE      (one type, in this process; prints JSON)
 
 Each type runs in its own process (one thread, its own process group, killed whole at the
-timeout): draft, generate in memory, the generated tests (stopping at the first failure), and,
+timeout): draft, generate in memory, what ``load(path, draft=True)`` does on a tiny model of the type (draft from
+its config, verify on a perturbed tiny twin, refuse what did not verify), and,
 for a type a hand-written spec loads, the share of that spec's standard values the draft finds at
 the same hosts (0 when there is no draft to compare). The table is rewritten after every type and
 is its own state: a rerun reads the rows it has and keeps them (each with the time it was swept),
@@ -59,9 +60,14 @@ def hand_family(model_type: str) -> Any:
 
 
 def one(model_type: str) -> dict[str, Any]:
-    """Every column of one row, measured in this process."""
-    from . import DraftError, draft
-    from .check import compare, compile_draft, run_tests
+    """Every column of one row, measured in this process: the draft from the default config, compiled and scored against
+    the hand-written spec; then what ``load(path, draft=True)`` does on a tiny model of the type (the drafter's tiny
+    config, saved as a checkpoint's config): drafted from that config, verified on a perturbed tiny twin, refusing what
+    did not verify (a type with a hand-written spec: its draft put first in the lookup, under the spec's name)."""
+    import tempfile
+
+    from . import DraftError, draft, tiny
+    from .check import compare, compile_draft
 
     row: dict[str, Any] = {"type": model_type, "built": False, "drafted": False, "generate": False, "tests": None,
                            "values": 0, "todos": 0, "share": None, "why": ""}
@@ -88,16 +94,38 @@ def one(model_type: str) -> dict[str, Any]:
     row["generate"] = True
     if hand is not None:
         row["share"] = round(compare(compiled.family, hand).share, 3)
-    run = run_tests(compiled.family, fail_fast=True, in_process=True)
-    row["tests"] = run.ok
-    row["passed"] = run.passed
-    if not run.ok:
-        row["why"] = "tests: " + (run.failures[0] if run.failures else run.output.strip().splitlines()[-1][:160])
+    from ..errors import SpecError, UserError
+    from ..userspec import DraftFailed, draft_verified
+
+    os.environ["NNATLAS_CACHE"] = tempfile.mkdtemp(prefix="nnatlas-sweep-cache-")
+    try:
+        with tempfile.TemporaryDirectory(prefix="nnatlas-sweep-config-") as tmp:
+            from nnatlas import registry
+
+            plan = tiny.plan(model_type)
+            model = tiny.build(plan)
+            model.config.save_pretrained(tmp)
+            # a type a shipped family loads (by its spec, or as the classes of another type: gpt-sw3 runs GPT-2's):
+            # its draft is put first, else the shipped family would be the one verified
+            shipped = hand is not None or registry.find(model) is not None
+            done = draft_verified(model_type, tmp, budget_s=120.0, first=shipped)
+    except DraftFailed as e:
+        row["tests"] = False
+        row["why"] = "verify: " + (e.failed[0] if e.failed else str(e))[:160]
+    except (SpecError, UserError, DraftError) as e:
+        row["tests"] = False
+        row["why"] = "load(draft=True): " + str(e).splitlines()[-1][:160]
+    else:
+        row["tests"] = True
+        row["passed"] = len(done.held)
+        row["refused"] = len(done.refused)
+        if done.refused:
+            row["why"] = f"served, {len(done.refused)} refused: " + done.refused[0][:120]
     row["seconds"] = round(time.perf_counter() - start, 1)
     return row
 
 
-COLUMNS = "| model type | built | drafted | generate | tests | values | TODO | hand | why not | swept |"
+COLUMNS = "| model type | built | drafted | generate | verified | values | TODO | hand | why not | swept |"
 
 
 def summary(rows: list[dict[str, Any]], total: int) -> str:
@@ -105,9 +133,11 @@ def summary(rows: list[dict[str, Any]], total: int) -> str:
     built = [r for r in rows if r["built"]]
     passing = [r for r in rows if r["tests"]]
     hand = [r for r in rows if r.get("share") is not None]
-    line = (f"{done} of {total} types swept; {len(built)} build; {len(passing)} pass generate and their generated "
-            f"tests unedited ({100 * len(passing) / max(len(built), 1):.0f}% of those that build, "
-            f"{100 * len(passing) / max(done, 1):.0f}% of all swept).")
+    partly = [r for r in passing if str(r.get("why", "")).startswith("served,")]
+    line = (f"{done} of {total} types swept; {len(built)} build; {len(passing)} verified by load(draft=True) on a "
+            f"perturbed tiny twin, unedited ({100 * len(passing) / max(len(built), 1):.0f}% of those that build, "
+            f"{100 * len(passing) / max(done, 1):.0f}% of all swept; {len(partly)} of them served with some values "
+            "refused).")
     if hand:
         mean = sum(r["share"] for r in hand) / len(hand)
         line += (f" {len(hand)} have a hand-written spec: their drafts find {100 * mean:.0f}% of its standard values "
@@ -126,8 +156,9 @@ def table(rows: list[dict[str, Any]], total: int, started: str) -> str:
         "",
         "Written by `make draft-sweep` (`python -m nnatlas.compiler.draft.sweep`), not by `nnatlas generate`;",
         f"{when} (last run started {started}). Each type's draft is used unedited: built (the tiny model builds",
-        "on CPU and runs a forward), drafted (a spec was written), generate (it compiles), tests (its generated",
-        "tests pass), values (standard values proposed), TODO (modules it could not map), hand (the share of a",
+        "on CPU and runs a forward), drafted (a spec was written), generate (it compiles), verified (`load(path,",
+        "draft=True)` on a tiny model of the type serves: its draft's oracle and identities held on a perturbed tiny",
+        "twin, values that did not refused), values (standard values proposed), TODO (modules it could not map), hand (the share of a",
         "hand-written spec's standard values found at the same hosts with an equal read point; 0% where the",
         "type has a spec and no draft compiled), swept (when the row was measured: a rerun keeps the rows it has).",
         "",
@@ -169,6 +200,65 @@ def read_table(text: str) -> list[dict[str, Any]]:
             row["swept"] = cells[9]
         rows.append(row)
     return rows
+
+
+def _warm() -> None:
+    """What every type's row imports, imported once in the sweep's process, before it forks one child per type."""
+    import torch
+
+    torch.set_num_threads(1)
+    from nnatlas.compiler import userspec  # noqa: F401
+
+    from . import check, matcher, recorder, tiny, writer  # noqa: F401
+
+
+def sweep_forked(t: str, timeout: float) -> dict[str, Any]:
+    """One type's row, measured in a child forked from this process (the imports done once; a session of its own,
+    killed whole at the timeout)."""
+    import select
+    import signal
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: measure, write the row, leave without running the parent's exit handlers
+        os.close(r)
+        os.setsid()
+        try:
+            data = json.dumps(one(t))
+        except BaseException as e:  # noqa: BLE001 - a crash is the row's finding
+            data = json.dumps({"type": t, "built": False, "drafted": False, "generate": False, "tests": None,
+                               "values": 0, "todos": 0, "why": f"crashed: {type(e).__name__}: {e}"[:160]})
+        os.write(w, data.encode())
+        os._exit(0)
+    os.close(w)
+    chunks: list[bytes] = []
+    end = time.monotonic() + timeout
+    timed_out = False
+    while True:
+        left = end - time.monotonic()
+        ready, _, _ = select.select([r], [], [], max(left, 0))
+        if not ready:
+            timed_out = True
+            break
+        chunk = os.read(r, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(r)
+    if timed_out:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _, status = os.waitpid(pid, 0)
+    if timed_out:
+        return {"type": t, "built": None, "drafted": False, "generate": False, "tests": None, "values": 0, "todos": 0,
+                "why": f"timed out after {timeout:.0f} s"}
+    try:
+        return json.loads(b"".join(chunks).decode())  # type: ignore[no-any-return]
+    except ValueError:
+        return {"type": t, "built": False, "drafted": False, "generate": False, "tests": None, "values": 0, "todos": 0,
+                "why": f"crashed (status {status})"}
 
 
 def sweep_one(t: str, timeout: float) -> dict[str, Any]:
@@ -214,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="sweep again every row that does not pass (failing) or every row (all)")
     parser.add_argument("--fresh", action="store_true", help="start a new table (the rows there are dropped)")
     parser.add_argument("--one", default=None, help="run one type in this process and print its row as JSON")
+    parser.add_argument("--fork", action="store_true",
+                        help="import once, then fork a child per type (faster; POSIX only)")
     args = parser.parse_args(argv)
     if args.one:
         print("NNATLAS-ROW " + json.dumps(one(args.one)), flush=True)
@@ -234,8 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     hand = {t for f in compile_atlas(default_root() / "specs").families for t in f.model_types}
     todo = order(types, kept, args.types, args.redo, hand)[:args.limit]
     print(f"{len(kept)} rows kept; sweeping {len(todo)}: {' '.join(todo)}", flush=True)
+    if args.fork:
+        _warm()
     for t in todo:
-        row = sweep_one(t, args.timeout)
+        row = sweep_forked(t, args.timeout) if args.fork else sweep_one(t, args.timeout)
         row["swept"] = time.strftime("%m-%d %H:%M", time.gmtime())
         kept[t] = row
         print(f"{t}: {row.get('why') or 'ok'}", flush=True)

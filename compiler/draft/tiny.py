@@ -73,10 +73,16 @@ class Tiny:
         return params
 
 
-def causal_lm_class(model_type: str) -> str:
+def causal_lm_class(model_type: str, config_cls: type | None = None) -> str:
+    """The causal-LM class of a model type; for a type the mapping lacks (a multimodal wrapper's text config, such as
+    emu3_text_model), the mapped class whose config class is ``config_cls``."""
+    import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     cls = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    if cls is None and config_cls is not None:
+        cls = next((c for c in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() if isinstance(c, str)
+                    and getattr(getattr(transformers, c, None), "config_class", None) is config_cls), None)
     if cls is None:
         raise DraftError(f"model type '{model_type}' has no causal-LM class in transformers "
                          "(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)")
@@ -113,12 +119,23 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     base = base_config(model_type, path)
     asked = model_type
     model_type = base.model_type
-    model_class = causal_lm_class(model_type)
+    model_class = causal_lm_class(model_type, type(base))
     text = getattr(getattr(transformers, model_class, None), "config_class", None)
     if isinstance(text, type) and not isinstance(base, text) and isinstance(getattr(base, "text_config", None), text):
         # a composite config (text and vision ...) whose causal-LM class takes the text config alone
         base = text() if path is None else base.text_config
         model_type = base.model_type
+    inner = base.get_text_config() if hasattr(base, "get_text_config") else base
+    if inner is not base and _first(base, LAYERS) is None and _first(inner, LAYERS) is not None:
+        # a multimodal wrapper whose causal-LM class takes the whole config (Gemma 3, Fuyu): drafted through its
+        # text model, the causal-LM class of its text config
+        try:
+            text_class = causal_lm_class(inner.model_type, type(inner))
+        except DraftError:
+            text_class = None
+        if text_class is not None:
+            base = inner if path is not None else type(inner)()
+            model_type, model_class = base.model_type, text_class
     config_class = type(base).__name__
     for cls in (model_class, config_class):
         if not hasattr(transformers, cls):
@@ -141,15 +158,19 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
         fixed["num_experts_per_tok"] = FIXED["num_experts_per_tok"]
     for name, value in ALL_SPARSE.items():
         cur = getattr(base, name, None)
+        if cur is not None and isinstance(cur, (int, list)) and not isinstance(cur, bool):
+            fixed[name] = value  # (also when a checkpoint's config says so already: the class default may not)
         if cur is not None and cur != value and isinstance(cur, (int, list)) and not isinstance(cur, bool):
-            fixed[name] = value
             tiny_notes.append(f"{name}: {value} makes every tiny block a mixture; the checkpoints' config says {cur!r}: "
                               "their dense blocks are not mapped by this draft (one MLP class per host path)")
     for name in DROPOUTS:
         if isinstance(getattr(base, name, None), float):
             fixed[name] = 0.0
     for name in ATTENTION_AT:  # a hybrid whose default stack has no attention block: one at block 1
-        if name in base.to_dict() and not getattr(base, name, None):
+        given = getattr(base, name, None)
+        if path is not None and isinstance(given, list) and given:  # a checkpoint's own: kept (those in a tiny stack)
+            fixed[name] = [i for i in given if isinstance(i, int) and i < 3] or [1]
+        elif name in base.to_dict() and not given:
             fixed[name] = [1]
             tiny_notes.append(f"{name}: [1] puts an attention block in the tiny stack (the default config has none)")
     for name, value in listed_flags(base, "auto_adjust"):  # sizes the model rounds itself (lfm2's MLP width)
@@ -160,7 +181,13 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     tiny = Tiny(model_type, model_class, config_class, fixed, {}, tiny_notes)
     tiny.also = [asked] if asked != model_type and path is None else []
     listed = base.to_dict()
-    layers, heads, kv, hidden = _first(base, LAYERS), _first(base, HEADS), _first(base, KV_HEADS), _first(base, HIDDEN)
+    # the layer count the config stores (LongCat-Flash stores num_layers; its num_hidden_layers, twice that, counts
+    # the sublayers and is derived)
+    layers = _first(base, LAYERS)
+    if layers is not None and layers not in listed and layers not in (getattr(type(base), "attribute_map", None) or {}):
+        layers = next((n for n in LAYERS if isinstance(listed.get(n), int) and not isinstance(listed.get(n), bool)),
+                      layers)
+    heads, kv, hidden = _first(base, HEADS), _first(base, KV_HEADS), _first(base, HIDDEN)
     kv = kv or next((n for n in KV_HEADS if n in listed), None)  # None by default: as many as the heads
     inter = _first(base, INTERMEDIATE) or next((n for n in INTERMEDIATE if n in base.to_dict()), None)
     if layers is None or hidden is None or (heads is None and not _attention_free(base)):
@@ -180,12 +207,14 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
         return tiny
     tiny.names["heads"] = heads
     kinds = getattr(base, "mlp_layer_types", None)
-    if isinstance(kinds, list) and len(set(kinds)) > 1:  # per-block MLP kinds: every tiny block the commonest
+    if isinstance(kinds, list) and kinds:  # per-block MLP kinds: every tiny block the commonest (also when the
+        # checkpoint's are all one: the config class's default for another layer count may not be)
         common = max(set(kinds), key=kinds.count)
         options = draw[layers]
         draw["mlp_layer_types"] = f"{[[common] * n for n in options]!r}[{layers} - {options[0]}]"
-        tiny.notes.append(f"mlp_layer_types: every tiny block {common!r}; the checkpoints' first blocks are "
-                          f"{kinds[0]!r}, which this draft does not map (one MLP class per host path)")
+        if len(set(kinds)) > 1:
+            tiny.notes.append(f"mlp_layer_types: every tiny block {common!r}; the checkpoints' first blocks are "
+                              f"{kinds[0]!r}, which this draft does not map (one MLP class per host path)")
     draw[heads] = [2, 4]
     if kv is not None:
         tiny.names["kv_heads"] = kv
@@ -291,8 +320,31 @@ def _explicit_types(config_cls: Any, layers: str, fixed: dict[str, Any], n: int,
     return True
 
 
-def build(tiny: Tiny, params: dict[str, Any] | None = None, attn_implementation: str = "eager", seed: int = 0) -> Any:
-    """The tiny model, float32, eval mode (raises DraftError when it does not build)."""
+def perturbed(tiny: Tiny, params: dict[str, Any], seed: int = 0) -> dict[str, Any]:
+    """``params`` with every scalar factor of the config (and of its text config) drawn away from its default, as
+    the generated tests and a draft's verification draw them (``nnatlas.testing.perturb``): an identity or a read
+    point that holds only at a factor's default (a multiplier of 1, a scale of 0) is then not proposed."""
+    import copy
+
+    import transformers
+
+    from nnatlas.testing import perturb_config
+
+    try:
+        config = getattr(transformers, tiny.config_class)(**copy.deepcopy(params))
+    except Exception as e:  # noqa: BLE001 - the build says so, with the config
+        raise DraftError(f"{tiny.model_class} does not build from the tiny config {params}: {type(e).__name__}: {e}") from e
+    out = {**params, **perturb_config(config, seed)}
+    text = config.get_text_config()
+    if text is not config and isinstance(out.get("text_config"), dict):
+        out["text_config"] = {**out["text_config"], **perturb_config(text, seed + 1)}
+    return out
+
+
+def build(tiny: Tiny, params: dict[str, Any] | None = None, attn_implementation: str = "eager", seed: int = 0,
+          perturb: bool = False) -> Any:
+    """The tiny model, float32, eval mode (raises DraftError when it does not build); ``perturb``: its constant
+    weights (biases, norm gains, layer scalars) drawn at random (``nnatlas.testing.perturb_tensors``)."""
     import torch
     import transformers
 
@@ -305,6 +357,10 @@ def build(tiny: Tiny, params: dict[str, Any] | None = None, attn_implementation:
                 getattr(config, sub)._attn_implementation = attn_implementation
         torch.manual_seed(seed)
         model = getattr(transformers, tiny.model_class)(config).float().eval()
+        if perturb:
+            from nnatlas.testing import perturb_tensors
+
+            perturb_tensors(model, seed)
     except Exception as e:  # noqa: BLE001 - any failure here means: this type does not build tiny
         raise DraftError(f"{tiny.model_class} does not build from the tiny config {params}: "
                          f"{type(e).__name__}: {e}") from e

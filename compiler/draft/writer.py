@@ -77,7 +77,10 @@ def identity_text(x: Identity) -> str:
 
 
 def host_lines(h: Host) -> list[str]:
-    out = [f"  {h.path}:{comment(h.sure)}", f"    class: {h.cls}"]
+    out = [f"  {h.path}:{comment(h.sure)}"]
+    if h.kind:
+        out.append(f"    kind: {h.kind}")
+    out.append(f"    class: {h.cls or 'null'}")
     if h.stream:
         out.append(f"    stream: {h.stream}")
     if h.dims:
@@ -95,6 +98,8 @@ def host_lines(h: Host) -> list[str]:
         for k in h.kinds.values():
             out.append(f"      {k.name}:")
             out.append(f"        when: {scalar(k.when)}")
+            if k.cls:
+                out.append(f"        class: {k.cls}")
             if k.values:
                 out.append("        values:")
                 for name, v in k.values.items():
