@@ -60,6 +60,9 @@ conditions:
     fix: load with attn_implementation="eager"
 traits:
   Tiny: a test trait
+modules:
+  layers: the blocks
+  self_attn: a block's attention
 """
 
 SPEC = """\

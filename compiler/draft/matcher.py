@@ -670,8 +670,11 @@ class Matcher:
             host.identities.append(ident("betas > 0", 0.0, "held on the tiny model"))
             host.identities.append(ident("betas < 1", 0.0, "held on the tiny model"))
         q, val = f.args[0], f.args[2]
-        cfgs = {"heads": (val.shape[2], ("value_heads",)), "key_heads": (q.shape[2], ("key_heads",)),
-                "key_dim": (q.shape[3], ("key_head_dim",)), "value_dim": (val.shape[3], ("value_head_dim",))}
+        # (a config that names the delta rule's heads and widths once, for keys and values alike: linear_num_heads)
+        cfgs = {"heads": (val.shape[2], ("value_heads", "linear_num_heads")),
+                "key_heads": (q.shape[2], ("key_heads", "linear_num_heads")),
+                "key_dim": (q.shape[3], ("key_head_dim", "linear_head_dim")),
+                "value_dim": (val.shape[3], ("value_head_dim", "linear_head_dim"))}
         for key, (size, hints) in cfgs.items():
             attr = self.cfg_attr(size, hints)
             if attr is None:
