@@ -350,6 +350,9 @@ class FamilyRaw(Strict):
     rename: dict[StrictStr, StrictStr | list[StrictStr]] = Field(
         default={}, description="standard name → native path or paths: layers: [model.layers, "
         "model.language_model.layers]; vision.layers[i].self_attn: attn")
+    modules: dict[StrictStr, StrictStr] = Field(
+        default={}, description="module names of this family alone, outside the vocabulary's modules:, each with "
+        "what it is (a draft names a native module it could not map this way): attention_input: the block's ...")
     config: dict[StrictStr, StrictStr | StrictInt | StrictFloat | UnavailableRaw] = Field(
         default={}, description="normalized config entry → a config attribute, an expression (see Expressions) "
         "or {unavailable: why}; model.NAME reads it")

@@ -175,13 +175,14 @@ def test_a_new_module_name_is_a_choice_not_an_accident(spec_root: Path) -> None:
     n1 = line_of(spec_root, "llama.yaml", "dense_mlp")
     n2 = line_of(spec_root, "llama.yaml", "self_attn_2")
     tail = " A new module name is declared once in specs/_vocabulary.yaml, under modules:, with its one-line meaning " \
-           "(what any family's module of that name is)"
+           "(what any family's module of that name is), or for this family alone under modules: in its spec"
     got = errors(spec_root)
     assert f"specs/llama.yaml:{n1}:3: rename key 'dense_mlp': 'dense_mlp' is not a standard module name." + tail in got
     assert f"specs/llama.yaml:{n2}:3: host 'layers[i].self_attn_2': 'self_attn_2' is not a standard module name; " \
            "did you mean 'self_attn'?" + tail in got
-    # declared in the vocabulary, the same names are a choice, and these two problems are gone
-    edit(spec_root, "_vocabulary.yaml", "modules:\n", "modules:\n  self_attn_2: a second attention\n  dense_mlp: a dense MLP\n")
+    # declared in the family's own spec, the same names are a choice of that family, and both problems are gone
+    edit(spec_root, "llama.yaml", "rename:\n", "modules:\n  self_attn_2: a second attention\n  dense_mlp: a dense MLP\n"
+                                               "rename:\n")
     assert not [e for e in _errors_or_none(spec_root) if "standard module name" in e]
 
 

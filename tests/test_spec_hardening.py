@@ -95,7 +95,7 @@ def test_keywords_dunders_and_clashing_class_names(spec_root: Path) -> None:
                             r"be class LayerSelfAttn in the adapter: rename one", line) for line in got), got
     # names outside the vocabulary's modules: (the key 'layer' and the host 'layer[i]...') are said too
     tail = (" A new module name is declared once in specs/_vocabulary.yaml, under modules:, with its one-line meaning "
-            "(what any family's module of that name is)")
+            "(what any family's module of that name is), or for this family alone under modules: in its spec")
     for needle, message in (("  layer: transformer", "rename key 'layer': 'layer' is not a standard module name; did you "
                              "mean 'layers'?"),
                             ("  layer[i].self_attn:", "host 'layer[i].self_attn': 'layer' is not a standard module "

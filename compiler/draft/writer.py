@@ -143,6 +143,11 @@ def write(p: Proposal, transformers_version: str) -> str:
     ]
     for std, native in p.rename.items():
         lines.append(f"  {std}: {scalar(native)}{comment(p.rename_sure.get(std, 'sure: a native name in the recorded forward'))}")
+    own = _own_modules(p)
+    if own:
+        lines += ["", "modules:  # native names the drafter kept: say what each is, or rename it to a standard one"]
+        for name in own:
+            lines.append(f"  {name}: {scalar(f'the native module {name}, as drafted')}")
     lines += ["", "config:"]
     for key, text in p.config.items():
         lines.append(f"  {key}: {scalar(text)}")
@@ -173,3 +178,14 @@ def write(p: Proposal, transformers_version: str) -> str:
     if p.experts:
         lines.append(f"  experts: {flow(p.experts)}")
     return "\n".join(lines) + "\n"
+
+
+def _own_modules(p: Proposal) -> list[str]:
+    """The module names of the draft's host paths and rename keys that the shipped vocabulary's modules: lacks."""
+    import yaml
+
+    from ..userspec import shipped_specs
+
+    known = set((yaml.safe_load((shipped_specs() / "_vocabulary.yaml").read_text()) or {}).get("modules") or {})
+    names = [part.removesuffix("[i]") for path in (*p.rename, *p.hosts) for part in path.split(".")]
+    return [n for n in dict.fromkeys(names) if n and n != "model" and n not in known]
