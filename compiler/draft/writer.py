@@ -184,8 +184,8 @@ def _own_modules(p: Proposal) -> list[str]:
     """The module names of the draft's host paths and rename keys that the shipped vocabulary's modules: lacks."""
     import yaml
 
-    from ..userspec import shipped_specs
+    from .. import default_root  # (the specs this nnatlas carries, as userspec.shipped_specs says)
 
-    known = set((yaml.safe_load((shipped_specs() / "_vocabulary.yaml").read_text()) or {}).get("modules") or {})
+    known = set((yaml.safe_load((default_root() / "specs" / "_vocabulary.yaml").read_text()) or {}).get("modules") or {})
     names = [part.removesuffix("[i]") for path in (*p.rename, *p.hosts) for part in path.split(".")]
     return [n for n in dict.fromkeys(names) if n and n != "model" and n not in known]
