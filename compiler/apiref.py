@@ -10,6 +10,7 @@ runtime/__init__.py say where each name is defined.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,7 +59,16 @@ def _decorators(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
 
 
 def _tree(module: str) -> ast.Module:
-    return ast.parse((RUNTIME / f"{module.replace('.', '/')}.py").read_text(encoding="utf-8"))
+    path = RUNTIME / f"{module.replace('.', '/')}.py"
+    stat = path.stat()
+    return _parsed(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(path: Path, mtime_ns: int, size: int) -> ast.Module:
+    """A runtime file's tree, parsed once while the file is unchanged (a generate renders the page once, the
+    spec fuzzers once per example: parsing every time was two thirds of an example's render)."""
+    return ast.parse(path.read_text(encoding="utf-8"))
 
 
 def _find(tree: ast.Module, name: str) -> ast.ClassDef | ast.FunctionDef | None:
