@@ -53,6 +53,12 @@ def path_problem(path: object, what: str = "path", block_index: bool = True, dig
     return None
 
 
+def module_names(path: str) -> list[str]:
+    """The module names a spec's dotted path gives (``layers[i].self_attn``: layers, self_attn), the root
+    ``model`` left out: each is one of the vocabulary's modules: or the family's own."""
+    return [n for n in (part.removesuffix("[i]") for part in path.split(".")) if n and n != "model"]
+
+
 def _shown(text: str) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 

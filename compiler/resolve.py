@@ -689,9 +689,8 @@ class _Family:
     def module_name_problem(self, path: str, what: str) -> str | None:
         """A module name outside the vocabulary's modules: is a typo or an unmade choice (self_attn_2, dense_mlp)."""
         known = {**self.vocab.modules, **self.raw.modules}
-        for part in path.split("."):
-            name = part.removesuffix("[i]")
-            if name and name != "model" and name not in known:
+        for name in names.module_names(path):
+            if name not in known:
                 return (f"{what} '{path}': '{name}' is not a standard module name" + (suggest(name, known) or ".")
                         + f" A new module name is declared once in specs/{VOCABULARY}, under modules:, with its "
                         "one-line meaning (what any family's module of that name is), or for this family alone "

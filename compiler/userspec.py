@@ -20,8 +20,7 @@ from .errors import Problem, SpecError, UserError
 from .resolve import PARTS, parse_sources
 from .resolve import _resolve as resolve_sources
 
-__all__ = ["Verified", "compile_spec", "compile_text", "draft_text", "draft_verified", "model_types_of", "shipped_specs",
-           "verify"]
+__all__ = ["Verified", "checks", "compile_spec", "compile_text", "draft_verified", "model_types_of", "shipped_specs"]
 
 
 def shipped_specs() -> Path:
@@ -104,23 +103,6 @@ def _parse(raw: bytes) -> dict[str, Any]:
     except (yaml.YAMLError, UnicodeDecodeError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def draft_text(model_type: str, model_path: str | None = None) -> str:
-    """The drafter's spec for ``model_type`` (from the checkpoint folder's config when given), in memory. Raises
-    UserError when the type cannot be drafted."""
-    from .draft import DraftError, draft
-
-    try:
-        return draft(model_type, model_path=model_path).text
-    except DraftError as e:
-        raise UserError(f"nnatlas cannot draft a spec for {model_type}: {e}") from None
-
-
-def verify(family: str, budget_s: float = 60.0) -> tuple[list[str], list[str]]:
-    """(held, failed): :func:`checks` said as lines."""
-    held, failed = checks(family, budget_s)
-    return held, [f"{what}: {why}" for (what, _, _, _), why in failed]
 
 
 Check = tuple[str, str, str, str]  # (as said, oracle | identity | twin | budget, the oracle check or identity text, host)

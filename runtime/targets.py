@@ -14,7 +14,7 @@ from .model_tree import ModelTree
 from .requests import CallDim, SiteKey, Target
 from .spec import CALL_DIMS, Condition, Family
 from .trace import Tracer
-from .validate import _config_dims
+from .validate import _config_dims, layout_sizes
 
 
 class ModelTargets(ModelTree):
@@ -126,12 +126,8 @@ class ModelTargets(ModelTree):
         sizes: tuple[int | None, ...] | None = None
         axes: tuple[str, ...] = ()
         if spec is not None and spec.layout.dtype != "object":
-            dims: dict[str, int | None] = dict(_config_dims(self))
-            for host_spec in value._host._specs():
-                if host_spec.dims:
-                    dims = {**dims, **{d: dims.get(e) for d, e in host_spec.dims}}
             axes = tuple(spec.layout.dims)
-            sizes = tuple(dims.get(d) for d in axes)
+            sizes = tuple(layout_sizes(value, _config_dims(self)))
         return tensor_parallel.shard_target(target, self._tp, sizes, axes)
 
     def _resolve_target(self, value: Value) -> Target:

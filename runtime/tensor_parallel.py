@@ -82,7 +82,7 @@ class Sharding:
         self.rank = dist.get_rank(self.group)
         self.plan = plan
         self._styles: dict[int, str] | None = None
-        self._parents: dict[int, int] = {}
+        self._parents: dict[int, torch.nn.Module] = {}  # id(module) -> its parent
         self.model = model
 
     def styles(self) -> dict[int, str]:
@@ -92,7 +92,7 @@ class Sharding:
             patterns = [(p.replace("*", "[0-9]*") if "*" in p else p, s) for p, s in self.plan.items()]
             for name, module in self.model.named_modules():
                 for child in module.children():
-                    self._parents[id(child)] = id(module)
+                    self._parents[id(child)] = module
                 for pattern, style in patterns:
                     if name == pattern or fnmatch.fnmatchcase(name, pattern):
                         styles[id(module)] = style
@@ -106,11 +106,11 @@ class Sharding:
     def inside(self, module: torch.nn.Module, styles: frozenset[str]) -> bool:
         """Whether ``module`` or one of its ancestors has one of ``styles``."""
         table = self.styles()
-        at: int | None = id(module)
+        at: torch.nn.Module | None = module
         while at is not None:
-            if table.get(at) in styles:
+            if table.get(id(at)) in styles:
                 return True
-            at = self._parents.get(at)
+            at = self._parents.get(id(at))
         return False
 
 
@@ -142,9 +142,8 @@ SHARDED_AXES = frozenset({"num_heads", "num_kv_heads", "intermediate_size", "hea
 
 
 def _parent(s: Sharding, module: torch.nn.Module) -> torch.nn.Module | None:
-    s.styles()
-    at = s._parents.get(id(module))
-    return next((m for m in s.model.modules() if id(m) == at), None) if at is not None else None
+    s.styles()  # (found with the styles)
+    return s._parents.get(id(module))
 
 
 def _shards_children(s: Sharding, module: torch.nn.Module) -> bool:
@@ -474,5 +473,4 @@ def shard_target(target: Target, sharding: Sharding, sizes: tuple[int | None, ..
                  axes: tuple[str, ...]) -> ShardedTarget:
     """``target`` on a sharded model: serves full values (see :class:`ShardedTarget`)."""
     fields = {f.name: getattr(target, f.name) for f in dataclasses.fields(Target) if f.init}
-    made = ShardedTarget(**fields, sharding=sharding, sizes=sizes, axes=axes)
-    return made
+    return ShardedTarget(**fields, sharding=sharding, sizes=sizes, axes=axes)

@@ -51,7 +51,8 @@ class Tracer:
     output: Any = None
     _cursor = 0
     # (first, later): the first request still waiting when a later one's site fired; the forward then runs
-    # on serving nothing but ``first``, to tell "computed later" (OutOfOrderError) from "never fired"
+    # on, serving nothing, counting only whether ``first``'s site fires: "computed later" (OutOfOrderError)
+    # or "never fired" (NotReached)
     _late: tuple[Request, Request] | None = None
     _lock_held = False
     _guarded = False  # whether __enter__ counted in ``interrupts`` (the main thread's)

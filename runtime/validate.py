@@ -216,10 +216,15 @@ def _layout_dims(value: EditedValue, tracer: TraceState) -> list[int | None]:
     dims = tracer.__dict__.get("_dims")
     if dims is None:
         dims = tracer.__dict__["_dims"] = _trace_dims(value._host._model, tracer)
+    return layout_sizes(value, dims)
+
+
+def layout_sizes(value: Any, dims: Mapping[str, int | None]) -> list[int | None]:
+    """The sizes of ``value``'s layout from ``dims`` (a host's ``dims:`` resize it), None where they do not say."""
     for host_spec in value._host._specs():
         if host_spec.dims:
             dims = {**dims, **{d: dims.get(e) for d, e in host_spec.dims}}
-    return [dims.get(d) for d in spec.layout.dims]
+    return [dims.get(d) for d in value._spec.layout.dims]
 
 
 def _config_dims(model: WrappedModel) -> dict[str, int]:

@@ -236,7 +236,7 @@ def test_a_verified_draft_is_kept_on_disk(tmp_path: Path, monkeypatch: pytest.Mo
     user_specs._COMPILED.clear()
     from nnatlas.compiler import userspec
 
-    for name in ("draft_text", "compile_text", "verify"):
+    for name in ("draft_verified", "compile_text", "checks"):  # (what draft=True drafts, compiles and verifies with)
         monkeypatch.setattr(userspec, name, lambda *a, **k: pytest.fail("drafted again"))
     start = time.perf_counter()
     model = nnatlas.wrap(_helium(), draft=True)

@@ -69,8 +69,7 @@ def one(model_type: str) -> dict[str, Any]:
     from . import DraftError, draft, tiny
     from .check import compare, compile_draft
 
-    row: dict[str, Any] = {"type": model_type, "built": False, "drafted": False, "generate": False, "tests": None,
-                           "values": 0, "todos": 0, "share": None, "why": ""}
+    row: dict[str, Any] = {**_unmeasured(model_type, ""), "share": None}
     hand = hand_family(model_type)
     if hand is not None:  # no draft compiled finds none of the spec's values
         row.update(share=0.0, hand=hand.name)
@@ -212,6 +211,12 @@ def _warm() -> None:
     from . import check, matcher, recorder, tiny, writer  # noqa: F401
 
 
+def _unmeasured(t: str, why: str, built: bool | None = False) -> dict[str, Any]:
+    """The row of a type whose child process gave none (it crashed, or ran out of time: built None, not known)."""
+    return {"type": t, "built": built, "drafted": False, "generate": False, "tests": None, "values": 0, "todos": 0,
+            "why": why}
+
+
 def sweep_forked(t: str, timeout: float) -> dict[str, Any]:
     """One type's row, measured in a child forked from this process (the imports done once; a session of its own,
     killed whole at the timeout)."""
@@ -226,8 +231,7 @@ def sweep_forked(t: str, timeout: float) -> dict[str, Any]:
         try:
             data = json.dumps(one(t))
         except BaseException as e:  # noqa: BLE001 - a crash is the row's finding
-            data = json.dumps({"type": t, "built": False, "drafted": False, "generate": False, "tests": None,
-                               "values": 0, "todos": 0, "why": f"crashed: {type(e).__name__}: {e}"[:160]})
+            data = json.dumps(_unmeasured(t, f"crashed: {type(e).__name__}: {e}"[:160]))
         os.write(w, data.encode())
         os._exit(0)
     os.close(w)
@@ -252,13 +256,11 @@ def sweep_forked(t: str, timeout: float) -> dict[str, Any]:
             pass
     _, status = os.waitpid(pid, 0)
     if timed_out:
-        return {"type": t, "built": None, "drafted": False, "generate": False, "tests": None, "values": 0, "todos": 0,
-                "why": f"timed out after {timeout:.0f} s"}
+        return _unmeasured(t, f"timed out after {timeout:.0f} s", built=None)
     try:
         return json.loads(b"".join(chunks).decode())  # type: ignore[no-any-return]
     except ValueError:
-        return {"type": t, "built": False, "drafted": False, "generate": False, "tests": None, "values": 0, "todos": 0,
-                "why": f"crashed (status {status})"}
+        return _unmeasured(t, f"crashed (status {status})")
 
 
 def sweep_one(t: str, timeout: float) -> dict[str, Any]:
@@ -273,13 +275,11 @@ def sweep_one(t: str, timeout: float) -> dict[str, Any]:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        return {"type": t, "built": None, "drafted": False, "generate": False, "tests": None, "values": 0, "todos": 0,
-                "why": f"timed out after {timeout:.0f} s"}
+        return _unmeasured(t, f"timed out after {timeout:.0f} s", built=None)
     line = next((x for x in out.splitlines() if x.startswith("NNATLAS-ROW ")), None)
     if line:
         return json.loads(line[len("NNATLAS-ROW "):])  # type: ignore[no-any-return]
-    return {"type": t, "built": False, "drafted": False, "generate": False, "tests": None, "values": 0, "todos": 0,
-            "why": f"crashed (exit {proc.returncode}): " + ((err.strip().splitlines() or ["?"])[-1])[:160]}
+    return _unmeasured(t, f"crashed (exit {proc.returncode}): " + ((err.strip().splitlines() or ["?"])[-1])[:160])
 
 
 def order(types: list[str], kept: dict[str, dict[str, Any]], named: list[str], redo: str | None,

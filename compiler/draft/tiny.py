@@ -328,17 +328,13 @@ def perturbed(tiny: Tiny, params: dict[str, Any], seed: int = 0) -> dict[str, An
 
     import transformers
 
-    from nnatlas.testing import perturb_config
+    from nnatlas.testing import perturb_params
 
     try:
         config = getattr(transformers, tiny.config_class)(**copy.deepcopy(params))
     except Exception as e:  # noqa: BLE001 - the build says so, with the config
         raise DraftError(f"{tiny.model_class} does not build from the tiny config {params}: {type(e).__name__}: {e}") from e
-    out = {**params, **perturb_config(config, seed)}
-    text = config.get_text_config()
-    if text is not config and isinstance(out.get("text_config"), dict):
-        out["text_config"] = {**out["text_config"], **perturb_config(text, seed + 1)}
-    return out
+    return perturb_params(config, params, seed)
 
 
 def build(tiny: Tiny, params: dict[str, Any] | None = None, attn_implementation: str = "eager", seed: int = 0,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..names import module_names
 from .proposal import Host, Identity, Proposal, Value
 
 
@@ -187,5 +188,5 @@ def _own_modules(p: Proposal) -> list[str]:
     from .. import default_root  # (the specs this nnatlas carries, as userspec.shipped_specs says)
 
     known = set((yaml.safe_load((default_root() / "specs" / "_vocabulary.yaml").read_text()) or {}).get("modules") or {})
-    names = [part.removesuffix("[i]") for path in (*p.rename, *p.hosts) for part in path.split(".")]
-    return [n for n in dict.fromkeys(names) if n and n != "model" and n not in known]
+    names = [n for path in (*p.rename, *p.hosts) for n in module_names(path)]
+    return [n for n in dict.fromkeys(names) if n not in known]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -136,20 +136,26 @@ def draw_case(family: str, choose: Callable[[str, list[Any]], Any], data: Any, v
     return Case(family, params, draw_inputs(vocab, batch, seq, pads, seed, side), seed, perturbed=perturbed)
 
 
+def served_values(model: AtlasModel, names: Callable[[Any], list[str]] | None = None) -> Iterator[tuple[str, Any, Any, Any]]:
+    """(label, host spec, value spec, handle) of every value this load serves, host by host in the family's order
+    (``names``: only those a host's names list); iterated inside a trace, each handle can be saved."""
+    for path in dict.fromkeys(h.path for h in model._family.hosts):
+        for label, host in each_host(model, path):
+            for spec in host_specs(model, host):
+                for v in spec.values:
+                    if names is not None and v.name not in names(host):
+                        continue
+                    handle = getattr(host, v.name)
+                    if handle.unavailable() is None:
+                        yield label, spec, v, handle
+
+
 def _save_all(model: AtlasModel, inputs: Mapping[str, torch.Tensor], names: Callable[[Any], list[str]] | None = None
               ) -> dict[tuple[str, str], tuple[Any, Any, Any]]:
     saved: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
-    family = model._family
     with model.trace(dict(inputs), order="any"):
-        for path in dict.fromkeys(h.path for h in family.hosts):
-            for label, host in each_host(model, path):
-                for spec in host_specs(model, host):
-                    for v in spec.values:
-                        if names is not None and v.name not in names(host):
-                            continue
-                        handle = getattr(host, v.name)
-                        if handle.unavailable() is None:
-                            saved[(label, v.name)] = (v, handle.save(), spec)
+        for label, spec, v, handle in served_values(model, names):
+            saved[(label, v.name)] = (v, handle.save(), spec)
     return saved
 
 

@@ -90,6 +90,18 @@ def perturb_config(config: Any, seed: int, factors: Mapping[str, Any] | None = N
     return drawn
 
 
+def perturb_params(config: Any, params: Mapping[str, Any], seed: int, factors: Mapping[str, Any] | None = None
+                   ) -> dict[str, Any]:
+    """``params`` (what built ``config``) with every factor of ``config`` drawn away from its value, and of its
+    text_config and vision_config where ``params`` give those as mappings (:func:`perturb_config`, seeds apart)."""
+    out = {**params, **perturb_config(config, seed, factors)}
+    for sub, offset in (("text_config", 1), ("vision_config", 2)):
+        inner = config.get_text_config() if sub == "text_config" else getattr(config, sub, None)
+        if inner is not None and inner is not config and isinstance(out.get(sub), dict):
+            out[sub] = {**out[sub], **perturb_config(inner, seed + offset, factors)}
+    return out
+
+
 def constant_tensors(model: torch.nn.Module) -> tuple[list[tuple[str, torch.Tensor]], list[str]]:
     """(name, tensor) of every floating parameter and persistent buffer whose elements are all equal,
     and the names of the floating buffers left alone (non-persistent: rotary inv_freq, masks ...)."""

@@ -16,7 +16,7 @@ from ..loading import wrap
 from ..model import AtlasModel
 from ..processing import image_processor_class, images_only, vision_marks
 from ..registry import all_families
-from .perturb import config_factors, perturb_config, perturb_tensors
+from .perturb import config_factors, perturb_params, perturb_tensors
 
 WORDS = ("the eiffel tower is in city of paris france a an and to on at with from by for as it this that "
          "was were be been being have has had do does did not no yes one two three four five six seven "
@@ -228,13 +228,7 @@ def perturbed_params(family: str, params: Mapping[str, Any], seed: int, variant:
     if unknown:
         raise ValueError(f"{family}: tiny.factors names {', '.join(unknown)}, which is no scalar factor of "
                          f"{type(config).__name__} (its factors: {', '.join(sorted(found)) or 'none'})")
-    out.update(perturb_config(config, seed, rules))
-    text = config.get_text_config()
-    if text is not config and isinstance(out.get("text_config"), dict):
-        out["text_config"] = {**out["text_config"], **perturb_config(text, seed + 1, rules)}
-    if vision is not None and isinstance(out.get("vision_config"), dict):
-        out["vision_config"] = {**out["vision_config"], **perturb_config(vision, seed + 2, rules)}
-    return out
+    return perturb_params(config, out, seed, rules)
 
 
 CPU_ATTENTION = ("eager", "sdpa")  # the attention implementations a CPU test can run

@@ -36,9 +36,8 @@ import nnatlas
 
 from ..model import AtlasModel
 from ..tensor_parallel import CANNOT_DIFFERENTIATE
-from .checks import _fixed_inputs
+from .checks import _fixed_inputs, served_values
 from .tiny import build
-from .values import each_host, host_specs
 
 ATOL = 1e-5  # float noise of the ranks' reduction order (measured: below 1e-6 on the tiny models)
 
@@ -46,14 +45,9 @@ ATOL = 1e-5  # float noise of the ranks' reduction order (measured: below 1e-6 o
 def _save_all(model: AtlasModel, inputs: Mapping[str, torch.Tensor], local: bool = False) -> dict[str, Any]:
     saved: dict[str, Any] = {}
     with model.trace(dict(inputs), order="any"):
-        for path in dict.fromkeys(h.path for h in model._family.hosts):
-            for label, host in each_host(model, path):
-                for spec in host_specs(model, host):
-                    for v in spec.values:
-                        handle = getattr(host, v.name)
-                        if handle.unavailable() is not None or (local and v.read.kind == "derived"):
-                            continue
-                        saved[f"{label}.{v.name}"] = handle.save(local=local) if local else handle.save()
+        for label, _, v, handle in served_values(model):
+            if not (local and v.read.kind == "derived"):
+                saved[f"{label}.{v.name}"] = handle.save(local=local) if local else handle.save()
     return {k: getattr(x, "value", x) for k, x in saved.items()}
 
 
