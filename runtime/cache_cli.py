@@ -2,11 +2,16 @@
 
     nnatlas cache MODEL_OR_PATH --data corpus.jsonl --values layer_output --layers 0-3 --out acts/
     torchrun --nproc_per_node 4 -m nnatlas cache MODEL_OR_PATH --data corpus.jsonl ... --out acts/
+    torchrun --nproc_per_node 8 -m nnatlas cache MODEL_OR_PATH ... --tp 4 --out acts/   # 2 copies of 4 ranks each
 
 One process, or one per rank under torchrun (``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` from its
 environment): every rank plans the same batches (``cache_data.plan``: by length unless ``--no-sort``),
 runs its contiguous share on its own device, writes its own shards (on a thread, :class:`Background`,
 while the next forwards run), and rank 0 writes ``manifest.json`` once every rank is done.
+With ``--tp N`` the ranks are ``WORLD_SIZE / N`` data-parallel groups of N consecutive ranks: each group holds one
+copy of the model sharded by transformers' tensor parallel over its ranks, and plays the part of one rank above
+(the group's first rank writes its shards); the rows are those of one process, up to the float noise of the
+ranks' reductions.
 Bad input (a file, a field, a setting, a device, a value this load cannot serve) is reported on one
 line with exit status 2, before any forward of the data.
 """
@@ -87,6 +92,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-size", type=float, default=512.0, help="MB per shard at most (default 512; a "
                    "rank holds up to about three shards of rows in memory while one is written)")
     p.add_argument("--device", default=None, help="default: cuda:LOCAL_RANK when CUDA is there, else cpu")
+    p.add_argument("--tp", type=int, default=1, help="under torchrun: shard the model over groups of this many "
+                   "ranks (transformers' tensor parallel, tp_plan='auto'); the WORLD_SIZE / TP groups each cache "
+                   "their share of the dataset (default 1: every rank holds the whole model)")
     p.add_argument("--resume", action="store_true", help="continue a stopped run in --out (same settings)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -118,7 +126,23 @@ class Dist:
     def __init__(self, rank: int, world: int, local_rank: int):
         self.rank, self.world, self.local_rank = rank, world, local_rank
         self.group = False
+        self.owned = False  # whether start() made the process group (close() then ends it)
+        self.tp = 1  # ranks per copy of the model (--tp): ranks g*tp .. g*tp + tp - 1 are data-parallel rank g
         self.cleanups: list[Callable[[], None]] = []  # run at close (the lock on --out)
+
+    @property
+    def dp_rank(self) -> int:
+        """The data-parallel rank: which share of the batches this rank's group runs (and whose shards it writes)."""
+        return self.rank // self.tp
+
+    @property
+    def dp_world(self) -> int:
+        return self.world // self.tp
+
+    @property
+    def writes(self) -> bool:
+        """Whether this rank writes its group's shards (the group's first rank; every rank without --tp)."""
+        return self.rank % self.tp == 0
 
     @classmethod
     def from_env(cls) -> Dist:
@@ -129,7 +153,9 @@ class Dist:
         if self.world > 1 and not self.group:
             import torch.distributed as td
 
-            td.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+            if not td.is_initialized():  # (a caller that made the group, as the TP oracle's launch, keeps it)
+                td.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+                self.owned = True
             self.group = True
 
     def agree(self, error: str | None) -> None:
@@ -162,8 +188,9 @@ class Dist:
         if self.group:
             import torch.distributed as td
 
-            td.destroy_process_group()
-            self.group = False
+            if self.owned:
+                td.destroy_process_group()
+            self.group = self.owned = False
 
 
 def checked(dist: Dist, step: Callable[[], Any]) -> Any:
@@ -192,6 +219,33 @@ def _settings_error(args: argparse.Namespace) -> None:
     if not _value_names(args):
         raise CacheError(f"--values {','.join(args.values or [])!r} names no value; name one or more, such as "
                          "layer_output,mlp.mlp_output")
+
+
+def _tp_error(args: argparse.Namespace, dist: Dist) -> None:
+    """--tp against torchrun's ranks (every rank reads the same environment: every rank says it, none waits)."""
+    tp = args.tp
+    if tp < 1:
+        raise CacheError(f"--tp {tp}: the ranks per copy of the model are at least 1")
+    if tp > 1 and dist.world == 1:
+        raise CacheError(f"--tp {tp} shards the model over torchrun's ranks, and this is one process: run it as "
+                         f"torchrun --nproc_per_node {tp} -m nnatlas cache ... --tp {tp}")
+    if dist.world % tp:
+        raise CacheError(f"--tp {tp} does not divide the {dist.world} ranks torchrun started (WORLD_SIZE): each "
+                         f"copy of the model takes {tp} ranks; start a multiple of {tp}")
+    if tp > 1:  # a config without a TP plan, or a family transformers cannot shard, before any process group
+        from .loading import _check_shardable
+
+        try:
+            _check_shardable(args.model)
+        except (OSError, ValueError) as e:
+            raise CacheError(f"cannot load {args.model}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
+                from None
+    if tp > 1 and args.device is not None:
+        device = _device(args.device, dist)
+        here = _device(None, dist)
+        if device != here:
+            raise CacheError(f"--device {device} with --tp {tp}: transformers' tensor parallel puts each rank's "
+                             f"shard on {here} (cuda:LOCAL_RANK, else the CPU); leave out --device")
 
 
 def _value_names(args: argparse.Namespace) -> list[str]:
@@ -227,17 +281,19 @@ def _device(text: str | None, dist: Dist) -> torch.device:
 
 def run(args: argparse.Namespace, dist: Dist) -> int:
     _settings_error(args)
+    _tp_error(args, dist)
     device = _device(args.device, dist)
+    dist.tp = args.tp
     dist.start(device)
     names = _value_names(args)
     layers = parse_layers(args.layers)
     texts = checked(dist, lambda: read_texts(args.data, args.text_field, args.errors))
-    model = checked(dist, lambda: _load(args, device))
+    model = checked(dist, lambda: _load(args, device, dist))
     handles = checked(dist, lambda: _handles(model, names, layers))
     ids = tokenize(model.tokenizer, texts, args.seq_len)
     del texts
     width = args.seq_len if args.positions == "all" else None
-    the_plan = checked(dist, lambda: plan(ids, args.batch_size, args.positions, dist.world, args.max_tokens,
+    the_plan = checked(dist, lambda: plan(ids, args.batch_size, args.positions, dist.dp_world, args.max_tokens,
                                           _order(args), width))
     store_dtype = DTYPES[args.dtype] if args.dtype else None
     shapes = _row_shapes(model, handles, the_plan, args.positions, args.seq_len, store_dtype)
@@ -248,29 +304,33 @@ def run(args: argparse.Namespace, dist: Dist) -> int:
     if per_shard < 1:
         raise CacheError(f"--shard-size {args.shard_size:g} holds not one row (a row of these values is {row_bytes} "
                          f"bytes, a shard's header about {header}): at least {(header + row_bytes) / 1e6:.6f} MB")
-    settings = _settings(args, model, handles, the_plan, dist.world, per_shard)
+    settings = _settings(args, model, handles, the_plan, dist.dp_world, per_shard)
     _take_out(args, settings, dist)
     dist.barrier()
 
     start, cpu = time.perf_counter(), time.thread_time()
-    rank = dist.rank
+    rank = dist.dp_rank  # (under --tp, every rank of a group runs the group's batches; its first rank writes)
     total_rows = the_plan.rows(rank)
     expected = -(-total_rows // per_shard)
-    done, kept = resume_point(args.out, rank, expected, settings["run_id"])
+    done, kept = resume_point(args.out, rank, expected, settings["run_id"]) if dist.writes else (0, {})
+    if dist.tp > 1:  # the group's other ranks resume where its writer does
+        done = dist.gather(done)[rank * dist.tp]
     first_row = done * per_shard
     batches = [b for b in the_plan.ranks[rank] if b.first_row + b.rows > first_row]
     writer = ShardWriter(args.out, rank, per_shard, done, first_row - batches[0].first_row if batches else 0,
-                         run_id=settings["run_id"], sha256=kept)
-    tokens = sum(len(d.ids) for b in batches for d in b.docs)
-    positions = sum(len(b.docs) * (width or max(len(d.ids) for d in b.docs)) for b in batches)
+                         run_id=settings["run_id"], sha256=kept) if dist.writes else None
+    counted = [] if not dist.writes else batches  # (a group's tokens are counted once, by its writer)
+    tokens = sum(len(d.ids) for b in counted for d in b.docs)
+    positions = sum(len(b.docs) * (width or max(len(d.ids) for d in b.docs)) for b in counted)
     bar = _progress(args, dist, tokens)
     pad = _pad_id(model)
     try:
         # the writes (and a GPU's copies to the host) overlap the next forwards; at most a shard of rows waits
-        with Background(writer, per_shard * row_bytes) as background:
+        with Background(writer, per_shard * row_bytes) if writer is not None else _Idle() as background:
             for batch in batches:
-                background.add(*_to_host(_batch_rows(model, handles, batch.docs, args.positions, args.seq_len,
-                                                     store_dtype, pad)))
+                rows = _batch_rows(model, handles, batch.docs, args.positions, args.seq_len, store_dtype, pad)
+                if writer is not None:
+                    background.add(*_to_host(rows))
                 if bar is not None:
                     bar.update(sum(len(d.ids) for d in batch.docs))
     finally:
@@ -282,23 +342,41 @@ def run(args: argparse.Namespace, dist: Dist) -> int:
     ran, peak = sum(g[0] for g in gathered), max(g[1] for g in gathered)
     padding = 1 - ran / max(sum(g[2] for g in gathered), 1)
     cpu, writer_cpu = sum(g[3] for g in gathered), sum(g[4] for g in gathered)
-    records = dist.gather(writer.sha256)
+    records = dist.gather(writer.sha256 if writer is not None else {})[::dist.tp]  # (the writers' records)
     error = None
-    if rank == 0:
-        manifest = _manifest(settings, the_plan, dist.world, per_shard, shapes, args, handles, records)
+    if dist.rank == 0:
+        manifest = _manifest(settings, the_plan, dist.dp_world, per_shard, shapes, args, handles, records)
         error = _write_manifest(args.out, manifest)
     # every rank waits for the manifest (a failure stops them all): ranks that left the group while
     # another still wrote made gloo abort the early one at exit ("terminate called without an active exception")
     dist.agree(error)
-    if rank == 0:
+    if dist.rank == 0:
         took = time.perf_counter() - start
         print(f"nnatlas cache: {the_plan.tokens} tokens of {len(the_plan.docs)} documents -> {manifest['rows']} rows "
               f"x {len(handles)} values in {len(manifest['shards'])} shards ({args.out}); {ran} tokens in "
-              f"{took:.2f} s on {dist.world} process{'es' if dist.world > 1 else ''}: {ran / max(took, 1e-9):.0f} "
+              f"{took:.2f} s on {dist.world} process{'es' if dist.world > 1 else ''}{_groups(dist)}: "
+              f"{ran / max(took, 1e-9):.0f} "
               f"tokens/s; peak memory {peak:.0f} MB per process; padding {100 * padding:.1f}% of the positions "
               f"the forwards ran (batched in {the_plan.order} order); CPU {cpu:.2f} s in the forward loop, "
               f"{writer_cpu:.2f} s writing", file=sys.stderr)
     return 0
+
+
+def _groups(dist: Dist) -> str:
+    return f" ({dist.dp_world} group{'s' if dist.dp_world > 1 else ''} of {dist.tp} tensor-parallel ranks)" \
+        if dist.tp > 1 else ""
+
+
+class _Idle:
+    """What a rank that writes nothing (a tensor-parallel group's other ranks) has for a :class:`Background`."""
+
+    cpu = 0.0
+
+    def __enter__(self) -> _Idle:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
 
 
 def _order(args: argparse.Namespace) -> str:
@@ -394,19 +472,32 @@ def _peak_rss_mb() -> float:
     return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
 
 
-def _load(args: argparse.Namespace, device: torch.device) -> Any:
+def _load(args: argparse.Namespace, device: torch.device, dist: Dist | None = None) -> Any:
     from .loading import load
 
     kwargs: dict[str, Any] = {"dtype": DTYPES.get(args.model_dtype, "auto")}
     if args.attn_implementation:
         kwargs["attn_implementation"] = args.attn_implementation
+    tp = dist.tp if dist is not None else 1
+    if tp > 1:  # (a family that cannot be sharded is refused by load, before the weights)
+        from .tensor_parallel import groups_config
+
+        kwargs["distributed_config"] = groups_config(tp, dist.world)  # type: ignore[union-attr]
     try:
         model = load(args.model, **kwargs)
     except (OSError, ValueError) as e:
         raise CacheError(f"cannot load {args.model}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     if model.tokenizer is None:
         raise CacheError(f"{args.model} has no tokenizer that AutoTokenizer can load; nnatlas cache tokenizes text")
-    model.native.to(device)
+    if tp > 1:  # transformers put each rank's shard on its device; the group is the rank's own tp consecutive ranks
+        import torch.distributed as td
+
+        group = model._tp.group if model._tp is not None else None
+        first = dist.dp_rank * tp  # type: ignore[union-attr]
+        if group is None or td.get_process_group_ranks(group) != list(range(first, first + tp)):
+            raise CacheError(f"--tp {tp}: transformers did not shard the model over ranks {first} to {first + tp - 1}")
+    else:
+        model.native.to(device)
     return model
 
 
@@ -532,6 +623,8 @@ def _settings(args: argparse.Namespace, model: Any, handles: list[Any], the_plan
         "attn_implementation": getattr(config, "_attn_implementation", None),
         "world_size": world, "rows_per_shard": per_shard, "order": the_plan.order,
     }
+    if args.tp > 1:  # (only then: the settings, and so the run id, of a run without --tp are as they were)
+        settings["tp_size"] = args.tp
     return {"format": FORMAT, "run_id": run_id_of(settings), **settings}
 
 

@@ -37,7 +37,7 @@ import struct
 import types
 import typing
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import MISSING, dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Union, cast
 
@@ -377,7 +377,7 @@ def _from_json(cls: Any, value: Any, where: str, problems: _Problems) -> Any:
         problems.add(where, f"{value!r:.60} is not an object")
         return None
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in fields(cls)]
+    names = [f.name for f in fields(cls) if f.default is MISSING]  # (the keys a manifest must have)
     for k in value:
         if k not in hints:
             problems.add(where, f"unknown key {k!r}")
@@ -386,14 +386,15 @@ def _from_json(cls: Any, value: Any, where: str, problems: _Problems) -> Any:
     for f in fields(cls):
         name, at = f.name, f"{where}.{f.name}" if where else f.name
         if name not in value:
-            problems.add(where, f"no {name!r}")
+            if f.default is MISSING:
+                problems.add(where, f"no {name!r}")
             continue
         n = len(problems)
         kwargs[name] = _parse(hints[name], value[name], at, problems)
         low = getattr(cls, "MIN", {}).get(name)
         if low is not None and len(problems) == n and kwargs[name] is not None:
             _at_least(problems, at, kwargs[name], low)
-    if len(problems) > before or len(kwargs) < len(names):
+    if len(problems) > before or any(n not in kwargs for n in names):
         return None
     made = cls(**kwargs)
     made._ranges(where, problems)
@@ -484,7 +485,7 @@ class ShardEntry:
 class Manifest:
     """Every field of ``manifest.json``, checked (:meth:`from_json`)."""
 
-    MIN: ClassVar[dict[str, int]] = {"seq_len": 1, "batch_size": 1, "max_tokens": 1, "world_size": 1,
+    MIN: ClassVar[dict[str, int]] = {"seq_len": 1, "batch_size": 1, "max_tokens": 1, "world_size": 1, "tp_size": 1,
                                      "rows_per_shard": 1, "tokens": 0, "padded_tokens": 0, "docs": 0, "rows": 0}
 
     format: str
@@ -512,6 +513,9 @@ class Manifest:
     docs: int
     rows: int
     shards: tuple[ShardEntry, ...]
+    # the ranks each copy of the model was sharded over (nnatlas cache --tp); world_size counts the copies (the
+    # ranks that wrote shards). A manifest written before --tp has none: 1
+    tp_size: int = 1
 
     @classmethod
     def from_json(cls, data: Any, path: Path) -> Manifest:

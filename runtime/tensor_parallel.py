@@ -194,6 +194,26 @@ def plan_of_config(config: Any) -> dict[str, str] | None:
     return None
 
 
+def groups_config(tp: int, world: int) -> Any:
+    """A transformers ``DistributedConfig`` that shards a model over each group of ``tp`` consecutive ranks of
+    ``world`` (ranks ``g*tp`` to ``g*tp + tp - 1`` hold copy ``g``): tensor parallel inside a group, the groups
+    side by side, each running its own batches (data parallel for inference, as ``nnatlas cache --tp`` runs).
+
+    transformers' own ``dp_replicate_size`` builds that mesh but also wraps the copies in FSDP (for training); this
+    config builds the same mesh (pp, dp_replicate, fsdp, tp) and says no data-parallel wrapping is wanted."""
+    from transformers.distributed import DistributedConfig
+
+    if tp < 1 or world % tp:
+        raise InputError(f"{tp} tensor-parallel ranks do not divide {world} ranks")
+
+    class Groups(DistributedConfig):  # type: ignore[misc]
+        @property
+        def dp_size(self) -> int:  # (read by transformers to decide on FSDP: the copies are not FSDP's)
+            return 1
+
+    return Groups(tp_plan="auto", tp_size=tp, dp_replicate_size=world // tp)
+
+
 # ---- the collectives (autograd-aware) ------------------------------------------------------
 
 def _gather(local: torch.Tensor, dim: int, sharding: Sharding, packed: int = 1) -> torch.Tensor:

@@ -15,7 +15,11 @@ ranks), and :func:`check_tp` compares, on every rank:
 - the ``.grad`` of saved values after a backward from the logits, under ``grad=True``.
 
 Rank 0 writes ``DIR/tp_oracle.json``: per family the values compared, the largest difference of each check,
-and the error of a family that failed. The process exits 1 when a family failed.
+the error of a family that failed, or why ``load(tp_plan="auto")`` refused one (``refused``: no TP plan in its
+config class, or a family transformers' tensor parallel cannot run). The process exits 1 when a family failed.
+
+``--cache "ARGS"`` then runs ``nnatlas cache ARGS`` (``--tp`` among them) in the same launch, over the same process
+group (a second torchrun launch would start every rank again); its exit status is the report's ``cache``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 import traceback
@@ -121,6 +126,10 @@ def _grads(model: AtlasModel, inputs: Mapping[str, torch.Tensor]) -> dict[str, t
     return {n: t.grad for n, t in saved.items() if t.grad is not None}
 
 
+class Refused(Exception):
+    """``load(tp_plan="auto")`` said, before loading, that the family cannot be sharded (every rank says it)."""
+
+
 def check_tp(family: str, folder: Path, attn: str = "eager") -> dict[str, Any]:
     """The oracle for one family, on every rank (see the module's docstring); returns what it compared."""
     import torch.distributed as dist
@@ -139,7 +148,10 @@ def check_tp(family: str, folder: Path, attn: str = "eager") -> dict[str, Any]:
     dist.broadcast_object_list(flag, src=0)
     task = "image-text-to-text" if flag[0] else "text-generation"
     one = nnatlas.load(str(folder), attn_implementation=attn, task=task)
-    tp = nnatlas.load(str(folder), attn_implementation=attn, task=task, tp_plan="auto")
+    try:
+        tp = nnatlas.load(str(folder), attn_implementation=attn, task=task, tp_plan="auto")
+    except nnatlas.Unavailable as e:
+        raise Refused(str(e)) from None
     assert tp._tp is not None, f"{family}: tp_plan='auto' did not shard the model"
     inputs = _fixed_inputs(one)
     ours, theirs = _save_all(tp, inputs), _save_all(one, inputs)
@@ -200,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nnatlas.testing.tp_oracle")
     parser.add_argument("families", help="comma-separated families")
     parser.add_argument("--out", required=True, help="a folder for the tiny checkpoints and tp_oracle.json")
+    parser.add_argument("--cache", default=None, help="then run `nnatlas cache` with these arguments (one string)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -212,11 +225,20 @@ def main(argv: list[str] | None = None) -> int:
                 start = time.perf_counter()
                 report[family] = check_tp(family, out / family)
                 report[family]["seconds"] = round(time.perf_counter() - start, 2)
+            except Refused as e:
+                report[family] = {"refused": str(e)}
             except Exception as e:  # noqa: BLE001 - said in the report, per family
                 failed = True
                 report[family] = {"error": f"{type(e).__name__}: {e}"}
                 if os.environ.get("NNATLAS_TP_TRACEBACK"):
                     traceback.print_exc()
+        if args.cache is not None:
+            from ..cache_cli import main as cache
+
+            start = time.perf_counter()
+            report["cache"] = {"exit": cache(shlex.split(args.cache))}
+            report["cache"]["seconds"] = round(time.perf_counter() - start, 2)
+            failed = failed or report["cache"]["exit"] != 0
         if dist.get_rank() == 0:
             (out / "tp_oracle.json").write_text(json.dumps(report, indent=1))
     finally:
