@@ -47,8 +47,11 @@ test: $(STAMP) $(CHROMIUM)
 # every family's generated tests under each transformers version of pyproject.toml's [tool.nnatlas]
 # status-transformers (one venv each under .venv-status/), folded into generated/docs/status.json (committed);
 # then generate renders status.html and the index's status row from it. CI runs the pinned version only (make test).
+# Then the tensor-parallel column: the TP oracle under torchrun (2 gloo processes) over every family, with .venv's
+# own transformers (recorded in status.json)
 status: $(STAMP)
 	$(BIN)/nnatlas status
+	$(BIN)/nnatlas status --tp
 
 docs: $(STAMP)
 	$(BIN)/nnatlas docs --out site

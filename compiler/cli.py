@@ -88,17 +88,31 @@ def _add_status(sub: Any) -> None:
                        help="comma-separated families to run (the others keep their last runs from status.json)")
     which.add_argument("--stale", action="store_true",
                        help="run only the families whose last run is missing or saw another spec or other tests")
+    st.add_argument("--tp", action="store_true",
+                    help="instead: the tensor-parallel column, the TP oracle under torchrun (2 gloo processes) with "
+                         "this interpreter's transformers only (no .venv-status)")
     st.add_argument("--root", type=Path, default=None, help="the checkout (default: the one nnatlas is installed from)")
-    st.set_defaults(handler=lambda a: _status(a.root, a.versions, a.families, a.stale))
+    st.set_defaults(handler=lambda a: _status(a.root, a.versions, a.families, a.stale, a.tp))
 
 
-def _status(root: Path | None, chosen: str | None, families: str | None = None, only_stale: bool = False) -> int:
-    """``nnatlas status``: the runs (one venv per version under .venv-status/), status.json, then generate."""
+def _status(root: Path | None, chosen: str | None, families: str | None = None, only_stale: bool = False,
+            tp: bool = False) -> int:
+    """``nnatlas status``: the runs (one venv per version under .venv-status/), status.json, then generate;
+    ``--tp``: the tensor-parallel column instead (this interpreter only)."""
     from . import compile_atlas, status
 
     root = checkout(root, "status")
     wanted = [v.strip() for v in chosen.split(",") if v.strip()] if chosen else None
     picked = [f.strip() for f in families.split(",") if f.strip()] if families else None
+    if tp:
+        if wanted or only_stale:
+            raise UserError("nnatlas status --tp runs this interpreter's transformers only: no --versions or --stale")
+        result = status.run_tp(root, picked)
+        cells = [c["result"] for c in result["tp"]["families"].values()]
+        print(f"nnatlas: tensor parallel (transformers {result['tp']['transformers']}): "
+              + ", ".join(f"{cells.count(r)} {r}" for r in ("pass", "refused", "fail")))
+        print(f"nnatlas: wrote {status.PATH}")
+        return _generate(root, False)
     if only_stale:
         atlas, previous = compile_atlas(root / "specs", root), status.read(root)
         picked = sorted({f for v in (wanted or status.versions(root)) for f in status.stale(atlas, previous, root, v)})

@@ -9,6 +9,11 @@ checks and the attention loads its tests ran, with pass/fail per version. Only `
 writes that file (it is committed): ``nnatlas generate`` reads it to render ``status.html`` and
 the index's status row, so ``generate --check`` stays a function of committed files. A family the
 run did not see reads "not run"; one whose spec changed since, "stale".
+
+``nnatlas status --tp`` (also run by ``make status``) records the tensor-parallel column: the TP oracle
+(``nnatlas.testing.tp_oracle``, under torchrun, 2 gloo processes) over every family, with this checkout's own
+interpreter and its transformers only (``status.json``'s ``tp``: the version, and per family under ``families``: pass
+with the largest difference, refused with the runtime's reason, or fail with the error).
 """
 
 from __future__ import annotations
@@ -173,6 +178,8 @@ def merge(previous: Mapping[str, Any] | None, new: dict[str, Any], ran: Iterable
     new_versions = {v["transformers"]: v for v in new["versions"]}
     order = list(order) if order is not None else list(new_versions)
     ran_now = {v for v, entry in new_versions.items() if entry.get("ran")}
+    if (previous or {}).get("tp") and "tp" not in new:  # the tensor-parallel column is run on its own (run_tp)
+        new["tp"] = previous["tp"]  # type: ignore[index]
     for name, fam in new["families"].items():
         old = old_families.get(name) or {}
         for version in order:
@@ -225,7 +232,8 @@ _EMPTY_CELL: dict[str, Any] = {"result": "not run", "passed": 0, "total": 0, "gr
 def page_rows(atlas: Atlas, status: Mapping[str, Any] | None) -> dict[str, Any]:
     """What status.html and the index show: one row per family of the atlas, one column per version."""
     rows = [row(f, status) for f in atlas.families]
-    return {"status": status, "versions": (status or {}).get("versions", []), "rows": rows}
+    return {"status": status, "versions": (status or {}).get("versions", []), "rows": rows,
+            "tp": (status or {}).get("tp")}
 
 
 def row(f: FamilyIR, status: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -238,7 +246,10 @@ def row(f: FamilyIR, status: Mapping[str, Any] | None) -> dict[str, Any]:
         run = (fam or {}).get("runs", {}).get(v) or {}
         stale = run.get("spec_sha256") not in (None, f.sha256)
         cells.append({**_EMPTY_CELL, **run, "version": v, "stale": stale})
-    return {"family": f.name, "title": f.title, "seen": fam is not None, "values_served": _values(f),
+    tp = ((status or {}).get("tp") or {}).get("families", {}).get(f.name)
+    if tp is not None:
+        tp = {**tp, "stale": tp.get("spec_sha256") not in (None, f.sha256)}
+    return {"family": f.name, "title": f.title, "seen": fam is not None, "values_served": _values(f), "tp": tp,
             "identities": sum(len(h.identities) for h in f.hosts),
             "oracle_checks": (fam or {}).get("oracle_checks", []), "loads": (fam or {}).get("loads", []),
             "cells": cells, "pinned": cells[0] if cells else {**_EMPTY_CELL, "version": None, "stale": False}}
@@ -338,3 +349,92 @@ def _venv(root: Path, venv: Path, version: str) -> Path:
         _run_step(step)
     stamp.write_text(version + "\n")
     return python
+
+
+# ---- the tensor-parallel column ---------------------------------------------------------------
+
+TP_RANKS = 2
+
+
+def run_tp(root: Path, families: Iterable[str] | None = None, timeout: float = 7200.0) -> dict[str, Any]:
+    """The TP oracle over every family (or ``families``), with this interpreter (the checkout's venv, its
+    transformers): one torchrun launch of ``nnatlas.testing.tp_oracle`` (2 gloo processes), then one launch per
+    family it did not report (a launch that died); folded into status.json's ``tp`` and each family's ``tp``."""
+    import importlib.metadata
+    import tempfile
+    import time
+
+    atlas = resolve(root / "specs", root)
+    names = [f.name for f in atlas.families]
+    picked = names if families is None else list(families)
+    unknown = sorted(set(picked) - set(names))
+    if unknown:
+        raise UserError(f"nnatlas status: no family {', '.join(unknown)} (families: {', '.join(names)})")
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        raise UserError(f"nnatlas status --tp: no torchrun beside {sys.executable} (torch's launcher)")
+    report: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="nnatlas-tp-") as tmp:
+        batches = [picked] if picked else []
+        while batches:
+            batch = batches.pop(0)
+            print(f"nnatlas status --tp: {len(batch)} families under torchrun ({TP_RANKS} gloo processes)",
+                  file=sys.stderr, flush=True)
+            out = Path(tmp) / f"run{len(report)}"
+            out.mkdir()
+            said = _tp_launch(torchrun, batch, out, min(timeout, 120.0 + 180.0 * len(batch)))
+            got = {f: r for f, r in said.items() if f in batch}
+            report.update(got)
+            missing = [f for f in batch if f not in got]
+            if missing and len(batch) > 1:  # the launch died: each family it left, on its own
+                batches.extend([f] for f in missing)
+            elif missing:
+                report[batch[0]] = {"error": said.get("_launch", "the launch ended without a report")}
+    status = read(root) or fold(atlas, [])
+    cells = dict((status.get("tp") or {}).get("families", {}))  # (the families not run now keep their cells)
+    for f in atlas.families:
+        if f.name in report:
+            cells[f.name] = {**_tp_entry(report[f.name]), "spec_sha256": f.sha256}
+    status["tp"] = {"transformers": importlib.metadata.version("transformers"),
+                    "torch": importlib.metadata.version("torch"), "python": sys.version.split()[0],
+                    "date": time.strftime("%Y-%m-%d", time.gmtime()), "ranks": TP_RANKS, "backend": "gloo",
+                    "about": "the TP oracle (nnatlas.testing.tp_oracle): every served value, an edit, generate "
+                             "with per-step edits, model.cache and the gradients under tensor parallel against one "
+                             "process, run by `nnatlas status --tp` with the checkout's own transformers",
+                    "families": {n: cells[n] for n in names if n in cells}}
+    (root / PATH).write_text(dumps(status), encoding="utf-8")
+    return status
+
+
+def _tp_launch(torchrun: Path, families: list[str], out: Path, timeout: float) -> dict[str, Any]:
+    """One torchrun launch of the oracle: its report (``_launch``: why there is none)."""
+    cmd = [str(torchrun), "--standalone", "--nproc_per_node", str(TP_RANKS), "-m", "nnatlas.testing.tp_oracle",
+           ",".join(families), "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"_launch": f"the launch took more than {timeout:.0f} s"}
+    path = out / "tp_oracle.json"
+    if path.is_file():
+        return json.loads(path.read_text())  # type: ignore[no-any-return]
+    return {"_launch": f"the launch ended without a report: {_last_line(proc.stderr)}"}
+
+
+def _tp_entry(r: Mapping[str, Any]) -> dict[str, Any]:
+    """A family's TP cell from the oracle's report of it."""
+    if "refused" in r:
+        return {"result": "refused", "why": str(r["refused"])[:400]}
+    if "error" in r:
+        return {"result": "fail", "error": str(r["error"])[:400]}
+    diffs = [r.get(k) for k in ("max_value_diff", "max_edit_logit_diff", "max_generate_diff", "max_cache_diff")]
+    grad = r.get("max_grad_diff")
+    entry: dict[str, Any] = {"result": "pass", "values": r.get("values"),
+                             "max_diff": max((float(d) for d in diffs if isinstance(d, int | float)), default=0.0),
+                             "sharded_values": len(r.get("sharded_values", [])), "edits": r.get("edits", []),
+                             "seconds": r.get("seconds")}
+    if isinstance(grad, int | float):
+        entry["max_grad_diff"] = float(grad)
+    elif grad is not None:
+        entry["grad"] = str(grad)[:200]
+    return entry

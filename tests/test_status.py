@@ -49,8 +49,23 @@ def test_fold_counts_each_group_per_family_and_version() -> None:
 def test_page_and_index_show_the_status_and_mark_a_stale_spec() -> None:
     atlas = compile_atlas(ROOT / "specs", ROOT)
     st = status.fold(atlas, [("5.24.0", _record(atlas, sha=SHA), None), ("5.23.0", None, "could not install: no wheel")])
+    # the tensor-parallel column (nnatlas status --tp): a pass with its largest difference, a refusal with the
+    # runtime's reason, a failure with its error; a later run of the generated tests keeps it
+    cells = {"llama": {"values": 59, "max_value_diff": 7e-7, "max_edit_logit_diff": 5e-8, "max_cache_diff": 0.0,
+                       "max_generate_diff": None, "max_grad_diff": 4e-5, "sharded_values": ["q: num_heads"]},
+             "gpt2": {"refused": "GPT2Config has no tensor-parallel plan (base_model_tp_plan)"},
+             "qwen2": {"error": "AssertionError: qwen2 layers[0].mlp.mlp_neurons: differs from one process by 0.3"}}
+    st["tp"] = {"transformers": "5.24.0", "torch": "2.13.0", "ranks": 2, "backend": "gloo", "date": "2026-12-03",
+                "families": {k: {**status._tp_entry(v), "spec_sha256": SHA} for k, v in cells.items()}}
+    assert st["tp"]["families"]["llama"]["max_diff"] == 7e-7 and st["tp"]["families"]["llama"]["sharded_values"] == 1
+    kept = status.merge(json.loads(status.dumps(st)), status.fold(atlas, [("5.24.0", _record(atlas), None)]), ["llama"])
+    assert kept["tp"] == json.loads(status.dumps(st))["tp"]
     out = render(atlas, None, json.loads(status.dumps(st)))
     page = out["generated/docs/status.html"]
+    assert '<td data-tp="pass"><span class="st-pass"' in page and "✓ max diff 7.0e-07" in page and "grad 4.0e-05" in page
+    assert '<td data-tp="refused">' in page and "GPT2Config has no tensor-parallel plan" in page
+    assert '<td data-tp="fail">' in page and "differs from one process by 0.3" in page
+    assert '<td data-tp="not run">' in page and "transformers <code>5.24.0</code>, torch 2.13.0" in page
     assert '<tr id="llama" data-family="llama" data-result="fail">' in page
     assert "✗ 2 failed of 7" in page and "stale" in page and "could not install: no wheel" in page
     assert "✓</span> hidden_states (eager)" in page and "✗</span> attentions (eager)" in page
