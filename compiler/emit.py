@@ -396,7 +396,7 @@ def page_context(f: FamilyIR, atlas: Atlas, printout: str | None = None) -> dict
     return {"f": f, "atlas": atlas, "model": model, "stacks": model.stacks(), "hosts": model.hosts(),
             "checkpoints": model.checkpoints(), "printouts": printouts.body(printout) if printout else [],
             "notes": notes, "sizes": sizes, "coming_from": model.coming_from(),
-            "sae_points": model.sae_points(), "image_text": model.image_text()}
+            "sae_points": model.sae_points(), "image_text": model.image_text(), "tp": model.tensor_parallel()}
 
 
 def render_page(f: FamilyIR, atlas: Atlas, printout: str | None = None,

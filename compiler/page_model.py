@@ -528,6 +528,12 @@ class PageModel:
         """Whether the load this page is built on is the image-text one (its printout built the vision stack)."""
         return bool(self.first and any(k.startswith("vision") for k in self.first.get("blocks", {})))
 
+    def tensor_parallel(self) -> dict[str, Any] | None:
+        """What support() says of each value under tensor parallel (2 ranks), or why the family cannot be sharded:
+        the printout's facts, computed by the runtime's own code (``nnatlas.tensor_parallel.planned``)."""
+        found = self.facts.get("tensor_parallel")
+        return found if isinstance(found, dict) else None
+
     def image_text(self) -> str:
         return str(self.first.get("class", "")) if self.serves_processor() and self.first else ""
 

@@ -372,6 +372,9 @@ class _Idle:
 
     cpu = 0.0
 
+    def add(self, rows: dict[str, torch.Tensor], ready: Any = None) -> None:
+        return None
+
     def __enter__(self) -> _Idle:
         return self
 

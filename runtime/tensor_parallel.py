@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +85,16 @@ class Sharding:
         self._styles: dict[int, str] | None = None
         self._parents: dict[int, torch.nn.Module] = {}  # id(module) -> its parent
         self.model = model
+
+    @classmethod
+    def planned(cls, model: torch.nn.Module, size: int) -> Sharding:
+        """The sharding transformers' plan (the model's ``_tp_plan``) would make of ``model`` over ``size`` ranks,
+        with no process group: what :func:`how` says of each value, for a page (nothing is gathered through it)."""
+        s = cls.__new__(cls)
+        s.size, s.mesh, s.group, s.rank = size, None, None, 0
+        s.plan = dict(model.__dict__.get("_tp_plan") or {})
+        s._styles, s._parents, s.model = None, {}, model
+        return s
 
     def styles(self) -> dict[int, str]:
         """id(module) -> its TP style, from the model's plan (``layers.*.self_attn.q_proj``), found once."""
@@ -178,6 +189,40 @@ def refuse_grad(family: str) -> None:
     if why is not None:
         raise Unavailable(f"trace(grad=True) of family {family} under tensor parallel: {why}. Trace without grad, or "
                           "load it without tp_plan")
+
+
+def planned(model: Any, size: int = 2) -> dict[str, Any]:
+    """What a family's page says under tensor parallel, from the code a sharded load runs, on a wrapped model that
+    is not sharded (the meta device will do): ``refused`` (its config class has no TP plan, or the family is one
+    transformers' tensor parallel cannot run: the words load says), else ``values``: each line support() gives a
+    value on ``size`` ranks (:func:`how`) with the values it says it of, ``plan``: the model's own TP plan, and
+    ``grad``: why ``trace(grad=True)`` is refused, if it is."""
+    config = model.native.config
+    if plan_of_config(config) is None:
+        return {"refused": f"{type(config).__name__} has no tensor-parallel plan (base_model_tp_plan): transformers "
+                           "cannot shard it with tp_plan='auto'"}
+    if model.family in CANNOT_SHARD:
+        return {"refused": CANNOT_SHARD[model.family]}
+    hf = model.native
+    before = model._tp
+    object.__setattr__(model, "_tp", Sharding.planned(hf, size))
+    model._targets_cache.clear()
+    try:
+        rows = model.support().sharded()
+    finally:
+        object.__setattr__(model, "_tp", before)
+        model._targets_cache.clear()
+    said: dict[str, list[str]] = {}
+    for host, value, line in rows:
+        said.setdefault(line, [])
+        label = re.sub(r"\[\d+\]", "[i]", f"{host}.{value}" if host != "model" else value)  # (any block's)
+        if label not in said[line]:
+            said[line].append(label)
+    out: dict[str, Any] = {"values": [{"how": line, "values": labels} for line, labels in said.items()],
+                           "plan": dict(hf.__dict__.get("_tp_plan") or {})}
+    if model.family in CANNOT_DIFFERENTIATE:
+        out["grad"] = CANNOT_DIFFERENTIATE[model.family]
+    return out
 
 
 def plan_of_config(config: Any) -> dict[str, str] | None:

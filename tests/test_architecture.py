@@ -176,7 +176,8 @@ def test_the_size_report_names_the_largest_modules_and_classes() -> None:
 # what the compiler's core (resolve, emit, the IR, expressions, read points) may import of the runtime
 DATA_MODEL = {"nnatlas.spec", "nnatlas.conditions", "nnatlas.foreign_names"}
 # the compiler's tools that run models with the runtime, and what each uses of it: the public API
-TOOLS = {"nnatlas.compiler.printouts": {"nnatlas"},  # nnatlas.wrap, on the meta device
+# (printouts: nnatlas.wrap on the meta device, and tensor_parallel.planned, what support() says under TP, for pages)
+TOOLS = {"nnatlas.compiler.printouts": {"nnatlas", "nnatlas.tensor_parallel"},
          "nnatlas.compiler.treecheck": {"nnatlas", "nnatlas.introspect", "nnatlas.testing"},
          "nnatlas.compiler.cli": {"nnatlas.cache_cli"},  # the `nnatlas cache` command
          # a draft's oracle on a tiny twin (draft=True), the draft put in the lookup while it is verified

@@ -117,6 +117,27 @@ def test_a_family_transformers_cannot_shard_says_so(tmp_path: Path) -> None:
         del hf.__dict__["_tp_size"]
 
 
+def test_each_family_page_says_how_its_values_are_served_under_tensor_parallel() -> None:
+    """A page's tensor-parallel section is what support() says on 2 ranks from the model's own TP plan
+    (tensor_parallel.planned, recorded with the printout): the tiny llama gives the lines recorded from its
+    checkpoint; a family without a TP plan, one transformers cannot shard and one whose backward it cannot run say
+    why."""
+    from nnatlas.compiler import printouts
+    from nnatlas.tensor_parallel import planned
+
+    root = Path(__file__).resolve().parents[1]
+    head = printouts.parse_header((root / printouts.path_for("llama")).read_text())
+    assert head is not None and head.facts["tensor_parallel"]["values"] == planned(shared_build("llama"))["values"]
+    page = {f: (root / "generated" / "docs" / f"{f}.md").read_text() for f in ("llama", "gpt2", "qwen3_next",
+                                                                              "llama4_text")}
+    assert "| sharded (rowwise input): all-gathered on its intermediate_size axis | `layers[i].mlp.mlp_neurons` |" \
+        in page["llama"]
+    assert "cannot be sharded by transformers' tensor parallel: GPT2Config has no tensor-parallel plan" in page["gpt2"]
+    assert "cannot be sharded by transformers' tensor parallel: transformers' tensor parallel fails in its gated " \
+        "DeltaNet path" in page["qwen3_next"]
+    assert "`trace(grad=True)` is refused under tensor parallel" in page["llama4_text"]
+
+
 def test_a_model_that_is_not_sharded_serves_plain_targets() -> None:
     """The one check is at wrap (an attribute read): an unsharded model's targets are the plain ones, and a
     save with local=True is the whole value."""

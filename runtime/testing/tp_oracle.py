@@ -39,6 +39,7 @@ import torch
 
 import nnatlas
 
+from ..cache_cli import main as cache_main
 from ..model import AtlasModel
 from ..tensor_parallel import CANNOT_DIFFERENTIATE
 from .checks import _fixed_inputs, served_values
@@ -233,10 +234,8 @@ def main(argv: list[str] | None = None) -> int:
                 if os.environ.get("NNATLAS_TP_TRACEBACK"):
                     traceback.print_exc()
         if args.cache is not None:
-            from ..cache_cli import main as cache
-
             start = time.perf_counter()
-            report["cache"] = {"exit": cache(shlex.split(args.cache))}
+            report["cache"] = {"exit": cache_main(shlex.split(args.cache))}
             report["cache"]["seconds"] = round(time.perf_counter() - start, 2)
             failed = failed or report["cache"]["exit"] != 0
         if dist.get_rank() == 0:
