@@ -153,6 +153,8 @@ class Dist:
         if self.world > 1 and not self.group:
             import torch.distributed as td
 
+            if device.type == "cuda":  # (NCCL's object collectives run on the current device: the rank's own)
+                torch.cuda.set_device(device)
             if not td.is_initialized():  # (a caller that made the group, as the TP oracle's launch, keeps it)
                 td.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
                 self.owned = True
