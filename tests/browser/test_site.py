@@ -341,8 +341,9 @@ def test_search_and_trait_filter_narrow_the_index(page: Any, test_site: Path, re
     families = page.locator("li.family:not([hidden])")
     total = families.count()
     assert total >= 2
+    index: list[dict[str, str]] = []
+
     def hit(term: str) -> list[str]:  # the families whose index entries name the term, in page order
-        index = page.evaluate("window.nnatlasSearch")  # loaded by the first search
         named = {e["family"] for e in index if term.lower() in e.get("text", e["name"]).lower()}
         return [f for f in page.eval_on_selector_all("li.family", "els => els.map(e => e.dataset.family)") if f in named]
 
@@ -350,6 +351,12 @@ def test_search_and_trait_filter_narrow_the_index(page: Any, test_site: Path, re
         return [families.nth(i).get_attribute("data-family") for i in range(families.count())]
 
     _search(page, "LlamaAttention")
+    # the entries atlas.js unpacked from search.js (loaded by the first search) are the ones the compiler packed
+    from nnatlas.compiler import emit
+
+    index.extend(page.evaluate("window.nnatlasSearch"))
+    assert index == emit.read_search_script((real_site / "search.js").read_text(encoding="utf-8"))
+    assert len(index) > 4000 and {e["kind"] for e in index} >= {"checkpoint", "load class", "native class", "value", "note"}
     assert shown() == hit("LlamaAttention") and "llama" in shown()  # llama, and llava's text model
     assert page.locator("#results li").count() >= 1
     assert "native class" in page.locator("#results").inner_text()
