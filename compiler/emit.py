@@ -400,10 +400,12 @@ def page_context(f: FamilyIR, atlas: Atlas, printout: str | None = None) -> dict
 
 
 def render_page(f: FamilyIR, atlas: Atlas, printout: str | None = None,
-                status_data: dict[str, Any] | None = None, context: dict[str, Any] | None = None) -> str:
-    """The family's HTML page; ``context``: its ``page_context`` when the caller has built it (render_pages)."""
+                status_data: dict[str, Any] | None = None, context: dict[str, Any] | None = None,
+                tests: str | None = None) -> str:
+    """The family's HTML page; ``context``: its ``page_context`` when the caller has built it (render_pages);
+    ``tests``: the digest of its generated tests now (``status.tests_digest``), for the badge's stale mark."""
     return env().get_template("page.html.j2").render(**(context or page_context(f, atlas, printout)),
-                                                     badge=status.row(f, status_data))
+                                                     badge=status.row(f, status_data, tests))
 
 
 def render_page_md(f: FamilyIR, atlas: Atlas, printout: str | None = None, context: dict[str, Any] | None = None) -> str:
@@ -411,10 +413,10 @@ def render_page_md(f: FamilyIR, atlas: Atlas, printout: str | None = None, conte
 
 
 def render_pages(f: FamilyIR, atlas: Atlas, printout: str | None = None,
-                 status_data: dict[str, Any] | None = None) -> tuple[str, str]:
+                 status_data: dict[str, Any] | None = None, tests: str | None = None) -> tuple[str, str]:
     """(the HTML page, the Markdown page), from one page model (the templates only read it)."""
     context = page_context(f, atlas, printout)
-    return render_page(f, atlas, printout, status_data, context), render_page_md(f, atlas, printout, context)
+    return render_page(f, atlas, printout, status_data, context, tests), render_page_md(f, atlas, printout, context)
 
 
 def _index_data(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> dict[str, Any]:
@@ -591,20 +593,22 @@ def read_search_script(text: str) -> list[dict[str, str]]:
 
 
 def render_index(atlas: Atlas, printout_texts: dict[str, str] | None = None,
-                 status_data: dict[str, Any] | None = None, cookbook: bool = False) -> tuple[str, str, str]:
+                 status_data: dict[str, Any] | None = None, cookbook: bool = False,
+                 tests: Mapping[str, str] | None = None) -> tuple[str, str, str]:
     """(the index, its search index ``search.js``, the values × families matrix page); ``cookbook``: the site
     has a cookbook page to link to (a checkout with docs/cookbook.md). The search index is a script the index
     loads on the search's first use (a script, not a fetch: pages opened from file:// may not fetch)."""
     data = _index_data(atlas, printout_texts)
     search = [{k: v for k, v in e.items() if k != "text" or v != e["name"]} for e in data.pop("search_index")]
-    rows = status.page_rows(atlas, status_data)
+    rows = status.page_rows(atlas, status_data, tests)
     page = env().get_template("index.html.j2").render(**data, cookbook=cookbook, **rows)
     matrix = env().get_template("matrix.html.j2").render(**data, **rows)
     return page, search_script(search), matrix
 
 
-def render_status(atlas: Atlas, status_data: dict[str, Any] | None = None) -> str:
-    return env().get_template("status.html.j2").render(atlas=atlas, **status.page_rows(atlas, status_data))
+def render_status(atlas: Atlas, status_data: dict[str, Any] | None = None, tests: Mapping[str, str] | None = None) -> str:
+    """status.html; ``tests``: family → the digest of its generated tests now, for the stale marks."""
+    return env().get_template("status.html.j2").render(atlas=atlas, **status.page_rows(atlas, status_data, tests))
 
 
 def render_llms(atlas: Atlas) -> str:
