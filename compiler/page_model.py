@@ -526,7 +526,8 @@ class PageModel:
             parts.append(Part(self.uid(f"k{k}-{stack}-input"), "x", "", "input", f"{stack}[i]", lay.cls, card,
                               subtitle="the block's input"))
         default = spec == DEFAULT_BLOCK
-        stream, branch = "layer_input", []  # the stream's value before the branch drawn since the last add
+        stream = "layer_input"  # the stream's value before the branch drawn since the last add
+        branch: list[str] = []
         for j, item in enumerate(items):
             nxt = items[j + 1] if j + 1 < len(items) else None
             if item.startswith("join:"):  # a branch's value added into a module's input (zamba2's shared block)

@@ -177,4 +177,4 @@ def test_a_run_of_other_generated_tests_is_stale_and_the_page_marks_what_status_
             marked.add(fam)
     assert marked == set(status.stale(atlas, committed, ROOT, pinned))
     if marked:
-        assert f'id="stale-note"><span class="st-stale">stale</span> ' in page and "nnatlas status --stale" in page
+        assert 'id="stale-note"><span class="st-stale">stale</span> ' in page and "nnatlas status --stale" in page
