@@ -498,44 +498,50 @@ def _value_families(atlas: Atlas) -> tuple[list[str], dict[str, list[str]]]:
 #                               where TransformerLens, the v row's page (row: its index in the family's rows)
 #   r std native                rename: text "std native", kind "standard name of native", where rename, #support
 #   x name text kind where href any other entry, as it is ("" text: the name)
+def _unpack_row(page: str, row: list[Any], host: list[Any], made: list[dict[str, str]]) -> dict[str, str]:
+    """One packed row's entry (``host``: the family's last h row; ``made``: the family's entries so far)."""
+    k = row[0]
+    if k == "c":
+        return {"name": row[1], "kind": "checkpoint", "where": "sizes", "href": page + "sizes"}
+    if k == "l":
+        return {"name": row[1], "kind": "load class", "where": "model", "href": page + "support"}
+    if k == "h":
+        return {"name": row[1], "text": f"{row[1]} {row[2]}" + (f" model.{row[3]}" if row[3] else ""),
+                "kind": "native class", "where": row[2], "href": page + row[4]}
+    if k == "v":
+        return {"name": row[1], "text": f"{row[1]} {host[2]}.{row[1]}" + (f" {row[2]}" if row[2] else ""),
+                "kind": "value", "where": f"{host[2]} ({host[1]})",
+                "href": page + "v-" + host[4].removeprefix("host-") + "-" + row[1], "label": host[2]}
+    if k == "n":
+        return {"name": row[1], "text": f"{row[1]} {row[2]}", "kind": "note", "where": "notes", "href": page + row[3]}
+    if k == "t":
+        v = made[row[3]]
+        return {"name": row[1], "text": f"{row[1]} {row[2]}", "kind": f"is {v['label']}.{v['name']}",
+                "where": "TransformerLens", "href": v["href"]}
+    if k == "r":
+        return {"name": row[1], "text": f"{row[1]} {row[2]}", "kind": f"standard name of {row[2]}",
+                "where": "rename", "href": page + "support"}
+    return {"name": row[1], "text": row[2] or row[1], "kind": row[3], "where": row[4], "href": row[5]}
+
+
+def _entry(family: str, e: dict[str, str]) -> dict[str, str]:
+    entry = {"family": family, **{key: val for key, val in e.items() if key != "label"}}
+    if entry.get("text") == entry["name"]:
+        del entry["text"]
+    return entry
+
+
 def unpack_search(packed: Mapping[str, list[list[Any]]]) -> list[dict[str, str]]:
     """The search entries from search.js's packed rows (what atlas.js's unpackSearch makes of them)."""
     out: list[dict[str, str]] = []
     for family, rows in packed.items():
-        page = f"{family}.html#"
         made: list[dict[str, str]] = []
-        host: list[Any] = ["", "", "", ""]
+        host: list[Any] = ["", "", "", "", ""]
         for row in rows:
-            k = row[0]
-            if k == "c":
-                e = {"name": row[1], "kind": "checkpoint", "where": "sizes", "href": page + "sizes"}
-            elif k == "l":
-                e = {"name": row[1], "kind": "load class", "where": "model", "href": page + "support"}
-            elif k == "h":
+            if row[0] == "h":
                 host = row
-                e = {"name": row[1], "text": f"{row[1]} {row[2]}" + (f" model.{row[3]}" if row[3] else ""),
-                     "kind": "native class", "where": row[2], "href": page + row[4]}
-            elif k == "v":
-                e = {"name": row[1], "text": f"{row[1]} {host[2]}.{row[1]}" + (f" {row[2]}" if row[2] else ""),
-                     "kind": "value", "where": f"{host[2]} ({host[1]})",
-                     "href": page + "v-" + host[4].removeprefix("host-") + "-" + row[1], "label": host[2]}
-            elif k == "n":
-                e = {"name": row[1], "text": f"{row[1]} {row[2]}", "kind": "note", "where": "notes", "href": page + row[3]}
-            elif k == "t":
-                v = made[row[3]]
-                e = {"name": row[1], "text": f"{row[1]} {row[2]}", "kind": f"is {v['label']}.{v['name']}",
-                     "where": "TransformerLens", "href": v["href"]}
-            elif k == "r":
-                e = {"name": row[1], "text": f"{row[1]} {row[2]}", "kind": f"standard name of {row[2]}",
-                     "where": "rename", "href": page + "support"}
-            else:
-                e = {"name": row[1], "text": row[2] or row[1], "kind": row[3], "where": row[4], "href": row[5]}
-            made.append(e)
-        for e in made:
-            entry = {"family": family, **{key: val for key, val in e.items() if key != "label"}}
-            if entry.get("text") == entry["name"]:
-                del entry["text"]
-            out.append(entry)
+            made.append(_unpack_row(f"{family}.html#", row, host, made))
+        out.extend(_entry(family, e) for e in made)
     return out
 
 
@@ -543,6 +549,7 @@ def pack_search(entries: list[dict[str, str]]) -> dict[str, list[list[Any]]]:
     """search.js's packed rows for ``entries`` (each family's entries in one run, in their order); every row
     is checked to unpack to its entry, else it is kept whole (row "x")."""
     packed: dict[str, list[list[Any]]] = {}
+    made: dict[str, list[dict[str, str]]] = {}  # family -> its rows unpacked (what a t row refers to)
     values: dict[str, dict[str, int]] = {}  # family -> a value's page anchor -> its row
     host: list[Any] = []
     for e in entries:
@@ -559,10 +566,9 @@ def pack_search(entries: list[dict[str, str]]) -> dict[str, list[list[Any]]]:
         elif kind == "native class":
             label = e["where"]
             native = text.removeprefix(f"{name} {label}").removeprefix(" model.")
-            row = host = ["h", name, label, native, href]
+            row = ["h", name, label, native, href]
         elif kind == "value" and host:
             row = ["v", name, text.removeprefix(f"{name} {host[2]}.{name}").removeprefix(" ")]
-            values.setdefault(family, {})[href] = len(rows)
         elif kind == "note":
             row = ["n", name, text.removeprefix(f"{name} "), href]
         elif kind.startswith("is ") and href in values.get(family, {}):
@@ -571,9 +577,17 @@ def pack_search(entries: list[dict[str, str]]) -> dict[str, list[list[Any]]]:
             row = ["r", name, kind.removeprefix("standard name of ")]
         else:
             row = ["x", name, "", kind, e["where"], e["href"]]
-        if row[0] != "x" and unpack_search({family: [*rows, row]})[-1] != e:
+        done = made.setdefault(family, [])
+        back = _unpack_row(page, row, row if row[0] == "h" else host, done)
+        if row[0] != "x" and _entry(family, back) != e:
             row = ["x", name, "" if text == name else text, kind, e["where"], e["href"]]
+            back = _unpack_row(page, row, host, done)
+        if row[0] == "h":
+            host = row
+        if row[0] == "v":
+            values.setdefault(family, {})[href] = len(rows)
         rows.append(row)
+        done.append(back)
     return packed
 
 
