@@ -52,16 +52,18 @@ def render(atlas: Atlas, printout_texts: dict[str, str] | None = None,
     adapters = adapters if adapters is not None else render_adapters(atlas)
     out: dict[str, str] = {"generated/families/__init__.py": emit.render_registry(atlas),
                            "generated/tests/conftest.py": emit.render_tests_conftest(atlas)}
+    tests: dict[str, str] = {}  # family → the digest of its generated tests: a run that saw others is stale
     for f in atlas.families:
         printout = printout_texts.get(f.name)
         out[f"generated/families/{f.name}.py"] = adapters[f.name]
         out[f"generated/tests/test_{f.name}.py"] = emit.render_tests(f)
+        tests[f.name] = status.tests_digest(out[f"generated/tests/test_{f.name}.py"])
         out[f"generated/docs/{f.name}.html"], out[f"generated/docs/{f.name}.md"] = emit.render_pages(f, atlas, printout,
-                                                                                                 status_data)
+                                                                                                 status_data, tests[f.name])
         if printout is not None:
             out[printouts.path_for(f.name)] = printout
-    out["generated/docs/index.html"], out["generated/docs/search.js"], out["generated/docs/matrix.html"] = emit.render_index(atlas, printout_texts, status_data, cookbook_text is not None)
-    out["generated/docs/status.html"] = emit.render_status(atlas, status_data)
+    out["generated/docs/index.html"], out["generated/docs/search.js"], out["generated/docs/matrix.html"] = emit.render_index(atlas, printout_texts, status_data, cookbook_text is not None, tests)
+    out["generated/docs/status.html"] = emit.render_status(atlas, status_data, tests)
     out["generated/docs/llms.txt"] = emit.render_llms(atlas)
     out["generated/docs/atlas.css"] = emit.env().get_template("atlas.css.j2").render()
     out["generated/docs/atlas.js"] = emit.env().get_template("atlas.js.j2").render()

@@ -186,6 +186,80 @@ def _input_cards(lay: HostIR | None, name: str, native: str, f: FamilyIR) -> lis
             and v.read.module in ((name,), (native,)) and v.read.side == "input"]
 
 
+def _sides(text: str) -> tuple[str, str] | None:
+    """The two sides of an identity ``a == b`` as written, None for another relation."""
+    if text.count("==") != 1:
+        return None
+    a, b = text.split("==")
+    return a.strip(), b.strip()
+
+
+def _sum_value(lay: HostIR, stream: str, branch: list[str], drawn: set[str], f: FamilyIR) -> Card | None:
+    """The value a block identity names as the sum of the stream and the branch drawn since the last add
+    (``layer_input + self_attn.attention_output == layer_mid``), when no module's input reads it."""
+    names = {v.name: v for v in lay.values if v.missing is None}
+    for ident in lay.identities:
+        sides = _sides(ident.text)
+        if sides is None:
+            continue
+        for value, total in (sides, sides[::-1]):
+            terms = [t.strip() for t in total.split("+")]
+            if value not in names or value in drawn or len(terms) < 2 or stream not in terms:
+                continue
+            rest = [t for t in terms if t != stream]
+            if rest and all(t.split(".")[0] in branch for t in rest):
+                return _card(lay, names[value], f)
+    return None
+
+
+def _join_branches(items: list[str], lay: HostIR, children: dict[str, HostIR], subbed: dict[str, ValueIR],
+                   joins: dict[str, tuple[str, str]]) -> list[str]:
+    """A branch a block identity adds into a module's input (zamba2's hybrid block:
+    ``mamba_decoder.input_layernorm.input == layer_input + shared_block_output``, the value read at
+    ``linear.output`` and ``linear.input == shared_transformer.mlp.mlp_raw_output``): drawn before that
+    module as the child hosts that feed the value's module, the module with the value, and the add."""
+    names = {v.name: v for v in lay.values if v.missing is None}
+    for ident in lay.identities:
+        sides = _sides(ident.text)
+        if sides is None:
+            continue
+        for target, total in (sides, sides[::-1]):
+            terms = [t.strip() for t in total.split("+")]
+            if not target.endswith(".input") or len(terms) < 2:
+                continue
+            into = target.removesuffix(".input")
+            # the part drawn for that module: the norm read at its output
+            at = next((x for x in items if x.startswith("sub:") and subbed[x[4:]].read is not None
+                       and ".".join(subbed[x[4:]].read.module) == into), None)  # type: ignore[union-attr]
+            if at is None and into in items:
+                at = into
+            joined = [t for t in terms if t in names and t != "layer_input"]
+            if at is None or not joined:
+                continue
+            branch: list[str] = []
+            for value in joined:
+                r = names[value].read
+                if r is None or r.kind != "module" or len(r.module) != 1 or r.side != "output" or r.access:
+                    continue
+                mod = r.module[0]
+                feeders = []  # the child hosts whose values an identity puts at the module's input
+                for other in lay.identities:
+                    s2 = _sides(other.text)
+                    if s2 is None:
+                        continue
+                    for a, b in (s2, s2[::-1]):
+                        if a == f"{mod}.input" and b.split(".")[0] in children:
+                            feeders.append(b.split(".")[0])
+                branch += [f"host:{h}" for h in dict.fromkeys(feeders)] + [mod if mod not in children else f"host:{mod}"]
+            if not branch:
+                continue
+            joins[joined[0]] = (total, into)
+            items = [x for x in items if x not in branch]
+            pos = items.index(at)
+            items[pos:pos] = [*branch, f"join:{joined[0]}"]
+    return items
+
+
 def _own_output(h: HostIR, f: FamilyIR) -> Card | None:
     for v in h.values:
         r = v.read
@@ -417,13 +491,22 @@ class PageModel:
                 items.extend(f"host:{m}" for m in mixers)
             else:
                 items.append(item)
+        subbed: dict[str, ValueIR] = {}  # "sub:NAME" items: a norm read inside a wrapper (dbrx's norm_attn_norm)
+        joins: dict[str, tuple[str, str]] = {}  # "join:V" items: the add of a branch's V into a module's input
         if spec == DEFAULT_BLOCK and lay is not None:
             # the default's norms are the modules the block's own values read (jamba's pre_ff_layernorm,
-            # Mamba's norm); a block without an MLP host ends on its mixer's add
+            # Mamba's norm; a module inside a wrapper, dbrx's norm_attn_norm.norm_1, or a wrapper's element,
+            # norm_attn_norm.output[1]); a block without an MLP host ends on its mixer's add
             def read_at(*names: str) -> str | None:
-                return next((v.read.module[0] for v in lay.values if v.name in names and v.read is not None
-                             and v.read.kind == "module" and len(v.read.module) == 1 and not v.read.up
-                             and v.read.side == "output"), None)
+                v = next((v for v in lay.values if v.name in names and v.read is not None
+                          and v.read.kind == "module" and v.read.module and not v.read.up
+                          and v.read.side == "output"), None)
+                if v is None or v.read is None:
+                    return None
+                if len(v.read.module) == 1 and not v.read.access:
+                    return v.read.module[0]
+                subbed[v.name] = v
+                return f"sub:{v.name}"
             subs = {"input_layernorm": read_at("attention_norm_output", "mixer_norm_output"),
                     "post_attention_layernorm": read_at("mlp_norm_output")}
             items = [subs.get(x) or x for x in items]
@@ -437,22 +520,49 @@ class PageModel:
             while any(a == b == "add" for a, b in zip(items, items[1:], strict=False)):  # an empty branch
                 k2 = next(j for j, (a, b) in enumerate(zip(items, items[1:], strict=False)) if a == b == "add")
                 items.pop(k2)
+            items = _join_branches(items, lay, children, subbed, joins)
         if lay is not None:
             card = _module_value([lay], "", "input", f)
             parts.append(Part(self.uid(f"k{k}-{stack}-input"), "x", "", "input", f"{stack}[i]", lay.cls, card,
                               subtitle="the block's input"))
         default = spec == DEFAULT_BLOCK
+        stream = "layer_input"  # the stream's value before the branch drawn since the last add
+        branch: list[str] = []
         for j, item in enumerate(items):
             nxt = items[j + 1] if j + 1 < len(items) else None
+            if item.startswith("join:"):  # a branch's value added into a module's input (zamba2's shared block)
+                total, into = joins[item.removeprefix("join:")]
+                parts.append(Part(self.uid(f"k{k}-{stack}-join{j}"), "+", "", "add", f"{stack}[i]", "", None,
+                                  subtitle=total, note=f"into {into}"))
+                branch = []
+                continue
             if item == "add":
                 card = None
                 if lay is not None:
-                    if nxt is not None and not nxt.startswith("host:") and nxt != "add":
+                    if nxt is not None and not nxt.startswith(("host:", "sub:", "join:")) and nxt != "add":
                         card = _module_value([lay], nxt, "input", f)
                     elif nxt is None:
                         card = _own_output(lay, f)
+                    if card is None and nxt is not None:  # the sum a block identity names (dbrx's layer_mid)
+                        drawn_ = {c.name for p in parts for c in [p.value, *p.others] if c is not None}
+                        card = _sum_value(lay, stream, branch, drawn_, f)
+                note = ""
+                if joins and card is not None:  # after a join the drawn stream is not the residual: say the sum
+                    note = next((t for i_ in lay.identities if (s_ := _sides(i_.text)) for v_, t in (s_, s_[::-1])
+                                 if v_ == card.name and "+" in t), "") if lay is not None else ""
                 parts.append(Part(self.uid(f"k{k}-{stack}-add{j}"), "+", "", "add", f"{stack}[i]", "", card,
-                                  subtitle="residual add"))
+                                  subtitle="residual add", note=note))
+                stream, branch = (card.name if card else ""), []
+                continue
+            if item.startswith("sub:") and lay is not None:  # a norm inside a wrapper, or a wrapper's element
+                v = subbed[item.removeprefix("sub:")]
+                assert v.read is not None
+                mod = v.read.module
+                note = f"in {'.'.join(mod[:-1])}" if len(mod) > 1 else ""
+                if v.read.access:
+                    note = (note + " " if note else "") + "output" + "".join(f"[{a}]" for a in v.read.access)
+                parts.append(Part(self.uid(f"k{k}-{stack}-{'-'.join(mod)}"), mod[-1], "", "norm",
+                                  f"{stack}[i]." + ".".join(mod), "", _card(lay, v, f), note=note))
                 continue
             if item.startswith("mul:"):  # a product with a value of the block (gemma4's per_layer_input, layer_scalar)
                 factor = item.removeprefix("mul:")
@@ -463,6 +573,7 @@ class PageModel:
             name = item.removeprefix("host:")
             host = children.get(name)
             if host is not None:
+                branch.append(name)
                 role = "mlp" if "mlp" in name or name in ("moe", "feed_forward", "experts") else "mixer"
                 others = [_card(host, v, f) for v in host.values]
                 others += _input_cards(lay, name, _native(f, f"{stack}[i].{name}"), f)  # mlp_input

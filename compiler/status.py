@@ -8,7 +8,7 @@ one CI uses), each in its own venv under ``.venv-status/<version>/``, with the p
 checks and the attention loads its tests ran, with pass/fail per version. Only ``nnatlas status``
 writes that file (it is committed): ``nnatlas generate`` reads it to render ``status.html`` and
 the index's status row, so ``generate --check`` stays a function of committed files. A family the
-run did not see reads "not run"; one whose spec changed since, "stale".
+run did not see reads "not run"; one whose spec or generated tests changed since, "stale".
 
 ``nnatlas status --tp`` (also run by ``make status``) records the tensor-parallel column: the TP oracle
 (``nnatlas.testing.tp_oracle``, under torchrun, 2 gloo processes) over every family, with this checkout's own
@@ -229,30 +229,45 @@ _EMPTY_CELL: dict[str, Any] = {"result": "not run", "passed": 0, "total": 0, "gr
                                "oracle": {}, "loads": {}}
 
 
-def page_rows(atlas: Atlas, status: Mapping[str, Any] | None) -> dict[str, Any]:
-    """What status.html and the index show: one row per family of the atlas, one column per version."""
-    rows = [row(f, status) for f in atlas.families]
-    return {"status": status, "versions": (status or {}).get("versions", []), "rows": rows,
+def tests_digest(text: str) -> str:
+    """The digest a run records of a family's generated tests file (``stale`` hashes the file's bytes)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def page_rows(atlas: Atlas, status: Mapping[str, Any] | None, tests: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """What status.html and the index show: one row per family of the atlas, one column per version;
+    ``tests``: family → the digest of its generated tests as rendered now (``tests_digest``)."""
+    rows = [row(f, status, (tests or {}).get(f.name)) for f in atlas.families]
+    stale = sum(1 for r in rows if r["pinned"]["stale"])
+    return {"status": status, "versions": (status or {}).get("versions", []), "rows": rows, "stale_count": stale,
             "tp": (status or {}).get("tp")}
 
 
-def row(f: FamilyIR, status: Mapping[str, Any] | None) -> dict[str, Any]:
+STALE_WHY = {(True, False): "the spec changed since the run",
+             (False, True): "the generated tests changed since the run (the compiler or its templates did; the spec did not)",
+             (True, True): "the spec and the generated tests changed since the run"}
+
+
+def row(f: FamilyIR, status: Mapping[str, Any] | None, tests: str | None = None) -> dict[str, Any]:
     """One family's status: what it serves and checks, and a cell per version of the last run
-    (``pinned``: the first version's, which the family page's badge shows)."""
+    (``pinned``: the first version's, which the family page's badge shows). A cell is stale when the
+    run saw another spec, or (``tests``: the digest of the family's generated tests now) other tests:
+    the families ``nnatlas status --stale`` reruns, less those the run did not see."""
     versions = [v["transformers"] for v in (status or {}).get("versions", [])]
     fam = (status or {}).get("families", {}).get(f.name)
     cells = []
     for v in versions:
         run = (fam or {}).get("runs", {}).get(v) or {}
-        stale = run.get("spec_sha256") not in (None, f.sha256)
-        cells.append({**_EMPTY_CELL, **run, "version": v, "stale": stale})
+        why = (run.get("spec_sha256") not in (None, f.sha256),
+               tests is not None and run.get("tests_sha256") not in (None, tests))
+        cells.append({**_EMPTY_CELL, **run, "version": v, "stale": any(why), "stale_why": STALE_WHY.get(why, "")})
     tp = ((status or {}).get("tp") or {}).get("families", {}).get(f.name)
     if tp is not None:
         tp = {**tp, "stale": tp.get("spec_sha256") not in (None, f.sha256)}
     return {"family": f.name, "title": f.title, "seen": fam is not None, "values_served": _values(f), "tp": tp,
             "identities": sum(len(h.identities) for h in f.hosts),
             "oracle_checks": (fam or {}).get("oracle_checks", []), "loads": (fam or {}).get("loads", []),
-            "cells": cells, "pinned": cells[0] if cells else {**_EMPTY_CELL, "version": None, "stale": False}}
+            "cells": cells, "pinned": cells[0] if cells else {**_EMPTY_CELL, "version": None, "stale": False, "stale_why": ""}}
 
 
 # ---- the run ---------------------------------------------------------------------------------

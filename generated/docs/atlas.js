@@ -121,6 +121,39 @@
     });
     return out;
   }
+  // search.js's packed rows back to the entries (compiler/emit.py's unpack_search, which says each row's fields)
+  function unpackSearch(packed) {
+    var out = [];
+    Object.keys(packed).forEach(function (family) {
+      var page = family + ".html#";
+      var made = [];
+      var host = ["", "", "", "", ""];
+      packed[family].forEach(function (row) {
+        var k = row[0], e;
+        if (k === "c") { e = {name: row[1], kind: "checkpoint", where: "sizes", href: page + "sizes"}; }
+        else if (k === "l") { e = {name: row[1], kind: "load class", where: "model", href: page + "support"}; }
+        else if (k === "h") {
+          host = row;
+          e = {name: row[1], text: row[1] + " " + row[2] + (row[3] ? " model." + row[3] : ""), kind: "native class", where: row[2], href: page + row[4]};
+        } else if (k === "v") {
+          e = {name: row[1], text: row[1] + " " + host[2] + "." + row[1] + (row[2] ? " " + row[2] : ""), kind: "value",
+               where: host[2] + " (" + host[1] + ")", href: page + "v-" + host[4].replace(/^host-/, "") + "-" + row[1], label: host[2]};
+        } else if (k === "n") { e = {name: row[1], text: row[1] + " " + row[2], kind: "note", where: "notes", href: page + row[3]}; }
+        else if (k === "t") {
+          var v = made[row[3]];
+          e = {name: row[1], text: row[1] + " " + row[2], kind: "is " + v.label + "." + v.name, where: "TransformerLens", href: v.href};
+        } else if (k === "r") { e = {name: row[1], text: row[1] + " " + row[2], kind: "standard name of " + row[2], where: "rename", href: page + "support"}; }
+        else { e = {name: row[1], text: row[2] || row[1], kind: row[3], where: row[4], href: row[5]}; }
+        made.push(e);
+      });
+      made.forEach(function (e) {
+        var entry = {family: family, name: e.name, kind: e.kind, where: e.where, href: e.href};
+        if (e.text !== undefined && e.text !== e.name) { entry.text = e.text; }
+        out.push(entry);
+      });
+    });
+    return out;
+  }
   function setupIndex() {
     var families = document.querySelectorAll("li.family");
     var search = document.getElementById("search");
@@ -137,6 +170,7 @@
       var script = document.createElement("script");
       script.src = search.getAttribute("data-index") || "search.js";
       function done(ok) {
+        if (ok && window.nnatlasSearchPacked) { window.nnatlasSearch = unpackSearch(window.nnatlasSearchPacked); }
         index = ok && window.nnatlasSearch ? window.nnatlasSearch : [];
         if (!ok && count) { count.textContent = "the search index (search.js) did not load"; }
         var run = waiting;

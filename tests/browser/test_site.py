@@ -40,6 +40,8 @@ class Walk(NamedTuple):
     links: dict[tuple[str, str], list[str]]  # (site tag, page) -> its href and src attributes
     phone: list[tuple[str, dict[str, list[str]]]]  # pages with text, code or tap targets too small at 390 px, or no scroll cue
     broken_words: list[str]  # words of status.html broken across two lines at 390 px
+    contrast: list[tuple[str, str, dict[str, Any]]]  # (page, scheme, what it measured) for text under WCAG AA
+    schemes: dict[str, set[str]]  # page -> the colour schemes its contrast was measured in
 
 
 # Full-page screenshots of a representative set (the site's own pages and one family of each kind: dense,
@@ -100,6 +102,56 @@ _BROKEN_WORDS = """() => {
   return out.slice(0, 8); }"""
 
 
+# WCAG contrast of every kind of visible text on the page (one element per tag, classes and inline style up to
+# the body) against what is painted behind it: the text colour over its ancestors' backgrounds over the canvas,
+# opacity included; AA is 4.5:1, 3:1 for large text. ``body``: the least ratio of the body text (the CSS keeps
+# it at 7:1 in dark mode).
+_CONTRAST = """() => {
+  // WCAG contrast of each visible text run against what is painted behind it: the text colour over its
+  // ancestors' backgrounds, over the canvas, opacity included (4.5:1; 3:1 for large text)
+  const rgba = c => { const m = c.match(/[\\d.]+/g) || [0, 0, 0, 0]; return [+m[0], +m[1], +m[2], m.length > 3 ? +m[3] : 1]; };
+  const over = (top, under) => [0, 1, 2].map(k => top[k] * top[3] + under[k] * (1 - top[3])).concat([1]);
+  const lum = c => { const v = c.slice(0, 3).map(x => { x /= 255; return x <= 0.03928 ? x / 12.92 : ((x + 0.055) / 1.055) ** 2.4; });
+                     return 0.2126 * v[0] + 0.7152 * v[1] + 0.0722 * v[2]; };
+  const style = new Map(), sty = e => { let s = style.get(e); if (!s) { s = getComputedStyle(e); style.set(e, s); } return s; };
+  const page = rgba(sty(document.documentElement).backgroundColor), body = rgba(sty(document.body).backgroundColor);
+  const canvas = page[3] > 0 ? page : body[3] > 0 ? body : [255, 255, 255, 1];
+  const paint = new Map();  // element -> [background behind its content, opacity product]
+  const at = e => {
+    if (!e || e === document.documentElement) return [over(canvas, [255, 255, 255, 1]), 1];
+    let p = paint.get(e);
+    if (p) return p;
+    const s = sty(e), up = at(e.parentElement), c = rgba(s.backgroundColor);
+    p = [c[3] > 0 ? over(c, up[0]) : up[0], up[1] * +s.opacity];
+    paint.set(e, p);
+    return p;
+  };
+  const owners = new Set(), walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) if (n.textContent.trim()) owners.add(n.parentElement);
+  // one element of each kind: the same tag, classes and inline styles up to the body paint the same
+  const sig = new Map(), key = e => { if (!e || e === document.body) return ''; let k = sig.get(e);
+    if (k === undefined) { k = key(e.parentElement) + '>' + e.tagName + '.' + (e.getAttribute('class') || '') + (e.getAttribute('style') || '') +
+                                (e.matches(':hover, :focus, [aria-pressed=true], .current') ? '!' : ''); sig.set(e, k); } return k; };
+  const seen = new Set(), bad = [];
+  let checked = 0, least = 99;
+  for (const e of owners) {
+    const k = key(e);
+    if (seen.has(k)) continue;
+    const s = sty(e);
+    if (s.visibility === 'hidden' || !e.getClientRects().length) continue;
+    seen.add(k);
+    const [b, op] = at(e), fg = rgba(s.color);
+    const la = lum(over([fg[0], fg[1], fg[2], fg[3] * op], b)), lb = lum(b);
+    const ratio = (Math.max(la, lb) + 0.05) / (Math.min(la, lb) + 0.05), px = parseFloat(s.fontSize);
+    checked++;
+    if (e.matches('main p, main td, main li, main h2')) least = Math.min(least, ratio);
+    if (ratio < (px >= 24 || (px >= 18.66 && +s.fontWeight >= 700) ? 3 : 4.5))
+      bad.push(e.tagName.toLowerCase() + '.' + String(e.className.baseVal ?? e.className).trim() + ' ' + ratio.toFixed(2));
+  }
+  return {checked, body: least, dark: lum(canvas) < 0.05, bad: Array.from(new Set(bad)).slice(0, 6)};
+}"""
+
+
 @pytest.fixture(scope="module")
 def walk(browser: Any, real_site: Path, test_site: Path) -> Walk:
     """One browser page visits every page of both sites once (the widths are a resize of the same page):
@@ -110,21 +162,39 @@ def walk(browser: Any, real_site: Path, test_site: Path) -> Walk:
         old.unlink()
     ctx = browser.new_context(viewport={"width": 1400, "height": 900})
     page = ctx.new_page()
-    out = Walk([], [], [], [], {}, {}, [], [])
+    out = Walk([], [], [], [], {}, {}, [], [], [], {})
     page.on("console", lambda m: out.errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: out.errors.append(str(e)))
     page.on("requestfailed", lambda r: out.errors.append(f"failed {r.url}"))
     page.on("request", lambda r: out.requests.append(r.url) if not r.url.startswith(("file:", "data:", "blob:")) else None)
+    scheme = ""
+
+    def colours(want: str) -> None:  # prefers-color-scheme, switched only when it changes (a restyle of the page)
+        nonlocal scheme
+        if want != scheme:
+            page.emulate_media(color_scheme=want)  # type: ignore[arg-type]
+            scheme = want
+
+    def contrast(name: str) -> None:
+        seen = page.evaluate(_CONTRAST)
+        out.schemes.setdefault(name, set()).add(scheme)
+        if seen["bad"] or seen["dark"] != (scheme == "dark") or seen["checked"] < 3 \
+                or seen["body"] < (7 if scheme == "dark" else 4.5):
+            out.contrast.append((name, scheme, seen))
+
     try:
         for site, tag in ((real_site, "site"), (test_site, "test")):
             for path in _pages(site):
+                full = path.stem in FULL_PAGE if tag == "site" else path.stem == "hybrid_test"  # the test site: its own family
+                # a page shot loads light (the screenshots are light), every other one dark: its contrast is
+                # measured in the scheme it loaded in, with no restyle
+                colours("light" if full else "dark")
                 page.set_viewport_size({"width": 1400, "height": 900})
                 _open(page, path)
                 assert page.title(), path
                 out.ids[(tag, path.name)] = set(page.eval_on_selector_all("[id]", "els => els.map(e => e.id)"))
                 out.links[(tag, path.name)] = page.eval_on_selector_all(
                     "a[href], link[href], script[src]", "els => els.map(e => e.getAttribute('href') || e.getAttribute('src'))")
-                full = path.stem in FULL_PAGE if tag == "site" else path.stem == "hybrid_test"  # the test site: its own family
                 for width in (1400, 390):
                     page.set_viewport_size({"width": width, "height": 900})
                     if full:
@@ -145,6 +215,11 @@ def walk(browser: Any, real_site: Path, test_site: Path) -> Walk:
                             out.phone.append((path.name, small))
                         if (tag, path.name) == ("site", "status.html"):
                             out.broken_words.extend(page.evaluate(_BROKEN_WORDS))
+                name = f"{tag}/{path.name}"
+                if full:  # shot in light: measured there, then in dark
+                    contrast(name)
+                    colours("dark")
+                contrast(name)
                 out.seen.append(path.name)
     finally:
         ctx.close()
@@ -158,6 +233,19 @@ def test_every_page_loads_clean_and_is_screenshotted_at_1400_and_390(walk: Walk)
     assert walk.requests == []
     for name in ("site-index", "site-llama", "test-hybrid_test"):
         assert all((ARTIFACTS / f"{name}-{width}.jpg").stat().st_size > 1000 for width in (1400, 390)), name
+
+
+def test_every_page_keeps_its_text_legible_in_dark_mode(walk: Walk) -> None:
+    """Issue 30, dark mode (prefers-color-scheme): every page of both sites, measured in the walk at 390 px,
+    has a dark background, body text at 7:1 and every other visible text at WCAG AA (4.5:1, large text 3:1)
+    on what is painted behind it; the pages shot in light are measured in light too (AA throughout). (A heading's permalink
+    "#" at opacity 0.35 was 2.1:1 on every page.)"""
+    assert walk.contrast == []
+    assert set(walk.schemes) == {f"{tag}/{name}" for tag in ("site", "test") for name in
+                                 {n for (t, n) in walk.ids if t == tag}}
+    assert all("dark" in s for s in walk.schemes.values())
+    assert {n for n, s in walk.schemes.items() if "light" in s} == {f"site/{n}.html" for n in FULL_PAGE - {"hybrid_test"}} | \
+        {"test/hybrid_test.html"}
 
 
 def test_no_page_scrolls_sideways_on_a_phone(walk: Walk) -> None:
@@ -253,8 +341,9 @@ def test_search_and_trait_filter_narrow_the_index(page: Any, test_site: Path, re
     families = page.locator("li.family:not([hidden])")
     total = families.count()
     assert total >= 2
+    index: list[dict[str, str]] = []
+
     def hit(term: str) -> list[str]:  # the families whose index entries name the term, in page order
-        index = page.evaluate("window.nnatlasSearch")  # loaded by the first search
         named = {e["family"] for e in index if term.lower() in e.get("text", e["name"]).lower()}
         return [f for f in page.eval_on_selector_all("li.family", "els => els.map(e => e.dataset.family)") if f in named]
 
@@ -262,6 +351,12 @@ def test_search_and_trait_filter_narrow_the_index(page: Any, test_site: Path, re
         return [families.nth(i).get_attribute("data-family") for i in range(families.count())]
 
     _search(page, "LlamaAttention")
+    # the entries atlas.js unpacked from search.js (loaded by the first search) are the ones the compiler packed
+    from nnatlas.compiler import emit
+
+    index.extend(page.evaluate("window.nnatlasSearch"))
+    assert index == emit.read_search_script((real_site / "search.js").read_text(encoding="utf-8"))
+    assert len(index) > 4000 and {e["kind"] for e in index} >= {"checkpoint", "load class", "native class", "value", "note"}
     assert shown() == hit("LlamaAttention") and "llama" in shown()  # llama, and llava's text model
     assert page.locator("#results li").count() >= 1
     assert "native class" in page.locator("#results").inner_text()
