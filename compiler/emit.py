@@ -340,10 +340,15 @@ def render_family(f: FamilyIR) -> str:
 
 def render_tests(f: FamilyIR) -> str:
     host_paths = tuple(dict.fromkeys(h.path for h in f.hosts))
+    # a path's identities, one group per host spec (block kind): each group one test, its identities checked
+    # together on each drawn case (T.check_identities), so a group's cases hold the kind its identities need
     identity_ids = []
     for path in host_paths:
-        n = sum(len(h.identities) for h in f.hosts_at(path))
-        identity_ids += [(path, k) for k in range(n)]
+        k = 0
+        for h in f.hosts_at(path):
+            if h.identities:
+                identity_ids.append((path, tuple(range(k, k + len(h.identities)))))
+            k += len(h.identities)
     writable, readonly, missing = [], [], []
     for h in f.hosts:
         for v in h.values:

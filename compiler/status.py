@@ -37,6 +37,7 @@ PATH = "generated/docs/status.json"
 VENVS = ".venv-status"
 GROUPS = ("values", "identities", "oracle", "loads", "notes")
 _GROUP_OF = {"test_oracle": "oracle", "test_identity": "identities", "test_image_text_identity": "identities",
+             "test_identities": "identities", "test_image_text_identities": "identities",
              "test_attention_loads_match_the_class": "loads", "test_support_agrees_with_trace": "loads",
              "test_support_agrees_with_trace_experts": "loads", "test_image_text_support_agrees_with_trace": "loads",
              "test_note_example": "notes"}

@@ -21,7 +21,7 @@ SETTINGS = settings(max_examples=adapter.TINY["examples"], deadline=None, derand
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 HOST_PATHS = ('model', 'layers[i]', 'layers[i].mixer')
-IDENTITIES = (('model', 0), ('model', 1), ('layers[i]', 0), ('layers[i]', 1), ('layers[i].mixer', 0), ('layers[i].mixer', 1), ('layers[i].mixer', 2), ('layers[i].mixer', 3), ('layers[i].mixer', 4), ('layers[i].mixer', 5))
+IDENTITIES = (('model', (0, 1)), ('layers[i]', (0, 1)), ('layers[i].mixer', (0, 1, 2, 3, 4, 5)))
 WRITABLE = (('model', 'token_embeddings'), ('model', 'final_norm_output'), ('model', 'lm_head_output'), ('model', 'logits'), ('layers[i]', 'layer_input'), ('layers[i]', 'mixer_norm_output'), ('layers[i]', 'layer_output'), ('layers[i].mixer', 'ssm_inputs'), ('layers[i].mixer', 'ssm_gates'), ('layers[i].mixer', 'time_steps'), ('layers[i].mixer', 'state_decays'), ('layers[i].mixer', 'state_writes'), ('layers[i].mixer', 'state_reads'), ('layers[i].mixer', 'skip_weights'), ('layers[i].mixer', 'ssm_outputs'), ('layers[i].mixer', 'mixer_output'))
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'))
 EXAMPLES = (("Mamba's block, with normed B, C and step", 0, 'mixer = model.layers[0].mixer\nwith model.trace(prompt):\n    raw = mixer.x_proj.output.save()           # [batch, seq, time_step_rank + 2 * state_size]\n    B = mixer.state_writes.save()\n    C = mixer.state_reads.save()\n    y = mixer.ssm_outputs.save()\n    mix = mixer.mixer_output.save()\nr, n = model.time_step_rank, model.ssm_state_size\nrms = lambda v: v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6)\ntorch.testing.assert_close(B, rms(raw[..., r:r + n]))\ntorch.testing.assert_close(C, rms(raw[..., r + n:]))\nassert torch.equal(model.native.backbone.layers[0].mixer.out_proj(y), mix)\n', None), ('output_hidden_states starts after the first block', 0, 'ids = model.tokenizer(prompt, return_tensors="pt").input_ids\nhs = model.native(ids, output_hidden_states=True).hidden_states\nwith model.trace(ids):\n    first = model.layers[0].layer_output.save()\n    normed = model.final_norm_output.save()\nassert len(hs) == model.num_layers + 1\nassert torch.equal(hs[0], first) and torch.equal(hs[-1], normed)\n', None), ('Untied readout', 0, 'with model.trace(prompt):\n    normed = model.final_norm_output.save()\n    logits = model.logits.save()\nassert torch.equal(model.native.lm_head(normed), logits)\nassert model.native.lm_head.weight is not model.native.backbone.embeddings.weight\n', None), ('Gradients', 0, 'clean = model.tokenizer(prompt, return_tensors="pt")["input_ids"]\ncorrupt = clean.flip(-1)\nn = model.num_layers\nwith model.trace(corrupt):\n    corrupt_out = [model.layers[i].layer_output.save() for i in range(n)]\nwith model.trace(clean, grad=True):\n    clean_out = [model.layers[i].layer_output.save() for i in range(n)]\n    logits = model.logits.save()\nmetric = logits[0, -1, 1] - logits[0, -1, 2]          # a logit difference\nmetric.backward()\nattribution = torch.stack([((c - k) * k.grad).sum() for c, k in zip(corrupt_out, clean_out)])\nassert attribution.shape == (n,) and bool(attribution.isfinite().all())\nif n > 1:  # the next block\'s input is the same tensor as this block\'s output: the same gradient\n    with model.trace(clean, grad=True):\n        out0 = model.layers[0].layer_output.save()\n        in1 = model.layers[1].layer_input.save()\n        logits = model.logits.save()\n    (logits[0, -1, 1] - logits[0, -1, 2]).backward()\n    torch.testing.assert_close(out0.grad, in1.grad)\n    torch.testing.assert_close(out0.grad, clean_out[0].grad)\n', None), ('Gradients', 1, 'steer = torch.zeros(model.hidden_size, requires_grad=True)\noptimizer = torch.optim.Adam([steer], lr=0.01)\nlosses = []\nfor _ in range(3):\n    with model.trace(prompt, grad=True):\n        model.layers[0].layer_output = model.layers[0].layer_output + steer\n        logits = model.logits.save()\n    loss = -logits[0, -1].log_softmax(-1)[1]           # make token 1 likelier\n    optimizer.zero_grad()\n    loss.backward()\n    optimizer.step()\n    losses.append(float(loss.detach()))\nassert steer.grad is not None and losses[-1] < losses[0]\n', None))
@@ -40,11 +40,11 @@ def test_value_shapes(case: T.Case) -> None:
     T.check_shapes(case)
 
 
-@pytest.mark.parametrize("path,index", IDENTITIES)
+@pytest.mark.parametrize("path,indices", IDENTITIES, ids=T.identity_ids(IDENTITIES))
 @SETTINGS
 @given(case=cases())
-def test_identity(path: str, index: int, case: T.Case) -> None:
-    T.check_identity(case, path, index)
+def test_identities(path: str, indices: tuple[int, ...], case: T.Case) -> None:
+    T.check_identities(case, path, indices)
 
 
 def test_attention_loads_match_the_class() -> None:

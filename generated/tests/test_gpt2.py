@@ -21,7 +21,7 @@ SETTINGS = settings(max_examples=adapter.TINY["examples"], deadline=None, derand
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 HOST_PATHS = ('model', 'layers[i]', 'layers[i].self_attn', 'layers[i].mlp')
-IDENTITIES = (('model', 0), ('model', 1), ('layers[i]', 0), ('layers[i]', 1), ('layers[i]', 2), ('layers[i].self_attn', 0), ('layers[i].self_attn', 1), ('layers[i].self_attn', 2), ('layers[i].self_attn', 3), ('layers[i].self_attn', 4), ('layers[i].mlp', 0), ('layers[i].mlp', 1))
+IDENTITIES = (('model', (0, 1)), ('layers[i]', (0, 1, 2)), ('layers[i].self_attn', (0, 1, 2, 3, 4)), ('layers[i].mlp', (0, 1)))
 WRITABLE = (('model', 'token_embeddings'), ('model', 'position_embeddings'), ('model', 'final_norm_output'), ('model', 'lm_head_output'), ('model', 'logits'), ('layers[i]', 'layer_input'), ('layers[i]', 'attention_norm_output'), ('layers[i]', 'layer_mid'), ('layers[i]', 'mlp_norm_output'), ('layers[i]', 'mlp_input'), ('layers[i]', 'layer_output'), ('layers[i].self_attn', 'attention_queries'), ('layers[i].self_attn', 'attention_keys'), ('layers[i].self_attn', 'attention_values'), ('layers[i].self_attn', 'attention_scores'), ('layers[i].self_attn', 'attention_probabilities'), ('layers[i].self_attn', 'attention_head_outputs'), ('layers[i].self_attn', 'attention_premix'), ('layers[i].self_attn', 'attention_output'), ('layers[i].mlp', 'mlp_activation'), ('layers[i].mlp', 'mlp_neurons'), ('layers[i].mlp', 'mlp_output'))
 READONLY = (('model', 'input_size'), ('model', 'next_token_probs'))
 EXAMPLES = (('The fused projection', 0, 'with model.trace(prompt):\n    qkv = model.layers[0].self_attn.qkv_proj.output.save()\n    q = model.layers[0].self_attn.attention_queries.save()\ntorch.testing.assert_close(q.transpose(1, 2).flatten(2), qkv[..., : model.hidden_size])\n', None), ('Positions are learned and added before the first block', 0, 'with model.trace(prompt):\n    tok = model.token_embeddings.save()\n    pos = model.position_embeddings.save()\n    first = model.layers[0].input.save()\ntorch.testing.assert_close(tok + pos, first)\n', None), ('Gradients', 0, 'clean = model.tokenizer(prompt, return_tensors="pt")["input_ids"]\ncorrupt = clean.flip(-1)\nn = model.num_layers\nwith model.trace(corrupt):\n    corrupt_out = [model.layers[i].layer_output.save() for i in range(n)]\nwith model.trace(clean, grad=True):\n    clean_out = [model.layers[i].layer_output.save() for i in range(n)]\n    logits = model.logits.save()\nmetric = logits[0, -1, 1] - logits[0, -1, 2]          # a logit difference\nmetric.backward()\nattribution = torch.stack([((c - k) * k.grad).sum() for c, k in zip(corrupt_out, clean_out)])\nassert attribution.shape == (n,) and bool(attribution.isfinite().all())\nif n > 1:  # the next block\'s input is the same tensor as this block\'s output: the same gradient\n    with model.trace(clean, grad=True):\n        out0 = model.layers[0].layer_output.save()\n        in1 = model.layers[1].layer_input.save()\n        logits = model.logits.save()\n    (logits[0, -1, 1] - logits[0, -1, 2]).backward()\n    torch.testing.assert_close(out0.grad, in1.grad)\n    torch.testing.assert_close(out0.grad, clean_out[0].grad)\n', None), ('Gradients', 1, 'steer = torch.zeros(model.hidden_size, requires_grad=True)\noptimizer = torch.optim.Adam([steer], lr=0.01)\nlosses = []\nfor _ in range(3):\n    with model.trace(prompt, grad=True):\n        model.layers[0].layer_output = model.layers[0].layer_output + steer\n        logits = model.logits.save()\n    loss = -logits[0, -1].log_softmax(-1)[1]           # make token 1 likelier\n    optimizer.zero_grad()\n    loss.backward()\n    optimizer.step()\n    losses.append(float(loss.detach()))\nassert steer.grad is not None and losses[-1] < losses[0]\n', None))
@@ -40,11 +40,11 @@ def test_value_shapes(case: T.Case) -> None:
     T.check_shapes(case)
 
 
-@pytest.mark.parametrize("path,index", IDENTITIES)
+@pytest.mark.parametrize("path,indices", IDENTITIES, ids=T.identity_ids(IDENTITIES))
 @SETTINGS
 @given(case=cases())
-def test_identity(path: str, index: int, case: T.Case) -> None:
-    T.check_identity(case, path, index)
+def test_identities(path: str, indices: tuple[int, ...], case: T.Case) -> None:
+    T.check_identities(case, path, indices)
 
 
 def test_attention_loads_match_the_class() -> None:

@@ -4,7 +4,9 @@ support(), the notes' examples, the image-text load."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -207,47 +209,77 @@ def check_identity(case: Case, path: str, index: int, experts: str | None = None
     """The spec's ``index``-th identity at ``path`` holds on every host of the drawn case that has it.
     ``replace``: an identity (``nnatlas.spec.Identity``) checked instead, on the same hosts: a
     mutation test's changed identity."""
+    check_identities(case, path, (index,), experts, replace)
+
+
+def _where(identity: Any, label: str, case: Case) -> str:
+    """An identity check's place in its failure message (made only on failure: a case's repr draws its factors)."""
+    return f"{identity.at + ': ' if identity.at else ''}{label} ({case!r})"
+
+
+def identity_ids(groups: Any) -> list[str]:
+    """The test ids of identity groups, ``(path, indices[, experts])``: ``layers[i]-0-1-2`` (``-grouped_mm``)."""
+    return ["-".join([g[0], *map(str, g[1]), *map(str, g[2:])]) for g in groups]
+
+
+def check_identities(case: Case, path: str, indices: tuple[int, ...], experts: str | None = None,
+                     replace: Any = None) -> None:
+    """Each of the identities ``indices`` at ``path`` (one block kind's: the generated tests group them so)
+    holds on every host of the drawn case that has it: every host's terms read in one forward, every failure
+    reported at once. A case none of them applies to (a block kind this drawn config lacks) is drawn again."""
     model = case.model("eager", experts)
     config = model.normalized_config
     checked = 0
+    spec_ids = [i for s in model._family.hosts if s.path == path for i in s.identities]
+    reads: list[tuple[str, Any, int | None, Any, dict[str, Any]]] = []
     for label, host in list(each_host(model, path)):
         identities = [i for s in host_specs(model, host) for i in s.identities]
-        spec_ids = [i for s in model._family.hosts if s.path == path for i in s.identities]
-        if index >= len(spec_ids) or spec_ids[index] not in identities:
-            continue
-        identity = spec_ids[index] if replace is None else replace
         found = re.search(r"\[(\d+)\]", label)
         block = int(found.group(1)) if found else None
-        missing = _unavailable_term(host, identity.terms, config, model, block)
-        if missing is not None:
-            # this load cannot serve a term: reading it must say so, naming the load that serves it
-            term, why = missing
-            try:
-                with model.trace(dict(case.inputs)):
-                    resolve_term(host, term, model, block).save()
-            except Unavailable as e:
-                assert str(e) == str(why)
-            else:
-                raise AssertionError(f"{label}.{term}: unavailable() says {why}, yet the trace read it")
-            checked += 1  # checked: the value says which load it needs
-            continue
-        values: dict[str, Any] = {}
-        for term in identity.terms:  # a parameter or buffer the identity names: read outside the trace
-            tensor = tensor_term(host, term, model, block) if term not in config else None
-            if tensor is not None:
-                values[term] = tensor
-        with model.trace(dict(case.inputs), order="any"):
-            for term in identity.terms:
-                if term in values:
-                    continue
-                if term in config:
-                    values[term] = config[term]
+        for index in indices:
+            if index >= len(spec_ids) or spec_ids[index] not in identities:
+                continue
+            identity = spec_ids[index] if replace is None else replace
+            missing = _unavailable_term(host, identity.terms, config, model, block)
+            if missing is not None:
+                # this load cannot serve a term: reading it must say so, naming the load that serves it
+                term, why = missing
+                try:
+                    with model.trace(dict(case.inputs)):
+                        resolve_term(host, term, model, block).save()
+                except Unavailable as e:
+                    assert str(e) == str(why)
                 else:
-                    values[term] = resolve_term(host, term, model, block).save()
+                    raise AssertionError(f"{label}.{term}: unavailable() says {why}, yet the trace read it")
+                checked += 1  # checked: the value says which load it needs
+                continue
+            values: dict[str, Any] = {}
+            for term in identity.terms:  # a parameter or buffer the identity names: read outside the trace
+                tensor = tensor_term(host, term, model, block) if term not in config else None
+                if tensor is not None:
+                    values[term] = tensor
+            reads.append((label, host, block, identity, values))
+    if reads:  # every host's terms in one forward (a forward per host and identity was most of these tests' time)
+        with model.trace(dict(case.inputs), order="any"):
+            for _, host, block, identity, values in reads:
+                for term in identity.terms:
+                    if term in values:
+                        continue
+                    if term in config:
+                        values[term] = config[term]
+                    else:
+                        values[term] = resolve_term(host, term, model, block).save()
+    failures = []
+    for label, _, _, identity, values in reads:
         values.setdefault("attention_mask", case.inputs["attention_mask"])
         lhs, rhs = identity.check(values)
-        assert_identity(identity, lhs, rhs, f"{identity.at + ': ' if identity.at else ''}{label} ({case!r})")
+        try:
+            assert_identity(identity, lhs, rhs, functools.partial(_where, identity, label, case))
+        except AssertionError as e:
+            failures.append(str(e))
         checked += 1
+    if failures:
+        raise AssertionError(f"{len(failures)} of {len(reads)} identity checks failed:\n\n" + "\n\n".join(failures))
     from hypothesis import assume
 
     if not checked:
@@ -302,13 +334,13 @@ def check_edit(family: str, path: str, name: str, experts: str | None = None, va
     routed = spec.needs is not None and spec.needs.name == "torch_kernels"
     weights = {k: v.clone() for k, v in model.native.state_dict().items()}
     with nnatlas.route_kernels(family, "torch") if routed else contextlib.nullcontext():
-        _check_edit(model, path, name)
+        _check_edit(model, path, name, routed)
     # an edit changes its forward, never the model (a value that is a weight, an op's operand, included)
     changed = [k for k, v in model.native.state_dict().items() if not torch.equal(v, weights[k])]
     assert not changed, f"editing {path}.{name} changed the model's own tensors: {', '.join(changed)}"
 
 
-def _check_edit(model: AtlasModel, path: str, name: str) -> None:
+def _check_edit(model: AtlasModel, path: str, name: str, routed: bool = False) -> None:
     inputs = _fixed_inputs(model)
     label, host = _first_host(model, path, name, missing=False)
     why = getattr(host, name).unavailable()
@@ -323,8 +355,7 @@ def _check_edit(model: AtlasModel, path: str, name: str) -> None:
             else:
                 raise AssertionError(f"{label}.{name}: unavailable() says {why}, yet the trace served it")
         return
-    with model.trace(dict(inputs)):
-        base = model.logits.save()
+    base = _plain_logits(model, inputs, routed)
     with model.trace(dict(inputs)):
         setattr(host, name, getattr(host, name))
         same = model.logits.save()
@@ -337,6 +368,21 @@ def _check_edit(model: AtlasModel, path: str, name: str) -> None:
         setattr(host, name, lambda x: x * 0)
         fn_zeroed = model.logits.save()
     torch.testing.assert_close(fn_zeroed, zeroed, atol=0, rtol=0)
+
+
+_PLAIN: weakref.WeakKeyDictionary[AtlasModel, dict[tuple[Any, ...], torch.Tensor]] = weakref.WeakKeyDictionary()
+
+
+def _plain_logits(model: AtlasModel, inputs: Mapping[str, torch.Tensor], routed: bool) -> torch.Tensor:
+    """The logits of a trace with no edit, once per model, inputs and kernel routing (``routed``: inside
+    route_kernels): every edit check of a family compares with them on its shared model, which no edit
+    changes (check_edit asserts it)."""
+    key = (routed, *((k, tuple(v.shape), v.numpy().tobytes()) for k, v in sorted(inputs.items())))
+    memo = _PLAIN.setdefault(model, {})
+    if key not in memo:
+        with model.trace(dict(inputs)):
+            memo[key] = model.logits.save()
+    return memo[key]
 
 
 def check_readonly(family: str, path: str, name: str, variant: str | None = None) -> None:
@@ -374,21 +420,30 @@ def check_support(family: str, attn: str, experts: str | None = None, variant: s
     inputs = _fixed_inputs(model)
     rows = model.support().rows
     assert rows
-    for row in rows:
-        host = resolve_term(model, row.host) if row.host != "model" else model
-        if row.status == "available":
+    hosts = {row.host: resolve_term(model, row.host) if row.host != "model" else model for row in rows}
+    available = [row for row in rows if row.status == "available"]
+    try:  # every value support() calls available, read by one trace (a trace per value was most of this check)
+        with model.trace(dict(inputs), order="any"):
+            saved = [(row, getattr(hosts[row.host], row.value).save()) for row in available]
+    except Exception:  # which value: each read alone says
+        for row in available:
             with model.trace(dict(inputs)):
-                saved = getattr(host, row.value).save()
-            assert getattr(saved, "filled", True) is not False and (not isinstance(saved, torch.Tensor) or saved.numel()
-                                                                     or saved.dim() > 1 or row.layout.startswith("scalar"))
+                getattr(hosts[row.host], row.value).save()
+        raise
+    for row, value in saved:
+        assert getattr(value, "filled", True) is not False and (not isinstance(value, torch.Tensor) or value.numel()
+                                                                or value.dim() > 1 or row.layout.startswith("scalar")), \
+            f"support() says {row.host}.{row.value} is available, but the trace served {value!r}"
+    for row in rows:
+        if row.status == "available":
+            continue
+        try:
+            with model.trace(dict(inputs)):
+                getattr(hosts[row.host], row.value).save()
+        except Unavailable as e:
+            assert row.why in str(e)
         else:
-            try:
-                with model.trace(dict(inputs)):
-                    getattr(host, row.value).save()
-            except Unavailable as e:
-                assert row.why in str(e)
-            else:
-                raise AssertionError(f"support() says {row.host}.{row.value} is unavailable, but the trace read it")
+            raise AssertionError(f"support() says {row.host}.{row.value} is unavailable, but the trace read it")
 
 
 def run_example(family: str, source: str, where: str, load: str | None = None) -> None:

@@ -109,19 +109,23 @@ COMPARE: dict[str, Callable[[Any, Any], Any]] = {"<": operator.lt, "<=": operato
                                                  ">=": operator.ge, "!=": operator.ne}
 
 
-def assert_identity(identity: Any, lhs: Any, rhs: Any, where: str) -> None:
+def assert_identity(identity: Any, lhs: Any, rhs: Any, where: str | Callable[[], str]) -> None:
+    """``where`` names the check in the failure message (a function: made only on failure)."""
+    def at() -> str:
+        return where() if callable(where) else where
+
     if identity.op == "==":
         if not isinstance(lhs, torch.Tensor) and not isinstance(rhs, torch.Tensor):
-            assert lhs == rhs, f"{where}: {identity.text}: {lhs!r} != {rhs!r}"
+            assert lhs == rhs, f"{at()}: {identity.text}: {lhs!r} != {rhs!r}"
             return
         lhs_t = lhs if isinstance(lhs, torch.Tensor) else torch.as_tensor(lhs)
         rhs_t = rhs if isinstance(rhs, torch.Tensor) else torch.as_tensor(rhs)
         lhs_t, rhs_t = torch.broadcast_tensors(lhs_t.to(torch.float64), rhs_t.to(torch.float64))
         torch.testing.assert_close(lhs_t, rhs_t, atol=identity.atol, rtol=identity.rtol,
-                                   msg=lambda m: f"{where}: {identity.text}\n{m}")
+                                   msg=lambda m: f"{at()}: {identity.text}\n{m}")
     else:
         ok = COMPARE[identity.op](lhs, rhs)
-        assert bool(torch.as_tensor(ok).all()), f"{where}: {identity.text} does not hold"
+        assert bool(torch.as_tensor(ok).all()), f"{at()}: {identity.text} does not hold"
 
 
 def _block_index(label: str) -> int:
