@@ -288,3 +288,26 @@ def test_a_state_space_stack() -> None:
                                                    "mixer_norm_output == mixer.input"]
     assert d.proposal.hosts["layers[i].mixer"].values["mixer_output"].read == "output"
     assert compile_draft(d.text, "mamba").family is not None
+
+
+def test_a_per_layer_config() -> None:
+    """gemma4_text: the full blocks' head width is a per-layer override (per_layer_config), which the config refuses
+    to read globally (AmbiguousGlobalPerLayerAttributeError): the tiny config keeps the override, shrunk; the global
+    sizes are read on block 0, and the full blocks, a kind of their own, size their hosts by their own entry."""
+    from nnatlas.expressions import cfg
+
+    d = draft("gemma4_text")
+    assert d.proposal.tiny.config["per_layer_config"] == {1: {"head_dim": 16}}  # 512 / 256 times the tiny 8
+    config = d.proposal.config
+    assert config["head_dim"].startswith("per_layer_config[0].head_dim")
+    assert config["head_dim_attention"].startswith("per_layer_config['full_attention'].head_dim")
+    kinds = d.proposal.hosts["layers[i].self_attn"].kinds
+    assert kinds["attention"].dims == {"head_dim": "head_dim_attention", "qk_head_dim": "qk_head_dim_attention"}
+    assert not kinds["sliding_attention"].dims
+    # (a view is sized by the global entries: the head width is inferred, as the full blocks' differs)
+    assert d.proposal.hosts["layers[i].self_attn"].values["attention_premix"].view == "unflatten(-1, [num_heads, -1])"
+    assert compile_draft(d.text, d.proposal.family).family is not None
+    import transformers
+
+    built = transformers.Gemma4TextConfig(**d.proposal.tiny.first())
+    assert (cfg(built, "per_layer_config[0].head_dim"), cfg(built, "per_layer_config['full_attention'].head_dim")) == (8, 16)

@@ -92,6 +92,8 @@ class Matcher:
         self.batch, self.seq = self.input_ids.shape
         self.p = Proposal(re.sub(r"[^a-z0-9_]", "_", tiny.model_type.lower()), tiny.model_type, tiny.model_class, _title(tiny.model_class), tiny)
         self.seen: set[str] = set()  # module paths the proposal accounts for
+        self.fitted: set[str] = set()  # config entries a measured size fit
+        self.kind_type: str | None = None  # the layer type of the blocks being matched (a kind of block)
 
     # -- helpers
     def name_in(self, host_native: str, child_native: str, standard: str | None, host_std: str) -> str:
@@ -215,6 +217,14 @@ class Matcher:
         for h in p.hosts.values():  # a host met on blocks of several kinds proposes its identities once
             h.identities = list({x.check: x for x in h.identities}.values())
         p.todos = list(dict.fromkeys(p.todos))
+        p.config = {k: self.per_layer(v) for k, v in p.config.items()}
+        for h in p.hosts.values():  # each kind's own sizes, on every host that has that kind
+            for k in h.kinds.values():
+                k.dims.update(p.kind_dims.get(k.name, {}))
+            if any(k.dims for k in h.kinds.values()):  # a view takes the global sizes: a kind's own head width inferred
+                for x in [*h.values.values(), *(y for k in h.kinds.values() for y in k.values.values())]:
+                    if x.view and "head_dim" in x.view:
+                        x.view = re.sub(r"\bhead_dim\b", "-1", x.view)
         defaults = type(self.config)()
         heads, kv = self.tiny.names.get("heads", ""), self.tiny.names.get("kv_heads")
         if kv and heads and "Grouped-query attention" not in p.traits and isinstance(getattr(defaults, kv, None), int) \
@@ -265,7 +275,9 @@ class Matcher:
         layer_cls = rec.call(f"{layers}.0").cls  # type: ignore[union-attr]
         host = p.host("layers[i]", layer_cls, "the class of every block")
         kinds: list[tuple[str | None, int]] = []
-        if len(sigs) > 1 and len(types) == n:
+        # blocks whose sizes differ by kind (a heterogeneous config's per-layer overrides) are kinds, alike or not
+        sized = bool(getattr(self.config, "per_layer_attributes", None))
+        if (len(sigs) > 1 or sized) and len(types) == n and len(set(types)) > 1:
             by_type: dict[str, int] = {}
             for i, t in enumerate(types):
                 by_type.setdefault(t, i)
@@ -287,10 +299,11 @@ class Matcher:
                 "attention" if kind in ("full_attention", "attention") else re.sub(r"[^a-z0-9_]", "_", kind.lower())
             when = f"{tname}[i] == {kind!r}"
             p.kind = (kname, when) if kind is not None else None
+            self.kind_type = kind
             try:
                 values, identities = self.block(layers, i, host)
             finally:
-                p.kind = None
+                p.kind, self.kind_type = None, None
             if kind is None:
                 host.values.update(values)
                 host.identities.extend(identities)
@@ -560,9 +573,18 @@ class Matcher:
         for kid in self.rec.children_calls(c.path):
             self.seen.add(kid.path)
 
-    def cfg_eval(self, text: str) -> Any:
+    def per_layer(self, text: str, at: str = "0") -> str:
+        """``text`` with each per-layer attribute of a heterogeneous config (one whose blocks' sizes differ, which
+        refuses a global read: AmbiguousGlobalPerLayerAttributeError) read on block 0 (``per_layer_config[0].head_dim``),
+        or ``at`` (``'full_attention'``: the blocks of that kind)."""
+        for attr in sorted(getattr(self.config, "per_layer_attributes", None) or ()):
+            text = re.sub(rf"(?<![\w.\]]){attr}\b", f"per_layer_config[{at}].{attr}", text)
+        return text
+
+    def cfg_eval(self, text: str, at: str = "0") -> Any:
         """A config expression evaluated on the tiny model's config (a missing attribute is None)."""
         cfg = self.config
+        text = self.per_layer(text, at)
 
         class Names(dict):  # type: ignore[type-arg]
             def __missing__(self, key: str) -> Any:
@@ -573,11 +595,26 @@ class Matcher:
             return None
 
     def fit(self, key: str, measured: int | None, candidates: list[str], where: str) -> None:
-        """Keep the config entry that gives the measured size, or say that none does."""
+        """Keep the config entry that gives the measured size, or say that none does (a kind of block after the first
+        keeps the entry an earlier kind fit: its blocks' sizes differ from theirs, per_layer_config)."""
         if measured is None:
+            return
+        if self.p.kind is not None and key in self.fitted and self.cfg_eval(self.p.config.get(key, "")) != measured:
+            # a kind of block whose size differs from the earlier kinds' (a per-layer override): its own config entry,
+            # read on the blocks of its kind (per_layer_config['full_attention'].head_dim), sizes its hosts there
+            kname, at = self.p.kind[0], repr(self.kind_type)
+            for text in dict.fromkeys([self.p.config[key]] + candidates):
+                if text and self.kind_type is not None and self.cfg_eval(text, at) == measured:
+                    entry = f"{key}_{kname}"
+                    self.p.config[entry] = self.per_layer(text, at)
+                    self.p.kind_dims.setdefault(kname, {})[key] = entry
+                    return
+            self.p.todos.append(f"{where}: config.{key} should be {measured} here, unlike on the blocks of another "
+                                f"kind, and no config expression the drafter tried gives it")
             return
         for text in dict.fromkeys([self.p.config.get(key, "")] + candidates):
             if text and self.cfg_eval(text) == measured:
+                self.fitted.add(key)
                 self.p.config[key] = text
                 return
         self.p.todos.append(f"{where}: config.{key} should be {measured} here and no config expression the drafter "

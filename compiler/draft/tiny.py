@@ -136,6 +136,7 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
         if text_class is not None:
             base = inner if path is not None else type(inner)()
             model_type, model_class = base.model_type, text_class
+    base = _global(base)
     config_class = type(base).__name__
     for cls in (model_class, config_class):
         if not hasattr(transformers, cls):
@@ -255,7 +256,65 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
         draw[inter] = [24, 40]
     if getattr(base, "layer_types", None) is not None and len(set(base.layer_types)) > 1:
         tiny.notes.append(f"{layers}: enough blocks that the default layer_types has every kind of block")
+    _per_layer(base, tiny)
     return tiny
+
+
+def _global(cfg: Any) -> Any:
+    """``cfg``, its per-layer attributes (a heterogeneous config's: transformers' per_layer_config) read as their
+    global values, as the tiny config shrinks them; the per-layer overrides are shrunk apart (``_per_layer``)."""
+    if getattr(cfg, "is_heterogeneous", False):
+        cfg.allow_global_per_layer_attribute_access = True
+    return cfg
+
+
+def _per_layer(base: Any, tiny: Tiny) -> None:
+    """A heterogeneous config (per_layer_config: some blocks' sizes differ from the global ones, as Gemma 4's full
+    blocks' head width): the tiny config keeps the overrides of each kind of block, shrunk as the global sizes are
+    (each the tiny global times the override's ratio to the default global), on the tiny stack's blocks of that kind."""
+    import transformers
+
+    overrides = getattr(base.__dict__.get("_heterogeneity_spec"), "per_layer_overrides", None)
+    types = list(getattr(base, "layer_types", None) or ())
+    if not overrides or len(types) != base.num_hidden_layers:
+        return
+    by_kind: dict[str, dict[str, Any]] = {}  # each kind's overrides: its first block's in the default stack
+    for i, kind in enumerate(types):
+        by_kind.setdefault(kind, dict(overrides.get(i, {})))
+    cls = getattr(transformers, tiny.config_class)
+    params = tiny.first()
+    try:
+        probe = _global(cls(**{**params, "per_layer_config": {}}))  # the tiny stack, every block at the globals
+    except Exception:  # noqa: BLE001 - the build says why, with the config
+        return
+    tiny_types = list(getattr(probe, "layer_types", None) or ())
+    scaled: dict[str, dict[str, Any]] = {}
+    for kind, given in by_kind.items():
+        shrunk: dict[str, Any] = {}
+        for attr, value in given.items():
+            default, small = base._getattr_without_heterogeneous_validation(attr, None), getattr(probe, attr, None)
+            if all(isinstance(x, int) and not isinstance(x, bool) for x in (value, default, small)) and default:
+                size = max(1, round(small * value / default))
+                shrunk[attr] = size if size != small else 2 * small  # (an override equal to the global is dropped)
+            else:
+                shrunk[attr] = value
+        if shrunk:
+            scaled[kind] = shrunk
+    per_layer = {i: dict(scaled[k]) for i, k in enumerate(tiny_types) if k in scaled}
+    if not per_layer:
+        return
+    try:
+        cls(**{**params, "per_layer_config": per_layer})
+    except Exception as e:  # noqa: BLE001 - the config refuses the shrunk overrides: the class's own defaults stay
+        tiny.notes.append(f"per_layer_config: the default's overrides, shrunk, are refused ({type(e).__name__}: "
+                          f"{str(e).splitlines()[-1][:120]}); the config class's own per-layer defaults are kept")
+        return
+    tiny.config["per_layer_config"] = per_layer
+    layers = tiny.names["layers"]
+    tiny.draw[layers] = [params[layers]]  # (the overrides name blocks by index: one stack length)
+    tiny.notes.append("per_layer_config: each kind of block keeps the default config's per-layer overrides ("
+                      + "; ".join(f"{k}: {', '.join(f'{a} {v}' for a, v in given.items())}" for k, given in by_kind.items()
+                                  if given) + "), shrunk as the global sizes are")
 
 
 def _attention_free(base: Any) -> bool:
@@ -270,7 +329,7 @@ def _attention_free(base: Any) -> bool:
 def _layer_options(config_cls: Any, layers: str, fixed: dict[str, Any]) -> list[int]:
     """[2, 3], or, on a stack of several block kinds (config.layer_types), the fewest blocks that
     hold every kind the default config has."""
-    base = config_cls()
+    base = _global(config_cls())
     default = list(getattr(base, "layer_types", None) or ())
     kinds = set(default)
     if len(kinds) == 1 and re.search(r"linear|mamba", default[0]) and getattr(base, "num_attention_heads", None):
