@@ -311,3 +311,22 @@ def test_a_per_layer_config() -> None:
 
     built = transformers.Gemma4TextConfig(**d.proposal.tiny.first())
     assert (cfg(built, "per_layer_config[0].head_dim"), cfg(built, "per_layer_config['full_attention'].head_dim")) == (8, 16)
+
+
+def test_every_hand_written_family_is_scored() -> None:
+    """A hand-written family none of whose model types is a causal-LM one (LLaVA, a multimodal wrapper with no
+    causal-LM class) is swept for its hand score: drafted through its text model's causal-LM class; its row is
+    listed apart and left out of the swept types' counts."""
+    extra = sweep.scored_only(["llama", "qwen2"], ATLAS.families)  # (the families that load neither)
+    assert {"llava", "qwen2_vl", "gpt2"} <= set(extra) and not {"llama", "qwen2"} & set(extra)
+    plan = tiny.plan("llava")
+    assert (plan.model_type, plan.model_class, plan.also) == ("llama", "LlamaForCausalLM", ["llava"])
+    rows: list[dict[str, Any]] = [
+        {"type": "llama", "built": True, "drafted": True, "generate": True, "tests": True, "values": 25, "todos": 0,
+         "share": 1.0, "hand": "llama", "why": ""},
+        {"type": "llava", "built": True, "drafted": True, "generate": True, "tests": None, "values": 25, "todos": 0,
+         "share": 0.5, "hand": "llava", "why": "scored only"}]
+    text = sweep.table(rows, 1, "now", {"llava"})
+    assert "1 of 1 types swept; 1 build; 1 verified" in text and "2 have a hand-written spec: their drafts find 75%" in text
+    assert text.index("| llama |") < text.index("multimodal wrappers") < text.index("| llava |")
+    assert sweep.read_table(text) == rows

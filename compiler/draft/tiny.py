@@ -31,6 +31,9 @@ FIXED: dict[str, Any] = {
     "time_step_rank": 4, "kv_lora_rank": 8, "q_lora_rank": 16, "qk_rope_head_dim": 4, "qk_nope_head_dim": 8,
     "v_head_dim": 8, "n_group": 1, "topk_group": 1, "n_groups": 1, "mamba_n_groups": 1, "mamba_ngroups": 1,
     "sliding_window": 16, "attention_chunk_size": 16, "rotary_dim": 4,
+    # per-layer input embeddings (Gemma 3n, Gemma 4): a table of vocab_size_per_layer_input rows, each one slice
+    # of hidden_size_per_layer_input per block (by default 262144 x 256 per block: half a gigabyte on a tiny model)
+    "vocab_size_per_layer_input": 96, "hidden_size_per_layer_input": 4,
 }
 # a mixture's dense blocks: the tiny config makes every block a mixture (one MLP class per host path)
 ALL_SPARSE: dict[str, Any] = {"first_k_dense_replace": 0, "num_dense_layers": 0, "first_dense_layers": 0,
@@ -119,7 +122,21 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     base = base_config(model_type, path)
     asked = model_type
     model_type = base.model_type
-    model_class = causal_lm_class(model_type, type(base))
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    inner = base.get_text_config() if hasattr(base, "get_text_config") else base
+    try:
+        if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and inner is not base \
+                and inner.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+            # a multimodal wrapper with no causal-LM class of its own (LLaVA): its text model's
+            model_class = causal_lm_class(inner.model_type)
+        else:
+            model_class = causal_lm_class(model_type, type(base))
+    except DraftError as e:
+        if inner is base:
+            raise
+        raise DraftError(f"model type '{model_type}' has no causal-LM class in transformers, nor has its text model "
+                         f"({type(inner).__name__}): {e}") from e
     text = getattr(getattr(transformers, model_class, None), "config_class", None)
     if isinstance(text, type) and not isinstance(base, text) and isinstance(getattr(base, "text_config", None), text):
         # a composite config (text and vision ...) whose causal-LM class takes the text config alone
