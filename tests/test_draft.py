@@ -330,3 +330,10 @@ def test_every_hand_written_family_is_scored() -> None:
     assert "1 of 1 types swept; 1 build; 1 verified" in text and "2 have a hand-written spec: their drafts find 75%" in text
     assert text.index("| llama |") < text.index("multimodal wrappers") < text.index("| llava |")
     assert sweep.read_table(text) == rows
+
+
+def test_module_names_are_matched_without_the_models_own() -> None:
+    """granitemoehybrid: the 'Moe' of the model's name made its Mamba layer (GraniteMoeHybridMambaLayer) the blocks'
+    MLP on the Mamba blocks, unlike the mixture of experts on the others (load(draft=True) refused the class)."""
+    mlp = draft("granitemoehybrid").proposal.hosts["layers[i].mlp"]
+    assert mlp.cls == "GraniteMoeHybridMoE" and not mlp.kind and all(k.cls is None for k in mlp.kinds.values())

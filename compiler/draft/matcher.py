@@ -107,6 +107,12 @@ class Matcher:
         self.p.rename_sure[f"{host_std}.{standard}"] = f"likely: {child_native} plays the part of {standard} in the dataflow"
         return standard
 
+    def role(self, cls: str) -> str:
+        """A module class's name without the model's own (GraniteMoeHybridMambaLayer -> MambaLayer): what it is, for the
+        name patterns (the 'Moe' of the model's name makes no Mamba layer a mixture of experts)."""
+        prefix = _title(self.tiny.model_class)
+        return cls[len(prefix):] if cls.startswith(prefix) and len(cls) > len(prefix) else cls
+
     def child(self, path: str, parent: str) -> str:
         return path[len(parent) + 1:] if parent else path
 
@@ -349,7 +355,7 @@ class Matcher:
             if kind:
                 mixers.append((c, kind))
         mixer_paths = {c.path for c, _ in mixers}
-        mlps = [c for c in kids if c.path not in mixer_paths and MLP.search(c.cls) and not NORM.search(c.cls)]
+        mlps = [c for c in kids if c.path not in mixer_paths and MLP.search(self.role(c.cls)) and not NORM.search(c.cls)]
         norms = [c for c in kids if NORM.search(c.cls)]
         if not mixers and not mlps:  # a state-space block (Mamba): a norm, then a mixer whose output is added
             done = self.ssm_block(bpath, kids, norms, x, out, values, identities)
@@ -436,7 +442,7 @@ class Matcher:
         p = self.p
         if x is None or out is None:
             return False
-        mixer = next((c for c in kids if not NORM.search(c.cls) and SSM.search(c.cls) and tensor_of(c.output) is not None
+        mixer = next((c for c in kids if not NORM.search(c.cls) and SSM.search(self.role(c.cls)) and tensor_of(c.output) is not None
                       and tensor_of(c.output).shape == x.shape), None)  # type: ignore[union-attr]
         if mixer is None:
             return False
@@ -466,7 +472,7 @@ class Matcher:
                 return "attention"
             if self.delta_fn(f):
                 return "linear_attention"
-        if re.search(r"attention|attn", c.cls, re.I) and tensor_of(c.output) is not None:
+        if re.search(r"attention|attn", self.role(c.cls), re.I) and tensor_of(c.output) is not None:
             return "attention_inline"  # attention computed in the module's own forward: only its output is sure
         return None
 
@@ -878,7 +884,7 @@ class Matcher:
             if attr:
                 p.config[key] = attr
         shared = next((k for k in kids if k.path not in (ex.path, router.path if router else "")
-                       and MLP.search(k.cls)), None)
+                       and MLP.search(self.role(k.cls))), None)
         if shared is not None:
             sname = self.name_in(bpath, self.child(shared.path, bpath), "shared_experts", hpath)
             sh = p.host(f"{hpath}.{sname}", shared.cls, "the shared expert, a dense MLP")
