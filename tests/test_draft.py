@@ -237,6 +237,10 @@ def test_tiny_configs_keep_their_own_invariants() -> None:
     assert granite.draw["num_hidden_layers"] == [3]
     neo = tiny.plan("gpt_neo")  # [[kinds, repeats]] of the default's 24 blocks: each kind once
     assert neo.config["attention_types"] == [[["global", "local"], 1]] and neo.draw["num_hidden_layers"] == [2]
+    mamba2 = tiny.plan("mamba2")  # its only heads are its mixer's: heads * head width == expand * hidden
+    assert "heads" not in mamba2.names and mamba2.config["num_heads"] == 4
+    assert mamba2.draw["head_dim"] == "2 * hidden_size // 4"
+    assert "v_head_dim" not in tiny.plan("xlstm").config  # a property of the config class, derived
     zamba2 = tiny.plan("zamba2")  # layer_types given at the default stack's length: one block per kind
     assert zamba2.config["layer_types"] == ["linear_attention", "hybrid"] and zamba2.draw["num_hidden_layers"] == [2]
 

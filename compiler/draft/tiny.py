@@ -136,7 +136,7 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
         if inner is base:
             raise
         raise DraftError(f"model type '{model_type}' has no causal-LM class in transformers, nor has its text model "
-                         f"({type(inner).__name__}): {e}") from e
+                         f"({inner.model_type}, {type(inner).__name__})") from e
     text = getattr(getattr(transformers, model_class, None), "config_class", None)
     if isinstance(text, type) and not isinstance(base, text) and isinstance(getattr(base, "text_config", None), text):
         # a composite config (text and vision ...) whose causal-LM class takes the text config alone
@@ -169,8 +169,8 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
                 fixed[k] = v
     for name, value in FIXED.items():
         cur = getattr(base, name, None)
-        if isinstance(cur, int) and not isinstance(cur, bool):
-            fixed[name] = value
+        if isinstance(cur, int) and not isinstance(cur, bool) and not isinstance(getattr(type(base), name, None), property):
+            fixed[name] = value  # (a property is derived: xLSTM's v_head_dim, from its widths)
     if "num_experts_per_tok" in base.to_dict() and base.num_experts_per_tok is None and any(
             isinstance(getattr(base, n, None), int) for n in ("num_experts", "n_routed_experts", "num_local_experts")):
         fixed["num_experts_per_tok"] = FIXED["num_experts_per_tok"]
@@ -181,6 +181,11 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
         if cur is not None and cur != value and isinstance(cur, (int, list)) and not isinstance(cur, bool):
             tiny_notes.append(f"{name}: {value} makes every tiny block a mixture; the checkpoints' config says {cur!r}: "
                               "their dense blocks are not mapped by this draft (one MLP class per host path)")
+    shared = getattr(base, "num_kv_shared_layers", None)
+    if isinstance(shared, int) and not isinstance(shared, bool) and shared > 0:
+        fixed["num_kv_shared_layers"] = 0  # (the last blocks reuse an earlier block of their kind's keys and values)
+        tiny_notes.append(f"num_kv_shared_layers: 0: a tiny stack is too short for blocks that reuse an earlier block's "
+                          f"keys and values (the checkpoints' last {shared} blocks do): they are not mapped by this draft")
     for name in DROPOUTS:
         if isinstance(getattr(base, name, None), float):
             fixed[name] = 0.0
@@ -208,7 +213,12 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     heads, kv, hidden = _first(base, HEADS), _first(base, KV_HEADS), _first(base, HIDDEN)
     kv = kv or next((n for n in KV_HEADS if n in listed), None)  # None by default: as many as the heads
     inter = _first(base, INTERMEDIATE) or next((n for n in INTERMEDIATE if n in base.to_dict()), None)
-    if layers is None or hidden is None or (heads is None and not _attention_free(base)):
+    # a state-space stack whose only head count is its mixer's (Mamba 2: num_heads, head_dim, expand): no attention
+    ssm = ("head_dim", "num_heads", "expand")
+    if heads == ssm[1] and kv is None and all(isinstance(getattr(base, n, None), int) for n in ssm) \
+            and _attention_free(base, ssm[1]):
+        heads = None
+    if layers is None or hidden is None or (heads is None and not _attention_free(base, ssm[1])):
         raise DraftError(f"{config_class} has no layer, head or width size the drafter knows "
                          f"(looked for {LAYERS[0]}, {HEADS[0]}, {HIDDEN[0]} and their aliases)")
     tiny.names = {"layers": layers, "hidden": hidden}
@@ -222,6 +232,10 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     if heads is None:  # a state-space stack without attention (Mamba): widths drawn as they are, the rest derived
         draw[hidden] = [16, 32]
         tiny.notes.append(f"{hidden}: no attention heads (a state-space stack): the mixer's widths follow from it")
+        ints = [getattr(base, n, None) for n in ssm]
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in ints):  # its heads tile its expanded width
+            fixed[ssm[1]] = 4
+            draw[ssm[0]] = f"{ints[2]} * {hidden} // 4"
         return tiny
     tiny.names["heads"] = heads
     kinds = getattr(base, "mlp_layer_types", None)
@@ -334,13 +348,14 @@ def _per_layer(base: Any, tiny: Tiny) -> None:
                                   if given) + "), shrunk as the global sizes are")
 
 
-def _attention_free(base: Any) -> bool:
+def _attention_free(base: Any, mixer_heads: str | None = None) -> bool:
     """A model type with no attention at all: its causal-LM class refuses sdpa, and its config names
-    no head count (a Mamba stack)."""
+    no head count (a Mamba stack) but its mixer's (``mixer_heads``)."""
     import transformers
 
     cls = getattr(transformers, causal_lm_class(base.model_type), None)
-    return cls is not None and not getattr(cls, "_supports_sdpa", True) and _first(base, HEADS + KV_HEADS) is None
+    heads = [n for n in HEADS + KV_HEADS if n != mixer_heads]
+    return cls is not None and not getattr(cls, "_supports_sdpa", True) and _first(base, tuple(heads)) is None
 
 
 def _layer_options(config_cls: Any, layers: str, fixed: dict[str, Any]) -> list[int]:
