@@ -341,3 +341,12 @@ def test_module_names_are_matched_without_the_models_own() -> None:
     MLP on the Mamba blocks, unlike the mixture of experts on the others (load(draft=True) refused the class)."""
     mlp = draft("granitemoehybrid").proposal.hosts["layers[i].mlp"]
     assert mlp.cls == "GraniteMoeHybridMoE" and not mlp.kind and all(k.cls is None for k in mlp.kinds.values())
+
+
+def test_items_of_a_module_list_in_a_block() -> None:
+    """longcat_flash: each block holds its attentions and norms in ModuleLists (self_attn.0, input_layernorm.0); a read
+    point names a module by one word, so each item mapped is renamed to one (the draft did not compile)."""
+    d = draft("longcat_flash")
+    assert d.proposal.rename["layers[i].input_layernorm_0"] == "input_layernorm.0"
+    assert d.proposal.hosts["layers[i]"].values["attention_norm_output"].read == "input_layernorm_0.output"
+    assert compile_draft(d.text, d.proposal.family).family is not None

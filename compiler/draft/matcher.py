@@ -102,7 +102,14 @@ class Matcher:
             return child_native
         siblings = {n for n, _ in self.modules[host_native].named_children()}
         if standard in siblings:  # the standard name is another native child: keep the native one
-            return child_native
+            if child_native.isidentifier():
+                return child_native
+            # an item of a ModuleList (LongCat-Flash's input_layernorm.0): a read point names a module by one word,
+            # so the item gets one (input_layernorm_0), renamed to it
+            standard = re.sub(r"\W", "_", child_native)
+            self.p.rename[f"{host_std}.{standard}"] = child_native
+            self.p.rename_sure[f"{host_std}.{standard}"] = f"sure: the item {child_native} of a ModuleList"
+            return standard
         self.p.rename[f"{host_std}.{standard}"] = child_native
         self.p.rename_sure[f"{host_std}.{standard}"] = f"likely: {child_native} plays the part of {standard} in the dataflow"
         return standard
