@@ -241,6 +241,7 @@ def test_tiny_configs_keep_their_own_invariants() -> None:
     assert "heads" not in mamba2.names and mamba2.config["num_heads"] == 4
     assert mamba2.draw["head_dim"] == "2 * hidden_size // 4"
     assert "v_head_dim" not in tiny.plan("xlstm").config  # a property of the config class, derived
+    assert tiny.plan("gemma3n_text").config["num_kv_shared_layers"] == 0  # (15 of 35 blocks share: none of 5 can)
     zamba2 = tiny.plan("zamba2")  # layer_types given at the default stack's length: one block per kind
     assert zamba2.config["layer_types"] == ["linear_attention", "hybrid"] and zamba2.draw["num_hidden_layers"] == [2]
 
