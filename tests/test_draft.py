@@ -315,6 +315,10 @@ def test_a_per_layer_config() -> None:
     import transformers
 
     built = transformers.Gemma4TextConfig(**d.proposal.tiny.first())
+    # dots3_note_text: a kind's sizes shrink by one factor, so that their relations hold (the sliding blocks' head
+    # width is their query's: qk_nope_head_dim + qk_rope_head_dim, 192 + 64 of 256)
+    sliding = next(iter(tiny.plan("dots3_note_text").config["per_layer_config"].values()))
+    assert (sliding["head_dim"], sliding["qk_nope_head_dim"]) == (16, 12)
     assert (cfg(built, "per_layer_config[0].head_dim"), cfg(built, "per_layer_config['full_attention'].head_dim")) == (8, 16)
 
 

@@ -14,7 +14,7 @@ import torch
 
 from .proposal import Function, Host, Identity, Kind, Proposal, Value
 from .recorder import FnCall, ModuleCall, Op, Recording
-from .tiny import Tiny
+from .tiny import Tiny, _global
 
 # ---- tensors --------------------------------------------------------------------------------
 
@@ -238,7 +238,7 @@ class Matcher:
                 for x in [*h.values.values(), *(y for k in h.kinds.values() for y in k.values.values())]:
                     if x.view and "head_dim" in x.view:
                         x.view = re.sub(r"\bhead_dim\b", "-1", x.view)
-        defaults = type(self.config)()
+        defaults = _global(type(self.config)())  # (its per-layer sizes read as the global ones)
         heads, kv = self.tiny.names.get("heads", ""), self.tiny.names.get("kv_heads")
         if kv and heads and "Grouped-query attention" not in p.traits and isinstance(getattr(defaults, kv, None), int) \
                 and getattr(defaults, kv) < getattr(defaults, heads):

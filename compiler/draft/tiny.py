@@ -302,36 +302,49 @@ def _global(cfg: Any) -> Any:
 
 def _per_layer(base: Any, tiny: Tiny) -> None:
     """A heterogeneous config (per_layer_config: some blocks' sizes differ from the global ones, as Gemma 4's full
-    blocks' head width): the tiny config keeps the overrides of each kind of block, shrunk as the global sizes are
-    (each the tiny global times the override's ratio to the default global), on the tiny stack's blocks of that kind."""
+    blocks' head width): each kind of block the default config overrides keeps its sizes (every per-layer attribute,
+    overridden or global), all shrunk by one factor, the most the tiny config shrank a global one (so that their
+    relations hold: Dots 3's sliding head_dim == qk_nope_head_dim + qk_rope_head_dim), on the tiny stack's blocks of
+    that kind."""
     import transformers
 
-    overrides = getattr(base.__dict__.get("_heterogeneity_spec"), "per_layer_overrides", None)
+    spec = base.__dict__.get("_heterogeneity_spec")
+    overrides = getattr(spec, "per_layer_overrides", None)
     types = list(getattr(base, "layer_types", None) or ())
     if not overrides or len(types) != base.num_hidden_layers:
         return
-    by_kind: dict[str, dict[str, Any]] = {}  # each kind's overrides: its first block's in the default stack
+    explicit = sorted(getattr(spec, "explicit_per_layer_attributes", None) or {a for o in overrides.values() for a in o})
+    default = {a: base._getattr_without_heterogeneous_validation(a, None) for a in explicit}
+    by_kind: dict[str, dict[str, Any]] = {}  # each overridden kind's sizes: its first block's in the default stack
     for i, kind in enumerate(types):
-        by_kind.setdefault(kind, dict(overrides.get(i, {})))
+        if kind not in by_kind and overrides.get(i):
+            by_kind[kind] = {a: overrides[i].get(a, default[a]) for a in explicit}
     cls = getattr(transformers, tiny.config_class)
     params = tiny.first()
-    try:
-        probe = _global(cls(**{**params, "per_layer_config": {}}))  # the tiny stack, every block at the globals
-    except Exception:  # noqa: BLE001 - the build says why, with the config
+    probe = None
+    for given in ({"per_layer_config": {}}, {}):  # the tiny stack at the globals, or with the class's own overrides
+        try:
+            probe = _global(cls(**{**params, **given}))
+            break
+        except Exception:  # noqa: BLE001 - refused: the next, else the build says why
+            continue
+    if probe is None:
         return
-    tiny_types = list(getattr(probe, "layer_types", None) or ())
+    small = {a: probe._getattr_without_heterogeneous_validation(a, None) for a in explicit}
+
+    def size(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x > 0
+    ratios = [small[a] / default[a] for a in explicit if size(small[a]) and size(default[a])]
+    if not ratios:
+        return
+    factor = max(ratios)
     scaled: dict[str, dict[str, Any]] = {}
-    for kind, given in by_kind.items():
-        shrunk: dict[str, Any] = {}
-        for attr, value in given.items():
-            default, small = base._getattr_without_heterogeneous_validation(attr, None), getattr(probe, attr, None)
-            if all(isinstance(x, int) and not isinstance(x, bool) for x in (value, default, small)) and default:
-                size = max(1, round(small * value / default))
-                shrunk[attr] = size if size != small else 2 * small  # (an override equal to the global is dropped)
-            else:
-                shrunk[attr] = value
+    for kind, sizes in by_kind.items():
+        shrunk = {a: max(1, round(v * factor)) if size(v) and size(small[a]) else v for a, v in sizes.items()}
+        shrunk = {a: v for a, v in shrunk.items() if v != small[a]}  # (one equal to the global is dropped)
         if shrunk:
             scaled[kind] = shrunk
+    tiny_types = list(getattr(probe, "layer_types", None) or ())
     per_layer = {i: dict(scaled[k]) for i, k in enumerate(tiny_types) if k in scaled}
     if not per_layer:
         return
@@ -344,9 +357,9 @@ def _per_layer(base: Any, tiny: Tiny) -> None:
     tiny.config["per_layer_config"] = per_layer
     layers = tiny.names["layers"]
     tiny.draw[layers] = [params[layers]]  # (the overrides name blocks by index: one stack length)
-    tiny.notes.append("per_layer_config: each kind of block keeps the default config's per-layer overrides ("
-                      + "; ".join(f"{k}: {', '.join(f'{a} {v}' for a, v in given.items())}" for k, given in by_kind.items()
-                                  if given) + "), shrunk as the global sizes are")
+    tiny.notes.append("per_layer_config: each kind of block the default config overrides keeps its sizes ("
+                      + "; ".join(f"{k}: {', '.join(f'{a} {sizes[a]}' for a in sorted(scaled.get(k, {})))}"
+                                  for k, sizes in by_kind.items()) + f"), all shrunk by one factor ({factor:g})")
 
 
 def _attention_free(base: Any, mixer_heads: str | None = None) -> bool:
