@@ -355,3 +355,17 @@ def test_items_of_a_module_list_in_a_block() -> None:
     assert d.proposal.rename["layers[i].input_layernorm_0"] == "input_layernorm.0"
     assert d.proposal.hosts["layers[i]"].values["attention_norm_output"].read == "input_layernorm_0.output"
     assert compile_draft(d.text, d.proposal.family).family is not None
+
+
+def test_hidden_states_after_each_block_are_known() -> None:
+    """RWKV appends the stream to output_hidden_states after each block, as the Mamba models do (its embeddings are
+    not in it): the oracle compares block i's output with hidden_states[i] there (rwkv's draft failed the oracle)."""
+    from nnatlas.testing import HIDDEN_STATES_AFTER_BLOCKS
+
+    model = tiny.build(tiny.plan("rwkv"))
+    seen: list[torch.Tensor] = []
+    model.rwkv.blocks[0].register_forward_hook(lambda m, a, out: seen.append(out[0]))
+    with torch.no_grad():
+        hs = model(torch.tensor([[5, 6, 7]]), output_hidden_states=True).hidden_states
+    assert len(hs) == len(model.rwkv.blocks) + 1 and torch.equal(hs[0], seen[0])
+    assert type(model).__name__ in HIDDEN_STATES_AFTER_BLOCKS
