@@ -369,3 +369,11 @@ def test_hidden_states_after_each_block_are_known() -> None:
         hs = model(torch.tensor([[5, 6, 7]]), output_hidden_states=True).hidden_states
     assert len(hs) == len(model.rwkv.blocks) + 1 and torch.equal(hs[0], seen[0])
     assert type(model).__name__ in HIDDEN_STATES_AFTER_BLOCKS
+
+
+def test_the_final_norm_before_a_prediction_head() -> None:
+    """modernbert-decoder: the output embeddings read a prediction head (dense, activation, its own norm); the final
+    norm is the model's, which that head reads (the draft took the head's norm, and failed the oracle's hidden_states)."""
+    p = draft("modernbert-decoder").proposal
+    assert (p.rename["norm"], p.rename["lm_head"]) == ("model.final_norm", "decoder")
+    assert any("lm_head (ModernBertDecoderPredictionHead)" in t for t in p.todos)

@@ -199,7 +199,8 @@ class Matcher:
             norm = self.find_final_norm(head)
             if norm is not None:
                 p.rename["norm"] = norm.path
-                p.rename_sure["norm"] = "sure: its output is what lm_head reads"
+                p.rename_sure["norm"] = "sure: its output is what lm_head reads" if holds(
+                    tensor_of(norm.output), hidden_in(head)) == 0.0 else "sure: its output is what the prediction head reads"
                 self.seen.add(norm.path)
                 v["final_norm_output"] = Value("norm.output", sure="sure")
             p.rename["lm_head"] = head.path
@@ -267,8 +268,20 @@ class Matcher:
     def find_final_norm(self, head: ModuleCall) -> ModuleCall | None:
         x = hidden_in(head)
         layers = self.p.rename.get("layers", "\0")
-        cands = [c for c in self.rec.calls if c.start < head.start and not c.path.startswith(layers + ".")
-                 and c.path not in ("", "model") and holds(tensor_of(c.output), x) == 0.0 and NORM.search(c.cls)]
+        def norms_giving(t: torch.Tensor | None) -> list[ModuleCall]:
+            return [c for c in self.rec.calls if c.start < head.start and not c.path.startswith(layers + ".")
+                    and c.path not in ("", "model") and holds(tensor_of(c.output), t) == 0.0 and NORM.search(c.cls)]
+        cands = norms_giving(x)
+        parent = cands[-1].path.rpartition(".")[0] if cands else ""
+        wrapper = next((c for c in self.rec.calls if c.path == parent and c.start < head.start), None) if parent else None
+        if wrapper is not None and not layers.startswith(parent + ".") and holds(tensor_of(wrapper.output), x) == 0.0:
+            # the head reads a norm inside a prediction head of its own (ModernBERT's dense, activation, norm): the
+            # final norm is the one that head reads
+            inner = norms_giving(hidden_in(wrapper))
+            if inner:
+                self.p.todos.append(f"{parent} ({wrapper.cls}), between the final norm and the output embeddings, "
+                                    "is not mapped")
+                return inner[-1]
         return cands[-1] if cands else None
 
     # -- blocks
