@@ -322,7 +322,8 @@ def _per_layer(base: Any, tiny: Tiny) -> None:
     cls = getattr(transformers, tiny.config_class)
     params = tiny.first()
     probe = None
-    for given in ({"per_layer_config": {}}, {}):  # the tiny stack at the globals, or with the class's own overrides
+    tries: tuple[dict[str, Any], ...] = ({"per_layer_config": {}}, {})
+    for given in tries:  # the tiny stack at the globals, or with the class's own overrides
         try:
             probe = _global(cls(**{**params, **given}))
             break
