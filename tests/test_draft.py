@@ -377,3 +377,11 @@ def test_the_final_norm_before_a_prediction_head() -> None:
     p = draft("modernbert-decoder").proposal
     assert (p.rename["norm"], p.rename["lm_head"]) == ("model.final_norm", "decoder")
     assert any("lm_head (ModernBertDecoderPredictionHead)" in t for t in p.todos)
+
+
+def test_a_fixed_size_the_config_refuses_keeps_its_default() -> None:
+    """zaya routes each token to one expert (its config refuses num_experts_per_tok=2, the tiny default): the tiny
+    config leaves it at the class's 1, which the draft's mixture still sizes top_k by."""
+    d = draft("zaya")
+    assert "num_experts_per_tok" not in d.proposal.tiny.config
+    assert d.proposal.config["top_k"] == "num_experts_per_tok"

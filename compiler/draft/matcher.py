@@ -894,10 +894,12 @@ class Matcher:
             host.identities.append(ident("sum(expert_outputs, 2) == routed_output", 1e-6, "held on the tiny model"))
         v["routed_output"] = Value("experts.output", view=view_of(routed), sure="sure: the experts' output")
         out = tensor_of(c.output)
-        top_k = self.params.get("num_experts_per_tok") or self.params.get("moe_topk")
+        top_k = self.params.get("num_experts_per_tok") or self.params.get("moe_topk") or \
+            getattr(self.config, "num_experts_per_tok", None)
         n_attr = next((k for k in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
                        if k in self.params), None)
-        k_attr = next((k for k in ("num_experts_per_tok", "moe_topk", "top_k") if k in self.params), None)
+        k_attr = next((k for k in ("num_experts_per_tok", "moe_topk", "top_k") if k in self.params
+                       or isinstance(self.config.to_dict().get(k), int)), None)  # (or the config's own default)
         for key, attr in (("num_experts", n_attr), ("top_k", k_attr),
                           ("norm_topk_prob", "norm_topk_prob" if hasattr(self.config, "norm_topk_prob") else None),
                           ("moe_intermediate_size", "moe_intermediate_size" if "moe_intermediate_size" in self.params else None)):

@@ -289,7 +289,31 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     if getattr(base, "layer_types", None) is not None and len(set(base.layer_types)) > 1:
         tiny.notes.append(f"{layers}: enough blocks that the default layer_types has every kind of block")
     _per_layer(base, tiny)
+    _refused_fixed(base, tiny)
     return tiny
+
+
+def _refused_fixed(base: Any, tiny: Tiny) -> None:
+    """A fixed tiny size the config class refuses (ZAYA routes each token to one expert: num_experts_per_tok=1 only)
+    is left at the class default, when that alone makes the tiny config build."""
+    import transformers
+
+    cls = getattr(transformers, tiny.config_class)
+    try:
+        cls(**tiny.first())
+        return
+    except Exception as e:  # noqa: BLE001 - refused: try each fixed size at its default
+        why = str(e).splitlines()[-1][:120]
+    defaults = type(base)().to_dict()
+    for name in [n for n in FIXED if n in tiny.config and n in defaults and defaults[n] != tiny.config[n]]:
+        kept = tiny.config.pop(name)
+        try:
+            cls(**tiny.first())
+        except Exception:  # noqa: BLE001 - not this one
+            tiny.config[name] = kept
+            continue
+        tiny.notes.append(f"{name}: the config's default ({defaults[name]!r}): it refuses {kept!r} ({why})")
+        return
 
 
 def _global(cfg: Any) -> Any:
