@@ -127,16 +127,24 @@ def _block_index(node: ast.expr) -> str | None:
     return None
 
 
-def _dotted(node: ast.expr) -> str | None:
+def _key(node: ast.expr, keys: bool) -> str | None:
+    """An index inside a dotted name (``_block_index``), or, where ``keys`` (a config entry), a word in quotes: a
+    mapping's key (``per_layer_config['full_attention'].head_dim``: the blocks of one kind)."""
+    if keys and isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"\w+", node.value):
+        return repr(node.value)
+    return _block_index(node)
+
+
+def _dotted(node: ast.expr, keys: bool = False) -> str | None:
     """``a.b[0].c`` → "a.b[0].c": attribute chains, with integer indexes between attributes
-    (or ``[i]``, ``[i+1]``: relative to the host's block index)."""
+    (or ``[i]``, ``[i+1]``: relative to the host's block index; where ``keys``, a word in quotes)."""
     parts: list[str] = []
     while isinstance(node, ast.Attribute):
         parts.append(node.attr)
         node = node.value
-        while (isinstance(node, ast.Subscript) and _block_index(node.slice) is not None
+        while (isinstance(node, ast.Subscript) and _key(node.slice, keys) is not None
                and isinstance(node.value, ast.Name | ast.Attribute)):
-            parts[-1] = f"[{_block_index(node.slice)}].{parts[-1]}"
+            parts[-1] = f"[{_key(node.slice, keys)}].{parts[-1]}"
             node = node.value
     if isinstance(node, ast.Name):
         parts.append(node.id)
@@ -146,8 +154,9 @@ def _dotted(node: ast.expr) -> str | None:
 
 class _Emitter:
     def __init__(self, name_code: Callable[[str], str], functions: dict[str, Function], fn_prefix: str,
-                 allow_compare: bool, allow_strings: bool, allow_bool: bool):
+                 allow_compare: bool, allow_strings: bool, allow_bool: bool, keys: bool = False):
         self.name_code = name_code
+        self.keys = keys  # a word in quotes may index a dotted name (a config entry's)
         self.functions = functions
         self.fn_prefix = fn_prefix
         self.allow_compare = allow_compare
@@ -171,7 +180,7 @@ class _Emitter:
                 return "..."
             raise self.fail(node, f"constant {v!r} is not allowed here")
         if isinstance(node, ast.Name | ast.Attribute):
-            dotted = _dotted(node)
+            dotted = _dotted(node, self.keys)
             if dotted is None:
                 raise self.fail(node, "attributes are allowed only on names (a.b.c)")
             dunder = next((p for p in re.split(r"[.\[\]]", dotted) if p.startswith("__")), None)
@@ -305,7 +314,7 @@ def compile_config(text: str | int | float) -> Compiled:
         raise ExprError("a config entry is a name or an expression, not a boolean")
     if isinstance(text, int | float):
         return Compiled(repr(text), (), repr(text))
-    e = _Emitter(lambda n: f"_cfg(c, {n!r})", CONFIG_FUNCTIONS, "_fn.cfg_", True, True, True)
+    e = _Emitter(lambda n: f"_cfg(c, {n!r})", CONFIG_FUNCTIONS, "_fn.cfg_", True, True, True, keys=True)
     return Compiled(e.emit(_parse(text)), tuple(e.names), text)
 
 

@@ -19,8 +19,8 @@ _MISSING = object()
 
 
 def cfg(config: Any, name: str) -> Any:
-    """``config.a.b`` (``config.a[0].b``: an item of a sequence) or None when an attribute is missing
-    (so ``head_dim or ...`` falls back)."""
+    """``config.a.b`` (``config.a[0].b``: an item of a sequence; ``config.a['word'].b``: a key) or None when an
+    attribute is missing (so ``head_dim or ...`` falls back)."""
     node = config
     for part in name.split("."):
         key, _, rest = part.partition("[")
@@ -28,7 +28,7 @@ def cfg(config: Any, name: str) -> Any:
         for index in rest.rstrip("]").split("][") if rest else ():
             if node is None:
                 return None
-            node = node[int(index)]
+            node = node[index.strip("'")] if index.startswith("'") else node[int(index)]
         if node is None:
             return None
     return node

@@ -237,6 +237,11 @@ def test_tiny_configs_keep_their_own_invariants() -> None:
     assert granite.draw["num_hidden_layers"] == [3]
     neo = tiny.plan("gpt_neo")  # [[kinds, repeats]] of the default's 24 blocks: each kind once
     assert neo.config["attention_types"] == [[["global", "local"], 1]] and neo.draw["num_hidden_layers"] == [2]
+    mamba2 = tiny.plan("mamba2")  # its only heads are its mixer's: heads * head width == expand * hidden
+    assert "heads" not in mamba2.names and mamba2.config["num_heads"] == 4
+    assert mamba2.draw["head_dim"] == "2 * hidden_size // 4"
+    assert "v_head_dim" not in tiny.plan("xlstm").config  # a property of the config class, derived
+    assert tiny.plan("gemma3n_text").config["num_kv_shared_layers"] == 0  # (15 of 35 blocks share: none of 5 can)
     zamba2 = tiny.plan("zamba2")  # layer_types given at the default stack's length: one block per kind
     assert zamba2.config["layer_types"] == ["linear_attention", "hybrid"] and zamba2.draw["num_hidden_layers"] == [2]
 
@@ -288,3 +293,95 @@ def test_a_state_space_stack() -> None:
                                                    "mixer_norm_output == mixer.input"]
     assert d.proposal.hosts["layers[i].mixer"].values["mixer_output"].read == "output"
     assert compile_draft(d.text, "mamba").family is not None
+
+
+def test_a_per_layer_config() -> None:
+    """gemma4_text: the full blocks' head width is a per-layer override (per_layer_config), which the config refuses
+    to read globally (AmbiguousGlobalPerLayerAttributeError): the tiny config keeps the override, shrunk; the global
+    sizes are read on block 0, and the full blocks, a kind of their own, size their hosts by their own entry."""
+    from nnatlas.expressions import cfg
+
+    d = draft("gemma4_text")
+    assert d.proposal.tiny.config["per_layer_config"] == {1: {"head_dim": 16}}  # 512 / 256 times the tiny 8
+    config = d.proposal.config
+    assert config["head_dim"].startswith("per_layer_config[0].head_dim")
+    assert config["head_dim_attention"].startswith("per_layer_config['full_attention'].head_dim")
+    kinds = d.proposal.hosts["layers[i].self_attn"].kinds
+    assert kinds["attention"].dims == {"head_dim": "head_dim_attention", "qk_head_dim": "qk_head_dim_attention"}
+    assert not kinds["sliding_attention"].dims
+    # (a view is sized by the global entries: the head width is inferred, as the full blocks' differs)
+    assert d.proposal.hosts["layers[i].self_attn"].values["attention_premix"].view == "unflatten(-1, [num_heads, -1])"
+    assert compile_draft(d.text, d.proposal.family).family is not None
+    import transformers
+
+    built = transformers.Gemma4TextConfig(**d.proposal.tiny.first())
+    # dots3_note_text: a kind's sizes shrink by one factor, so that their relations hold (the sliding blocks' head
+    # width is their query's: qk_nope_head_dim + qk_rope_head_dim, 192 + 64 of 256)
+    sliding = next(iter(tiny.plan("dots3_note_text").config["per_layer_config"].values()))
+    assert (sliding["head_dim"], sliding["qk_nope_head_dim"]) == (16, 12)
+    assert (cfg(built, "per_layer_config[0].head_dim"), cfg(built, "per_layer_config['full_attention'].head_dim")) == (8, 16)
+
+
+def test_every_hand_written_family_is_scored() -> None:
+    """A hand-written family none of whose model types is a causal-LM one (LLaVA, a multimodal wrapper with no
+    causal-LM class) is swept for its hand score: drafted through its text model's causal-LM class; its row is
+    listed apart and left out of the swept types' counts."""
+    extra = sweep.scored_only(["llama", "qwen2"], ATLAS.families)  # (the families that load neither)
+    assert {"llava", "qwen2_vl", "gpt2"} <= set(extra) and not {"llama", "qwen2"} & set(extra)
+    plan = tiny.plan("llava")
+    assert (plan.model_type, plan.model_class, plan.also) == ("llama", "LlamaForCausalLM", ["llava"])
+    rows: list[dict[str, Any]] = [
+        {"type": "llama", "built": True, "drafted": True, "generate": True, "tests": True, "values": 25, "todos": 0,
+         "share": 1.0, "hand": "llama", "why": ""},
+        {"type": "llava", "built": True, "drafted": True, "generate": True, "tests": None, "values": 25, "todos": 0,
+         "share": 0.5, "hand": "llava", "why": "scored only"}]
+    text = sweep.table(rows, 1, "now", {"llava"})
+    assert "1 of 1 types swept; 1 build; 1 verified" in text and "2 have a hand-written spec: their drafts find 75%" in text
+    assert text.index("| llama |") < text.index("multimodal wrappers") < text.index("| llava |")
+    assert sweep.read_table(text) == rows
+
+
+def test_module_names_are_matched_without_the_models_own() -> None:
+    """granitemoehybrid: the 'Moe' of the model's name made its Mamba layer (GraniteMoeHybridMambaLayer) the blocks'
+    MLP on the Mamba blocks, unlike the mixture of experts on the others (load(draft=True) refused the class)."""
+    mlp = draft("granitemoehybrid").proposal.hosts["layers[i].mlp"]
+    assert mlp.cls == "GraniteMoeHybridMoE" and not mlp.kind and all(k.cls is None for k in mlp.kinds.values())
+
+
+def test_items_of_a_module_list_in_a_block() -> None:
+    """longcat_flash: each block holds its attentions and norms in ModuleLists (self_attn.0, input_layernorm.0); a read
+    point names a module by one word, so each item mapped is renamed to one (the draft did not compile)."""
+    d = draft("longcat_flash")
+    assert d.proposal.rename["layers[i].input_layernorm_0"] == "input_layernorm.0"
+    assert d.proposal.hosts["layers[i]"].values["attention_norm_output"].read == "input_layernorm_0.output"
+    assert compile_draft(d.text, d.proposal.family).family is not None
+
+
+def test_hidden_states_after_each_block_are_known() -> None:
+    """RWKV appends the stream to output_hidden_states after each block, as the Mamba models do (its embeddings are
+    not in it): the oracle compares block i's output with hidden_states[i] there (rwkv's draft failed the oracle)."""
+    from nnatlas.testing import HIDDEN_STATES_AFTER_BLOCKS
+
+    model = tiny.build(tiny.plan("rwkv"))
+    seen: list[torch.Tensor] = []
+    model.rwkv.blocks[0].register_forward_hook(lambda m, a, out: seen.append(out[0]))
+    with torch.no_grad():
+        hs = model(torch.tensor([[5, 6, 7]]), output_hidden_states=True).hidden_states
+    assert len(hs) == len(model.rwkv.blocks) + 1 and torch.equal(hs[0], seen[0])
+    assert type(model).__name__ in HIDDEN_STATES_AFTER_BLOCKS
+
+
+def test_the_final_norm_before_a_prediction_head() -> None:
+    """modernbert-decoder: the output embeddings read a prediction head (dense, activation, its own norm); the final
+    norm is the model's, which that head reads (the draft took the head's norm, and failed the oracle's hidden_states)."""
+    p = draft("modernbert-decoder").proposal
+    assert (p.rename["norm"], p.rename["lm_head"]) == ("model.final_norm", "decoder")
+    assert any("lm_head (ModernBertDecoderPredictionHead)" in t for t in p.todos)
+
+
+def test_a_fixed_size_the_config_refuses_keeps_its_default() -> None:
+    """zaya routes each token to one expert (its config refuses num_experts_per_tok=2, the tiny default): the tiny
+    config leaves it at the class's 1, which the draft's mixture still sizes top_k by."""
+    d = draft("zaya")
+    assert "num_experts_per_tok" not in d.proposal.tiny.config
+    assert d.proposal.config["top_k"] == "num_experts_per_tok"

@@ -14,7 +14,7 @@ import torch
 
 from .proposal import Function, Host, Identity, Kind, Proposal, Value
 from .recorder import FnCall, ModuleCall, Op, Recording
-from .tiny import Tiny
+from .tiny import Tiny, _global
 
 # ---- tensors --------------------------------------------------------------------------------
 
@@ -92,6 +92,8 @@ class Matcher:
         self.batch, self.seq = self.input_ids.shape
         self.p = Proposal(re.sub(r"[^a-z0-9_]", "_", tiny.model_type.lower()), tiny.model_type, tiny.model_class, _title(tiny.model_class), tiny)
         self.seen: set[str] = set()  # module paths the proposal accounts for
+        self.fitted: set[str] = set()  # config entries a measured size fit
+        self.kind_type: str | None = None  # the layer type of the blocks being matched (a kind of block)
 
     # -- helpers
     def name_in(self, host_native: str, child_native: str, standard: str | None, host_std: str) -> str:
@@ -100,10 +102,23 @@ class Matcher:
             return child_native
         siblings = {n for n, _ in self.modules[host_native].named_children()}
         if standard in siblings:  # the standard name is another native child: keep the native one
-            return child_native
+            if child_native.isidentifier():
+                return child_native
+            # an item of a ModuleList (LongCat-Flash's input_layernorm.0): a read point names a module by one word,
+            # so the item gets one (input_layernorm_0), renamed to it
+            standard = re.sub(r"\W", "_", child_native)
+            self.p.rename[f"{host_std}.{standard}"] = child_native
+            self.p.rename_sure[f"{host_std}.{standard}"] = f"sure: the item {child_native} of a ModuleList"
+            return standard
         self.p.rename[f"{host_std}.{standard}"] = child_native
         self.p.rename_sure[f"{host_std}.{standard}"] = f"likely: {child_native} plays the part of {standard} in the dataflow"
         return standard
+
+    def role(self, cls: str) -> str:
+        """A module class's name without the model's own (GraniteMoeHybridMambaLayer -> MambaLayer): what it is, for the
+        name patterns (the 'Moe' of the model's name makes no Mamba layer a mixture of experts)."""
+        prefix = _title(self.tiny.model_class)
+        return cls[len(prefix):] if cls.startswith(prefix) and len(cls) > len(prefix) else cls
 
     def child(self, path: str, parent: str) -> str:
         return path[len(parent) + 1:] if parent else path
@@ -184,7 +199,8 @@ class Matcher:
             norm = self.find_final_norm(head)
             if norm is not None:
                 p.rename["norm"] = norm.path
-                p.rename_sure["norm"] = "sure: its output is what lm_head reads"
+                p.rename_sure["norm"] = "sure: its output is what lm_head reads" if holds(
+                    tensor_of(norm.output), hidden_in(head)) == 0.0 else "sure: its output is what the prediction head reads"
                 self.seen.add(norm.path)
                 v["final_norm_output"] = Value("norm.output", sure="sure")
             p.rename["lm_head"] = head.path
@@ -215,7 +231,15 @@ class Matcher:
         for h in p.hosts.values():  # a host met on blocks of several kinds proposes its identities once
             h.identities = list({x.check: x for x in h.identities}.values())
         p.todos = list(dict.fromkeys(p.todos))
-        defaults = type(self.config)()
+        p.config = {k: self.per_layer(v) for k, v in p.config.items()}
+        for h in p.hosts.values():  # each kind's own sizes, on every host that has that kind
+            for k in h.kinds.values():
+                k.dims.update(p.kind_dims.get(k.name, {}))
+            if any(k.dims for k in h.kinds.values()):  # a view takes the global sizes: a kind's own head width inferred
+                for x in [*h.values.values(), *(y for k in h.kinds.values() for y in k.values.values())]:
+                    if x.view and "head_dim" in x.view:
+                        x.view = re.sub(r"\bhead_dim\b", "-1", x.view)
+        defaults = _global(type(self.config)())  # (its per-layer sizes read as the global ones)
         heads, kv = self.tiny.names.get("heads", ""), self.tiny.names.get("kv_heads")
         if kv and heads and "Grouped-query attention" not in p.traits and isinstance(getattr(defaults, kv, None), int) \
                 and getattr(defaults, kv) < getattr(defaults, heads):
@@ -244,8 +268,20 @@ class Matcher:
     def find_final_norm(self, head: ModuleCall) -> ModuleCall | None:
         x = hidden_in(head)
         layers = self.p.rename.get("layers", "\0")
-        cands = [c for c in self.rec.calls if c.start < head.start and not c.path.startswith(layers + ".")
-                 and c.path not in ("", "model") and holds(tensor_of(c.output), x) == 0.0 and NORM.search(c.cls)]
+        def norms_giving(t: torch.Tensor | None) -> list[ModuleCall]:
+            return [c for c in self.rec.calls if c.start < head.start and not c.path.startswith(layers + ".")
+                    and c.path not in ("", "model") and holds(tensor_of(c.output), t) == 0.0 and NORM.search(c.cls)]
+        cands = norms_giving(x)
+        parent = cands[-1].path.rpartition(".")[0] if cands else ""
+        wrapper = next((c for c in self.rec.calls if c.path == parent and c.start < head.start), None) if parent else None
+        if wrapper is not None and not layers.startswith(parent + ".") and holds(tensor_of(wrapper.output), x) == 0.0:
+            # the head reads a norm inside a prediction head of its own (ModernBERT's dense, activation, norm): the
+            # final norm is the one that head reads
+            inner = norms_giving(hidden_in(wrapper))
+            if inner:
+                self.p.todos.append(f"{parent} ({wrapper.cls}), between the final norm and the output embeddings, "
+                                    "is not mapped")
+                return inner[-1]
         return cands[-1] if cands else None
 
     # -- blocks
@@ -265,7 +301,9 @@ class Matcher:
         layer_cls = rec.call(f"{layers}.0").cls  # type: ignore[union-attr]
         host = p.host("layers[i]", layer_cls, "the class of every block")
         kinds: list[tuple[str | None, int]] = []
-        if len(sigs) > 1 and len(types) == n:
+        # blocks whose sizes differ by kind (a heterogeneous config's per-layer overrides) are kinds, alike or not
+        sized = bool(getattr(self.config, "per_layer_attributes", None))
+        if (len(sigs) > 1 or sized) and len(types) == n and len(set(types)) > 1:
             by_type: dict[str, int] = {}
             for i, t in enumerate(types):
                 by_type.setdefault(t, i)
@@ -287,10 +325,11 @@ class Matcher:
                 "attention" if kind in ("full_attention", "attention") else re.sub(r"[^a-z0-9_]", "_", kind.lower())
             when = f"{tname}[i] == {kind!r}"
             p.kind = (kname, when) if kind is not None else None
+            self.kind_type = kind
             try:
                 values, identities = self.block(layers, i, host)
             finally:
-                p.kind = None
+                p.kind, self.kind_type = None, None
             if kind is None:
                 host.values.update(values)
                 host.identities.extend(identities)
@@ -336,7 +375,7 @@ class Matcher:
             if kind:
                 mixers.append((c, kind))
         mixer_paths = {c.path for c, _ in mixers}
-        mlps = [c for c in kids if c.path not in mixer_paths and MLP.search(c.cls) and not NORM.search(c.cls)]
+        mlps = [c for c in kids if c.path not in mixer_paths and MLP.search(self.role(c.cls)) and not NORM.search(c.cls)]
         norms = [c for c in kids if NORM.search(c.cls)]
         if not mixers and not mlps:  # a state-space block (Mamba): a norm, then a mixer whose output is added
             done = self.ssm_block(bpath, kids, norms, x, out, values, identities)
@@ -423,7 +462,7 @@ class Matcher:
         p = self.p
         if x is None or out is None:
             return False
-        mixer = next((c for c in kids if not NORM.search(c.cls) and SSM.search(c.cls) and tensor_of(c.output) is not None
+        mixer = next((c for c in kids if not NORM.search(c.cls) and SSM.search(self.role(c.cls)) and tensor_of(c.output) is not None
                       and tensor_of(c.output).shape == x.shape), None)  # type: ignore[union-attr]
         if mixer is None:
             return False
@@ -453,7 +492,7 @@ class Matcher:
                 return "attention"
             if self.delta_fn(f):
                 return "linear_attention"
-        if re.search(r"attention|attn", c.cls, re.I) and tensor_of(c.output) is not None:
+        if re.search(r"attention|attn", self.role(c.cls), re.I) and tensor_of(c.output) is not None:
             return "attention_inline"  # attention computed in the module's own forward: only its output is sure
         return None
 
@@ -560,9 +599,18 @@ class Matcher:
         for kid in self.rec.children_calls(c.path):
             self.seen.add(kid.path)
 
-    def cfg_eval(self, text: str) -> Any:
+    def per_layer(self, text: str, at: str = "0") -> str:
+        """``text`` with each per-layer attribute of a heterogeneous config (one whose blocks' sizes differ, which
+        refuses a global read: AmbiguousGlobalPerLayerAttributeError) read on block 0 (``per_layer_config[0].head_dim``),
+        or ``at`` (``'full_attention'``: the blocks of that kind)."""
+        for attr in sorted(getattr(self.config, "per_layer_attributes", None) or ()):
+            text = re.sub(rf"(?<![\w.\]]){attr}\b", f"per_layer_config[{at}].{attr}", text)
+        return text
+
+    def cfg_eval(self, text: str, at: str = "0") -> Any:
         """A config expression evaluated on the tiny model's config (a missing attribute is None)."""
         cfg = self.config
+        text = self.per_layer(text, at)
 
         class Names(dict):  # type: ignore[type-arg]
             def __missing__(self, key: str) -> Any:
@@ -573,11 +621,26 @@ class Matcher:
             return None
 
     def fit(self, key: str, measured: int | None, candidates: list[str], where: str) -> None:
-        """Keep the config entry that gives the measured size, or say that none does."""
+        """Keep the config entry that gives the measured size, or say that none does (a kind of block after the first
+        keeps the entry an earlier kind fit: its blocks' sizes differ from theirs, per_layer_config)."""
         if measured is None:
+            return
+        if self.p.kind is not None and key in self.fitted and self.cfg_eval(self.p.config.get(key, "")) != measured:
+            # a kind of block whose size differs from the earlier kinds' (a per-layer override): its own config entry,
+            # read on the blocks of its kind (per_layer_config['full_attention'].head_dim), sizes its hosts there
+            kname, at = self.p.kind[0], repr(self.kind_type)
+            for text in dict.fromkeys([self.p.config[key]] + candidates):
+                if text and self.kind_type is not None and self.cfg_eval(text, at) == measured:
+                    entry = f"{key}_{kname}"
+                    self.p.config[entry] = self.per_layer(text, at)
+                    self.p.kind_dims.setdefault(kname, {})[key] = entry
+                    return
+            self.p.todos.append(f"{where}: config.{key} should be {measured} here, unlike on the blocks of another "
+                                f"kind, and no config expression the drafter tried gives it")
             return
         for text in dict.fromkeys([self.p.config.get(key, "")] + candidates):
             if text and self.cfg_eval(text) == measured:
+                self.fitted.add(key)
                 self.p.config[key] = text
                 return
         self.p.todos.append(f"{where}: config.{key} should be {measured} here and no config expression the drafter "
@@ -831,17 +894,19 @@ class Matcher:
             host.identities.append(ident("sum(expert_outputs, 2) == routed_output", 1e-6, "held on the tiny model"))
         v["routed_output"] = Value("experts.output", view=view_of(routed), sure="sure: the experts' output")
         out = tensor_of(c.output)
-        top_k = self.params.get("num_experts_per_tok") or self.params.get("moe_topk")
+        top_k = self.params.get("num_experts_per_tok") or self.params.get("moe_topk") or \
+            getattr(self.config, "num_experts_per_tok", None)
         n_attr = next((k for k in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
                        if k in self.params), None)
-        k_attr = next((k for k in ("num_experts_per_tok", "moe_topk", "top_k") if k in self.params), None)
+        k_attr = next((k for k in ("num_experts_per_tok", "moe_topk", "top_k") if k in self.params
+                       or isinstance(self.config.to_dict().get(k), int)), None)  # (or the config's own default)
         for key, attr in (("num_experts", n_attr), ("top_k", k_attr),
                           ("norm_topk_prob", "norm_topk_prob" if hasattr(self.config, "norm_topk_prob") else None),
                           ("moe_intermediate_size", "moe_intermediate_size" if "moe_intermediate_size" in self.params else None)):
             if attr:
                 p.config[key] = attr
         shared = next((k for k in kids if k.path not in (ex.path, router.path if router else "")
-                       and MLP.search(k.cls)), None)
+                       and MLP.search(self.role(k.cls))), None)
         if shared is not None:
             sname = self.name_in(bpath, self.child(shared.path, bpath), "shared_experts", hpath)
             sh = p.host(f"{hpath}.{sname}", shared.cls, "the shared expert, a dense MLP")

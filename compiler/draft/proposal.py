@@ -36,6 +36,7 @@ class Kind:
     values: dict[str, Value] = field(default_factory=dict)  # what only this kind's blocks have
     identities: list[Identity] = field(default_factory=list)
     cls: str | None = None  # this kind's class, when the kinds' classes at the host differ
+    dims: dict[str, str] = field(default_factory=dict)  # this kind's own sizes (dim -> config entry)
 
 
 @dataclass
@@ -78,6 +79,7 @@ class Proposal:
     kind: tuple[str, str] | None = None
     per_kind: dict[str, dict[str, Host]] = field(default_factory=dict)
     whens: dict[str, str] = field(default_factory=dict)
+    kind_dims: dict[str, dict[str, str]] = field(default_factory=dict)  # kind -> its own sizes (per-layer overrides)
 
     def host(self, path: str, cls: str, sure: str = "") -> Host:
         hosts = self.hosts

@@ -52,6 +52,21 @@ def model_types() -> list[str]:
     return out
 
 
+def scored_only(types: list[str], families: Any = None) -> list[str]:
+    """A model type of each hand-written family (``families``: the shipped ones) none of whose model types is swept
+    (a multimodal wrapper with no causal-LM class, LLaVA's): its row is the draft's score against the hand-written
+    spec, not a load."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    from .. import compile_atlas, default_root
+
+    out = []
+    for f in families if families is not None else compile_atlas(default_root() / "specs").families:
+        if not set(f.model_types) & set(types):  # (the wrapper's type, listed after its text model's)
+            out += [t for t in f.model_types if t in CONFIG_MAPPING_NAMES][-1:]
+    return sorted(out)
+
+
 def hand_family(model_type: str) -> Any:
     """The hand-written family that loads this model type, or None."""
     from .. import compile_atlas, default_root
@@ -59,7 +74,7 @@ def hand_family(model_type: str) -> Any:
     return next((f for f in compile_atlas(default_root() / "specs").families if model_type in f.model_types), None)
 
 
-def one(model_type: str) -> dict[str, Any]:
+def one(model_type: str, score_only: bool = False) -> dict[str, Any]:
     """Every column of one row, measured in this process: the draft from the default config, compiled and scored against
     the hand-written spec; then what ``load(path, draft=True)`` does on a tiny model of the type (the drafter's tiny
     config, saved as a checkpoint's config): drafted from that config, verified on a perturbed tiny twin, refusing what
@@ -93,6 +108,9 @@ def one(model_type: str) -> dict[str, Any]:
     row["generate"] = True
     if hand is not None:
         row["share"] = round(compare(compiled.family, hand).share, 3)
+    if score_only:  # no causal-LM model type: nothing for load(draft=True) to serve
+        row["why"] = f"scored only: drafted through its text model, {d.proposal.model_type}"
+        return row
     from ..errors import SpecError, UserError
     from ..userspec import DraftFailed, draft_verified
 
@@ -127,11 +145,14 @@ def one(model_type: str) -> dict[str, Any]:
 COLUMNS = "| model type | built | drafted | generate | verified | values | TODO | hand | why not | swept |"
 
 
-def summary(rows: list[dict[str, Any]], total: int) -> str:
+def summary(rows: list[dict[str, Any]], total: int, extra: frozenset[str] | set[str] = frozenset()) -> str:
+    """The counts over the swept types; the hand-written specs' shares over every row (``extra``: the rows of
+    scored_only types)."""
+    hand = [r for r in rows if r.get("share") is not None]
+    rows = [r for r in rows if r["type"] not in extra]
     done = len(rows)
     built = [r for r in rows if r["built"]]
     passing = [r for r in rows if r["tests"]]
-    hand = [r for r in rows if r.get("share") is not None]
     partly = [r for r in passing if str(r.get("why", "")).startswith("served,")]
     line = (f"{done} of {total} types swept; {len(built)} build; {len(passing)} verified by load(draft=True) on a "
             f"perturbed tiny twin, unedited ({100 * len(passing) / max(len(built), 1):.0f}% of those that build, "
@@ -144,7 +165,7 @@ def summary(rows: list[dict[str, Any]], total: int) -> str:
     return line
 
 
-def table(rows: list[dict[str, Any]], total: int, started: str) -> str:
+def table(rows: list[dict[str, Any]], total: int, started: str, extra: frozenset[str] | set[str] = frozenset()) -> str:
     def yn(x: Any) -> str:
         return "—" if x is None else ("yes" if x else "no")
 
@@ -161,12 +182,18 @@ def table(rows: list[dict[str, Any]], total: int, started: str) -> str:
         "hand-written spec's standard values found at the same hosts with an equal read point; 0% where the",
         "type has a spec and no draft compiled), swept (when the row was measured: a rerun keeps the rows it has).",
         "",
-        summary(rows, total),
+        summary(rows, total, extra),
         "",
         COLUMNS,
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in sorted(rows, key=lambda r: r["type"]):
+    main = sorted((r for r in rows if r["type"] not in extra), key=lambda r: r["type"])
+    others = sorted((r for r in rows if r["type"] in extra), key=lambda r: r["type"])
+    for r in main + others:
+        if others and r is others[0]:
+            lines += ["", "Hand-written families none of whose model types is a causal-LM one (multimodal wrappers): "
+                      "each drafted through its text model and scored against the hand-written spec (not loaded).", "",
+                      COLUMNS, "|---|---|---|---|---|---|---|---|---|---|"]
         share = f"{100 * r['share']:.0f}% ({r.get('hand')})" if r.get("share") is not None else ""
         why = r.get("why", "").replace("|", "\\|")
         lines.append(f"| {r['type']} | {yn(r['built'])} | {yn(r['drafted'])} | {yn(r['generate'] if r['drafted'] else None)} "
@@ -217,7 +244,7 @@ def _unmeasured(t: str, why: str, built: bool | None = False) -> dict[str, Any]:
             "why": why}
 
 
-def sweep_forked(t: str, timeout: float) -> dict[str, Any]:
+def sweep_forked(t: str, timeout: float, score_only: bool = False) -> dict[str, Any]:
     """One type's row, measured in a child forked from this process (the imports done once; a session of its own,
     killed whole at the timeout)."""
     import select
@@ -229,7 +256,7 @@ def sweep_forked(t: str, timeout: float) -> dict[str, Any]:
         os.close(r)
         os.setsid()
         try:
-            data = json.dumps(one(t))
+            data = json.dumps(one(t, score_only))
         except BaseException as e:  # noqa: BLE001 - a crash is the row's finding
             data = json.dumps(_unmeasured(t, f"crashed: {type(e).__name__}: {e}"[:160]))
         os.write(w, data.encode())
@@ -263,12 +290,13 @@ def sweep_forked(t: str, timeout: float) -> dict[str, Any]:
         return _unmeasured(t, f"crashed (status {status})")
 
 
-def sweep_one(t: str, timeout: float) -> dict[str, Any]:
+def sweep_one(t: str, timeout: float, score_only: bool = False) -> dict[str, Any]:
     """One type's row, measured in a process of its own (a process group, killed whole at the timeout)."""
     import signal
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen([sys.executable, "-m", "nnatlas.compiler.draft.sweep", "--one", t], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "nnatlas.compiler.draft.sweep", "--one", t,
+                             *(["--score-only"] if score_only else [])], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -306,36 +334,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one", default=None, help="run one type in this process and print its row as JSON")
     parser.add_argument("--fork", action="store_true",
                         help="import once, then fork a child per type (faster; POSIX only)")
+    parser.add_argument("--score-only", action="store_true", help="with --one: the draft's hand score only")
     args = parser.parse_args(argv)
     if args.one:
-        print("NNATLAS-ROW " + json.dumps(one(args.one)), flush=True)
+        print("NNATLAS-ROW " + json.dumps(one(args.one, args.score_only)), flush=True)
         return 0
     from .. import default_root
 
     out = args.out or default_root() / OUT
     types = model_types()
-    unknown = [t for t in args.types if t not in types]
+    extra = scored_only(types)
+    swept = types + extra
+    unknown = [t for t in args.types if t not in swept]
     if unknown:
         parser.error(f"not decoder-only causal-LM model types: {', '.join(unknown)}")
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     kept: dict[str, dict[str, Any]] = {}
     if out.exists() and not args.fresh:
-        kept = {r["type"]: r for r in read_table(out.read_text(encoding="utf-8")) if r["type"] in types}
+        kept = {r["type"]: r for r in read_table(out.read_text(encoding="utf-8")) if r["type"] in swept}
     from .. import compile_atlas
 
     hand = {t for f in compile_atlas(default_root() / "specs").families for t in f.model_types}
-    todo = order(types, kept, args.types, args.redo, hand)[:args.limit]
+    todo = order(swept, kept, args.types, args.redo, hand)[:args.limit]
     print(f"{len(kept)} rows kept; sweeping {len(todo)}: {' '.join(todo)}", flush=True)
     if args.fork:
         _warm()
     for t in todo:
-        row = sweep_forked(t, args.timeout) if args.fork else sweep_one(t, args.timeout)
+        row = sweep_forked(t, args.timeout, t in extra) if args.fork else sweep_one(t, args.timeout, t in extra)
         row["swept"] = time.strftime("%m-%d %H:%M", time.gmtime())
         kept[t] = row
         print(f"{t}: {row.get('why') or 'ok'}", flush=True)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(table(list(kept.values()), len(types), started), encoding="utf-8")
-    print(summary(list(kept.values()), len(types)), flush=True)
+        out.write_text(table(list(kept.values()), len(types), started, set(extra)), encoding="utf-8")
+    print(summary(list(kept.values()), len(types), set(extra)), flush=True)
     return 0
 
 

@@ -31,6 +31,9 @@ FIXED: dict[str, Any] = {
     "time_step_rank": 4, "kv_lora_rank": 8, "q_lora_rank": 16, "qk_rope_head_dim": 4, "qk_nope_head_dim": 8,
     "v_head_dim": 8, "n_group": 1, "topk_group": 1, "n_groups": 1, "mamba_n_groups": 1, "mamba_ngroups": 1,
     "sliding_window": 16, "attention_chunk_size": 16, "rotary_dim": 4,
+    # per-layer input embeddings (Gemma 3n, Gemma 4): a table of vocab_size_per_layer_input rows, each one slice
+    # of hidden_size_per_layer_input per block (by default 262144 x 256 per block: half a gigabyte on a tiny model)
+    "vocab_size_per_layer_input": 96, "hidden_size_per_layer_input": 4,
 }
 # a mixture's dense blocks: the tiny config makes every block a mixture (one MLP class per host path)
 ALL_SPARSE: dict[str, Any] = {"first_k_dense_replace": 0, "num_dense_layers": 0, "first_dense_layers": 0,
@@ -119,7 +122,21 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     base = base_config(model_type, path)
     asked = model_type
     model_type = base.model_type
-    model_class = causal_lm_class(model_type, type(base))
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    inner = base.get_text_config() if hasattr(base, "get_text_config") else base
+    try:
+        if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and inner is not base \
+                and inner.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+            # a multimodal wrapper with no causal-LM class of its own (LLaVA): its text model's
+            model_class = causal_lm_class(inner.model_type)
+        else:
+            model_class = causal_lm_class(model_type, type(base))
+    except DraftError as e:
+        if inner is base:
+            raise
+        raise DraftError(f"model type '{model_type}' has no causal-LM class in transformers, nor has its text model "
+                         f"({inner.model_type}, {type(inner).__name__})") from e
     text = getattr(getattr(transformers, model_class, None), "config_class", None)
     if isinstance(text, type) and not isinstance(base, text) and isinstance(getattr(base, "text_config", None), text):
         # a composite config (text and vision ...) whose causal-LM class takes the text config alone
@@ -136,6 +153,7 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
         if text_class is not None:
             base = inner if path is not None else type(inner)()
             model_type, model_class = base.model_type, text_class
+    base = _global(base)
     config_class = type(base).__name__
     for cls in (model_class, config_class):
         if not hasattr(transformers, cls):
@@ -151,8 +169,8 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
                 fixed[k] = v
     for name, value in FIXED.items():
         cur = getattr(base, name, None)
-        if isinstance(cur, int) and not isinstance(cur, bool):
-            fixed[name] = value
+        if isinstance(cur, int) and not isinstance(cur, bool) and not isinstance(getattr(type(base), name, None), property):
+            fixed[name] = value  # (a property is derived: xLSTM's v_head_dim, from its widths)
     if "num_experts_per_tok" in base.to_dict() and base.num_experts_per_tok is None and any(
             isinstance(getattr(base, n, None), int) for n in ("num_experts", "n_routed_experts", "num_local_experts")):
         fixed["num_experts_per_tok"] = FIXED["num_experts_per_tok"]
@@ -163,6 +181,12 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
         if cur is not None and cur != value and isinstance(cur, (int, list)) and not isinstance(cur, bool):
             tiny_notes.append(f"{name}: {value} makes every tiny block a mixture; the checkpoints' config says {cur!r}: "
                               "their dense blocks are not mapped by this draft (one MLP class per host path)")
+    shared = getattr(base, "num_kv_shared_layers", None)
+    if isinstance(shared, int) and not isinstance(shared, bool):  # (also a checkpoint's 0: the class default may not be)
+        fixed["num_kv_shared_layers"] = 0  # (the last blocks reuse an earlier block of their kind's keys and values)
+    if isinstance(shared, int) and not isinstance(shared, bool) and shared > 0:
+        tiny_notes.append(f"num_kv_shared_layers: 0: a tiny stack is too short for blocks that reuse an earlier block's "
+                          f"keys and values (the checkpoints' last {shared} blocks do): they are not mapped by this draft")
     for name in DROPOUTS:
         if isinstance(getattr(base, name, None), float):
             fixed[name] = 0.0
@@ -190,7 +214,12 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     heads, kv, hidden = _first(base, HEADS), _first(base, KV_HEADS), _first(base, HIDDEN)
     kv = kv or next((n for n in KV_HEADS if n in listed), None)  # None by default: as many as the heads
     inter = _first(base, INTERMEDIATE) or next((n for n in INTERMEDIATE if n in base.to_dict()), None)
-    if layers is None or hidden is None or (heads is None and not _attention_free(base)):
+    # a state-space stack whose only head count is its mixer's (Mamba 2: num_heads, head_dim, expand): no attention
+    ssm = ("head_dim", "num_heads", "expand")
+    if heads == ssm[1] and kv is None and all(isinstance(getattr(base, n, None), int) for n in ssm) \
+            and _attention_free(base, ssm[1]):
+        heads = None
+    if layers is None or hidden is None or (heads is None and not _attention_free(base, ssm[1])):
         raise DraftError(f"{config_class} has no layer, head or width size the drafter knows "
                          f"(looked for {LAYERS[0]}, {HEADS[0]}, {HIDDEN[0]} and their aliases)")
     tiny.names = {"layers": layers, "hidden": hidden}
@@ -204,6 +233,10 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     if heads is None:  # a state-space stack without attention (Mamba): widths drawn as they are, the rest derived
         draw[hidden] = [16, 32]
         tiny.notes.append(f"{hidden}: no attention heads (a state-space stack): the mixer's widths follow from it")
+        ints = [getattr(base, n, None) for n in ssm]
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in ints):  # its heads tile its expanded width
+            fixed[ssm[1]] = 4
+            draw[ssm[0]] = f"{ints[2]} * {hidden} // 4"
         return tiny
     tiny.names["heads"] = heads
     kinds = getattr(base, "mlp_layer_types", None)
@@ -255,22 +288,119 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
         draw[inter] = [24, 40]
     if getattr(base, "layer_types", None) is not None and len(set(base.layer_types)) > 1:
         tiny.notes.append(f"{layers}: enough blocks that the default layer_types has every kind of block")
+    _per_layer(base, tiny)
+    _refused_fixed(base, tiny)
     return tiny
 
 
-def _attention_free(base: Any) -> bool:
+def _refused_fixed(base: Any, tiny: Tiny) -> None:
+    """A fixed tiny size the config class refuses (ZAYA routes each token to one expert: num_experts_per_tok=1 only)
+    is left at the class default, when that alone makes the tiny config build."""
+    import transformers
+
+    cls = getattr(transformers, tiny.config_class)
+    try:
+        cls(**tiny.first())
+        return
+    except Exception as e:  # noqa: BLE001 - refused: try each fixed size at its default
+        why = str(e).splitlines()[-1][:120]
+    defaults = type(base)().to_dict()
+    for name in [n for n in FIXED if n in tiny.config and n in defaults and defaults[n] != tiny.config[n]]:
+        kept = tiny.config.pop(name)
+        try:
+            cls(**tiny.first())
+        except Exception:  # noqa: BLE001 - not this one
+            tiny.config[name] = kept
+            continue
+        tiny.notes.append(f"{name}: the config's default ({defaults[name]!r}): it refuses {kept!r} ({why})")
+        return
+
+
+def _global(cfg: Any) -> Any:
+    """``cfg``, its per-layer attributes (a heterogeneous config's: transformers' per_layer_config) read as their
+    global values, as the tiny config shrinks them; the per-layer overrides are shrunk apart (``_per_layer``)."""
+    if getattr(cfg, "is_heterogeneous", False):
+        cfg.allow_global_per_layer_attribute_access = True
+    return cfg
+
+
+def _per_layer(base: Any, tiny: Tiny) -> None:
+    """A heterogeneous config (per_layer_config: some blocks' sizes differ from the global ones, as Gemma 4's full
+    blocks' head width): each kind of block the default config overrides keeps its sizes (every per-layer attribute,
+    overridden or global), all shrunk by one factor, the most the tiny config shrank a global one (so that their
+    relations hold: Dots 3's sliding head_dim == qk_nope_head_dim + qk_rope_head_dim), on the tiny stack's blocks of
+    that kind."""
+    import transformers
+
+    spec = base.__dict__.get("_heterogeneity_spec")
+    overrides = getattr(spec, "per_layer_overrides", None)
+    types = list(getattr(base, "layer_types", None) or ())
+    if not overrides or len(types) != base.num_hidden_layers:
+        return
+    explicit = sorted(getattr(spec, "explicit_per_layer_attributes", None) or {a for o in overrides.values() for a in o})
+    default = {a: base._getattr_without_heterogeneous_validation(a, None) for a in explicit}
+    by_kind: dict[str, dict[str, Any]] = {}  # each overridden kind's sizes: its first block's in the default stack
+    for i, kind in enumerate(types):
+        if kind not in by_kind and overrides.get(i):
+            by_kind[kind] = {a: overrides[i].get(a, default[a]) for a in explicit}
+    cls = getattr(transformers, tiny.config_class)
+    params = tiny.first()
+    probe = None
+    tries: tuple[dict[str, Any], ...] = ({"per_layer_config": {}}, {})
+    for given in tries:  # the tiny stack at the globals, or with the class's own overrides
+        try:
+            probe = _global(cls(**{**params, **given}))
+            break
+        except Exception:  # noqa: BLE001 - refused: the next, else the build says why
+            continue
+    if probe is None:
+        return
+    small = {a: probe._getattr_without_heterogeneous_validation(a, None) for a in explicit}
+
+    def size(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x > 0
+    ratios = [small[a] / default[a] for a in explicit if size(small[a]) and size(default[a])]
+    if not ratios:
+        return
+    factor = max(ratios)
+    scaled: dict[str, dict[str, Any]] = {}
+    for kind, sizes in by_kind.items():
+        shrunk = {a: max(1, round(v * factor)) if size(v) and size(small[a]) else v for a, v in sizes.items()}
+        shrunk = {a: v for a, v in shrunk.items() if v != small[a]}  # (one equal to the global is dropped)
+        if shrunk:
+            scaled[kind] = shrunk
+    tiny_types = list(getattr(probe, "layer_types", None) or ())
+    per_layer = {i: dict(scaled[k]) for i, k in enumerate(tiny_types) if k in scaled}
+    if not per_layer:
+        return
+    try:
+        cls(**{**params, "per_layer_config": per_layer})
+    except Exception as e:  # noqa: BLE001 - the config refuses the shrunk overrides: the class's own defaults stay
+        tiny.notes.append(f"per_layer_config: the default's overrides, shrunk, are refused ({type(e).__name__}: "
+                          f"{str(e).splitlines()[-1][:120]}); the config class's own per-layer defaults are kept")
+        return
+    tiny.config["per_layer_config"] = per_layer
+    layers = tiny.names["layers"]
+    tiny.draw[layers] = [params[layers]]  # (the overrides name blocks by index: one stack length)
+    tiny.notes.append("per_layer_config: each kind of block the default config overrides keeps its sizes ("
+                      + "; ".join(f"{k}: {', '.join(f'{a} {sizes[a]}' for a in sorted(scaled.get(k, {})))}"
+                                  for k, sizes in by_kind.items()) + f"), all shrunk by one factor ({factor:g})")
+
+
+def _attention_free(base: Any, mixer_heads: str | None = None) -> bool:
     """A model type with no attention at all: its causal-LM class refuses sdpa, and its config names
-    no head count (a Mamba stack)."""
+    no head count (a Mamba stack) but its mixer's (``mixer_heads``)."""
     import transformers
 
     cls = getattr(transformers, causal_lm_class(base.model_type), None)
-    return cls is not None and not getattr(cls, "_supports_sdpa", True) and _first(base, HEADS + KV_HEADS) is None
+    heads = [n for n in HEADS + KV_HEADS if n != mixer_heads]
+    return cls is not None and not getattr(cls, "_supports_sdpa", True) and _first(base, tuple(heads)) is None
 
 
 def _layer_options(config_cls: Any, layers: str, fixed: dict[str, Any]) -> list[int]:
     """[2, 3], or, on a stack of several block kinds (config.layer_types), the fewest blocks that
     hold every kind the default config has."""
-    base = config_cls()
+    base = _global(config_cls())
     default = list(getattr(base, "layer_types", None) or ())
     kinds = set(default)
     if len(kinds) == 1 and re.search(r"linear|mamba", default[0]) and getattr(base, "num_attention_heads", None):

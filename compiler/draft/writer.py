@@ -101,6 +101,8 @@ def host_lines(h: Host) -> list[str]:
             out.append(f"        when: {scalar(k.when)}")
             if k.cls:
                 out.append(f"        class: {k.cls}")
+            if k.dims:
+                out.append(f"        dims: {flow(k.dims)}")
             if k.values:
                 out.append("        values:")
                 for name, v in k.values.items():

@@ -586,9 +586,10 @@ ORACLE_ATOL = 0.0  # float32, the same computation: bit-identical
 
 
 # Model classes whose output_hidden_states starts after the first block (measured, transformers
-# 5.24): the Mamba models append the stream after each block, so hs[i] is block i's output for
+# 5.24): the Mamba models and RWKV append the stream after each block, so hs[i] is block i's output for
 # i < L and hs[L] the final norm's output; the embeddings are not in it.
-HIDDEN_STATES_AFTER_BLOCKS = frozenset({"MambaForCausalLM", "FalconMambaForCausalLM", "Mamba2ForCausalLM"})
+HIDDEN_STATES_AFTER_BLOCKS = frozenset({"MambaForCausalLM", "FalconMambaForCausalLM", "Mamba2ForCausalLM",
+                                        "RwkvForCausalLM"})
 
 
 PATTERN_VALUES = ("attention_scores", "attention_probabilities")
