@@ -273,7 +273,7 @@ def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 DRAFTED = {  # model type -> (its tiny model, the family drafted, what it is)
-    "jetmoe": (lambda: _drafter_tiny("jetmoe"), "jetmoe", "a mixture whose router's linear is a child module"),
+    "afmoe": (lambda: _drafter_tiny("afmoe"), "afmoe", "a mixture whose router's linear is a child module (jetmoe ships)"),
     "granitemoeshared": (lambda: _drafter_tiny("granitemoeshared"), "granitemoeshared",
                          "a mixture with multipliers: drafted on a perturbed tiny model, no identity holds only at 1.0"),
     "olmo_hybrid": (lambda: _drafter_tiny("olmo_hybrid"), "olmo_hybrid", "a hybrid: a block class per kind"),
