@@ -64,6 +64,8 @@ class ReadPoint:
     its positional ``args`` or its ``output``.
     kind ``op``: a torch operation (``op`` name and ``occurrence``) inside an interface call
     (``call``) or inside the host's forward (``call`` None): its ``input`` or ``output``.
+    ``call_occurrence`` of a call read or of an op inside a call: which call of the interface in the
+    forward (``call:attention#1``: the second; DiffLlama calls attention twice per forward).
     kind ``method``: a call of one of a module's own methods (``method``; the ``occurrence``-th call
     while the module's forward runs, or the host's block index when ``per_index``): its ``args`` or
     its ``output``.
@@ -101,6 +103,7 @@ class ReadPoint:
     deps: tuple[str, ...] = ()
     derive: Callable[[Mapping[str, Any]], Any] | None = field(default=None, compare=False)
     recompute: str | None = None
+    call_occurrence: int = 0  # ``call:NAME#K``: the K-th call of the interface in the forward (DiffLlama's two)
 
     @property
     def recomputable(self) -> bool:

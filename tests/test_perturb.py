@@ -231,7 +231,7 @@ def _read_of(family: str, path: str, name: str) -> str:
     return str(value.read.text)
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2", "qwen3_moe", "deepseek_v2", "jetmoe"])
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2", "qwen3_moe", "deepseek_v2", "jetmoe", "diffllama"])
 def test_the_mixer_and_mlp_read_points_swapped_fail_the_block_identities(family: str) -> None:
     """The reads themselves swapped (not the identity's terms): a spec of the family's own in which
     attention_output reads the MLP's output and mlp_output the mixer's, compiled as a user's spec, fails the
