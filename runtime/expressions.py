@@ -235,15 +235,21 @@ def delta_rule(q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any = None) -> 
     """The gated delta rule, one token at a time, written out here (not transformers' kernel).
 
     ``q``, ``k`` [batch seq key_heads key_dim], ``v`` [batch seq heads value_dim], ``g`` (log decay)
-    and ``beta`` [batch seq heads], ``state`` [batch heads key_dim value_dim] or None. As the kernel
-    does: query and key heads are repeated up to the value heads, l2-normed (eps 1e-6 under the
-    root) and the queries scaled by 1/sqrt(key_dim). For each token t and head:
-    S = exp(g_t) S;  S += k_t ⊗ beta_t (v_t - Sᵀ k_t);  o_t = Sᵀ q_t.
+    [batch seq heads], or [batch seq heads key_dim] for a decay per key channel (Kimi Delta
+    Attention: each row of the state decays at its own rate), ``beta`` [batch seq heads], ``state``
+    [batch heads key_dim value_dim] or None. As the kernel does: query and key heads are repeated up
+    to the value heads, l2-normed (eps 1e-6 under the root) and the queries scaled by 1/sqrt(key_dim).
+    For each token t and head: S = exp(g_t) S (row by row when g_t is per channel);
+    S += k_t ⊗ beta_t (v_t - Sᵀ k_t);  o_t = Sᵀ q_t.
     Returns (outputs [batch seq heads value_dim], the final state), in float32.
     """
     q, k, v, g, beta, state = (getattr(x, "value", x) if not isinstance(x, torch.Tensor) else x
                                for x in (q, k, v, g, beta, state))
     heads = v.shape[2]
+    if g.dim() not in (3, 4) or tuple(g.shape[:3]) != (v.shape[0], v.shape[1], heads) or (
+            g.dim() == 4 and g.shape[3] != k.shape[3]):
+        raise ValueError(f"delta_rule: g is [batch seq heads] or [batch seq heads key_dim] (a decay per key channel): "
+                         f"here {tuple(g.shape)}, with v {tuple(v.shape)} and k {tuple(k.shape)}")
     if q.shape[2] != heads:
         q = q.repeat_interleave(heads // q.shape[2], dim=2)
         k = k.repeat_interleave(heads // k.shape[2], dim=2)
@@ -254,7 +260,7 @@ def delta_rule(q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any = None) -> 
     s = torch.zeros(b, heads, dk, v.shape[-1], dtype=torch.float64) if state is None else state.double().clone()
     out = torch.zeros_like(v)
     for t in range(seq):
-        s = s * g[:, t].exp()[..., None, None]
+        s = s * (g[:, t].exp()[..., None] if g.dim() == 4 else g[:, t].exp()[..., None, None])
         kt, vt = k[:, t], v[:, t]  # [b h dk], [b h dv]
         recalled = torch.einsum("bhkv,bhk->bhv", s, kt)
         s = s + torch.einsum("bhk,bhv->bhkv", kt, (vt - recalled) * beta[:, t, :, None])

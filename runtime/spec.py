@@ -303,8 +303,9 @@ FUNCTIONS: dict[str, Function] = {
     "delta_rule": _f((5, 6), "delta_rule(q, k, v, g, beta, state=None)",
                      "The gated delta rule token by token (DeltaNet; transformers' torch_recurrent_gated_delta_rule "
                      "with the kernel's l2 norm and 1/sqrt(key_dim) scale): q, k [batch seq key_heads key_dim], v "
-                     "[batch seq heads value_dim], g (log decay) and beta [batch seq heads]; returns (outputs [batch "
-                     "seq heads value_dim], final state [batch heads key_dim value_dim])."),
+                     "[batch seq heads value_dim], g (log decay) [batch seq heads], or [batch seq heads key_dim] for a "
+                     "decay per key channel (Kimi Delta Attention), and beta [batch seq heads]; returns (outputs "
+                     "[batch seq heads value_dim], final state [batch heads key_dim value_dim])."),
     "selective_scan": _f((5, 7), "selective_scan(x, dt, A, B, C, D=None, z=None)",
                          "Mamba's selective scan token by token (transformers' mamba_selective_scan, recurrent path): "
                          "x, dt (already softplus-ed), z [batch seq channels], A [channels state], B, C [batch seq "

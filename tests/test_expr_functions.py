@@ -247,6 +247,27 @@ def test_delta_rule_against_transformers_kernels(kernel: str, module: str) -> No
     torch.testing.assert_close(no_state, want, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("kernel", ["recurrent_kimi_delta_attention", "chunk_kimi_delta_attention"])
+def test_delta_rule_with_a_decay_per_channel_is_kimi_delta_attention(kernel: str) -> None:
+    """g [batch seq heads key_dim]: each key channel's row of the state decays at its own rate (Kimi Delta
+    Attention), as transformers' KDA kernels compute it; a g of another shape is one clear error."""
+    import importlib
+
+    ref = getattr(importlib.import_module("transformers.models.kimi_linear.modeling_kimi_linear"), kernel)
+    q, k, v, _, beta, state = _delta_inputs(key_heads=4, heads=4)
+    g = -torch.rand(*k.shape, generator=torch.Generator().manual_seed(1))  # a log decay per key channel
+    values = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "state": state}
+    want_out, want_state = ref(q, k, v, g, beta, initial_state=state, output_final_state=True,
+                               use_qk_l2norm_in_kernel=True)
+    out, final = evaluate("delta_rule(q, k, v, g, beta, state)[0] == delta_rule(q, k, v, g, beta, state)[1]", values)
+    torch.testing.assert_close(out, want_out, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(final, want_state, atol=1e-5, rtol=1e-4)
+    per_head, _ = evaluate("delta_rule(q, k, v, g[..., 0], beta, state)[0] == q", values)
+    assert not torch.allclose(per_head, out, atol=1e-3)  # the channels' rates are not the first channel's
+    with pytest.raises(ValueError, match=r"g is \[batch seq heads\] or \[batch seq heads key_dim\]"):
+        evaluate("delta_rule(q, k, v, g[..., :2], beta)[0] == q", values)
+
+
 # ---- the selective scan, against Mamba -------------------------------------------------------------
 
 def test_selective_scan_against_mamba_selective_scan() -> None:
