@@ -174,6 +174,10 @@ ROUTING = [
      {}),
     ("hunyuan_v1_moe", "expert_weights == topk_weights(softmax(router_logits, -1), top_k, norm_topk_prob)",
      "expert_weights == topk_weights(softmax(router_logits, -1), top_k, False)", {}),
+    # Kimi Linear chooses as DeepSeek-V3 does (the draft's identity left out the sigmoid's correction bias)
+    ("kimi_linear", "sum(expert_indices, -1) == sum(grouped_topk_indices(sigmoid(router_logits) + "
+     "router.e_score_correction_bias, top_k, n_group, topk_group), -1)",
+     "sum(expert_indices, -1) == sum(topk_indices(sigmoid(router_logits), top_k), -1)", {}),
     # JetMoE softmaxes the top-k logits among themselves: the renormalized top-k of the softmax
     ("jetmoe", "expert_weights == topk_weights(softmax(router_logits, -1), top_k, True)",
      "expert_weights == topk_weights(softmax(router_logits, -1), top_k, False)", {}),
@@ -200,7 +204,8 @@ FACTORS = [
     ("falcon_h1", "model", "lm_head_multiplier"), ("falcon_h1", "layers[i]", "attention_out_multiplier"),
     ("falcon_h1", "layers[i]", "ssm_out_multiplier"), ("glm4_moe", "layers[i].mlp", "routed_scaling_factor"),
     ("deepseek_v2", "layers[i].mlp", "routed_scaling_factor"),
-    ("jetmoe", "layers[i]", "mlp.bias"),  # the bias JetMoE's mixture adds after its experts' sum (zero at init)
+    ("jetmoe", "layers[i]", "mlp.bias"),
+    ("kimi_linear", "layers[i].mlp", "routed_scaling_factor"),  # the bias JetMoE's mixture adds after its experts' sum (zero at init)
 ]
 
 
