@@ -56,6 +56,12 @@ def test_factors_are_found_from_the_config_class() -> None:
     assert isinstance(falcon["mlp_multipliers"], list) and "ssm_out_multiplier" in falcon
     # epsilons, dropouts, init scales, aux-loss coefficients, jitter are not factors
     assert T.config_factors(transformers.MixtralConfig()) == {}
+    # MiniMax's six alpha/beta factors are integers (1) typed int | float: found, and drawn as floats
+    minimax = transformers.MiniMaxConfig()
+    six = {f"{p}_{ab}_factor" for p in ("full_attn", "linear_attn", "mlp") for ab in ("alpha", "beta")}
+    assert set(T.config_factors(minimax)) == six
+    drawn = T.perturb_config(minimax, 3)
+    assert all(isinstance(drawn[k], float) and drawn[k] != 1 for k in six), drawn
 
 
 def test_every_factor_is_drawn_away_and_pins_hold() -> None:
