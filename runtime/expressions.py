@@ -268,6 +268,34 @@ def delta_rule(q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any = None) -> 
     return out.float(), s.float()
 
 
+def linear_attention(q: Any, k: Any, v: Any, slope: Any, state: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Linear attention with a decay per head, one token at a time (MiniMax's lightning attention; not the
+    delta rule: the state only accumulates, it is never corrected toward a value).
+
+    ``q``, ``k`` [batch heads seq key_dim], ``v`` [batch heads seq value_dim], ``slope`` the decay rate
+    of each head ([heads], or any shape of heads elements: MiniMax's slope_rate buffer [heads 1 1]),
+    ``state`` [batch heads key_dim value_dim] or None (zeros). For each token t and head:
+    S = exp(-slope) S + k_tᵀ v_t;  o_t = q_t S. No norm and no scale. Returns (outputs [batch heads
+    seq value_dim], the final state), in float32.
+    """
+    q, k, v, slope, state = (getattr(x, "value", x) if not isinstance(x, torch.Tensor) else x
+                             for x in (q, k, v, slope, state))
+    heads = q.shape[1]
+    if slope.numel() != heads or k.shape[:3] != q.shape[:3] or v.shape[:3] != q.shape[:3]:
+        raise ValueError(f"linear_attention: q, k [batch heads seq key_dim], v [batch heads seq value_dim] and a "
+                         f"slope per head: here q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+                         f"slope {tuple(slope.shape)}")
+    q, k, v = (x.double() for x in (q, k, v))
+    keep = torch.exp(-slope.double().reshape(1, heads, 1, 1))
+    b, _, seq, dk = k.shape
+    s = torch.zeros(b, heads, dk, v.shape[-1], dtype=torch.float64) if state is None else state.double().clone()
+    out = torch.zeros_like(v)
+    for t in range(seq):
+        s = keep * s + torch.einsum("bhk,bhv->bhkv", k[:, :, t], v[:, :, t])
+        out[:, :, t] = torch.einsum("bhkv,bhk->bhv", s, q[:, :, t])
+    return out.float(), s.float()
+
+
 def selective_scan(x: Any, dt: Any, A: Any, B: Any, C: Any, D: Any = None, z: Any = None  # noqa: N803 - Mamba's names
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mamba's selective scan, one token at a time, written out here (not transformers' kernel).

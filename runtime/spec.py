@@ -306,6 +306,11 @@ FUNCTIONS: dict[str, Function] = {
                      "[batch seq heads value_dim], g (log decay) [batch seq heads], or [batch seq heads key_dim] for a "
                      "decay per key channel (Kimi Delta Attention), and beta [batch seq heads]; returns (outputs "
                      "[batch seq heads value_dim], final state [batch heads key_dim value_dim])."),
+    "linear_attention": _f((4, 5), "linear_attention(q, k, v, slope, state=None)",
+                           "Linear attention with a decay per head, token by token (MiniMax's lightning attention, "
+                           "not the delta rule): q, k [batch heads seq key_dim], v [batch heads seq value_dim], slope "
+                           "the decay rate per head; S = exp(-slope) S + k_t v_t, o_t = q_t S; returns (outputs "
+                           "[batch heads seq value_dim], final state [batch heads key_dim value_dim])."),
     "selective_scan": _f((5, 7), "selective_scan(x, dt, A, B, C, D=None, z=None)",
                          "Mamba's selective scan token by token (transformers' mamba_selective_scan, recurrent path): "
                          "x, dt (already softplus-ed), z [batch seq channels], A [channels state], B, C [batch seq "

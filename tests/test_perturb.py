@@ -184,6 +184,8 @@ ROUTING = [
     ("kimi_linear", "sum(expert_indices, -1) == sum(grouped_topk_indices(sigmoid(router_logits) + "
      "router.e_score_correction_bias, top_k, n_group, topk_group), -1)",
      "sum(expert_indices, -1) == sum(topk_indices(sigmoid(router_logits), top_k), -1)", {}),
+    ("minimax", "expert_weights == topk_weights(softmax(router_logits, -1), top_k, norm_topk_prob)",
+     "expert_weights == topk_weights(softmax(router_logits, -1), top_k, False)", {}),
     # JetMoE softmaxes the top-k logits among themselves: the renormalized top-k of the softmax
     ("jetmoe", "expert_weights == topk_weights(softmax(router_logits, -1), top_k, True)",
      "expert_weights == topk_weights(softmax(router_logits, -1), top_k, False)", {}),
@@ -211,7 +213,9 @@ FACTORS = [
     ("falcon_h1", "layers[i]", "ssm_out_multiplier"), ("glm4_moe", "layers[i].mlp", "routed_scaling_factor"),
     ("deepseek_v2", "layers[i].mlp", "routed_scaling_factor"),
     ("jetmoe", "layers[i]", "mlp.bias"),
-    ("kimi_linear", "layers[i].mlp", "routed_scaling_factor"),  # the bias JetMoE's mixture adds after its experts' sum (zero at init)
+    ("kimi_linear", "layers[i].mlp", "routed_scaling_factor"),
+    # MiniMax's alpha/beta (the draft's block identities left them out; at 1 they held by accident)
+    ("minimax", "layers[i]", "mlp_beta_factor"), ("minimax", "layers[i]", "linear_attn_alpha_factor"),  # the bias JetMoE's mixture adds after its experts' sum (zero at init)
 ]
 
 
