@@ -3,6 +3,8 @@
     output            the host module's output            output[0], output.logits
     input             the host module's first input       input.input_ids (a named parameter)
     norm.output       a child module's boundary (standard or native child names)
+    input_layernorm.0.output                a list child's boundary: the module at that index of a
+                                            ModuleList child (LongCat-Flash's two norms per block)
     call:attention.args[1]                  an argument of the attention interface call
     call:attention.output[0]                its output
     call:attention > op:softmax.input[0]    a torch operation inside that call (op:NAME#K for the K-th)
@@ -55,6 +57,7 @@ from .expr import MAX_TEXT, ExprError
 CALLS = {"attention": "the attention interface call", "experts": "the experts interface call"}
 _ACCESS = re.compile(r"\[(-?[0-9]{1,9})\]|\.([A-Za-z_][A-Za-z0-9_]*)|\[['\"]([A-Za-z_][A-Za-z0-9_]*)['\"]\]")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_INDEX = re.compile(r"\d+(?=\.)")  # a list child's index in a module path: input_layernorm.0.output
 _OP = re.compile(r"op:([A-Za-z_][A-Za-z0-9_]*)(?:#([0-9]{1,6}))?\.(input|output)")
 _METHOD = re.compile(r"method:([A-Za-z_][A-Za-z0-9_]*)(?:#([0-9]{1,6}|i))?\.(args|output)")
 _SIDES = ("input", "inputs", "output", "args")
@@ -144,8 +147,9 @@ def parse(text: str, groups: dict[str, str] | None = None) -> ReadPoint:
     if sep and not head.startswith(("call:", "op:")):
         # a scope: the module whose forward is read, a path from the host (router, mlp.experts) or
         # from the root (model, model.model)
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", head):
-            raise ExprError(f"'{head}': a scope before ' > ' is a module path (router, mlp.experts, or model.x from the root)")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.([A-Za-z_][A-Za-z0-9_]*|\d+))*", head):
+            raise ExprError(f"'{head}': a scope before ' > ' is a module path (router, mlp.experts, mlps.0 for a "
+                            "list child, or model.x from the root)")
         if not tail.startswith(("call:", "op:", "method:")):
             raise ExprError(f"'{text}': inside a module's forward, read an interface call (call:NAME), "
                             "an op (op:NAME) or a method call (method:NAME)")
@@ -207,7 +211,7 @@ def parse(text: str, groups: dict[str, str] | None = None) -> ReadPoint:
     parts: list[str] = []
     pos = 0
     while True:
-        m2 = _NAME.match(body, pos)
+        m2 = _NAME.match(body, pos) or (_INDEX.match(body, pos) if parts else None)
         if not m2:
             raise ExprError(f"'{text}': expected a module name or input/output", pos)
         name = m2.group(0)

@@ -249,7 +249,7 @@ def expression_sections() -> list[Section]:
 
 
 READ_EXAMPLES = (
-    "output[0]", "output.logits", "input.input_ids", "norm.output", "o_proj.input[0]", "call:attention.args[1]",
+    "output[0]", "output.logits", "input.input_ids", "norm.output", "input_layernorm.0.output", "o_proj.input[0]", "call:attention.args[1]",
     "call:attention.output[0]", "call:attention > op:softmax.input[0]", "call:attention#1.output[0]",
     "call:attention#1 > op:softmax.output", "op:mul#2.output", "router > op:linear.output",
     "experts > call:experts > op:view.output", "model.model > op:masked_scatter.input[2]",
