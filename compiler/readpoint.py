@@ -3,9 +3,14 @@
     output            the host module's output            output[0], output.logits
     input             the host module's first input       input.input_ids (a named parameter)
     norm.output       a child module's boundary (standard or native child names)
+    input_layernorm.0.output                a list child's boundary: the module at that index of a
+                                            ModuleList child (LongCat-Flash's two norms per block)
     call:attention.args[1]                  an argument of the attention interface call
     call:attention.output[0]                its output
     call:attention > op:softmax.input[0]    a torch operation inside that call (op:NAME#K for the K-th)
+    call:attention#1.output[0]              the second call's output, where the forward calls the
+                                            interface more than once (DiffLlama: one call per half of
+                                            the values); call:NAME#K > op:... reads inside the K-th call
     op:mul#2.output                         a torch operation inside the host's own forward (not inside
                                             its child modules' forwards, which have their own scope)
     router > op:linear.output               an operation inside a child module's own forward
@@ -52,6 +57,7 @@ from .expr import MAX_TEXT, ExprError
 CALLS = {"attention": "the attention interface call", "experts": "the experts interface call"}
 _ACCESS = re.compile(r"\[(-?[0-9]{1,9})\]|\.([A-Za-z_][A-Za-z0-9_]*)|\[['\"]([A-Za-z_][A-Za-z0-9_]*)['\"]\]")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_INDEX = re.compile(r"\d+(?=\.)")  # a list child's index in a module path: input_layernorm.0.output
 _OP = re.compile(r"op:([A-Za-z_][A-Za-z0-9_]*)(?:#([0-9]{1,6}))?\.(input|output)")
 _METHOD = re.compile(r"method:([A-Za-z_][A-Za-z0-9_]*)(?:#([0-9]{1,6}|i))?\.(args|output)")
 _SIDES = ("input", "inputs", "output", "args")
@@ -141,8 +147,9 @@ def parse(text: str, groups: dict[str, str] | None = None) -> ReadPoint:
     if sep and not head.startswith(("call:", "op:")):
         # a scope: the module whose forward is read, a path from the host (router, mlp.experts) or
         # from the root (model, model.model)
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", head):
-            raise ExprError(f"'{head}': a scope before ' > ' is a module path (router, mlp.experts, or model.x from the root)")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.([A-Za-z_][A-Za-z0-9_]*|\d+))*", head):
+            raise ExprError(f"'{head}': a scope before ' > ' is a module path (router, mlp.experts, mlps.0 for a "
+                            "list child, or model.x from the root)")
         if not tail.startswith(("call:", "op:", "method:")):
             raise ExprError(f"'{text}': inside a module's forward, read an interface call (call:NAME), "
                             "an op (op:NAME) or a method call (method:NAME)")
@@ -158,46 +165,53 @@ def parse(text: str, groups: dict[str, str] | None = None) -> ReadPoint:
             words = f"inside {owner}'s forward: " + words
         return dataclasses.replace(ir, text=text, words=words, module=path, scope_root=root)
     call = None
+    nth = 0
     body = text
     if text.startswith("method:"):
         return _method(text, text)
     if text.startswith("call:"):
         scope, _, inner = text.partition(" > ")
-        m = re.fullmatch(r"call:([A-Za-z_]+)(.*)", scope)
+        m = re.fullmatch(r"call:([A-Za-z_]+)(#[^.\s]*)?(.*)", scope)
         if not m or m.group(1) not in CALLS:
             raise ExprError(f"unknown interface call in '{scope}' (known: {', '.join('call:' + c for c in CALLS)})")
         call = m.group(1)
+        if m.group(2) is not None:  # call:NAME#K: the K-th call of the interface in the forward (DiffLlama's two)
+            if not re.fullmatch(r"#\d+", m.group(2)):
+                raise ExprError(f"'{scope}': the K-th call of an interface is call:{call}#K, K a number "
+                                f"(#0 the first call, #1 the second)", len("call:") + len(call))
+            nth = int(m.group(2)[1:])
         if inner:
-            if m.group(2):
+            if m.group(3):
                 raise ExprError("write either call:NAME.args[...] / .output[...] or call:NAME > op:...")
             body = inner
         else:
-            rest = m.group(2)
+            rest = m.group(3)
             sm = re.match(r"\.(args|output)", rest)
             if not sm:
                 raise ExprError(f"'{text}': an interface call is read at .args[N] or .output")
             side = sm.group(1)
-            access = _accessors(rest[sm.end():], len("call:") + len(call) + sm.end())
+            access = _accessors(rest[sm.end():], len(scope) - len(rest) + sm.end())
             if side == "args" and (not access or not isinstance(access[0], int)):
                 raise ExprError(f"'{text}': name the argument, e.g. .args[1]")
             what = "the arguments of" if side == "args" else "the output of"
-            return ReadPoint("call", text, f"inside the forward: {what} {CALLS[call]}{_access_words(access)}",
-                          side=SIDES[side], access=access, call=call)
+            return ReadPoint("call", text, f"inside the forward: {what} {CALLS[call]}{_nth_words(nth)}"
+                          f"{_access_words(access)}", side=SIDES[side], access=access, call=call, call_occurrence=nth)
     m = _OP.match(body)
     if m:
         access = _accessors(body[m.end():], m.end())
         op, k, side = m.group(1), int(m.group(2) or 0), m.group(3)
-        where = f" inside {CALLS[call]}" if call else " inside the forward"
+        where = f" inside {CALLS[call]}{_nth_words(nth)}" if call else " inside the forward"
         if side == "input" and not access:
             access = (0,)
         words = f"the {side} of {op} ({_ordinal(k)} call){where}{_access_words(access)}"
-        return ReadPoint("op", text, words, side=SIDES[side], access=access, call=call, op=op, occurrence=k)
+        return ReadPoint("op", text, words, side=SIDES[side], access=access, call=call, op=op, occurrence=k,
+                         call_occurrence=nth)
     if call:
         raise ExprError(f"'{body}': inside a call, read an operation: op:NAME.input[N] or op:NAME.output")
     parts: list[str] = []
     pos = 0
     while True:
-        m2 = _NAME.match(body, pos)
+        m2 = _NAME.match(body, pos) or (_INDEX.match(body, pos) if parts else None)
         if not m2:
             raise ExprError(f"'{text}': expected a module name or input/output", pos)
         name = m2.group(0)
@@ -219,6 +233,11 @@ def parse(text: str, groups: dict[str, str] | None = None) -> ReadPoint:
     noun = {"input": "input", "inputs": "inputs (args, kwargs)", "output": "output"}[side]
     words = f"{owner} {noun}" + (f" {param}" if param else "") + _access_words(access)
     return ReadPoint("module", text, words, module=tuple(parts), side=SIDES[side], param=param, access=access)
+
+
+def _nth_words(nth: int) -> str:
+    """The words of ``call:NAME#K`` (nothing for the first call, the default)."""
+    return f" ({_ordinal(nth)} call)" if nth else ""
 
 
 def _method(text: str, inner: str) -> ReadPoint:

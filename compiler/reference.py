@@ -249,8 +249,9 @@ def expression_sections() -> list[Section]:
 
 
 READ_EXAMPLES = (
-    "output[0]", "output.logits", "input.input_ids", "norm.output", "o_proj.input[0]", "call:attention.args[1]",
-    "call:attention.output[0]", "call:attention > op:softmax.input[0]", "op:mul#2.output", "router > op:linear.output",
+    "output[0]", "output.logits", "input.input_ids", "norm.output", "input_layernorm.0.output", "o_proj.input[0]", "call:attention.args[1]",
+    "call:attention.output[0]", "call:attention > op:softmax.input[0]", "call:attention#1.output[0]",
+    "call:attention#1 > op:softmax.output", "op:mul#2.output", "router > op:linear.output",
     "experts > call:experts > op:view.output", "model.model > op:masked_scatter.input[2]",
     "method:_deepstack_process#i.args[2]", "fn:delta_rule.args[0]", "fn:delta_rule.kwargs.g",
     "fn:delta_rule.output[1]", "fn:delta_rule.step.output[1]", "fn:delta_rule.steps.output[1]",

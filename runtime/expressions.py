@@ -235,15 +235,21 @@ def delta_rule(q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any = None) -> 
     """The gated delta rule, one token at a time, written out here (not transformers' kernel).
 
     ``q``, ``k`` [batch seq key_heads key_dim], ``v`` [batch seq heads value_dim], ``g`` (log decay)
-    and ``beta`` [batch seq heads], ``state`` [batch heads key_dim value_dim] or None. As the kernel
-    does: query and key heads are repeated up to the value heads, l2-normed (eps 1e-6 under the
-    root) and the queries scaled by 1/sqrt(key_dim). For each token t and head:
-    S = exp(g_t) S;  S += k_t ⊗ beta_t (v_t - Sᵀ k_t);  o_t = Sᵀ q_t.
+    [batch seq heads], or [batch seq heads key_dim] for a decay per key channel (Kimi Delta
+    Attention: each row of the state decays at its own rate), ``beta`` [batch seq heads], ``state``
+    [batch heads key_dim value_dim] or None. As the kernel does: query and key heads are repeated up
+    to the value heads, l2-normed (eps 1e-6 under the root) and the queries scaled by 1/sqrt(key_dim).
+    For each token t and head: S = exp(g_t) S (row by row when g_t is per channel);
+    S += k_t ⊗ beta_t (v_t - Sᵀ k_t);  o_t = Sᵀ q_t.
     Returns (outputs [batch seq heads value_dim], the final state), in float32.
     """
     q, k, v, g, beta, state = (getattr(x, "value", x) if not isinstance(x, torch.Tensor) else x
                                for x in (q, k, v, g, beta, state))
     heads = v.shape[2]
+    if g.dim() not in (3, 4) or tuple(g.shape[:3]) != (v.shape[0], v.shape[1], heads) or (
+            g.dim() == 4 and g.shape[3] != k.shape[3]):
+        raise ValueError(f"delta_rule: g is [batch seq heads] or [batch seq heads key_dim] (a decay per key channel): "
+                         f"here {tuple(g.shape)}, with v {tuple(v.shape)} and k {tuple(k.shape)}")
     if q.shape[2] != heads:
         q = q.repeat_interleave(heads // q.shape[2], dim=2)
         k = k.repeat_interleave(heads // k.shape[2], dim=2)
@@ -254,11 +260,39 @@ def delta_rule(q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any = None) -> 
     s = torch.zeros(b, heads, dk, v.shape[-1], dtype=torch.float64) if state is None else state.double().clone()
     out = torch.zeros_like(v)
     for t in range(seq):
-        s = s * g[:, t].exp()[..., None, None]
+        s = s * (g[:, t].exp()[..., None] if g.dim() == 4 else g[:, t].exp()[..., None, None])
         kt, vt = k[:, t], v[:, t]  # [b h dk], [b h dv]
         recalled = torch.einsum("bhkv,bhk->bhv", s, kt)
         s = s + torch.einsum("bhk,bhv->bhkv", kt, (vt - recalled) * beta[:, t, :, None])
         out[:, t] = torch.einsum("bhkv,bhk->bhv", s, q[:, t])
+    return out.float(), s.float()
+
+
+def linear_attention(q: Any, k: Any, v: Any, slope: Any, state: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Linear attention with a decay per head, one token at a time (MiniMax's lightning attention; not the
+    delta rule: the state only accumulates, it is never corrected toward a value).
+
+    ``q``, ``k`` [batch heads seq key_dim], ``v`` [batch heads seq value_dim], ``slope`` the decay rate
+    of each head ([heads], or any shape of heads elements: MiniMax's slope_rate buffer [heads 1 1]),
+    ``state`` [batch heads key_dim value_dim] or None (zeros). For each token t and head:
+    S = exp(-slope) S + k_tᵀ v_t;  o_t = q_t S. No norm and no scale. Returns (outputs [batch heads
+    seq value_dim], the final state), in float32.
+    """
+    q, k, v, slope, state = (getattr(x, "value", x) if not isinstance(x, torch.Tensor) else x
+                             for x in (q, k, v, slope, state))
+    heads = q.shape[1]
+    if slope.numel() != heads or k.shape[:3] != q.shape[:3] or v.shape[:3] != q.shape[:3]:
+        raise ValueError(f"linear_attention: q, k [batch heads seq key_dim], v [batch heads seq value_dim] and a "
+                         f"slope per head: here q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+                         f"slope {tuple(slope.shape)}")
+    q, k, v = (x.double() for x in (q, k, v))
+    keep = torch.exp(-slope.double().reshape(1, heads, 1, 1))
+    b, _, seq, dk = k.shape
+    s = torch.zeros(b, heads, dk, v.shape[-1], dtype=torch.float64) if state is None else state.double().clone()
+    out = torch.zeros_like(v)
+    for t in range(seq):
+        s = keep * s + torch.einsum("bhk,bhv->bhkv", k[:, :, t], v[:, :, t])
+        out[:, :, t] = torch.einsum("bhkv,bhk->bhv", s, q[:, :, t])
     return out.float(), s.float()
 
 

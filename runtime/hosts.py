@@ -140,7 +140,13 @@ class Host:
     def _resolve_module(self, path: tuple[str, ...], what: str) -> torch.nn.Module:
         node: Host | HostList = self
         for part in path:
-            nxt = node._child(part) if isinstance(node, Host) else None
+            if isinstance(node, HostList):  # a list child indexed in the read (input_layernorm.0.output)
+                if not part.isdigit() or int(part) >= len(node):
+                    raise UnknownName(f"{what}: {node._label} is a list of {len(node)} modules: index it with a "
+                                      f"number from 0 to {len(node) - 1} ({'.'.join(path)})")
+                node = node[int(part)]
+                continue
+            nxt = node._child(part)
             if nxt is None:
                 parent = self.__dict__["_parent"] if node is self else None
                 if parent is not None and parent._child(part) is not None:

@@ -40,14 +40,18 @@ def parent(node: Node) -> Host | None:
 
 
 def child(node: Node, name: str) -> Host | HostList | None:
-    """Its child ``name`` (a standard name the family renames, or a native child), or None: a list of
-    hosts has none (index it)."""
+    """Its child ``name`` (a standard name the family renames, or a native child), or None; of a list of
+    hosts, the one a number names (``input_layernorm.0``: a read into a list child), or None."""
+    if isinstance(node, HostList):
+        return node[int(name)] if name.isdigit() and int(name) < len(node) else None
     return node._child(name)
 
 
 def child_names(node: Node) -> list[str]:
     """The names of its children: the family's standard names for children at this path, then the
     native module's own children."""
+    if isinstance(node, HostList):
+        return [str(k) for k in range(len(node))]
     pattern = node._pattern
     prefix = "" if pattern == "model" else f"{pattern}."
     std = [k[len(prefix):] for k in node._model._family.rename if k.startswith(prefix) and "." not in k[len(prefix):]]

@@ -64,6 +64,8 @@ class ReadPoint:
     its positional ``args`` or its ``output``.
     kind ``op``: a torch operation (``op`` name and ``occurrence``) inside an interface call
     (``call``) or inside the host's forward (``call`` None): its ``input`` or ``output``.
+    ``call_occurrence`` of a call read or of an op inside a call: which call of the interface in the
+    forward (``call:attention#1``: the second; DiffLlama calls attention twice per forward).
     kind ``method``: a call of one of a module's own methods (``method``; the ``occurrence``-th call
     while the module's forward runs, or the host's block index when ``per_index``): its ``args`` or
     its ``output``.
@@ -101,6 +103,7 @@ class ReadPoint:
     deps: tuple[str, ...] = ()
     derive: Callable[[Mapping[str, Any]], Any] | None = field(default=None, compare=False)
     recompute: str | None = None
+    call_occurrence: int = 0  # ``call:NAME#K``: the K-th call of the interface in the forward (DiffLlama's two)
 
     @property
     def recomputable(self) -> bool:
@@ -300,8 +303,14 @@ FUNCTIONS: dict[str, Function] = {
     "delta_rule": _f((5, 6), "delta_rule(q, k, v, g, beta, state=None)",
                      "The gated delta rule token by token (DeltaNet; transformers' torch_recurrent_gated_delta_rule "
                      "with the kernel's l2 norm and 1/sqrt(key_dim) scale): q, k [batch seq key_heads key_dim], v "
-                     "[batch seq heads value_dim], g (log decay) and beta [batch seq heads]; returns (outputs [batch "
-                     "seq heads value_dim], final state [batch heads key_dim value_dim])."),
+                     "[batch seq heads value_dim], g (log decay) [batch seq heads], or [batch seq heads key_dim] for a "
+                     "decay per key channel (Kimi Delta Attention), and beta [batch seq heads]; returns (outputs "
+                     "[batch seq heads value_dim], final state [batch heads key_dim value_dim])."),
+    "linear_attention": _f((4, 5), "linear_attention(q, k, v, slope, state=None)",
+                           "Linear attention with a decay per head, token by token (MiniMax's lightning attention, "
+                           "not the delta rule): q, k [batch heads seq key_dim], v [batch heads seq value_dim], slope "
+                           "the decay rate per head; S = exp(-slope) S + k_t v_t, o_t = q_t S; returns (outputs "
+                           "[batch heads seq value_dim], final state [batch heads key_dim value_dim])."),
     "selective_scan": _f((5, 7), "selective_scan(x, dt, A, B, C, D=None, z=None)",
                          "Mamba's selective scan token by token (transformers' mamba_selective_scan, recurrent path): "
                          "x, dt (already softplus-ed), z [batch seq channels], A [channels state], B, C [batch seq "

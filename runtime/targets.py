@@ -150,11 +150,14 @@ class ModelTargets(ModelTree):
         module = self._scope_module(host, read, value.label)
         if read.kind == "call":
             key = SiteKey("call_in" if read.side == "args" else "call_out", id(module), read.call)
-            return Target(value.label, key, module, read.side, None, read.access, view, value._extra, **extra)
+            return Target(value.label, key, module, read.side, None, read.access, view, value._extra,
+                          call=read.call_occurrence, **extra)
         if read.kind == "op":
             key = SiteKey("op", id(module), read.call, read.op, read.occurrence, read.side)
             side = "args" if read.side == "input" else "output"
-            return Target(value.label, key, module, side, None, read.access, view, value._extra, **extra)
+            # an op inside an interface call fires once per call: the firing is the call's (call:NAME#K > op:...)
+            return Target(value.label, key, module, side, None, read.access, view, value._extra,
+                          call=read.call_occurrence, **extra)
         if read.kind == "method":
             if not callable(getattr(module, read.method or "", None)):
                 raise NnatlasError(f"{value.label}: {type(module).__name__} has no method {read.method}")

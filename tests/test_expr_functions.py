@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers
 
 from nnatlas import expressions
 from nnatlas.compiler import expr
@@ -247,6 +248,27 @@ def test_delta_rule_against_transformers_kernels(kernel: str, module: str) -> No
     torch.testing.assert_close(no_state, want, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("kernel", ["recurrent_kimi_delta_attention", "chunk_kimi_delta_attention"])
+def test_delta_rule_with_a_decay_per_channel_is_kimi_delta_attention(kernel: str) -> None:
+    """g [batch seq heads key_dim]: each key channel's row of the state decays at its own rate (Kimi Delta
+    Attention), as transformers' KDA kernels compute it; a g of another shape is one clear error."""
+    import importlib
+
+    ref = getattr(importlib.import_module("transformers.models.kimi_linear.modeling_kimi_linear"), kernel)
+    q, k, v, _, beta, state = _delta_inputs(key_heads=4, heads=4)
+    g = -torch.rand(*k.shape, generator=torch.Generator().manual_seed(1))  # a log decay per key channel
+    values = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "state": state}
+    want_out, want_state = ref(q, k, v, g, beta, initial_state=state, output_final_state=True,
+                               use_qk_l2norm_in_kernel=True)
+    out, final = evaluate("delta_rule(q, k, v, g, beta, state)[0] == delta_rule(q, k, v, g, beta, state)[1]", values)
+    torch.testing.assert_close(out, want_out, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(final, want_state, atol=1e-5, rtol=1e-4)
+    per_head, _ = evaluate("delta_rule(q, k, v, g[..., 0], beta, state)[0] == q", values)
+    assert not torch.allclose(per_head, out, atol=1e-3)  # the channels' rates are not the first channel's
+    with pytest.raises(ValueError, match=r"g is \[batch seq heads\] or \[batch seq heads key_dim\]"):
+        evaluate("delta_rule(q, k, v, g[..., :2], beta)[0] == q", values)
+
+
 # ---- the selective scan, against Mamba -------------------------------------------------------------
 
 def test_selective_scan_against_mamba_selective_scan() -> None:
@@ -388,3 +410,32 @@ def test_last_token_follows_the_mask_on_either_side_of_padding() -> None:
     for mask in (None, torch.ones(2, 7, dtype=torch.long)):  # no mask, or one of a generation step's length
         lhs, _ = evaluate("last_token(x, m) == x", {**v, "m": mask})
         assert torch.equal(lhs, x[:, -1])
+
+
+# ---- linear attention, against MiniMax's lightning attention ------------------------------------------
+
+def test_linear_attention_is_minimax_lightning_attention() -> None:
+    """linear_attention token by token equals the lightning attention's block-by-block output (blocks of 2 over
+    7 tokens) and final state; a slope that is not one per head is one clear error."""
+    from transformers.models.minimax.modeling_minimax import MiniMaxLightningAttention
+
+    config = transformers.MiniMaxConfig(hidden_size=16, num_attention_heads=2, head_dim=8, num_hidden_layers=3,
+                                        block_size=2, layer_types=["linear_attention"] * 3)
+    torch.manual_seed(0)
+    module = MiniMaxLightningAttention(config, 1).eval()
+    x = torch.randn(2, 7, 16)
+    seen: dict[str, torch.Tensor] = {}
+    handle = module.norm.register_forward_hook(lambda m, args, out: seen.update(heads=args[0]))
+    try:
+        with torch.no_grad():
+            _, state = module(x, None, None)
+            qkv = module.act_fn(module.qkv_proj(x)).reshape(2, 7, 2, 24)
+    finally:
+        handle.remove()
+    q, k, v = (t.transpose(1, 2) for t in torch.split(qkv, 8, dim=3))
+    values = {"q": q, "k": k, "v": v, "slope": module.slope_rate}
+    out, final = evaluate("linear_attention(q, k, v, slope)[0] == linear_attention(q, k, v, slope)[1]", values)
+    torch.testing.assert_close(out.transpose(1, 2).reshape(2, 7, 16), seen["heads"], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(final, state, atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="a slope per head"):
+        evaluate("linear_attention(q, k, v, slope[:1])[0] == q", values)

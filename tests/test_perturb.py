@@ -56,6 +56,12 @@ def test_factors_are_found_from_the_config_class() -> None:
     assert isinstance(falcon["mlp_multipliers"], list) and "ssm_out_multiplier" in falcon
     # epsilons, dropouts, init scales, aux-loss coefficients, jitter are not factors
     assert T.config_factors(transformers.MixtralConfig()) == {}
+    # MiniMax's six alpha/beta factors are integers (1) typed int | float: found, and drawn as floats
+    minimax = transformers.MiniMaxConfig()
+    six = {f"{p}_{ab}_factor" for p in ("full_attn", "linear_attn", "mlp") for ab in ("alpha", "beta")}
+    assert set(T.config_factors(minimax)) == six
+    drawn = T.perturb_config(minimax, 3)
+    assert all(isinstance(drawn[k], float) and drawn[k] != 1 for k in six), drawn
 
 
 def test_every_factor_is_drawn_away_and_pins_hold() -> None:
@@ -174,6 +180,15 @@ ROUTING = [
      {}),
     ("hunyuan_v1_moe", "expert_weights == topk_weights(softmax(router_logits, -1), top_k, norm_topk_prob)",
      "expert_weights == topk_weights(softmax(router_logits, -1), top_k, False)", {}),
+    # Kimi Linear chooses as DeepSeek-V3 does (the draft's identity left out the sigmoid's correction bias)
+    ("kimi_linear", "sum(expert_indices, -1) == sum(grouped_topk_indices(sigmoid(router_logits) + "
+     "router.e_score_correction_bias, top_k, n_group, topk_group), -1)",
+     "sum(expert_indices, -1) == sum(topk_indices(sigmoid(router_logits), top_k), -1)", {}),
+    ("minimax", "expert_weights == topk_weights(softmax(router_logits, -1), top_k, norm_topk_prob)",
+     "expert_weights == topk_weights(softmax(router_logits, -1), top_k, False)", {}),
+    # JetMoE softmaxes the top-k logits among themselves: the renormalized top-k of the softmax
+    ("jetmoe", "expert_weights == topk_weights(softmax(router_logits, -1), top_k, True)",
+     "expert_weights == topk_weights(softmax(router_logits, -1), top_k, False)", {}),
 ]
 
 
@@ -197,6 +212,10 @@ FACTORS = [
     ("falcon_h1", "model", "lm_head_multiplier"), ("falcon_h1", "layers[i]", "attention_out_multiplier"),
     ("falcon_h1", "layers[i]", "ssm_out_multiplier"), ("glm4_moe", "layers[i].mlp", "routed_scaling_factor"),
     ("deepseek_v2", "layers[i].mlp", "routed_scaling_factor"),
+    ("jetmoe", "layers[i]", "mlp.bias"),
+    ("kimi_linear", "layers[i].mlp", "routed_scaling_factor"),
+    # MiniMax's alpha/beta (the draft's block identities left them out; at 1 they held by accident)
+    ("minimax", "layers[i]", "mlp_beta_factor"), ("minimax", "layers[i]", "linear_attn_alpha_factor"),  # the bias JetMoE's mixture adds after its experts' sum (zero at init)
 ]
 
 
@@ -204,7 +223,7 @@ FACTORS = [
 def test_an_identity_without_its_factor_fails(family: str, path: str, factor: str) -> None:
     ids = [i for s in T.adapter_module(family).FAMILY.hosts if s.path == path for i in s.identities]
     index, identity = next((k, i) for k, i in enumerate(ids) if factor in i.terms)
-    mutated = identity_of(re.sub(rf"\b{factor}\b", "1", identity.text), identity.atol)
+    mutated = identity_of(re.sub(rf"\b{re.escape(factor)}\b", "1", identity.text), identity.atol)
     T.check_identity(case_of(family, True), path, index)
     with pytest.raises(AssertionError):
         T.check_identity(case_of(family, True), path, index, replace=mutated)
@@ -227,7 +246,7 @@ def _read_of(family: str, path: str, name: str) -> str:
     return str(value.read.text)
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2", "qwen3_moe", "deepseek_v2"])
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2", "qwen3_moe", "deepseek_v2", "jetmoe", "diffllama"])
 def test_the_mixer_and_mlp_read_points_swapped_fail_the_block_identities(family: str) -> None:
     """The reads themselves swapped (not the identity's terms): a spec of the family's own in which
     attention_output reads the MLP's output and mlp_output the mixer's, compiled as a user's spec, fails the

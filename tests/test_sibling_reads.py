@@ -141,3 +141,34 @@ def test_a_parent_op_read_serves_what_the_parent_makes_of_the_host_output(tmp_pa
         edited_block = model.logits.save()
     assert not torch.equal(edited, base)
     torch.testing.assert_close(edited, edited_block, atol=0, rtol=0)
+
+
+# ---- a read into a list child: a ModuleList's module by its index (LongCat-Flash's norms) ----------
+
+def test_a_read_into_a_list_child_names_its_index() -> None:
+    """``layers.0.input`` reads the first module of the list child ``layers`` (the path LongCat-Flash's two norms
+    per block need: ``input_layernorm.0.output``); an index past the list's end is one error at the read, naming
+    the indices there are."""
+    import torch
+
+    from nnatlas import registry
+    from nnatlas import testing as T
+    from nnatlas.compiler import SpecError
+    from nnatlas.compiler.userspec import compile_text
+
+    text = ('family: listed_llama\nextends: llama\nhosts:\n  model:\n    values:\n'
+            '      token_embeddings: "layers.0.input"\n')
+    module = compile_text(text.encode(), "listed_llama.yaml")
+    registry.add_user(module)
+    try:
+        model = T.build("listed_llama")
+        ids = torch.tensor([[2, 5, 9, 4]])
+        with model.trace({"input_ids": ids}):
+            embedded = model.embed_tokens.output.save()
+            read = model.token_embeddings.save()  # block 0's input: computed after the embedding
+        assert torch.equal(read, embedded)
+    finally:
+        registry.remove_user("listed_llama")
+    with pytest.raises(SpecError) as info:
+        compile_text(text.replace("layers.0.input", "layers.9.input").encode(), "listed_llama.yaml")
+    assert "listed_llama.yaml:6:" in str(info.value) and "has no child module '9'" in str(info.value), str(info.value)

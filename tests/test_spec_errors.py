@@ -217,3 +217,15 @@ def test_a_layout_dim_no_config_entry_sizes_is_named_at_compile(spec_root: Path)
     assert got and all("has 'key_dim', which is not a config entry of this family nor sized by the call's inputs: "
                        "add it under config:" in e for e in got), got
     assert {e.split(": ")[1] for e in got} >= {"attention_queries", "attention_keys", "state_output"}, got
+
+
+def test_the_kth_call_of_an_interface_is_a_number(spec_root: Path) -> None:
+    """call:NAME#K reads the K-th call of an interface (DiffLlama's second attention call); a K that is no number
+    is one error at the read, saying how to write it."""
+    edit(spec_root, "diffllama.yaml", '      second_values: "call:attention#1.args[3]"',
+         '      second_values: "call:attention#one.args[3]"')
+    n = line_of(spec_root, "diffllama.yaml", "call:attention#one")
+    col = (spec_root / "specs" / "diffllama.yaml").read_text().splitlines()[n - 1].index("#one")  # at the #
+    assert errors(spec_root) == [
+        f"specs/diffllama.yaml:{n}:{col}: second_values: 'call:attention#one.args[3]': the K-th call of an interface "
+        "is call:attention#K, K a number (#0 the first call, #1 the second)"]

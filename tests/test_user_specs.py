@@ -273,11 +273,12 @@ def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 DRAFTED = {  # model type -> (its tiny model, the family drafted, what it is)
-    "jetmoe": (lambda: _drafter_tiny("jetmoe"), "jetmoe", "a mixture whose router's linear is a child module"),
+    "afmoe": (lambda: _drafter_tiny("afmoe"), "afmoe", "a mixture whose router's linear is a child module (jetmoe ships)"),
     "granitemoeshared": (lambda: _drafter_tiny("granitemoeshared"), "granitemoeshared",
                          "a mixture with multipliers: drafted on a perturbed tiny model, no identity holds only at 1.0"),
     "olmo_hybrid": (lambda: _drafter_tiny("olmo_hybrid"), "olmo_hybrid", "a hybrid: a block class per kind"),
-    "minimax": (lambda: _drafter_tiny("minimax"), "minimax", "two attention classes at one path, by kind"),
+    "bailing_hybrid": (lambda: _drafter_tiny("bailing_hybrid"), "bailing_hybrid",
+                       "two attention classes at one path, by kind (minimax ships)"),
     "emu3": (_emu3_wrapper, "emu3_text_model", "a multimodal wrapper, drafted through its text model"),
 }
 
@@ -315,15 +316,16 @@ def test_draft_true_serves_types_no_family_ships(model_type: str, tmp_path: Path
 
 def test_a_value_that_did_not_verify_is_refused_the_rest_served(shared_cache: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """MiniMax's draft: its lightning-attention blocks return attention weights that are not a softmax's, so the
-    attentions oracle fails on attention_probabilities: that value is served as missing, saying why; the oracle on
-    hidden states and logits held, and the rest is served."""
+    """Laguna's draft: its router_logits are not what transformers records as the router's logits, so the
+    router_logits oracle fails on them: that value is served as missing, saying why; the oracle on hidden states
+    and logits held, and the rest is served. (MiniMax's draft was this example until minimax shipped.)"""
     monkeypatch.setenv("NNATLAS_CACHE", str(shared_cache))
-    model = nnatlas.wrap(_drafter_tiny("minimax"), draft=True)
+    model = nnatlas.wrap(_drafter_tiny("laguna"), draft=True)
     said = repr(model.support())
-    assert "refused (served as missing, each saying why): layers[i].self_attn.attention_probabilities: oracle " \
-           "attentions [eager] did not hold" in said.splitlines()[0]
+    assert "refused (served as missing, each saying why): layers[i].mlp.router_logits: oracle " \
+           "router_logits [eager] did not hold" in said.splitlines()[0], said.splitlines()[0]
     assert "oracle hidden_states [eager], oracle logits [eager]" in said.splitlines()[0]
+    block = next(i for i in range(model.num_layers) if model.layers[i].mlp.router_logits.unavailable() is not None)
     with pytest.raises(nnatlas.NnatlasError, match="refused by draft=True"):
         with model.trace({"input_ids": IDS}):
-            model.layers[0].self_attn.attention_probabilities.save()
+            model.layers[block].mlp.router_logits.save()

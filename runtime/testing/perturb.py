@@ -32,7 +32,7 @@ NOT_FACTORS = re.compile(
     r"time_step_(min|max|floor|limit|scale)|norm_min|variance|dim_multiplier|_size$|layerdrop|ratio$")
 CAPS = re.compile(r"cap")
 # an integer entry is a factor when named like one (Gemma's query_pre_attn_scalar, Llama 4's floor_scale)
-INT_FACTORS = re.compile(r"scalar|multiplier|scaling|scale$")  # softcaps: drawn small enough that tanh bends on a tiny model's logits
+INT_FACTORS = re.compile(r"scalar|multiplier|scaling|scale$|factor$")  # MiniMax's alpha/beta: int | float = 1  # softcaps: drawn small enough that tanh bends on a tiny model's logits
 
 
 def config_factors(config: Any) -> dict[str, Any]:
@@ -49,6 +49,15 @@ def config_factors(config: Any) -> dict[str, Any]:
         elif isinstance(value, list) and value and all(isinstance(x, float) for x in value):
             out[name] = list(value)
     return out
+
+
+def _admits_float(config: Any, name: str) -> bool:
+    """Whether the config class annotates ``name`` as taking a float (MiniMax's ``int | float = 1`` factors)."""
+    for klass in type(config).__mro__:
+        annotation = vars(klass).get("__annotations__", {}).get(name)
+        if annotation is not None:
+            return "float" in str(annotation)
+    return False
 
 
 def _away(value: float, gen: torch.Generator, low: float | None, high: float | None, cap: bool) -> float:
@@ -82,7 +91,8 @@ def perturb_config(config: Any, seed: int, factors: Mapping[str, Any] | None = N
             cap = bool(CAPS.search(name))
             new = ([_away(v, gen, low, high, cap) for v in value] if isinstance(value, list)
                    else _away(float(value), gen, low, high, cap))
-            if isinstance(value, int) and not isinstance(new, list):  # an integer factor stays one, moved by >= 1
+            if isinstance(value, int) and not isinstance(new, list) and not _admits_float(config, name):
+                # an integer factor stays one, moved by >= 1 (one the class types int | float is drawn as a float)
                 new = max(1, round(new))
                 new = new if new != value else value + 1
         setattr(config, name, new)

@@ -135,12 +135,14 @@ def _block_index(label: str) -> int:
 
 
 def _blocks_with(model: AtlasModel, name: str) -> list[tuple[int, Any]]:
-    """(block index, host) of every live host under layers[i] that serves ``name`` on this load, in block order."""
-    found: dict[tuple[int, str], Any] = {}
-    for path in dict.fromkeys(h.path for h in model._family.hosts):
+    """(block index, host) of every live host under layers[i] that serves ``name`` on this load, in block order,
+    and within a block in the order the spec lists the hosts, the order they run (JetMoE's attention router, then
+    its MLP's: ``output_router_logits`` returns them so)."""
+    found: dict[tuple[int, int, str], Any] = {}
+    for rank, path in enumerate(dict.fromkeys(h.path for h in model._family.hosts)):
         if not path.startswith("layers[i]"):
             continue
         for label, host in each_host(model, path):
             if any(s.value(name) for s in host_specs(model, host)) and getattr(host, name).unavailable() is None:
-                found[(_block_index(label), label)] = host
+                found[(_block_index(label), rank, label)] = host
     return [(k[0], host) for k, host in sorted(found.items())]
