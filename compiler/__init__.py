@@ -104,6 +104,9 @@ def plan_printouts(root: Path, atlas: Atlas, compute: bool,
     meta device (``compiler/treecheck.py``); their problems, every family's, raise one SpecError.
     A fresh file (its header's key matches) is kept as it is; a stale one is recomputed on the
     meta device when ``compute`` (this imports torch), else reported stale and its old text kept.
+    A family with no recorded checkpoint has a printout too, its header alone (no checkpoint's facts): its key
+    caches the tree check as every other family's does (checked on every run, it made ``generate --check``
+    import torch and build its models each time).
     """
     adapters = adapters if adapters is not None else render_adapters(atlas)
     texts: dict[str, str] = {}
@@ -111,9 +114,6 @@ def plan_printouts(root: Path, atlas: Atlas, compute: bool,
     problems: list[Problem] = []
     for f in atlas.families:
         adapter = adapters[f.name]
-        if not f.checkpoints:  # no printout to cache the module tree check: it runs every time
-            problems += treecheck.check(f, adapter)
-            continue
         rel = printouts.path_for(f.name)
         existing = files.read(root / rel)
         key = printout_key(f, atlas, adapter)
