@@ -12,6 +12,7 @@ config, by ``expr.evaluate``: a walk of the same whitelisted expression tree, ne
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -194,21 +195,26 @@ def _sides(text: str) -> tuple[str, str] | None:
     return a.strip(), b.strip()
 
 
+def _equations(lay: HostIR) -> Iterator[tuple[str, str]]:
+    """Each ``a == b`` identity of the host, as (a, b) and then (b, a)."""
+    for ident in lay.identities:
+        sides = _sides(ident.text)
+        if sides is not None:
+            yield sides
+            yield sides[::-1]
+
+
 def _sum_value(lay: HostIR, stream: str, branch: list[str], drawn: set[str], f: FamilyIR) -> Card | None:
     """The value a block identity names as the sum of the stream and the branch drawn since the last add
     (``layer_input + self_attn.attention_output == layer_mid``), when no module's input reads it."""
     names = {v.name: v for v in lay.values if v.missing is None}
-    for ident in lay.identities:
-        sides = _sides(ident.text)
-        if sides is None:
+    for value, total in _equations(lay):
+        terms = [t.strip() for t in total.split("+")]
+        if value not in names or value in drawn or len(terms) < 2 or stream not in terms:
             continue
-        for value, total in (sides, sides[::-1]):
-            terms = [t.strip() for t in total.split("+")]
-            if value not in names or value in drawn or len(terms) < 2 or stream not in terms:
-                continue
-            rest = [t for t in terms if t != stream]
-            if rest and all(t.split(".")[0] in branch for t in rest):
-                return _card(lay, names[value], f)
+        rest = [t for t in terms if t != stream]
+        if rest and all(t.split(".")[0] in branch for t in rest):
+            return _card(lay, names[value], f)
     return None
 
 
@@ -219,44 +225,36 @@ def _join_branches(items: list[str], lay: HostIR, children: dict[str, HostIR], s
     ``linear.output`` and ``linear.input == shared_transformer.mlp.mlp_raw_output``): drawn before that
     module as the child hosts that feed the value's module, the module with the value, and the add."""
     names = {v.name: v for v in lay.values if v.missing is None}
-    for ident in lay.identities:
-        sides = _sides(ident.text)
-        if sides is None:
+    for target, total in _equations(lay):
+        terms = [t.strip() for t in total.split("+")]
+        if not target.endswith(".input") or len(terms) < 2:
             continue
-        for target, total in (sides, sides[::-1]):
-            terms = [t.strip() for t in total.split("+")]
-            if not target.endswith(".input") or len(terms) < 2:
+        into = target.removesuffix(".input")
+        # the part drawn for that module: the norm read at its output
+        at = next((x for x in items if x.startswith("sub:") and subbed[x[4:]].read is not None
+                   and ".".join(subbed[x[4:]].read.module) == into), None)  # type: ignore[union-attr]
+        if at is None and into in items:
+            at = into
+        joined = [t for t in terms if t in names and t != "layer_input"]
+        if at is None or not joined:
+            continue
+        branch: list[str] = []
+        for value in joined:
+            r = names[value].read
+            if r is None or r.kind != "module" or len(r.module) != 1 or r.side != "output" or r.access:
                 continue
-            into = target.removesuffix(".input")
-            # the part drawn for that module: the norm read at its output
-            at = next((x for x in items if x.startswith("sub:") and subbed[x[4:]].read is not None
-                       and ".".join(subbed[x[4:]].read.module) == into), None)  # type: ignore[union-attr]
-            if at is None and into in items:
-                at = into
-            joined = [t for t in terms if t in names and t != "layer_input"]
-            if at is None or not joined:
-                continue
-            branch: list[str] = []
-            for value in joined:
-                r = names[value].read
-                if r is None or r.kind != "module" or len(r.module) != 1 or r.side != "output" or r.access:
-                    continue
-                mod = r.module[0]
-                feeders = []  # the child hosts whose values an identity puts at the module's input
-                for other in lay.identities:
-                    s2 = _sides(other.text)
-                    if s2 is None:
-                        continue
-                    for a, b in (s2, s2[::-1]):
-                        if a == f"{mod}.input" and b.split(".")[0] in children:
-                            feeders.append(b.split(".")[0])
-                branch += [f"host:{h}" for h in dict.fromkeys(feeders)] + [mod if mod not in children else f"host:{mod}"]
-            if not branch:
-                continue
-            joins[joined[0]] = (total, into)
-            items = [x for x in items if x not in branch]
-            pos = items.index(at)
-            items[pos:pos] = [*branch, f"join:{joined[0]}"]
+            mod = r.module[0]
+            feeders = []  # the child hosts whose values an identity puts at the module's input
+            for a, b in _equations(lay):
+                if a == f"{mod}.input" and b.split(".")[0] in children:
+                    feeders.append(b.split(".")[0])
+            branch += [f"host:{h}" for h in dict.fromkeys(feeders)] + [mod if mod not in children else f"host:{mod}"]
+        if not branch:
+            continue
+        joins[joined[0]] = (total, into)
+        items = [x for x in items if x not in branch]
+        pos = items.index(at)
+        items[pos:pos] = [*branch, f"join:{joined[0]}"]
     return items
 
 
@@ -548,8 +546,8 @@ class PageModel:
                         card = _sum_value(lay, stream, branch, drawn_, f)
                 note = ""
                 if joins and card is not None:  # after a join the drawn stream is not the residual: say the sum
-                    note = next((t for i_ in lay.identities if (s_ := _sides(i_.text)) for v_, t in (s_, s_[::-1])
-                                 if v_ == card.name and "+" in t), "") if lay is not None else ""
+                    note = next((t for v_, t in _equations(lay) if v_ == card.name and "+" in t), "") \
+                        if lay is not None else ""
                 parts.append(Part(self.uid(f"k{k}-{stack}-add{j}"), "+", "", "add", f"{stack}[i]", "", card,
                                   subtitle="residual add", note=note))
                 stream, branch = (card.name if card else ""), []
