@@ -184,9 +184,10 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     shared = getattr(base, "num_kv_shared_layers", None)
     if isinstance(shared, int) and not isinstance(shared, bool):  # (also a checkpoint's 0: the class default may not be)
         fixed["num_kv_shared_layers"] = 0  # (the last blocks reuse an earlier block of their kind's keys and values)
-    if isinstance(shared, int) and not isinstance(shared, bool) and shared > 0:
-        tiny_notes.append(f"num_kv_shared_layers: 0: a tiny stack is too short for blocks that reuse an earlier block's "
-                          f"keys and values (the checkpoints' last {shared} blocks do): they are not mapped by this draft")
+        if shared > 0:
+            tiny_notes.append(f"num_kv_shared_layers: 0: a tiny stack is too short for blocks that reuse an earlier "
+                              f"block's keys and values (the checkpoints' last {shared} blocks do): they are not mapped "
+                              f"by this draft")
     for name in DROPOUTS:
         if isinstance(getattr(base, name, None), float):
             fixed[name] = 0.0

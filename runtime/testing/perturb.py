@@ -30,9 +30,10 @@ import torch
 NOT_FACTORS = re.compile(
     r"eps|epsilon|drop|initializer|init_|_init|std$|theta|rope|jitter|noise|aux_loss|coef|loss|"
     r"time_step_(min|max|floor|limit|scale)|norm_min|variance|dim_multiplier|_size$|layerdrop|ratio$")
-CAPS = re.compile(r"cap")
-# an integer entry is a factor when named like one (Gemma's query_pre_attn_scalar, Llama 4's floor_scale)
-INT_FACTORS = re.compile(r"scalar|multiplier|scaling|scale$|factor$")  # MiniMax's alpha/beta: int | float = 1  # softcaps: drawn small enough that tanh bends on a tiny model's logits
+CAPS = re.compile(r"cap")  # softcaps: drawn small enough that tanh bends on a tiny model's logits
+# an integer entry is a factor when named like one (Gemma's query_pre_attn_scalar, Llama 4's floor_scale, MiniMax's
+# alpha/beta *_factor, typed int | float = 1)
+INT_FACTORS = re.compile(r"scalar|multiplier|scaling|scale$|factor$")
 
 
 def config_factors(config: Any) -> dict[str, Any]:
