@@ -54,3 +54,15 @@ def test_a_wrong_read_fails(monkeypatch: pytest.MonkeyPatch, family: str, path: 
     monkeypatch.setitem(registry.all_families(), family, _misread(family, path, name, source))
     with pytest.raises(AssertionError, match=says.replace("[", r"\[").replace("]", r"\]")):
         T.check_oracle(family, check, "eager")
+
+
+def test_a_pattern_forgotten_on_some_blocks_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where transformers returns one entry per block and the family serves the value on some blocks
+    (MiniMax's lightning blocks return their states there), each served block is compared with its own
+    entry; a skipped entry shaped like the served ones is a pattern the spec forgot, and fails."""
+    from nnatlas.testing import oracle
+
+    served = oracle._blocks_with
+    monkeypatch.setattr(oracle, "_blocks_with", lambda model, value: [b for b in served(model, value) if b[0] != 1])
+    with pytest.raises(AssertionError, match=r"attentions\[1\] shaped .* nnatlas serves no layers\[1\]"):
+        T.check_oracle("llama", "attentions", "eager")

@@ -134,7 +134,14 @@ def _oracle_blocks(model: AtlasModel, native: Any, inputs: Mapping[str, torch.Te
     n = int(model.num_layers)
     if theirs is not None and len(theirs) == n and len(ours) < n and len({i for i, _ in ours}) == len(ours):
         # one per block, where only some blocks serve the value (MiniMax returns its lightning blocks' states
-        # as their "attentions", which are no pattern): each served block against its own entry
+        # as their "attentions", which are no pattern): each served block against its own entry, and no
+        # skipped entry may look like a served one (a spec that forgot the value on some blocks would)
+        served = {i for i, _ in ours}
+        shapes = {tuple(theirs[i].shape) for i in served}
+        for j, entry in enumerate(theirs):
+            assert j in served or not isinstance(entry, torch.Tensor) or tuple(entry.shape) not in shapes, \
+                f"{at}: transformers returned {field}[{j}] shaped {tuple(entry.shape)} like the served blocks', " \
+                f"and nnatlas serves no layers[{j}].{value}"
         theirs = tuple(theirs[i] for i, _ in ours)
     assert theirs is not None and len(theirs) == len(ours), \
         f"{at}: transformers returned {len(theirs or ())} {field}, nnatlas serves {len(ours)}"
