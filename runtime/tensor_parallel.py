@@ -87,7 +87,7 @@ class Sharding:
         self.model = model
 
     @classmethod
-    def planned(cls, model: torch.nn.Module, size: int) -> Sharding:
+    def from_plan(cls, model: torch.nn.Module, size: int) -> Sharding:
         """The sharding transformers' plan (the model's ``_tp_plan``) would make of ``model`` over ``size`` ranks,
         with no process group: what :func:`how` says of each value, for a page (nothing is gathered through it)."""
         s = cls.__new__(cls)
@@ -169,10 +169,9 @@ def is_sharded(model: torch.nn.Module) -> bool:
 
 def sharding_of(model: torch.nn.Module) -> Sharding | None:
     """The tensor-parallel sharding of a transformers model, or None (one attribute read when not sharded)."""
-    size = model.__dict__.get("_tp_size")
-    if not size or size <= 1:
+    if not is_sharded(model):
         return None
-    return Sharding(model, int(size), model.__dict__.get("_device_mesh"), dict(model.__dict__.get("_tp_plan") or {}))
+    return Sharding(model, int(model.__dict__["_tp_size"]), model.__dict__.get("_device_mesh"), dict(model.__dict__.get("_tp_plan") or {}))
 
 
 def refuse_unshardable(family: str) -> None:
@@ -205,7 +204,7 @@ def planned(model: Any, size: int = 2) -> dict[str, Any]:
         return {"refused": CANNOT_SHARD[model.family]}
     hf = model.native
     before = model._tp
-    object.__setattr__(model, "_tp", Sharding.planned(hf, size))
+    object.__setattr__(model, "_tp", Sharding.from_plan(hf, size))
     model._targets_cache.clear()
     try:
         rows = model.support().sharded()
