@@ -25,6 +25,7 @@ TARGETS: dict[tuple[str, str], float] = {
     ("tiny", "c"): 1.25, ("deep", "c"): 1.25,
 }
 VS_NNSIGHT = 0.8
+OVER_HOOKS = 0.03  # a row with floors: ours/plain may be at most this much over torch forward hooks' /plain
 # the tiny families `make bench` times when --families is not given: a dense llama, GPT-2 (fused QKV, Conv1D),
 # a mixture and a hybrid (gated DeltaNet); `--families all` times every family under the loads its class accepts
 DEFAULT_FAMILIES = ("llama", "gpt2", "qwen3_moe", "qwen3_5_text")
@@ -70,6 +71,13 @@ class Table:
             verdicts.append(f"{'ok' if ok else 'MISS'} ≤{goal:.2f}")
             why = "" if ok else f": {self.why(model, case, t['plain'])}"
             (self.met if ok else self.misses).append(f"{model} ({case}) ours/plain {ratio:.3f} ≤ {goal}{why}")
+        if "hooks" in floors:
+            over = ratio - floors["hooks"]
+            ok = over <= OVER_HOOKS
+            verdicts.append(f"{'ok' if ok else 'MISS'} hooks+{OVER_HOOKS}")
+            why = "" if ok else f": {self.why(model, case, t['plain'])}"
+            (self.met if ok else self.misses).append(
+                f"{model} ({case}) ours/plain {ratio:.3f} ≤ torch forward hooks {floors['hooks']:.3f} + {OVER_HOOKS}{why}")
         if vs is not None:
             ok = vs <= VS_NNSIGHT
             verdicts.append(f"{'ok' if ok else 'MISS'} vs ≤{VS_NNSIGHT}")

@@ -176,6 +176,23 @@ def test_a_missed_row_says_what_the_bare_mechanisms_cost() -> None:
     assert 0 < warm and 0 < cold
 
 
+def test_a_row_with_floors_is_held_within_0_03_of_torch_forward_hooks() -> None:
+    """Every layer output within 0.03 of torch's own forward hooks, measured in the same rounds: a (b) row
+    with floors is met at hooks + 0.03 and missed just over it, the miss saying both ratios."""
+    from bench.timing import Timings
+
+    def verdict(ours: float) -> tuple[list[str], list[str]]:
+        table = run.Table()
+        table.add("m", "mid", "gpt2", "b", Timings({"plain": 1e-3, "ours": ours * 1e-3},
+                                                   {"ours": ours, "hooks": 1.04, "wrappers": 1.01}), values=3)
+        return table.met, table.misses
+
+    met, missed = verdict(1.02)
+    assert missed == [] and any("torch forward hooks 1.040 + 0.03" in m for m in met)
+    met, missed = verdict(1.075)
+    assert len(missed) == 2 and missed[1].startswith("m (b) ours/plain 1.075 ≤ torch forward hooks 1.040 + 0.03: ")
+
+
 def test_measure_puts_every_function_behind_every_other() -> None:
     """A call pays for what ran just before it, so the rounds' order is shuffled: over the rounds,
     each function runs right after each other one (a rotation kept the same neighbour every time)."""
