@@ -385,3 +385,52 @@ def test_a_fixed_size_the_config_refuses_keeps_its_default() -> None:
     d = draft("zaya")
     assert "num_experts_per_tok" not in d.proposal.tiny.config
     assert d.proposal.config["top_k"] == "num_experts_per_tok"
+
+
+@pytest.mark.parametrize(("model_type", "key", "value"), [
+    ("dots1", "n_shared_experts", 1),  # every block a mixture, its expert counts None by default
+    ("qwen4_exp_text", "indexer_budget", 8),  # the token indexer on every attention block, its sizes None
+    ("lfm2_moe", "layer_types", ["conv", "full_attention"]),  # layer_types None, not derived
+    ("cohere_compass_text", "rope_parameters", {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
+    ("zamba", "num_hidden_layers", 8),  # one hybrid block ties its shared block's weights to nothing
+])
+def test_what_the_config_class_leaves_unset_is_set(model_type: str, key: str, value: object) -> None:
+    """The tiny models of config classes whose defaults leave unset what their model needs (a checkpoint's config
+    sets it) build: the tiny config sets it, and says so in a note."""
+    plan = tiny.plan(model_type)
+    assert plan.first()[key] == value
+    assert any(key in note for note in plan.notes)
+    tiny.build(plan)
+
+
+def test_a_config_with_sub_configs_of_its_own() -> None:
+    """DBRX: its attention and mixture sizes sit in attn_config and ffn_config (shrunk there); __post_init__ copies
+    d_model into ffn_config before an alias (hidden_size) given as a keyword is set (the sizes are drawn by their
+    fields); its attention reads attn_config.rope_theta, which the class no longer declares, and clamps by clip_qkv
+    unguarded (None by default): both set."""
+    plan = tiny.plan("dbrx")
+    params = plan.first()
+    assert (plan.names["hidden"], params["ffn_config"]["ffn_hidden_size"]) == ("d_model", 24)
+    assert params["attn_config"]["rope_theta"] == 10000.0 and params["attn_config"]["clip_qkv"] == 0.5
+    model = tiny.build(plan)
+    assert model.transformer.blocks[0].ffn.router.layer.in_features == params["d_model"]
+    model(input_ids=torch.tensor([[4, 5, 6]]))
+
+
+def test_a_mixture_sized_in_a_sub_config() -> None:
+    """DBRX's expert count and top-k are ffn_config's entries (its spec's config names them by their path), and its
+    experts loop over the experts in their own forward, not behind transformers' experts interface: the draft lists
+    no experts implementation but eager (its generated tests failed at batched_mm and grouped_mm)."""
+    p = draft("dbrx").proposal
+    assert (p.config["num_experts"], p.config["top_k"]) == ("ffn_config.moe_num_experts", "ffn_config.moe_top_k")
+    assert p.experts == []
+    assert draft("qwen3_moe").proposal.experts == ["eager", "batched_mm", "grouped_mm"]
+
+
+def test_types_the_drafter_cannot_shrink_say_why() -> None:
+    with pytest.raises(DraftError, match=r"Gemma4AssistantConfig\(\) fails its own validation: .*"
+                                         "hidden_size_per_layer_input must be 0"):
+        tiny.plan("gemma4_assistant")  # its default text config is gemma4_text's, which its validator refuses
+    with pytest.raises(DraftError, match=r"several stacks, one per sub-config \(patcher_config, encoder_config, "
+                                         r"decoder_config, global_config\)"):
+        tiny.plan("blt")

@@ -833,11 +833,13 @@ class Matcher:
         host = p.host(hpath, c.cls, "the block's mixture of experts")
         self.seen.add(c.path)
         p.traits.append("Mixture of experts")
-        p.experts = ["eager", "batched_mm", "grouped_mm"]
         v = host.values
         bpath = c.path
         kids = rec.children_calls(bpath)
         ex = next(k for k in kids if self.child(k.path, bpath) == experts_name)
+        if hasattr(self.modules[ex.path], "_is_expert_parallel"):  # behind transformers' experts interface (its
+            # use_experts_implementation sets this); DBRX's experts loop over the experts in their own forward
+            p.experts = ["eager", "batched_mm", "grouped_mm"]
         self.name_in(bpath, experts_name, "experts", hpath)
         self.seen.add(ex.path)
         ex_in = ex.kwargs if ex.kwargs else {}
@@ -894,12 +896,18 @@ class Matcher:
             host.identities.append(ident("sum(expert_outputs, 2) == routed_output", 1e-6, "held on the tiny model"))
         v["routed_output"] = Value("experts.output", view=view_of(routed), sure="sure: the experts' output")
         out = tensor_of(c.output)
-        top_k = self.params.get("num_experts_per_tok") or self.params.get("moe_topk") or \
+        # (the entries of the config's own sub-configs too, by their path: DBRX's ffn_config.moe_top_k)
+        flat = {**self.params, **{f"{s}.{k}": x for s, d in self.params.items() if isinstance(d, dict)
+                                  for k, x in d.items()}}
+
+        def named(names: tuple[str, ...]) -> str | None:
+            return next((k for n in names for k in flat if k.rsplit(".", 1)[-1] == n), None)
+        n_attr = named(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"))
+        k_attr = named(("num_experts_per_tok", "moe_topk", "moe_top_k")) or next(
+            (k for k in ("num_experts_per_tok", "moe_topk", "top_k") if k in self.params
+             or isinstance(self.config.to_dict().get(k), int)), None)  # (or the config's own default)
+        top_k = next((flat[k] for k in (k_attr, "num_experts_per_tok", "moe_topk") if k and flat.get(k)), None) or \
             getattr(self.config, "num_experts_per_tok", None)
-        n_attr = next((k for k in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
-                       if k in self.params), None)
-        k_attr = next((k for k in ("num_experts_per_tok", "moe_topk", "top_k") if k in self.params
-                       or isinstance(self.config.to_dict().get(k), int)), None)  # (or the config's own default)
         for key, attr in (("num_experts", n_attr), ("top_k", k_attr),
                           ("norm_topk_prob", "norm_topk_prob" if hasattr(self.config, "norm_topk_prob") else None),
                           ("moe_intermediate_size", "moe_intermediate_size" if "moe_intermediate_size" in self.params else None)):

@@ -4,8 +4,10 @@ the generated tests will pick from (what goes into the spec's ``tiny:``)."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
+
+from .repair import own_sub_configs, repair
 
 
 class DraftError(Exception):
@@ -112,7 +114,13 @@ def base_config(model_type: str, path: str | None = None) -> Any:
         return AutoConfig.from_pretrained(path)
     if model_type not in CONFIG_MAPPING:
         raise DraftError(f"transformers has no model type '{model_type}'")
-    return CONFIG_MAPPING[model_type]()
+    try:
+        return CONFIG_MAPPING[model_type]()
+    except Exception as e:  # noqa: BLE001 - the class refuses its own defaults (Gemma 4 Assistant's validator refuses
+        # the gemma4_text defaults of its text config): nothing to shrink
+        lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+        raise DraftError(f"transformers' default {CONFIG_MAPPING[model_type].__name__}() fails its own validation: "
+                         f"{lines[-1] if lines else type(e).__name__}") from e
 
 
 def plan(model_type: str, path: str | None = None) -> Tiny:
@@ -181,6 +189,8 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
         if cur is not None and cur != value and isinstance(cur, (int, list)) and not isinstance(cur, bool):
             tiny_notes.append(f"{name}: {value} makes every tiny block a mixture; the checkpoints' config says {cur!r}: "
                               "their dense blocks are not mapped by this draft (one MLP class per host path)")
+    tiny_notes += own_sub_configs(base, fixed, path is not None,  # (DBRX's attn_config and ffn_config)
+                                  {**FIXED, **dict.fromkeys(INTERMEDIATE, 24)})
     shared = getattr(base, "num_kv_shared_layers", None)
     if isinstance(shared, int) and not isinstance(shared, bool):  # (also a checkpoint's 0: the class default may not be)
         fixed["num_kv_shared_layers"] = 0  # (the last blocks reuse an earlier block of their kind's keys and values)
@@ -215,12 +225,25 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     heads, kv, hidden = _first(base, HEADS), _first(base, KV_HEADS), _first(base, HIDDEN)
     kv = kv or next((n for n in KV_HEADS if n in listed), None)  # None by default: as many as the heads
     inter = _first(base, INTERMEDIATE) or next((n for n in INTERMEDIATE if n in base.to_dict()), None)
+    if any(isinstance(fixed.get(k), dict) for k in getattr(base, "sub_configs", None) or {}):
+        # a config that copies its sizes into its own sub-configs in __post_init__ (DBRX: ffn_config.hidden_size =
+        # d_model, num_key_value_heads = attn_config.kv_n_heads), which runs before an alias given as a keyword is
+        # set: each size by the field it is stored as, and no key-head count but the sub-config's
+        aliases = getattr(type(base), "attribute_map", None) or {}
+        layers, heads, hidden = (aliases.get(n, n) if n else n for n in (layers, heads, hidden))
+        if kv is not None and is_dataclass(base) and kv not in {f.name for f in fields(base)}:
+            kv = None
     # a state-space stack whose only head count is its mixer's (Mamba 2: num_heads, head_dim, expand): no attention
     ssm = ("head_dim", "num_heads", "expand")
     if heads == ssm[1] and kv is None and all(isinstance(getattr(base, n, None), int) for n in ssm) \
             and _attention_free(base, ssm[1]):
         heads = None
     if layers is None or hidden is None or (heads is None and not _attention_free(base, ssm[1])):
+        stacks = [k for k in (getattr(base, "sub_configs", None) or {})
+                  if _first(getattr(base, k, None), LAYERS) is not None]  # (BLT: four models, four stacks)
+        if len(stacks) > 1:
+            raise DraftError(f"{config_class} sizes several stacks, one per sub-config ({', '.join(stacks)}): a spec "
+                             "describes one decoder stack")
         raise DraftError(f"{config_class} has no layer, head or width size the drafter knows "
                          f"(looked for {LAYERS[0]}, {HEADS[0]}, {HIDDEN[0]} and their aliases)")
     tiny.names = {"layers": layers, "hidden": hidden}
@@ -291,6 +314,7 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
         tiny.notes.append(f"{layers}: enough blocks that the default layer_types has every kind of block")
     _per_layer(base, tiny)
     _refused_fixed(base, tiny)
+    repair(base, tiny)  # (what the config class leaves unset that its model needs)
     return tiny
 
 
