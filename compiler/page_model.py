@@ -556,10 +556,13 @@ class PageModel:
                 v = subbed[item.removeprefix("sub:")]
                 assert v.read is not None
                 mod = v.read.module
-                note = f"in {'.'.join(mod[:-1])}" if len(mod) > 1 else ""
+                # a list item is named with its index (input_layernorm[0], not 0 in input_layernorm)
+                item_read = len(mod) > 1 and mod[-1].isdigit()
+                leaf, within = (f"{mod[-2]}[{mod[-1]}]", mod[:-2]) if item_read else (mod[-1], mod[:-1])
+                note = f"in {'.'.join(within)}" if within else ""
                 if v.read.access:
                     note = (note + " " if note else "") + "output" + "".join(f"[{a}]" for a in v.read.access)
-                parts.append(Part(self.uid(f"k{k}-{stack}-{'-'.join(mod)}"), mod[-1], "", "norm",
+                parts.append(Part(self.uid(f"k{k}-{stack}-{'-'.join(mod)}"), leaf, "", "norm",
                                   f"{stack}[i]." + ".".join(mod), "", _card(lay, v, f), note=note))
                 continue
             if item.startswith("mul:"):  # a product with a value of the block (gemma4's per_layer_input, layer_scalar)
