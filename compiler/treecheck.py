@@ -261,10 +261,11 @@ class _Checker:
                 kids = introspect.child_names(host)
                 listed = introspect.child(host, item.group(1)) if item else None
                 if item and listed is not None:
-                    if not isinstance(introspect.native(listed), torch.nn.ModuleList):
-                        return (f": {label}.{item.group(1)} ({type(introspect.native(listed)).__name__}) is no list of "
+                    items = introspect.native(listed)
+                    if not isinstance(items, torch.nn.ModuleList):
+                        return (f": {label}.{item.group(1)} ({type(items).__name__}) is no list of "
                                 f"modules: name it without an index")
-                    n = len(introspect.native(listed))
+                    n = len(items)
                     return (f": {label}.{item.group(1)} is a list of {n} modules: index it with a number "
                             f"from 0 to {n - 1}")
                 return f": {label} ({type(introspect.native(host)).__name__}) has no child '{last}'" + _children(kids) \
