@@ -188,6 +188,9 @@ def test_a_host_at_a_list_item_is_that_item_in_its_block() -> None:
     assert [label for label, _ in model.live_hosts("layers[i].mlps[0]")] == ["layers[0].mlps[0]", "layers[1].mlps[0]"]
     with pytest.raises(IndexError, match=re.escape("layers[0].self_attn[2]: there are 2")):
         model.layers[0].self_attn[2]
+    shown = str(model)  # the printed tree shows each item's values (it showed none under a list in a block)
+    attn = shown[shown.index("(self_attn): ModuleList("):shown.index("(mlps): ModuleList(")]
+    assert "2 x LongcatFlashMLA(" in attn and "(attention_output) -> Residual" in attn, attn
 
 
 @pytest.mark.parametrize("host,said", [
