@@ -318,6 +318,8 @@ def _classes(f: FamilyIR) -> list[dict[str, Any]]:
                 rest = child[len(prefix):]
                 if rest.endswith("[i]"):
                     attrs[rest[:-3]] = f"HostList[{class_name(child)}]"
+                elif item := re.fullmatch(r"(\w+)\[\d+\]", rest):  # list items (self_attn[0], [1]): each its class
+                    attrs.setdefault(item.group(1), "HostList[TypedHost]")
                 elif "[i]" not in rest:
                     attrs[rest] = class_name(child)
         for std, _ in f.rename:

@@ -7,6 +7,7 @@ is what only the compiler knows (compiled expressions, the spec's positions, the
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,7 +102,7 @@ class HostIR:
     @property
     def ident(self) -> str:
         """A Python identifier for the host: ``layers[i].self_attn`` → ``layers_self_attn``."""
-        base = self.path.replace("[i]", "").replace(".", "_")
+        base = re.sub(r"\[([0-9]+)\]", r"_\1", self.path.replace("[i]", "")).replace(".", "_")  # self_attn[0]: _0
         if self.when_text:
             base += "_" + "".join(ch if ch.isalnum() else "_" for ch in self.when_text).strip("_")
         return base

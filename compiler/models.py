@@ -135,7 +135,10 @@ class KindRaw(Strict):
 
 
 class HostRaw(Strict):
-    """A native module under a standard path (model, layers[i], layers[i].self_attn ...) and the values read there."""
+    """A native module under a standard path (model, layers[i], layers[i].self_attn ...) and the values read there.
+    A host may sit at an item of a list child of a block, by its fixed index (LongCat-Flash's two attentions a block:
+    layers[i].self_attn[0] and layers[i].self_attn[1], model.layers[3].self_attn[1] at run time); an identity of the
+    block names it so (self_attn[1].attention_output)."""
 
     cls: StrictStr | None = Field(default=None, alias="class", description="the native class (required once, here or in a base)")
     when: StrictStr | None = Field(default=None, description="a block condition: the host exists only on the blocks it selects")

@@ -6,7 +6,8 @@ Everything else a spec says is emitted as a string literal (``repr``) or a check
 A name is ASCII ``[A-Za-z_][A-Za-z0-9_]*``, not a Python keyword (soft keywords included),
 not a builtin constant, and does not start with two underscores (no dunders, no class-private
 name mangling); a dotted path (``layers[i].self_attn``) is names joined by ``.``, each optionally
-followed by ``[i]``. ``problem`` says what is wrong with a name, or None when it is fine.
+followed by ``[i]`` (a block of a stack) or, for a host path, ``[0]`` (a fixed item of a list child:
+``layers[i].self_attn[0]``). ``problem`` says what is wrong with a name, or None when it is fine.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import re
 MAX_NAME = 100  # characters in one name
 MAX_PATH = 400  # characters in one dotted path
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+_ITEM = re.compile(r"\[(i|[0-9]+)\]$")  # a path part's index: [i] (a block) or [0] (a list item)
 _RESERVED = frozenset({*keyword.kwlist, *keyword.softkwlist})
 
 
@@ -44,7 +46,7 @@ def path_problem(path: object, what: str = "path", block_index: bool = True, dig
     if len(path) > MAX_PATH:
         return f"{what} is longer than {MAX_PATH} characters"
     for part in path.split("."):
-        name = part.removesuffix("[i]") if block_index else part
+        name = _ITEM.sub("", part) if block_index else part
         if digits and name.isascii() and name.isdigit():
             continue
         bad = problem(name, f"{what} {_shown(path)!r}: part" if "." in path else what)
@@ -56,7 +58,7 @@ def path_problem(path: object, what: str = "path", block_index: bool = True, dig
 def module_names(path: str) -> list[str]:
     """The module names a spec's dotted path gives (``layers[i].self_attn``: layers, self_attn), the root
     ``model`` left out: each is one of the vocabulary's modules: or the family's own."""
-    return [n for n in (part.removesuffix("[i]") for part in path.split(".")) if n and n != "model"]
+    return [n for n in (_ITEM.sub("", part) for part in path.split(".")) if n and n != "model"]
 
 
 def _shown(text: str) -> str:
@@ -76,6 +78,6 @@ RESERVED_CLASSES = frozenset({"Any", "AtlasModel", "Condition", "Family", "Funct
 def class_name(path: str) -> str:
     if path == "model":
         return "Model"
-    parts = [p.replace("[i]", "") for p in path.split(".")]
+    parts = [re.sub(r"\[([0-9]+)\]$", r"_\1", p.replace("[i]", "")) for p in path.split(".")]  # self_attn[0]: SelfAttn0
     parts[0] = parts[0].rstrip("s") if parts[0].endswith("layers") else parts[0]
     return "".join(w.capitalize() for p in parts for w in p.split("_"))

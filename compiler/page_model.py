@@ -491,20 +491,31 @@ class PageModel:
                 items.append(item)
         subbed: dict[str, ValueIR] = {}  # "sub:NAME" items: a norm read inside a wrapper (dbrx's norm_attn_norm)
         joins: dict[str, tuple[str, str]] = {}  # "join:V" items: the add of a branch's V into a module's input
+        def read_at(*names: str) -> str | None:
+            assert lay is not None
+            v = next((v for v in lay.values if v.name in names and v.read is not None
+                      and v.read.kind == "module" and v.read.module and not v.read.up
+                      and v.read.side == "output"), None)
+            if v is None or v.read is None:
+                return None
+            if len(v.read.module) == 1 and not v.read.access:
+                return v.read.module[0]
+            subbed[v.name] = v
+            return f"sub:{v.name}"
+        if spec != DEFAULT_BLOCK and lay is not None:
+            # a spec's own order: a norm it names whose value is read at an item of it (LongCat-Flash's
+            # input_layernorm.0) is drawn as that item
+            for name, values in (("input_layernorm", ("attention_norm_output", "mixer_norm_output")),
+                                 ("post_attention_layernorm", ("mlp_norm_output",))):
+                sub = read_at(*values) if name in items else None
+                read = subbed[sub[4:]].read if sub and sub.startswith("sub:") else None
+                if sub and read is not None and len(read.module) == 2 and read.module[0] == name \
+                        and read.module[1].isdigit():
+                    items = [sub if x == name else x for x in items]
         if spec == DEFAULT_BLOCK and lay is not None:
             # the default's norms are the modules the block's own values read (jamba's pre_ff_layernorm,
             # Mamba's norm; a module inside a wrapper, dbrx's norm_attn_norm.norm_1, or a wrapper's element,
             # norm_attn_norm.output[1]); a block without an MLP host ends on its mixer's add
-            def read_at(*names: str) -> str | None:
-                v = next((v for v in lay.values if v.name in names and v.read is not None
-                          and v.read.kind == "module" and v.read.module and not v.read.up
-                          and v.read.side == "output"), None)
-                if v is None or v.read is None:
-                    return None
-                if len(v.read.module) == 1 and not v.read.access:
-                    return v.read.module[0]
-                subbed[v.name] = v
-                return f"sub:{v.name}"
             subs = {"input_layernorm": read_at("attention_norm_output", "mixer_norm_output"),
                     "post_attention_layernorm": read_at("mlp_norm_output")}
             items = [subs.get(x) or x for x in items]
@@ -556,10 +567,13 @@ class PageModel:
                 v = subbed[item.removeprefix("sub:")]
                 assert v.read is not None
                 mod = v.read.module
-                note = f"in {'.'.join(mod[:-1])}" if len(mod) > 1 else ""
+                # a list item is named with its index (input_layernorm[0], not 0 in input_layernorm)
+                item_read = len(mod) > 1 and mod[-1].isdigit()
+                leaf, within = (f"{mod[-2]}[{mod[-1]}]", mod[:-2]) if item_read else (mod[-1], mod[:-1])
+                note = f"in {'.'.join(within)}" if within else ""
                 if v.read.access:
                     note = (note + " " if note else "") + "output" + "".join(f"[{a}]" for a in v.read.access)
-                parts.append(Part(self.uid(f"k{k}-{stack}-{'-'.join(mod)}"), mod[-1], "", "norm",
+                parts.append(Part(self.uid(f"k{k}-{stack}-{'-'.join(mod)}"), leaf, "", "norm",
                                   f"{stack}[i]." + ".".join(mod), "", _card(lay, v, f), note=note))
                 continue
             if item.startswith("mul:"):  # a product with a value of the block (gemma4's per_layer_input, layer_scalar)

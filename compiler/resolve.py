@@ -65,7 +65,9 @@ PARTS = "parts"  # specs/parts/<part>.yaml: fragments families include (no famil
 _EDITS = ("logits", "later", "none")
 MIN_EXAMPLES, MAX_EXAMPLES = 3, 1000  # hypothesis examples per generated test (fewer draws too little of the config space)
 MAX_TINY_RANGE = 4096  # the largest batch or sequence a generated test may draw
-_HOST_PATH = re.compile(r"model|[a-z_][a-z0-9_]*(\[i\])?(\.[a-z_][a-z0-9_]*(\[i\])?)*")
+_HOST_PATH = re.compile(r"model|[a-z_][a-z0-9_]*(\[i\])?(\.[a-z_][a-z0-9_]*(\[(i|[0-9]{1,4})\])?)*")
+# a list item of a block (layers[i].self_attn[0]: LongCat-Flash's two attentions a block): a fixed index, below [i]
+_LIST_ITEM = re.compile(r"\[([0-9]+)\]")
 _FAMILY_NAME = re.compile(r"[a-z][a-z0-9_]*")
 _CODE_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 # the note every family's page ends with (its examples run in every family's generated tests)
@@ -876,7 +878,12 @@ class _Family:
     def host(self, path: str, h: HostRaw, config: list[tuple[str, expr.Compiled, str]]) -> list[HostIR]:
         at = ("hosts", path)
         if not _HOST_PATH.fullmatch(path):
-            self.err(at, f"host path '{path}' is not 'model' or a dotted path like layers[i].self_attn", key=True)
+            self.err(at, f"host path '{path}' is not 'model' or a dotted path like layers[i].self_attn (or "
+                     "layers[i].self_attn[0], an item of a list child of the block)", key=True)
+            return []
+        if (m := _LIST_ITEM.search(path)) and "[i]" not in path[:m.start()]:
+            self.err(at, f"host '{path}': a list item [{m.group(1)}] is an item of a list child inside a block "
+                     "(layers[i].self_attn[0]); a stack of blocks is indexed [i]", key=True)
             return []
         if bad := names.path_problem(path, "host path"):
             self.err(at, bad, key=True)
@@ -1201,7 +1208,7 @@ class _Family:
             return True  # a module boundary: checked on the live model by the generated tests
         if parts[0] == "model" and len(parts) > 1:  # a path from the root
             host, parts = "model", parts[1:]
-        prefix = re.sub(r"\[(\d+|i|i[+-]\d+)\]", "[i]", ".".join(parts[:-1]))
+        prefix = _term_prefix(host, parts[:-1])
         target = host if not prefix else (prefix if host == "model" else f"{host}.{prefix}")
         return parts[-1] in by_path.get(target, set())
 
@@ -1355,9 +1362,27 @@ def _term_value(host: str, term: str) -> tuple[str, str]:
     parts = term.split(".")
     if parts[0] == "model" and len(parts) > 1:
         host, parts = "model", parts[1:]
-    prefix = re.sub(r"\[(\d+|i|i[+-]\d+)\]", "[i]", ".".join(parts[:-1]))
+    prefix = _term_prefix(host, parts[:-1])
     target = host if not prefix else (prefix if host == "model" else f"{host}.{prefix}")
     return target, parts[-1]
+
+
+def _term_prefix(host: str, parts: Sequence[str]) -> str:
+    """The host path a term's parts name below ``host``, with a stack's index as ``[i]`` (``layers[0]``,
+    ``layers[i+1]``: a block of the stack) and a list item's kept (``self_attn[0]`` inside a block: the host
+    ``layers[i].self_attn[0]``): an index is a list item's when the path is inside a block already."""
+    inside = host != "model" and "[i]" in host
+    out = []
+    for part in parts:
+        m = re.fullmatch(r"(.*)\[(\d+|i|i[+-]\d+)\]", part)
+        if m is None:
+            out.append(part)
+        elif inside and m.group(2).isdigit():
+            out.append(part)  # a list item of a block
+        else:
+            out.append(f"{m.group(1)}[i]")
+            inside = True
+    return ".".join(out)
 
 
 def _flat(args: Any) -> list[Any]:

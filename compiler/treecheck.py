@@ -220,7 +220,7 @@ class _Checker:
             return None
         where = type(module).__name__
         target = ".".join([ir.path, *prefix])
-        values = by_path.get(re.sub(r"\[\d+\]", "[i]", target), set())
+        values = by_path.get(re.sub(r"\[\d+\]", "[i]", target, count=1), set())
         return (f"{where} has no parameter or buffer '{last}', and {target} no value of that name (its parameters "
                 f"and buffers: {', '.join(sorted(held)) or 'none'})" + suggest(last, [*held, *values]))
 
@@ -249,13 +249,25 @@ class _Checker:
         return None
 
     def nearest_host(self, path: str, builds: list[tuple[str, Any]]) -> str:
+        import torch
+
         from nnatlas import introspect
 
         parent, _, last = path.rpartition(".")
         last = last.removesuffix("[i]")
+        item = re.fullmatch(r"(\w+)\[(\d+)\]", last)  # a list item: self_attn[2]
         for _, model in builds:
             for label, host in _live(model, parent or "model"):
                 kids = introspect.child_names(host)
+                listed = introspect.child(host, item.group(1)) if item else None
+                if item and listed is not None:
+                    items = introspect.native(listed)
+                    if not isinstance(items, torch.nn.ModuleList):
+                        return (f": {label}.{item.group(1)} ({type(items).__name__}) is no list of "
+                                f"modules: name it without an index")
+                    n = len(items)
+                    return (f": {label}.{item.group(1)} is a list of {n} modules: index it with a number "
+                            f"from 0 to {n - 1}")
                 return f": {label} ({type(introspect.native(host)).__name__}) has no child '{last}'" + _children(kids) \
                     + suggest(last, kids)
         return ""

@@ -233,7 +233,7 @@ def _refuse_failed(p: Any, held: list[str], failed: list[tuple[Check, str]], ref
     hosts = {h.path: h for h in p.hosts.values()}
 
     def refuse(host: str, value: str, why: str) -> bool:
-        h = hosts.get(re.sub(r"\[\d+\]", "[i]", host))
+        h = hosts.get(re.sub(r"\[\d+\]", "[i]", host, count=1))
         if h is None or value in verified:
             return False
         found = False

@@ -47,7 +47,7 @@ def _render(model: ModelTargets, module: torch.nn.Module, pattern: str, index: i
     targets = targets or {}
     specs: list[HostSpec] = model._specs_for(pattern, index) if pattern else []
     if isinstance(module, torch.nn.ModuleList):
-        return _render_list(model, module, pattern, targets)
+        return _render_list(model, module, pattern, targets, index)
     rev = _reverse(model, pattern) if pattern else {}
     lines = []
     for name, child in module._modules.items():
@@ -70,9 +70,12 @@ def _render(model: ModelTargets, module: torch.nn.Module, pattern: str, index: i
 
 
 def _render_list(model: ModelTargets, module: torch.nn.ModuleList, pattern: str,
-                 targets: dict[int, str] | None = None) -> str:
-    item = f"{pattern}[i]" if pattern else ""
-    rendered = [_render(model, m, item, i, targets) for i, m in enumerate(module)]
+                 targets: dict[int, str] | None = None, block: int | None = None) -> str:
+    if "[i]" in pattern:  # a list inside a block: fixed items, each its own path (layers[i].self_attn[1])
+        rendered = [_render(model, m, f"{pattern}[{i}]", block, targets) for i, m in enumerate(module)]
+    else:
+        item = f"{pattern}[i]" if pattern else ""
+        rendered = [_render(model, m, item, i, targets) for i, m in enumerate(module)]
     lines = []
     start = 0
     for i in range(1, len(rendered) + 1):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import operator
+import re
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -55,6 +56,27 @@ BOUNDARIES = {
     "inputs": ReadPoint("module", "inputs", "the module's own inputs (args, kwargs)", side="inputs"),
     "output": ReadPoint("module", "output", "the module's own output", side="output"),
 }
+
+
+def pattern_of(label: str) -> str:
+    """The spec path of a host's label: the stack's block index as ``[i]``, a list item inside a block kept
+    (``layers[3].self_attn[1]`` → ``layers[i].self_attn[1]``)."""
+    return re.sub(r"\[\d+\]", "[i]", label, count=1)
+
+
+def step(node: Host | HostList | None, part: str) -> Host | HostList | None:
+    """The child a part of a spec path names: ``mlp``, or ``self_attn[1]``, the item of a list child; None
+    where there is none (no such child, or an index past the list's end)."""
+    if node is None:
+        return None
+    name, bracket, index = part.partition("[")
+    found = node._child(name)
+    if not bracket:
+        return found
+    index = index.rstrip("]")
+    if not isinstance(found, HostList) or not index.isdigit() or int(index) >= len(found):
+        return None
+    return found[int(index)]
 
 
 def resolve_native(root: torch.nn.Module, dotted: str) -> torch.nn.Module | None:
@@ -245,8 +267,12 @@ class HostList(Generic[H]):
         module = self._module._modules[str(i)]
         host = self._hosts.get(i)
         if host is None or host._module is not module:
+            # a list inside a block (LongCat-Flash's self_attn: layers[3].self_attn[1]) holds fixed items, each its
+            # own spec path (layers[i].self_attn[1]) in the block of its parent; a stack's items are its blocks
+            inside = self._parent is not None and self._parent._block_index() is not None
+            pattern, index = (f"{self._pattern}[{i}]", None) if inside else (f"{self._pattern}[i]", i)
             host = self._hosts[i] = Host(self._model, module, f"{self._label}[{i}]",  # type: ignore[assignment]
-                                         f"{self._pattern}[i]", i)
+                                         pattern, index)
             host.__dict__["_parent"] = self._parent
         return host  # type: ignore[return-value]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
@@ -15,7 +14,7 @@ from . import introspect, tensor_parallel, user_specs
 from . import registry as _families
 from .errors import InputError, NnatlasError, Unavailable
 from .given import unwrap
-from .hosts import Host
+from .hosts import Host, pattern_of, step
 from .model import AtlasModel
 from .processing import load_processor
 from .sites import _KERNEL_ROUTES
@@ -188,7 +187,7 @@ def _optional(fam: Family, path: str) -> bool:
 
 
 def _pattern(node: Host) -> str:
-    return re.sub(r"\[\d+\]", "[i]", introspect.label(node))
+    return pattern_of(introspect.label(node))
 
 
 def _index(label: str) -> int | None:
@@ -215,13 +214,13 @@ def _hosts_at(model: AtlasModel, path: str) -> list[tuple[str, Host | None]]:
         host: Any = node[i]
         label = f"{head}[{i}]"
         for part in [p for p in rest.split(".") if p]:
-            nxt = introspect.child(host, part)
+            nxt = step(host, part)  # a child, or an item of a list child (self_attn[1])
             label += f".{part}"
-            if nxt is None:
+            if not isinstance(nxt, Host):
                 host = None
                 break
             host = nxt
-        if host is None and label != path.replace("[i]", f"[{i}]"):
+        if host is None and label != path.replace("[i]", f"[{i}]", 1):
             continue  # a parent missing on this block: said at its own path
         out.append((label, host))
     return out

@@ -13,7 +13,7 @@ import torch
 
 from . import tensor_parallel
 from .errors import NnatlasError, Unavailable
-from .hosts import Host, HostList
+from .hosts import Host, HostList, step
 from .processing import PromptProcessor
 from .sites import kernel_route
 from .spec import Family, HostSpec, ValueSpec
@@ -173,11 +173,11 @@ class ModelTree(Host):
         for i in range(len(node)):
             host: Any = node[i]
             for part in [p for p in rest.split(".") if p]:
-                host = host._child(part)
+                host = step(host, part)  # a child, or an item of a list child (self_attn[1])
                 if host is None:
                     break
-            if host is not None:
-                out.append((path.replace("[i]", f"[{i}]"), host))
+            if isinstance(host, Host):
+                out.append((path.replace("[i]", f"[{i}]", 1), host))
         return out
 
     def _kind_layers(self, kind: str) -> list[int] | None:
@@ -235,11 +235,11 @@ class ModelTree(Host):
         for i in range(len(node)):
             host = node[i]
             for part in [p for p in rest.split(".") if p]:
-                host = host._child(part)
+                host = step(host, part)  # a child, or an item of a list child (self_attn[1])
                 if host is None:
                     break
-            if host is not None:
-                yield path.replace("[i]", f"[{i}]"), host
+            if isinstance(host, Host):
+                yield path.replace("[i]", f"[{i}]", 1), host
 
     def _value_spec(self, pattern: str, index: int | None, name: str) -> ValueSpec | None:
         """The spec of value ``name`` on the host at ``pattern`` (block ``index``): the first that has it."""

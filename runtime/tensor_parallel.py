@@ -214,7 +214,7 @@ def planned(model: Any, size: int = 2) -> dict[str, Any]:
     said: dict[str, list[str]] = {}
     for host, value, line in rows:
         said.setdefault(line, [])
-        label = re.sub(r"\[\d+\]", "[i]", f"{host}.{value}" if host != "model" else value)  # (any block's)
+        label = re.sub(r"\[\d+\]", "[i]", f"{host}.{value}" if host != "model" else value, count=1)  # (any block's)
         if label not in said[line]:
             said[line].append(label)
     out: dict[str, Any] = {"values": [{"how": line, "values": labels} for line, labels in said.items()],

@@ -186,6 +186,10 @@ ROUTING = [
      "sum(expert_indices, -1) == sum(topk_indices(sigmoid(router_logits), top_k), -1)", {}),
     ("minimax", "expert_weights == topk_weights(softmax(router_logits, -1), top_k, norm_topk_prob)",
      "expert_weights == topk_weights(softmax(router_logits, -1), top_k, False)", {}),
+    # LongCat-Flash chooses among routed and zero experts on the softmax plus the correction bias
+    ("longcat_flash", "sum(expert_indices, -1) == sum(topk_indices(softmax(router_logits, -1) + "
+     "router.e_score_correction_bias, top_k), -1)",
+     "sum(expert_indices, -1) == sum(topk_indices(softmax(router_logits, -1), top_k), -1)", {}),
     # JetMoE softmaxes the top-k logits among themselves: the renormalized top-k of the softmax
     ("jetmoe", "expert_weights == topk_weights(softmax(router_logits, -1), top_k, True)",
      "expert_weights == topk_weights(softmax(router_logits, -1), top_k, False)", {}),
@@ -214,6 +218,7 @@ FACTORS = [
     ("deepseek_v2", "layers[i].mlp", "routed_scaling_factor"),
     ("jetmoe", "layers[i]", "mlp.bias"),
     ("kimi_linear", "layers[i].mlp", "routed_scaling_factor"),
+    ("longcat_flash", "layers[i].mlp", "routed_scaling_factor"),
     # MiniMax's alpha/beta (the draft's block identities left them out; at 1 they held by accident)
     ("minimax", "layers[i]", "mlp_beta_factor"), ("minimax", "layers[i]", "linear_attn_alpha_factor"),  # the bias JetMoE's mixture adds after its experts' sum (zero at init)
 ]
@@ -304,3 +309,58 @@ def test_a_pinned_factor_says_why_and_a_range_is_ordered(tmp_path: Any) -> None:
         f"specs/granite.yaml:{line}:26: tiny.factors.residual_multiplier: a pinned factor says why (reason: ...), "
         "true of the released checkpoints",
         f"specs/granite.yaml:{line + 1}:21: tiny.factors.logits_scaling: range [low, high] needs low < high"]
+
+
+# ---- LongCat-Flash: two attentions and two MLPs a block, hosts at list items -------------------
+
+@pytest.mark.parametrize("path", ["layers[i].self_attn[0]", "layers[i].self_attn[1]"])
+@pytest.mark.parametrize("scale", ["(hidden_size / q_lora_rank) ** 0.5", "(hidden_size / kv_lora_rank) ** 0.5"])
+def test_longcat_latent_attention_without_its_lora_scale_fails(path: str, scale: str) -> None:
+    """mla_scale_q_lora and mla_scale_kv_lora are no config entries (the attention computes them from the sizes),
+    so the perturbation cannot draw them: the tiny model's latent ranks sit below hidden_size, which keeps them off
+    1. Each identity that carries one fails without it."""
+    ids = [i for s in T.adapter_module("longcat_flash").FAMILY.hosts if s.path == path for i in s.identities]
+    index, identity = next((k, i) for k, i in enumerate(ids) if scale in i.text)
+    mutated = identity_of(identity.text.replace(f" * {scale}", ""), identity.atol)
+    assert mutated.text != identity.text
+    T.check_identity(case_of("longcat_flash", True), path, index)
+    with pytest.raises(AssertionError):
+        T.check_identity(case_of("longcat_flash", True), path, index, replace=mutated)
+
+
+@pytest.mark.parametrize("swap", [("self_attn[0].attention_output", "self_attn[1].attention_output"),
+                                  ("self_attn[0].attention_output", "mlps[0].mlp_output")])
+def test_longcat_block_identity_with_another_sublayer_fails(swap: tuple[str, str]) -> None:
+    """The list items are told apart: the first attention's output swapped for the second's (or for the first
+    MLP's) in layer_input + self_attn[0].attention_output == layer_mid fails."""
+    index, identity = spec_identity("longcat_flash", "layers[i]", "layer_input + self_attn[0].attention_output == layer_mid")
+    T.check_identity(case_of("longcat_flash", True), "layers[i]", index)
+    with pytest.raises(AssertionError):
+        T.check_identity(case_of("longcat_flash", True), "layers[i]", index,
+                         replace=identity_of(identity.text.replace(*swap), identity.atol))
+
+
+def test_longcat_attention_and_mlp_reads_swapped_fail_the_block_identities() -> None:
+    """The reads swapped in a user's spec (hosts at list items, each read made from its sibling: ^.mlps.0.output,
+    ^.self_attn.0.output[0]): the block's identities fail on a perturbed tiny model; the family's own hold."""
+    from nnatlas import registry
+    from nnatlas.compiler.userspec import compile_text
+
+    text = ("family: swapped_longcat\nextends: longcat_flash\nhosts:\n"
+            "  layers[i].self_attn[0]:\n    values:\n      attention_output: \"^.mlps.0.output\"\n"
+            "  layers[i].mlps[0]:\n    values:\n      mlp_output: \"^.self_attn.0.output[0]\"\n")
+    module = compile_text(text.encode(), "swapped_longcat.yaml")
+    registry.add_user(module)
+    try:
+        case = case_of("swapped_longcat", True)
+        texts = [i.text for h in module.FAMILY.hosts if h.path == "layers[i]" for i in h.identities]
+        failed = []
+        for k, identity in enumerate(texts):
+            try:
+                T.check_identity(case, "layers[i]", k)
+            except AssertionError:
+                failed.append(identity)
+        assert "layer_input + self_attn[0].attention_output == layer_mid" in failed, failed
+        T.check_identity(case_of("longcat_flash", True), "layers[i]", texts.index(failed[0]))
+    finally:
+        registry.remove_user("swapped_longcat")

@@ -172,3 +172,43 @@ def test_a_read_into_a_list_child_names_its_index() -> None:
     with pytest.raises(SpecError) as info:
         compile_text(text.replace("layers.0.input", "layers.9.input").encode(), "listed_llama.yaml")
     assert "listed_llama.yaml:6:" in str(info.value) and "has no child module '9'" in str(info.value), str(info.value)
+
+
+# ---- hosts at list items: LongCat-Flash's two attentions and two MLPs a block ------------------
+
+def test_a_host_at_a_list_item_is_that_item_in_its_block() -> None:
+    """``layers[i].self_attn[1]`` is a host of its own (LongCat-Flash): ``model.layers[1].self_attn[1]`` is the second
+    attention of block 1 (its specs are that path's, its block 1, not 1 taken for a block index); an index past the
+    list's end says how many there are."""
+    model = T.build("longcat_flash")
+    item = model.layers[1].self_attn[1]
+    assert (item._pattern, item._block_index(), item._label) == ("layers[i].self_attn[1]", 1, "layers[1].self_attn[1]")
+    assert item._module is model.native.model.layers[1].self_attn[1]
+    assert [s.path for s in item._specs()] == ["layers[i].self_attn[1]"]
+    assert [label for label, _ in model.live_hosts("layers[i].mlps[0]")] == ["layers[0].mlps[0]", "layers[1].mlps[0]"]
+    with pytest.raises(IndexError, match=re.escape("layers[0].self_attn[2]: there are 2")):
+        model.layers[0].self_attn[2]
+    shown = str(model)  # the printed tree shows each item's values (it showed none under a list in a block)
+    attn = shown[shown.index("(self_attn): ModuleList("):shown.index("(mlps): ModuleList(")]
+    assert "2 x LongcatFlashMLA(" in attn and "(attention_output) -> Residual" in attn, attn
+
+
+@pytest.mark.parametrize("host,said", [
+    ("layers[i].self_attn[2]", ":5:12: layers[i].self_attn[2]: no module here in the tiny model: layers[0].self_attn "
+                               "is a list of 2 modules: index it with a number from 0 to 1"),
+    ("layers[i].mlp[0]", ":5:12: layers[i].mlp[0]: no module here in the tiny model: layers[0].mlp (LongcatFlashMoE) "
+                         "is no list of modules: name it without an index"),
+    ("layers[i].self_atn[0]", ":4:3: host 'layers[i].self_atn[0]': 'self_atn' is not a standard module name; did you "
+                              "mean 'self_attn'?"),
+    ("layers.self_attn[0]", ":4:3: host 'layers.self_attn[0]': a list item [0] is an item of a list child inside a "
+                            "block (layers[i].self_attn[0]); a stack of blocks is indexed [i]"),
+    ("embed_tokens[0]", ":4:3: host path 'embed_tokens[0]' is not 'model' or a dotted path like layers[i].self_attn"),
+])
+def test_a_host_at_a_list_item_that_is_not_one_is_one_error_at_its_line(host: str, said: str) -> None:
+    from nnatlas.compiler.userspec import compile_text
+
+    text = (f"family: listed_longcat\nextends: longcat_flash\nhosts:\n  {host}:\n    class: LongcatFlashMLA\n"
+            "    values:\n      attention_output: \"output[0]\"\n")
+    with pytest.raises(SpecError) as info:
+        compile_text(text.encode(), "listed_longcat.yaml")
+    assert f"listed_longcat.yaml{said}" in str(info.value), str(info.value)

@@ -142,7 +142,7 @@ def _plain_block_gradients(model: AtlasModel, inputs: Mapping[str, torch.Tensor]
 
 def _path_of(label: str) -> str:
     """``layers[3].self_attn`` -> ``layers[i].self_attn``: the spec path of a host label."""
-    return re.sub(r"\[\d+\]", "[i]", label)
+    return re.sub(r"\[\d+\]", "[i]", label, count=1)  # a list item inside a block is kept (self_attn[1])
 
 
 class Held(TorchDispatchMode):
