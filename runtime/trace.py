@@ -27,6 +27,7 @@ from .protocols import WrappedModel
 from .requests import (
     INPUT_SIDES,
     RUNNING_TRACE,
+    Box,
     Expr,
     Request,
     SiteKey,
@@ -228,7 +229,9 @@ class Tracer:
                         save_with_grad(t, r, payload, value)  # the hook on the tensor the forward goes on with
                     else:
                         fill(r.payload, value, r.label)
-                        if t.sharded:  # save(local=True): the holder says which slice of the full value it is
+                        if t.sharded and type(r.payload) is not Box:
+                            # save(local=True): a tensor's holder says which slice of the full value it is (a Box
+                            # holds what is no tensor, a state that is None, the same on every rank)
                             r.payload.tp_shard = getattr(value, "tp_shard", None)
                     r.done = True
                     return self._finish(r, payload)

@@ -22,8 +22,9 @@ from nnatlas.requests import Target
 from nnatlas.testing import WORDS, shared_build
 
 # a dense, a mixture (experts inside moe_tp_experts: partial sums), a hybrid (Mamba and attention blocks, a mixture
-# on some), an image-text family traced with images (LLaVA: CLIP and a llama)
-FAMILIES = ("llama", "qwen3_moe", "jamba", "llava")
+# on some), a second hybrid whose delta-rule state is a Box (Kimi Linear's initial state, None on one call: a
+# rank's save(local=True) of it once raised), an image-text family traced with images (LLaVA: CLIP and a llama)
+FAMILIES = ("llama", "qwen3_moe", "jamba", "kimi_linear", "llava")
 
 
 @pytest.mark.torchrun
@@ -47,7 +48,9 @@ def test_two_gloo_ranks_serve_the_values_edits_and_gradients_of_one_process(tmp_
     for family in FAMILIES:
         r = report[family]
         assert r["values"] > 30 and r["grads"], (family, r)
-        assert r["max_value_diff"] < 1e-5 and r["max_grad_diff"] < 1e-4, (family, r)
+        # gradients relative to the largest (float32 sums in another order: 0.7-3.7e-7 of it here; the perturbed
+        # kimi_linear's reach 3434, where 9.8e-4 is 2.8e-7 of it)
+        assert r["max_value_diff"] < 1e-5 and r["max_grad_diff"] < 2e-6 * r["max_grad"], (family, r)
         assert r["max_cache_diff"] < 1e-5 and (r["max_generate_diff"] or 0) < 1e-5, (family, r)
     # the values a rank holds a shard of: the heads of every attention, the neurons of a dense MLP
     assert any("attention_queries: num_heads" in v for v in report["llama"]["sharded_values"])

@@ -189,21 +189,23 @@ def check_tp(family: str, folder: Path, attn: str = "eager") -> dict[str, Any]:
     cache_diff = max(_diff(ca[f"layers[{i}].layer_output"], cb[f"layers[{i}].layer_output"], f"{family} cache")
                      for i in (0, 1))
     grad_diff: float | str
+    grad_scale: float | None  # the largest gradient on one process: what the TP one's differences are relative to
     if family in CANNOT_DIFFERENTIATE:  # said before the forward, not a failure inside transformers' backward
         try:
             _grads(tp, inputs)
         except nnatlas.Unavailable as e:
-            grad_diff, gb = f"refused: {str(e)[:80]}", {}
+            grad_diff, gb, grad_scale = f"refused: {str(e)[:80]}", {}, None
         else:
             raise AssertionError(f"{family}: trace(grad=True) under tensor parallel did not say it cannot run")
     else:
         ga, gb = _grads(tp, inputs), _grads(one, inputs)
         assert ga.keys() == gb.keys() and gb, f"{family}: gradients {sorted(ga)} under TP, {sorted(gb)} on one"
         grad_diff = max(_diff(ga[k], gb[k], f"{family} {k}.grad") for k in gb)
+        grad_scale = max(float(g.abs().max()) for g in gb.values())
     dist.barrier()
     return {"values": len(theirs), "max_value_diff": values, "sharded_values": sharded,
             "edits": [n for n, _ in edits], "max_edit_logit_diff": edit_diff,
-            "grads": sorted(gb), "max_grad_diff": grad_diff, "max_generate_diff": gen_diff,
+            "grads": sorted(gb), "max_grad_diff": grad_diff, "max_grad": grad_scale, "max_generate_diff": gen_diff,
             "max_cache_diff": cache_diff}
 
 
