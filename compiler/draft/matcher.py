@@ -14,7 +14,7 @@ import torch
 
 from .proposal import Function, Host, Identity, Kind, Proposal, Value
 from .recorder import FnCall, ModuleCall, Op, Recording
-from .tiny import Tiny, _global
+from .tiny import DraftError, Tiny, _global
 
 # ---- tensors --------------------------------------------------------------------------------
 
@@ -163,11 +163,21 @@ class Matcher:
         first_in = None
         if layers is not None:
             path, n = layers
+            runs = [sum(c.path == f"{path}.{i}" for c in rec.calls) for i in range(n)]
+            if max(runs) > 1:  # (Dory's recurrent section, HRM's stacks: a read point would name one of its calls)
+                raise DraftError(f"{self.tiny.model_class}: its blocks run in a loop ({path}.{runs.index(max(runs))} "
+                                 f"runs {max(runs)} times in one forward, {sum(runs)} block calls for {n} blocks); a "
+                                 "spec reads each block once", built=True)
             p.rename["layers"] = path
             p.rename_sure["layers"] = f"sure: the ModuleList of {n} blocks, called in order"
             self.seen.add(path)
             c0 = rec.call(f"{path}.0")
             first_in = hidden_in(c0) if c0 else None
+            if first_in is not None and first_in.dim() == 3 and first_in.shape[0] == self.batch and \
+                    first_in.shape[1] > self.seq:  # (CPM-Ant's prompt tokens, which its hidden states drop)
+                raise DraftError(f"{self.tiny.model_class}: prepended tokens: the blocks' stream has "
+                                 f"{first_in.shape[1]} positions for {self.seq} input tokens; a spec's values are per "
+                                 "input token", built=True)
         else:
             p.todos.append("no ModuleList of num_hidden_layers blocks was called in order: the blocks are not mapped")
         if embed is not None:
@@ -203,6 +213,11 @@ class Matcher:
                     tensor_of(norm.output), hidden_in(head)) == 0.0 else "sure: its output is what the prediction head reads"
                 self.seen.add(norm.path)
                 v["final_norm_output"] = Value("norm.output", sure="sure")
+                if rec.call(norm.path) is not norm:  # the norm runs before too (NanoChat's, on the embeddings): a
+                    # read of its output is its first call's; what the head reads is the last one's
+                    calls = sum(c.path == norm.path for c in rec.calls)
+                    v["final_norm_output"] = Value("lm_head.input", sure=f"sure: the final norm's output (the norm "
+                                                   f"runs {calls} times in one forward: norm.output reads its first)")
             p.rename["lm_head"] = head.path
             p.rename_sure["lm_head"] = "sure: the model's output embeddings"
             self.seen.add(head.path)
