@@ -486,3 +486,19 @@ def test_the_oracle_where_the_last_hidden_state_is_the_last_blocks() -> None:
         _oracle_hidden_states(served(heads[0]), native, inputs, "gemma3n_text", False)
         with pytest.raises(AssertionError, match="final_norm_output vs what the prediction head reads"):
             _oracle_hidden_states(served(heads[0] + 1), native, inputs, "gemma3n_text", False)
+
+
+def test_a_forward_that_takes_no_attention_mask() -> None:
+    """xLSTM's forward takes no attention_mask (nnatlas refuses it as an input): the draft proposes none and reads the
+    next token's probabilities at the last position; the checks' inputs leave the mask out (padding ids are tokens)."""
+    from types import SimpleNamespace
+
+    from nnatlas.testing import Case, _fixed_inputs
+
+    values = draft("xlstm").proposal.hosts["model"].values
+    assert "attention_mask" not in values and values["next_token_probs"].derived == "softmax(logits[:, -1], -1)"
+    model = SimpleNamespace(processor=None, normalized_config={"vocab_size": 96},
+                            native=tiny.build(tiny.plan("xlstm")))
+    inputs = _fixed_inputs(model)  # type: ignore[arg-type]
+    assert set(inputs) == {"input_ids"} and inputs["input_ids"].shape == (3, 6)
+    assert "inputs (3, 6), left padding [0, 0, 0]" in repr(Case("xlstm", {}, inputs, 0))

@@ -158,7 +158,8 @@ class Matcher:
         host = p.host("model", type(self.model).__name__, "the class transformers maps this model type to")
         v = host.values
         v["input_ids"] = Value("input.input_ids", sure="sure: the call's keyword")
-        v["attention_mask"] = Value("input.attention_mask", sure="sure: the call's keyword")
+        if "attention_mask" in rec.inputs:  # (xLSTM's forward takes none)
+            v["attention_mask"] = Value("input.attention_mask", sure="sure: the call's keyword")
         v["input_size"] = Value(derived="shape(input_ids)", sure="sure")
         first_in = None
         if layers is not None:
@@ -223,7 +224,8 @@ class Matcher:
             self.seen.add(head.path)
             v["lm_head_output"] = Value("lm_head.output", sure="sure")
         v["logits"] = Value("output.logits", sure="sure")
-        v["next_token_probs"] = Value(derived="softmax(last_token(logits, attention_mask), -1)", sure="sure")
+        v["next_token_probs"] = Value(derived="softmax(last_token(logits, attention_mask), -1)" if "attention_mask" in v
+                                      else "softmax(logits[:, -1], -1)", sure="sure")
         if head is not None and holds(tensor_of(head.output), rec.output.get("logits")) == 0.0:
             host.identities.insert(0, ident("logits == lm_head_output", 0.0, "held on the tiny model"))
         if head is not None and embed is not None and head_mod.weight is self.modules[embed.path].weight:

@@ -96,7 +96,9 @@ class Case:
 
     def _describe(self) -> str:
         shape = tuple(self.inputs["input_ids"].shape)
-        mask = self.inputs["attention_mask"]
+        mask = self.inputs.get("attention_mask")
+        if mask is None:  # (a forward that takes no attention mask: padding ids are tokens)
+            mask = torch.ones_like(self.inputs["input_ids"])
         pads = (mask == 0).sum(-1).tolist()
         side = "right" if bool((mask[:, -1] == 0).any()) else "left"
         grid = self.inputs.get("image_grid_thw")
@@ -271,7 +273,7 @@ def check_identities(case: Case, path: str, indices: tuple[int, ...], experts: s
                         values[term] = resolve_term(host, term, model, block).save()
     failures = []
     for label, _, _, identity, values in reads:
-        values.setdefault("attention_mask", case.inputs["attention_mask"])
+        values.setdefault("attention_mask", case.inputs.get("attention_mask"))
         lhs, rhs = identity.check(values)
         try:
             assert_identity(identity, lhs, rhs, functools.partial(_where, identity, label, case))
@@ -319,9 +321,12 @@ def _fixed_inputs(model: AtlasModel, text_only: bool = False) -> dict[str, torch
     different grids."""
     if model.processor is not None and not text_only:
         return image_prompt_inputs(model.processor, 5, FIXED_SIZES, seed=1)
+    from ..validate import accepted_kwargs
+
     vocab = int(model.normalized_config["vocab_size"])
     left, right = draw_inputs(vocab, 2, 6, [0, 2], seed=1), draw_inputs(vocab, 1, 6, [2], seed=2, side="right")
-    return {k: torch.cat([left[k], right[k]]) for k in left}
+    accepted = accepted_kwargs(model.native)
+    return {k: torch.cat([left[k], right[k]]) for k in left if accepted is None or k in accepted}
 
 
 def check_edit(family: str, path: str, name: str, experts: str | None = None, variant: str | None = None) -> None:
