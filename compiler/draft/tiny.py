@@ -370,8 +370,7 @@ def _sections(base: Any, tiny: Tiny, layers: str) -> None:
     if len(parts) < 2 or sum(parts.values()) != total or n < len(parts):
         return
     sizes = dict.fromkeys(parts, 1)
-    for name in sorted(parts, key=lambda k: -parts[k])[:1]:
-        sizes[name] += n - len(parts)
+    sizes[max(parts, key=lambda k: parts[k])] += n - len(parts)
     tiny.draw[layers] = [n]
     tiny.config.update(sizes)
     tiny.notes.append(f"{', '.join(sizes)}: {', '.join(map(str, sizes.values()))}: the sections of the stack, "
