@@ -27,8 +27,6 @@ def draft(model_type: str, model_path: str | None = None, extends: str | None = 
     import torch
     import transformers
 
-    from nnatlas.validate import accepted_kwargs
-
     from . import matcher, recorder, tiny, writer
 
     first = tiny.plan(model_type, model_path)
@@ -44,8 +42,7 @@ def draft(model_type: str, model_path: str | None = None, extends: str | None = 
         gen = torch.Generator().manual_seed(seed)
         ids = torch.randint(4, int(params.get("vocab_size", 96)), (2, 7), generator=gen)
         inputs: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-        accepted = accepted_kwargs(model)
-        if accepted is not None and "attention_mask" not in accepted:  # (xLSTM's forward takes no attention mask)
+        if not tiny.takes_mask(model):  # (xLSTM's forward: nnatlas refuses the mask as an input)
             del inputs["attention_mask"]
         try:
             rec = recorder.record(model, inputs)

@@ -302,6 +302,23 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     return tiny
 
 
+def takes_mask(model: Any) -> bool:
+    """Whether the model's forward takes an attention_mask: a parameter of its own, or through ``**kwargs`` as
+    transformers' keywords (as nnatlas's inputs check reads the signature)."""
+    import inspect
+
+    params = inspect.signature(type(model).forward).parameters
+    if "attention_mask" in params:
+        return True
+    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return False
+    try:
+        from transformers.utils.generic import TransformersKwargs
+    except ImportError:  # pragma: no cover (another transformers): as nnatlas's inputs check, taken
+        return True
+    return "attention_mask" in TransformersKwargs.__annotations__
+
+
 def alternatives(tiny: Tiny) -> list[tuple[Tiny, str]]:
     """Other tiny sizes, each with the spec's note on it, for a model whose forward fails at the first ones: a relation
     the model needs that the config does not check. Fewer key/value heads than query heads (MiMo-V2-Flash doubles the

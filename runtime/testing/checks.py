@@ -20,6 +20,7 @@ from ..errors import NnatlasError, NotReached, Unavailable
 from ..hosts import Value
 from ..model import AtlasModel
 from ..patterns import RECOMPUTED
+from ..validate import accepted_kwargs
 from .flex import runs_on_cpu as flex_runs_on_cpu
 from .flex import uncompiled_flex_attention
 from .tiny import (
@@ -317,16 +318,16 @@ FIXED_SIZES = [(16, 16), (24, 16)]
 
 def _fixed_inputs(model: AtlasModel, text_only: bool = False) -> dict[str, torch.Tensor]:
     """Three sequences of token ids, one unpadded, one padded on the left, one on the right (both sides in one
-    batch: the mask says which positions are real), or (a family with images) one prompt with two images of
-    different grids."""
+    batch: the mask says which positions are real; three unpadded, without a mask, where the forward takes none), or
+    (a family with images) one prompt with two images of different grids."""
     if model.processor is not None and not text_only:
         return image_prompt_inputs(model.processor, 5, FIXED_SIZES, seed=1)
-    from ..validate import accepted_kwargs
-
     vocab = int(model.normalized_config["vocab_size"])
-    left, right = draw_inputs(vocab, 2, 6, [0, 2], seed=1), draw_inputs(vocab, 1, 6, [2], seed=2, side="right")
     accepted = accepted_kwargs(model.native)
-    return {k: torch.cat([left[k], right[k]]) for k in left if accepted is None or k in accepted}
+    if accepted is not None and "attention_mask" not in accepted:  # a forward that takes no mask (xLSTM): no padding
+        return {"input_ids": draw_inputs(vocab, 3, 6, [0, 0, 0], seed=1)["input_ids"]}
+    left, right = draw_inputs(vocab, 2, 6, [0, 2], seed=1), draw_inputs(vocab, 1, 6, [2], seed=2, side="right")
+    return {k: torch.cat([left[k], right[k]]) for k in left}
 
 
 def check_edit(family: str, path: str, name: str, experts: str | None = None, variant: str | None = None) -> None:
