@@ -167,8 +167,7 @@ class Matcher:
             runs = [sum(c.path == f"{path}.{i}" for c in rec.calls) for i in range(n)]
             if max(runs) > 1:  # (Dory's recurrent section, HRM's stacks: a read point would name one of its calls)
                 raise DraftError(f"{self.tiny.model_class}: its blocks run in a loop ({path}.{runs.index(max(runs))} "
-                                 f"runs {max(runs)} times in one forward, {sum(runs)} block calls for {n} blocks); a "
-                                 "spec reads each block once", built=True)
+                                 f"runs {max(runs)} times per forward); a spec reads each block once", built=True)
             p.rename["layers"] = path
             p.rename_sure["layers"] = f"sure: the ModuleList of {n} blocks, called in order"
             self.seen.add(path)
