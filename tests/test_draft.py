@@ -243,7 +243,75 @@ def test_tiny_configs_keep_their_own_invariants() -> None:
     assert "v_head_dim" not in tiny.plan("xlstm").config  # a property of the config class, derived
     assert tiny.plan("gemma3n_text").config["num_kv_shared_layers"] == 0  # (15 of 35 blocks share: none of 5 can)
     zamba2 = tiny.plan("zamba2")  # layer_types given at the default stack's length: one block per kind
-    assert zamba2.config["layer_types"] == ["linear_attention", "hybrid"] and zamba2.draw["num_hidden_layers"] == [2]
+    assert zamba2.config["layers_block_type"] == ["linear_attention", "hybrid"]
+    assert zamba2.draw["num_hidden_layers"] == [2]
+
+
+def test_tiny_layer_types_under_the_field_an_alias_names() -> None:
+    """Zamba 2's layer_types is an alias (attribute_map) of layers_block_type, set after __post_init__ derived
+    hybrid_layer_ids from the field's default (54 blocks): its shared blocks looked up block 1 in [6, 12, ...] and the
+    tiny forward failed (KeyError: 1). The tiny config sets the field itself."""
+    import transformers
+
+    plan = tiny.plan("zamba2")
+    assert "layer_types" not in plan.config
+    assert getattr(transformers, plan.config_class)(**plan.first()).hybrid_layer_ids == [1]
+
+
+def test_sizes_are_no_factors_to_perturb() -> None:
+    """A width given as a fraction of another is a size, not a factor of the forward: drawn away from its default,
+    DeepSeek-V4's partial_rotary_factor (1 on its tiny heads) gave a rotary wider than the heads, xLSTM's qk_dim_factor
+    widths its layers and its cache round apart; both tiny forwards failed."""
+    import transformers
+
+    from nnatlas.testing import config_factors
+
+    assert "partial_rotary_factor" not in config_factors(transformers.DeepseekV4Config())
+    xlstm = config_factors(transformers.xLSTMConfig())
+    assert not {"qk_dim_factor", "v_dim_factor", "ffn_proj_factor"} & set(xlstm) and "gate_soft_cap" in xlstm
+
+
+def test_a_stack_in_sections_and_blocks_that_run_in_a_loop() -> None:
+    """Dory: n_input_layers + n_recurrent_layers + n_output_layers == num_hidden_layers (8 + 20 + 8); left at their
+    defaults on a 4-block stack, the recurrent section was -12 blocks and the forward failed. Shrunk, it runs: its
+    recurrent section twice (n_recurrent_loops), which no spec reads (one call per block), so no draft, saying why."""
+    plan = tiny.plan("dory")
+    sections = [plan.config[n] for n in ("n_input_layers", "n_recurrent_layers", "n_output_layers")]
+    assert sections == [1, 2, 1] and sum(sections) == plan.first()["num_hidden_layers"]
+    with pytest.raises(DraftError, match=r"blocks run in a loop \(model.layers.1 runs 2 times") as e:
+        draft("dory")
+    assert e.value.built
+
+
+def test_a_stream_longer_than_the_input_is_not_drafted() -> None:
+    """CPM-Ant prepends its prompt tokens to the stream (its hidden states drop them): no draft, saying why."""
+    with pytest.raises(DraftError, match="prepended tokens: the blocks' stream has 39 positions for 7 input") as e:
+        draft("cpmant")
+    assert e.value.built
+
+
+def test_other_tiny_sizes_when_the_first_fail_the_forward() -> None:
+    """MiMo-V2-Flash doubles the key/value heads of its sliding blocks (with as many as the query heads, a head group
+    is empty); xLSTM's cache rounds its widths up to a multiple of 64, its layers do not. Their tiny forwards failed
+    at the first sizes; the drafter tries others, and the spec's tiny says which and why."""
+    mimo = draft("mimo_v2_flash").proposal.tiny
+    assert mimo.draw["_groups"] == [2] and any(n.startswith("_groups: [2]") and "size of tensor" in n for n in mimo.notes)
+    xlstm = draft("xlstm").proposal.tiny
+    assert xlstm.draw["_head_dim"] == [64] and any("matC_old has wrong shape" in n for n in xlstm.notes)
+
+
+def test_a_final_norm_that_runs_before_the_blocks_too() -> None:
+    """NanoChat calls its final norm on the embeddings too: norm.output reads that first call, which failed the
+    oracle; final_norm_output is what the prediction head reads."""
+    p = draft("nanochat").proposal
+    assert p.hosts["model"].values["final_norm_output"].read == "lm_head.input"
+
+
+def test_composite_parts_a_text_forward_does_not_run_are_shrunk() -> None:
+    """GIT's (as Phi-4-multimodal's) causal-LM class builds its vision tower from the whole config: at its default
+    size (Phi-4-multimodal's vision and audio: 870M parameters) the sweep ran out of time."""
+    vision = tiny.plan("git").config["vision_config"]
+    assert (vision["num_hidden_layers"], vision["hidden_size"], vision["intermediate_size"]) == (1, 32, 32)
 
 
 def test_positions_per_sequence() -> None:
@@ -434,3 +502,53 @@ def test_types_the_drafter_cannot_shrink_say_why() -> None:
     with pytest.raises(DraftError, match=r"several stacks, one per sub-config \(patcher_config, encoder_config, "
                                          r"decoder_config, global_config\)"):
         tiny.plan("blt")
+
+
+def test_the_oracle_where_the_last_hidden_state_is_the_last_blocks() -> None:
+    """Gemma 3n carries the stream as four copies, merged after the blocks, then normed: transformers' last hidden
+    state is the last block's output (four copies), not the final norm's. The oracle compares it with the last
+    block's output, and final_norm_output with what the prediction head reads (it asserted the shapes equal)."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from nnatlas.testing import _oracle_hidden_states
+
+    native = tiny.build(tiny.plan("gemma3n_text"))
+    inputs = {"input_ids": torch.tensor([[5, 6, 7, 8]])}
+    heads: list[torch.Tensor] = []
+    hook = native.lm_head.register_forward_pre_hook(lambda m, args: heads.append(args[0]))
+    with torch.no_grad():
+        hs = native(**inputs, output_hidden_states=True).hidden_states
+    hook.remove()
+    n = len(hs) - 1
+    assert hs[n].shape[0] == 4 and hs[n].shape[1:] == heads[0].shape  # (the four copies)
+
+    def served(final: torch.Tensor) -> Any:
+        value = SimpleNamespace(name="final_norm_output", read=SimpleNamespace(kind="module"), needs=None)
+        return SimpleNamespace(
+            num_layers=n, _family=SimpleNamespace(hosts=[SimpleNamespace(values=[value])]),
+            layers=[SimpleNamespace(layer_input=SimpleNamespace(save=lambda t=hs[i]: t),
+                                    layer_output=SimpleNamespace(save=lambda t=hs[i + 1]: t)) for i in range(n)],
+            final_norm_output=SimpleNamespace(save=lambda: final), trace=lambda *a, **k: contextlib.nullcontext())
+
+    with torch.no_grad():
+        _oracle_hidden_states(served(heads[0]), native, inputs, "gemma3n_text", False)
+        with pytest.raises(AssertionError, match="final_norm_output vs what the prediction head reads"):
+            _oracle_hidden_states(served(heads[0] + 1), native, inputs, "gemma3n_text", False)
+
+
+def test_a_forward_that_takes_no_attention_mask() -> None:
+    """xLSTM's forward takes no attention_mask (nnatlas refuses it as an input): the draft proposes none and reads the
+    next token's probabilities at the last position; the checks' inputs leave the mask out, and the padding (without a
+    mask its ids are tokens, which nnatlas warns of)."""
+    from types import SimpleNamespace
+
+    from nnatlas.testing import Case, _fixed_inputs
+
+    values = draft("xlstm").proposal.hosts["model"].values
+    assert "attention_mask" not in values and values["next_token_probs"].derived == "softmax(logits[:, -1], -1)"
+    model = SimpleNamespace(processor=None, normalized_config={"vocab_size": 96},
+                            native=tiny.build(tiny.plan("xlstm")))
+    inputs = _fixed_inputs(model)  # type: ignore[arg-type]
+    assert set(inputs) == {"input_ids"} and inputs["input_ids"].shape == (3, 6) and bool((inputs["input_ids"] > 0).all())
+    assert "inputs (3, 6), left padding [0, 0, 0]" in repr(Case("xlstm", {}, inputs, 0))

@@ -29,16 +29,34 @@ def draft(model_type: str, model_path: str | None = None, extends: str | None = 
 
     from . import matcher, recorder, tiny, writer
 
-    plan = tiny.plan(model_type, model_path)
-    params = tiny.perturbed(plan, plan.first(), seed)
-    model = tiny.build(plan, params, seed=seed, perturb=True)
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(4, int(params.get("vocab_size", 96)), (2, 7), generator=gen)
-    inputs: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    try:
-        rec = recorder.record(model, inputs)
-    except Exception as e:  # noqa: BLE001 - a forward that fails on the tiny model: report it as such
-        raise DraftError(f"{plan.model_class}: the tiny model's forward failed: {type(e).__name__}: {e}") from e
+    first = tiny.plan(model_type, model_path)
+    failed: Exception | None = None
+    for plan, why in [(first, ""), *tiny.alternatives(first)]:  # (the others: when the first one's forward fails)
+        params = tiny.perturbed(plan, plan.first(), seed)
+        try:
+            model = tiny.build(plan, params, seed=seed, perturb=True)
+        except DraftError:
+            if failed is None:
+                raise
+            continue
+        gen = torch.Generator().manual_seed(seed)
+        ids = torch.randint(4, int(params.get("vocab_size", 96)), (2, 7), generator=gen)
+        inputs: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        if not tiny.takes_mask(model):  # (xLSTM's forward: nnatlas refuses the mask as an input)
+            del inputs["attention_mask"]
+        try:
+            rec = recorder.record(model, inputs)
+        except Exception as e:  # noqa: BLE001 - a forward that fails on the tiny model: the next sizes, else report it
+            failed = failed or e
+            continue
+        if failed is not None:
+            plan.notes.append(f"{why} (the drafter's first tiny sizes fail the forward: {type(failed).__name__}: "
+                              f"{str(failed).splitlines()[0][:120]})")
+        break
+    else:
+        assert failed is not None
+        raise DraftError(f"{first.model_class}: the tiny model's forward failed: {type(failed).__name__}: {failed}"
+                         ) from failed
     proposal = matcher.match(rec, plan, params)
     proposal.extends = extends
     return Draft(proposal, writer.write(proposal, transformers.__version__))

@@ -14,7 +14,7 @@ import torch
 
 from .proposal import Function, Host, Identity, Kind, Proposal, Value
 from .recorder import FnCall, ModuleCall, Op, Recording
-from .tiny import Tiny, _global
+from .tiny import DraftError, Tiny, _global
 
 # ---- tensors --------------------------------------------------------------------------------
 
@@ -158,16 +158,26 @@ class Matcher:
         host = p.host("model", type(self.model).__name__, "the class transformers maps this model type to")
         v = host.values
         v["input_ids"] = Value("input.input_ids", sure="sure: the call's keyword")
-        v["attention_mask"] = Value("input.attention_mask", sure="sure: the call's keyword")
+        if "attention_mask" in rec.inputs:  # (xLSTM's forward takes none)
+            v["attention_mask"] = Value("input.attention_mask", sure="sure: the call's keyword")
         v["input_size"] = Value(derived="shape(input_ids)", sure="sure")
         first_in = None
         if layers is not None:
             path, n = layers
+            runs = [sum(c.path == f"{path}.{i}" for c in rec.calls) for i in range(n)]
+            if max(runs) > 1:  # (Dory's recurrent section, HRM's stacks: a read point would name one of its calls)
+                raise DraftError(f"{self.tiny.model_class}: its blocks run in a loop ({path}.{runs.index(max(runs))} "
+                                 f"runs {max(runs)} times per forward); a spec reads each block once", built=True)
             p.rename["layers"] = path
             p.rename_sure["layers"] = f"sure: the ModuleList of {n} blocks, called in order"
             self.seen.add(path)
             c0 = rec.call(f"{path}.0")
             first_in = hidden_in(c0) if c0 else None
+            if first_in is not None and first_in.dim() == 3 and first_in.shape[0] == self.batch and \
+                    first_in.shape[1] > self.seq:  # (CPM-Ant's prompt tokens, which its hidden states drop)
+                raise DraftError(f"{self.tiny.model_class}: prepended tokens: the blocks' stream has "
+                                 f"{first_in.shape[1]} positions for {self.seq} input tokens; a spec's values are per "
+                                 "input token", built=True)
         else:
             p.todos.append("no ModuleList of num_hidden_layers blocks was called in order: the blocks are not mapped")
         if embed is not None:
@@ -203,12 +213,18 @@ class Matcher:
                     tensor_of(norm.output), hidden_in(head)) == 0.0 else "sure: its output is what the prediction head reads"
                 self.seen.add(norm.path)
                 v["final_norm_output"] = Value("norm.output", sure="sure")
+                if rec.call(norm.path) is not norm:  # the norm runs before too (NanoChat's, on the embeddings): a
+                    # read of its output is its first call's; what the head reads is the last one's
+                    calls = sum(c.path == norm.path for c in rec.calls)
+                    v["final_norm_output"] = Value("lm_head.input", sure=f"sure: the final norm's output (the norm "
+                                                   f"runs {calls} times in one forward: norm.output reads its first)")
             p.rename["lm_head"] = head.path
             p.rename_sure["lm_head"] = "sure: the model's output embeddings"
             self.seen.add(head.path)
             v["lm_head_output"] = Value("lm_head.output", sure="sure")
         v["logits"] = Value("output.logits", sure="sure")
-        v["next_token_probs"] = Value(derived="softmax(last_token(logits, attention_mask), -1)", sure="sure")
+        v["next_token_probs"] = Value(derived="softmax(last_token(logits, attention_mask), -1)" if "attention_mask" in v
+                                      else "softmax(logits[:, -1], -1)", sure="sure")
         if head is not None and holds(tensor_of(head.output), rec.output.get("logits")) == 0.0:
             host.identities.insert(0, ident("logits == lm_head_output", 0.0, "held on the tiny model"))
         if head is not None and embed is not None and head_mod.weight is self.modules[embed.path].weight:

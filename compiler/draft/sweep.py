@@ -92,7 +92,7 @@ def one(model_type: str, score_only: bool = False) -> dict[str, Any]:
     try:
         d = draft(model_type)
     except DraftError as e:
-        row["built"] = "does not build" not in str(e) and "forward failed" in str(e)
+        row["built"] = e.built or ("does not build" not in str(e) and "forward failed" in str(e))
         row["why"] = str(e).splitlines()[0][:160]
         return row
     except Exception as e:  # noqa: BLE001 - a drafter bug on this type: the row says so

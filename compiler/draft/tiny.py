@@ -11,7 +11,12 @@ from .repair import own_sub_configs, repair
 
 
 class DraftError(Exception):
-    """The drafter cannot go on: no such model type, no causal-LM class, a model that does not build."""
+    """The drafter cannot go on: no such model type, no causal-LM class, a model that does not build (``built``: it
+    built and ran, and its forward is one no spec describes)."""
+
+    def __init__(self, message: str, built: bool = False):
+        super().__init__(message)
+        self.built = built
 
 
 # config attribute -> the fixed tiny value (the first name of each group that the config has wins)
@@ -213,6 +218,7 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
             fixed[name] = False
             tiny_notes.append(f"{name}: false keeps the drawn sizes as they are (the checkpoints' config says true: "
                               "the model rounds them)")
+    _other_parts(base, model_class, fixed, tiny_notes)
     tiny = Tiny(model_type, model_class, config_class, fixed, {}, tiny_notes)
     tiny.also = [asked] if asked != model_type and path is None else []
     listed = base.to_dict()
@@ -249,6 +255,7 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     tiny.names = {"layers": layers, "hidden": hidden}
     draw = tiny.draw
     draw[layers] = _layer_options(type(base), layers, fixed)
+    _sections(base, tiny, layers)
     pattern = getattr(base, "attention_types", None)  # GPT-Neo's [[kinds, repeats]]: the kinds once each
     if isinstance(pattern, list) and pattern and isinstance(pattern[0], list) and isinstance(pattern[0][0], list):
         fixed["attention_types"] = [[pattern[0][0], 1]]
@@ -314,8 +321,109 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
         tiny.notes.append(f"{layers}: enough blocks that the default layer_types has every kind of block")
     _per_layer(base, tiny)
     _refused_fixed(base, tiny)
+    _unaliased(base, tiny)
     repair(base, tiny)  # (what the config class leaves unset that its model needs)
     return tiny
+
+
+def takes_mask(model: Any) -> bool:
+    """Whether the model's forward takes an attention_mask: a parameter of its own, or through ``**kwargs`` as
+    transformers' keywords (as nnatlas's inputs check reads the signature)."""
+    import inspect
+
+    params = inspect.signature(type(model).forward).parameters
+    if "attention_mask" in params:
+        return True
+    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return False
+    try:
+        from transformers.utils.generic import TransformersKwargs
+    except ImportError:  # pragma: no cover (another transformers): as nnatlas's inputs check, taken
+        return True
+    return "attention_mask" in TransformersKwargs.__annotations__
+
+
+def alternatives(tiny: Tiny) -> list[tuple[Tiny, str]]:
+    """Other tiny sizes, each with the spec's note on it, for a model whose forward fails at the first ones: a relation
+    the model needs that the config does not check. Fewer key/value heads than query heads (MiMo-V2-Flash doubles the
+    key/value heads of its sliding blocks: with as many as the query heads, a head group is empty); wider heads (xLSTM
+    rounds its config's widths up to a multiple of 64, as its cache is sized, where its layers do not round)."""
+    import copy
+
+    tries = []
+    if tiny.draw.get("_groups") == [1, 2]:
+        tries.append(({"_groups": [2]}, "_groups: [2]: two query heads or more per key/value head"))
+    if tiny.draw.get("_head_dim") in ([8, 16], [16, 8]):
+        tries.append(({"_head_dim": [64]}, "_head_dim: [64]: heads as wide as the model rounds its widths"))
+    if len(tries) > 1:
+        tries.append(({k: v for t, _ in tries for k, v in t.items()}, "; ".join(why for _, why in tries)))
+    out = []
+    for draws, why in tries:
+        other = copy.deepcopy(tiny)
+        other.draw.update(draws)
+        out.append((other, why))
+    return out
+
+
+def _other_parts(base: Any, model_class: str, fixed: dict[str, Any], notes: list[str]) -> None:
+    """A composite config's other parts, built with the causal-LM model but not run on text (Phi-4-multimodal's vision
+    and audio encoders: 870M parameters at their defaults, past the sweep's time): one block each, 32 wide (every
+    entry equal to the part's width), two heads; kept at their defaults when the model does not build so."""
+    import torch
+    import transformers
+
+    text = base.get_text_config() if hasattr(base, "get_text_config") else base
+    shrunk: dict[str, dict[str, Any]] = {}
+    for name in getattr(base, "sub_configs", None) or {}:
+        part = getattr(base, name, None)
+        width = _first(part, HIDDEN) if part is not None and part is not text else None
+        if part is None or width is None:
+            continue
+        given = part.to_dict()
+        sizes = {k: 32 for k, v in given.items() if v == getattr(part, width) and type(v) is int}
+        for names, value in ((LAYERS + ("num_blocks",), 1), (HEADS, 2), (INTERMEDIATE, 32)):
+            n = _first(part, names)
+            if n is not None and n in given:
+                sizes[n] = value
+        shrunk[name] = sizes
+    if not shrunk:
+        return
+    try:
+        with torch.device("meta"):  # (whether it builds so, without the weights)
+            getattr(transformers, model_class)(type(base)(**{**base.to_diff_dict(), **shrunk}))
+    except Exception:  # noqa: BLE001 - a relation the shrunk parts break: their defaults stay
+        return
+    fixed.update(shrunk)
+    notes.append(f"{', '.join(shrunk)}: one block each, 32 wide (the model builds them; a text forward does not run "
+                 "them)")
+
+
+def _sections(base: Any, tiny: Tiny, layers: str) -> None:
+    """Layer counts that split the stack into sections (Dory: n_input_layers + n_recurrent_layers + n_output_layers ==
+    num_hidden_layers, by default 8 + 20 + 8): shrunk with it, each section one block or more, the rest to the
+    largest (a default left as it is would make the tiny stack's middle section negative)."""
+    given = base.to_dict()
+    total = getattr(base, layers, None)
+    parts = {n: getattr(base, n) for n in given if n != layers and re.fullmatch(r"(n|num)_\w+_layers", n)
+             and isinstance(getattr(base, n, None), int) and not isinstance(getattr(base, n), bool)
+             and getattr(base, n) > 0}
+    n = max(tiny.draw[layers])
+    if len(parts) < 2 or sum(parts.values()) != total or n < len(parts):
+        return
+    sizes = dict.fromkeys(parts, 1)
+    sizes[max(parts, key=lambda k: parts[k])] += n - len(parts)
+    tiny.draw[layers] = [n]
+    tiny.config.update(sizes)
+    tiny.notes.append(f"{', '.join(sizes)}: {', '.join(map(str, sizes.values()))}: the sections of the stack, "
+                      f"which sum to {layers} (the checkpoints' {' + '.join(map(str, parts.values()))} == {total})")
+
+
+def _unaliased(base: Any, tiny: Tiny) -> None:
+    """layer_types under the field it names (Zamba 2's attribute_map: layer_types -> layers_block_type): an alias is
+    set after the config's __post_init__, which derives from the field (Zamba 2's hybrid_layer_ids) before that."""
+    field = (getattr(type(base), "attribute_map", None) or {}).get("layer_types")
+    if field and field in base.to_dict() and "layer_types" in tiny.config:
+        tiny.config[field] = tiny.config.pop("layer_types")
 
 
 def _refused_fixed(base: Any, tiny: Tiny) -> None:

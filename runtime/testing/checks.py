@@ -20,6 +20,7 @@ from ..errors import NnatlasError, NotReached, Unavailable
 from ..hosts import Value
 from ..model import AtlasModel
 from ..patterns import RECOMPUTED
+from ..validate import accepted_kwargs
 from .flex import runs_on_cpu as flex_runs_on_cpu
 from .flex import uncompiled_flex_attention
 from .tiny import (
@@ -96,7 +97,9 @@ class Case:
 
     def _describe(self) -> str:
         shape = tuple(self.inputs["input_ids"].shape)
-        mask = self.inputs["attention_mask"]
+        mask = self.inputs.get("attention_mask")
+        if mask is None:  # (a forward that takes no attention mask: padding ids are tokens)
+            mask = torch.ones_like(self.inputs["input_ids"])
         pads = (mask == 0).sum(-1).tolist()
         side = "right" if bool((mask[:, -1] == 0).any()) else "left"
         grid = self.inputs.get("image_grid_thw")
@@ -271,7 +274,7 @@ def check_identities(case: Case, path: str, indices: tuple[int, ...], experts: s
                         values[term] = resolve_term(host, term, model, block).save()
     failures = []
     for label, _, _, identity, values in reads:
-        values.setdefault("attention_mask", case.inputs["attention_mask"])
+        values.setdefault("attention_mask", case.inputs.get("attention_mask"))
         lhs, rhs = identity.check(values)
         try:
             assert_identity(identity, lhs, rhs, functools.partial(_where, identity, label, case))
@@ -315,11 +318,14 @@ FIXED_SIZES = [(16, 16), (24, 16)]
 
 def _fixed_inputs(model: AtlasModel, text_only: bool = False) -> dict[str, torch.Tensor]:
     """Three sequences of token ids, one unpadded, one padded on the left, one on the right (both sides in one
-    batch: the mask says which positions are real), or (a family with images) one prompt with two images of
-    different grids."""
+    batch: the mask says which positions are real; three unpadded, without a mask, where the forward takes none), or
+    (a family with images) one prompt with two images of different grids."""
     if model.processor is not None and not text_only:
         return image_prompt_inputs(model.processor, 5, FIXED_SIZES, seed=1)
     vocab = int(model.normalized_config["vocab_size"])
+    accepted = accepted_kwargs(model.native)
+    if accepted is not None and "attention_mask" not in accepted:  # a forward that takes no mask (xLSTM): no padding
+        return {"input_ids": draw_inputs(vocab, 3, 6, [0, 0, 0], seed=1)["input_ids"]}
     left, right = draw_inputs(vocab, 2, 6, [0, 2], seed=1), draw_inputs(vocab, 1, 6, [2], seed=2, side="right")
     return {k: torch.cat([left[k], right[k]]) for k in left}
 

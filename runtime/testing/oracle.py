@@ -115,8 +115,26 @@ def _oracle_hidden_states(model: AtlasModel, native: Any, inputs: Mapping[str, t
         _exact(outs[i - 1], hs[i], f"{at}: layers[{i - 1}].layer_output vs hidden_states[{i}]")
         if not images:  # with images, DeepStack may add to the stream between blocks
             _exact(ins[i], hs[i], f"{at}: layers[{i}].layer_input vs hidden_states[{i}]")
-    if normed is not None:
+    if normed is not None and tuple(hs[n].shape) != tuple(normed.shape) and n and tuple(hs[n].shape) == tuple(
+            outs[n - 1].shape):
+        # transformers' last hidden state is the last block's output, not the final norm's (Gemma 3n carries the
+        # stream as four copies, merged after the blocks): the stream against it, the final norm's output against
+        # what the prediction head reads
+        _exact(outs[n - 1], hs[n], f"{at}: layers[{n - 1}].layer_output vs hidden_states[{n}]")
+        _exact(normed, _head_input(native, inputs), f"{at}: final_norm_output vs what the prediction head reads")
+    elif normed is not None:
         _exact(normed, hs[n], f"{at}: final_norm_output vs hidden_states[{n}] (after the final norm)")
+
+
+def _head_input(native: Any, inputs: Mapping[str, torch.Tensor]) -> Any:
+    """What transformers' prediction head (its output embeddings) is called with, in one plain forward."""
+    seen: list[Any] = []
+    hook = native.get_output_embeddings().register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
+    try:
+        native(**inputs)
+    finally:
+        hook.remove()
+    return seen[-1] if seen else None
 
 
 def _oracle_blocks(model: AtlasModel, native: Any, inputs: Mapping[str, torch.Tensor], at: str, value: str,

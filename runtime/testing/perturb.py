@@ -26,10 +26,12 @@ from typing import Any
 import torch
 
 # config entries named like these are not factors of the forward: numerical guards, training-only
-# settings, init scales, positional settings, sizes
+# settings, init scales, positional settings, sizes (widths as a fraction of another: DeepSeek-V4's top-level
+# partial_rotary_factor, xLSTM's qk_dim_factor and ffn_proj_factor, which the config and the layers round apart)
 NOT_FACTORS = re.compile(
-    r"eps|epsilon|drop|initializer|init_|_init|std$|theta|rope|jitter|noise|aux_loss|coef|loss|"
-    r"time_step_(min|max|floor|limit|scale)|norm_min|variance|dim_multiplier|_size$|layerdrop|ratio$")
+    r"eps|epsilon|drop|initializer|init_|_init|std$|theta|rope|rotary|jitter|noise|aux_loss|coef|loss|"
+    r"time_step_(min|max|floor|limit|scale)|norm_min|variance|dim_multiplier|dim_factor|proj_factor|_size$|layerdrop|"
+    r"ratio$")
 CAPS = re.compile(r"cap")  # softcaps: drawn small enough that tanh bends on a tiny model's logits
 # an integer entry is a factor when named like one (Gemma's query_pre_attn_scalar, Llama 4's floor_scale, MiniMax's
 # alpha/beta *_factor, typed int | float = 1)
