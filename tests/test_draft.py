@@ -552,3 +552,22 @@ def test_a_forward_that_takes_no_attention_mask() -> None:
     inputs = _fixed_inputs(model)  # type: ignore[arg-type]
     assert set(inputs) == {"input_ids"} and inputs["input_ids"].shape == (3, 6) and bool((inputs["input_ids"] > 0).all())
     assert "inputs (3, 6), left padding [0, 0, 0]" in repr(Case("xlstm", {}, inputs, 0))
+
+
+def test_a_type_drafted_through_its_text_model_is_a_multimodal_wrapper_of_it() -> None:
+    """Gemma 4 Unified Assistant's config holds a text config, and its causal-LM class runs on a target model's
+    states (shared_kv_states): it is no multimodal wrapper, and a draft of its text model (which its sweep row once
+    verified in its place) would not fit it. Gemma 3's wrapper takes images only beside its text model's inputs."""
+    with pytest.raises(DraftError, match=r"Gemma4UnifiedAssistantForCausalLM is no multimodal wrapper of "
+                                         r"Gemma4UnifiedForCausalLM: its forward also takes shared_kv_states"):
+        tiny.plan("gemma4_unified_assistant")
+    assert tiny.plan("gemma3").model_class == "Gemma3ForCausalLM"
+
+
+def test_a_stack_whose_blocks_loop_keeps_the_looped_blocks() -> None:
+    """Inkling 2 Loop runs blocks 6 to 17 three times: a tiny stack cut to fewer blocks never looped, and its draft
+    verified a model no checkpoint is. The tiny stack now holds the loop, and the drafter says it cannot draft it."""
+    plan = tiny.plan("inkling2_loop_text")
+    assert plan.draw["num_hidden_layers"] == [18] and any("loop_layer_index_end" in n for n in plan.notes)
+    with pytest.raises(DraftError, match=r"its blocks run in a loop \(model\.layers\.6 runs 3 times per forward\)"):
+        draft("inkling2_loop_text")

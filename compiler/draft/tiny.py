@@ -128,6 +128,26 @@ def base_config(model_type: str, path: str | None = None) -> Any:
                          f"{lines[-1] if lines else type(e).__name__}") from e
 
 
+# what a multimodal wrapper's forward takes beside its text model's: images, video, audio and what places them
+_MULTIMODAL_INPUT = re.compile(r"pixel|image|video|audio|input_features|mm_|token_type_ids|per_layer_inputs")
+
+
+def _wraps_text_model(own: str, text: str) -> None:
+    """A type drafted through its text model is a multimodal wrapper of it: its causal-LM class's forward takes
+    nothing beyond the text model's but images, video or audio. One that takes more (Gemma 4 Unified Assistant's
+    shared_kv_states, a target model's states it runs on) is no standalone causal LM a text model's spec fits."""
+    import inspect
+
+    import transformers
+
+    takes = set(inspect.signature(getattr(transformers, own).forward).parameters)
+    extra = sorted(takes - set(inspect.signature(getattr(transformers, text).forward).parameters))
+    other = [name for name in extra if not _MULTIMODAL_INPUT.search(name)]
+    if other:
+        raise DraftError(f"{own} is no multimodal wrapper of {text}: its forward also takes {', '.join(other)}, which "
+                         "a prompt does not give, so a spec of its text model would not fit it")
+
+
 def plan(model_type: str, path: str | None = None) -> Tiny:
     """Shrink the model type's default config (or a local checkpoint's) to a tiny one."""
     import transformers
@@ -164,6 +184,7 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
         except DraftError:
             text_class = None
         if text_class is not None:
+            _wraps_text_model(model_class, text_class)
             base = inner if path is not None else type(inner)()
             model_type, model_class = base.model_type, text_class
     base = _global(base)
@@ -256,6 +277,7 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     draw = tiny.draw
     draw[layers] = _layer_options(type(base), layers, fixed)
     _sections(base, tiny, layers)
+    _looped(base, tiny, layers)
     pattern = getattr(base, "attention_types", None)  # GPT-Neo's [[kinds, repeats]]: the kinds once each
     if isinstance(pattern, list) and pattern and isinstance(pattern[0], list) and isinstance(pattern[0][0], list):
         fixed["attention_types"] = [[pattern[0][0], 1]]
@@ -416,6 +438,23 @@ def _sections(base: Any, tiny: Tiny, layers: str) -> None:
     tiny.config.update(sizes)
     tiny.notes.append(f"{', '.join(sizes)}: {', '.join(map(str, sizes.values()))}: the sections of the stack, "
                       f"which sum to {layers} (the checkpoints' {' + '.join(map(str, parts.values()))} == {total})")
+
+
+def _looped(base: Any, tiny: Tiny, layers: str) -> None:
+    """A stack whose blocks from one index to another run several times (Inkling 2 Loop: blocks 6 to 17, 3 passes):
+    the tiny stack holds those blocks, so that its forward loops as the checkpoints' does (a stack cut below the loop's
+    start never loops, and its draft would verify a model no checkpoint is)."""
+    given = base.to_dict()
+    ends = {n: v for n, v in given.items() if re.fullmatch(r"loop\w*_(end|stop)", n) and isinstance(v, int)
+            and not isinstance(v, bool)}
+    passes = [v for n, v in given.items() if re.fullmatch(r"loop\w*(passes|repeats|iterations)", n) and isinstance(v, int)]
+    n = max(tiny.draw[layers])
+    if not ends or not passes or max(passes) < 2 or max(ends.values()) <= n:
+        return
+    end = max(ends.values())
+    tiny.draw[layers] = [end]
+    tiny.notes.append(f"{layers}: {end}, the looped blocks' end ({', '.join(ends)}): a stack cut below the loop never "
+                      "runs it")
 
 
 def _unaliased(base: Any, tiny: Tiny) -> None:
