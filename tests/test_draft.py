@@ -571,3 +571,12 @@ def test_a_stack_whose_blocks_loop_keeps_the_looped_blocks() -> None:
     assert plan.draw["num_hidden_layers"] == [18] and any("loop_layer_index_end" in n for n in plan.notes)
     with pytest.raises(DraftError, match=r"its blocks run in a loop \(model\.layers\.6 runs 3 times per forward\)"):
         draft("inkling2_loop_text")
+
+
+def test_a_checkpoints_own_sub_configs_are_no_other_parts(tmp_path: Path) -> None:
+    """From a checkpoint (load(draft=True)), DBRX's ffn_config and attn_config are parts its text forward runs (no
+    model type of their own), not other parts to shrink to 32 wide: its expert count and top-k stay (they were
+    dropped, and the draft's expert_indices named a top_k no config entry gave)."""
+    tiny.build(tiny.plan("dbrx")).config.save_pretrained(tmp_path)
+    ffn = tiny.plan("dbrx", str(tmp_path)).config["ffn_config"]
+    assert (ffn["ffn_hidden_size"], ffn["moe_num_experts"], ffn["moe_top_k"]) == (24, 4, 2)

@@ -398,8 +398,10 @@ def _other_parts(base: Any, model_class: str, fixed: dict[str, Any], notes: list
     shrunk: dict[str, dict[str, Any]] = {}
     for name in getattr(base, "sub_configs", None) or {}:
         part = getattr(base, name, None)
-        width = _first(part, HIDDEN) if part is not None and part is not text else None
-        if part is None or width is None:
+        # (a part with no model type of its own is one the text forward runs: DBRX's attn_config, ffn_config)
+        own = part is not None and not getattr(part, "model_type", None)
+        width = _first(part, HIDDEN) if part is not None and part is not text and not own else None
+        if width is None:
             continue
         given = part.to_dict()
         sizes = {k: 32 for k, v in given.items() if v == getattr(part, width) and type(v) is int}
