@@ -401,7 +401,7 @@ def _other_parts(base: Any, model_class: str, fixed: dict[str, Any], notes: list
         # (a part with no model type of its own is one the text forward runs: DBRX's attn_config, ffn_config)
         own = part is not None and not getattr(part, "model_type", None)
         width = _first(part, HIDDEN) if part is not None and part is not text and not own else None
-        if width is None:
+        if part is None or width is None:
             continue
         given = part.to_dict()
         sizes = {k: 32 for k, v in given.items() if v == getattr(part, width) and type(v) is int}
