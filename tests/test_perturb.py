@@ -251,6 +251,18 @@ def _read_of(family: str, path: str, name: str) -> str:
     return str(value.read.text)
 
 
+def _block_identities_failing(case: Any, module: Any) -> tuple[list[str], list[str]]:
+    """The block identities (``layers[i]``) of a user family ``module``, and those that fail on ``case``."""
+    texts = [i.text for h in module.FAMILY.hosts if h.path == "layers[i]" for i in h.identities]
+    failed = []
+    for k, identity in enumerate(texts):
+        try:
+            T.check_identity(case, "layers[i]", k)
+        except AssertionError:
+            failed.append(identity)
+    return texts, failed
+
+
 @pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2", "qwen3_moe", "deepseek_v2", "jetmoe", "diffllama"])
 def test_the_mixer_and_mlp_read_points_swapped_fail_the_block_identities(family: str) -> None:
     """The reads themselves swapped (not the identity's terms): a spec of the family's own in which
@@ -271,16 +283,9 @@ def test_the_mixer_and_mlp_read_points_swapped_fail_the_block_identities(family:
     module = compile_text(text.encode(), f"swapped_{family}.yaml")
     registry.add_user(module)
     try:
-        name = module.FAMILY.name
-        case = case_of(name, True)
+        case = case_of(module.FAMILY.name, True)
         assert case.model()._family is module.FAMILY
-        texts = [i.text for h in module.FAMILY.hosts if h.path == "layers[i]" for i in h.identities]
-        failed = []
-        for k, identity in enumerate(texts):
-            try:
-                T.check_identity(case, "layers[i]", k)
-            except AssertionError:
-                failed.append(identity)
+        texts, failed = _block_identities_failing(case, module)
         assert "layer_input + self_attn.attention_output == layer_mid" in failed, failed
         T.check_identity(case_of(family, True), "layers[i]", texts.index(failed[0]))  # the family's own holds
     finally:
@@ -352,14 +357,7 @@ def test_longcat_attention_and_mlp_reads_swapped_fail_the_block_identities() -> 
     module = compile_text(text.encode(), "swapped_longcat.yaml")
     registry.add_user(module)
     try:
-        case = case_of("swapped_longcat", True)
-        texts = [i.text for h in module.FAMILY.hosts if h.path == "layers[i]" for i in h.identities]
-        failed = []
-        for k, identity in enumerate(texts):
-            try:
-                T.check_identity(case, "layers[i]", k)
-            except AssertionError:
-                failed.append(identity)
+        texts, failed = _block_identities_failing(case_of("swapped_longcat", True), module)
         assert "layer_input + self_attn[0].attention_output == layer_mid" in failed, failed
         T.check_identity(case_of("longcat_flash", True), "layers[i]", texts.index(failed[0]))
     finally:
