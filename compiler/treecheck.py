@@ -19,6 +19,8 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
+from nnatlas.spec import pattern_of
+
 from .errors import Problem
 from .ir import At, FamilyIR
 from .resolve import suggest
@@ -220,7 +222,7 @@ class _Checker:
             return None
         where = type(module).__name__
         target = ".".join([ir.path, *prefix])
-        values = by_path.get(re.sub(r"\[\d+\]", "[i]", target, count=1), set())
+        values = by_path.get(pattern_of(target), set())
         return (f"{where} has no parameter or buffer '{last}', and {target} no value of that name (its parameters "
                 f"and buffers: {', '.join(sorted(held)) or 'none'})" + suggest(last, [*held, *values]))
 

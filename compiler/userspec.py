@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nnatlas.spec import pattern_of
+
 from . import default_root, emit, pycheck, treecheck
 from .errors import Problem, SpecError, UserError
 from .resolve import PARTS, parse_sources
@@ -233,7 +235,7 @@ def _refuse_failed(p: Any, held: list[str], failed: list[tuple[Check, str]], ref
     hosts = {h.path: h for h in p.hosts.values()}
 
     def refuse(host: str, value: str, why: str) -> bool:
-        h = hosts.get(re.sub(r"\[\d+\]", "[i]", host, count=1))
+        h = hosts.get(pattern_of(host))
         if h is None or value in verified:
             return False
         found = False

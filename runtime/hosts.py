@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import operator
-import re
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -21,7 +20,7 @@ from .errors import InputError, NnatlasError, Unavailable, UnknownName
 from .placeholders import Placeholder, placeholder
 from .protocols import WrappedModel
 from .requests import Box, Expr, Request, Target
-from .spec import HostSpec, ReadPoint, ValueSpec
+from .spec import HostSpec, ReadPoint, ValueSpec, pattern_of  # noqa: F401 (loading's)
 from .trace import Tracer
 from .validate import check_edit
 
@@ -56,12 +55,6 @@ BOUNDARIES = {
     "inputs": ReadPoint("module", "inputs", "the module's own inputs (args, kwargs)", side="inputs"),
     "output": ReadPoint("module", "output", "the module's own output", side="output"),
 }
-
-
-def pattern_of(label: str) -> str:
-    """The spec path of a host's label: the stack's block index as ``[i]``, a list item inside a block kept
-    (``layers[3].self_attn[1]`` → ``layers[i].self_attn[1]``)."""
-    return re.sub(r"\[\d+\]", "[i]", label, count=1)
 
 
 def step(node: Host | HostList | None, part: str) -> Host | HostList | None:

@@ -11,6 +11,7 @@ and the generated modules stay cheap to import.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -331,3 +332,9 @@ VIEW_OPS: dict[str, Function] = {
     "flatten": _f((1, 2), "flatten(start, end=-1)", "Merge dims start..end into one."),
 }
 CONTEXT_FUNCTIONS = {n for n, f in FUNCTIONS.items() if f.context}  # these also receive the values mapping
+
+
+def pattern_of(label: str) -> str:
+    """The spec path of a host's label: the stack's block index as ``[i]``, a list item inside a block kept
+    (``layers[3].self_attn[1]`` → ``layers[i].self_attn[1]``)."""
+    return re.sub(r"\[\d+\]", "[i]", label, count=1)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +32,7 @@ import torch
 
 from .errors import InputError, NnatlasError, Unavailable
 from .requests import Target
+from .spec import pattern_of
 
 # transformers' styles whose module output is the rank's slice of the last dim (use_local_output)
 COLWISE = frozenset({"colwise", "local_colwise"})
@@ -214,7 +214,7 @@ def planned(model: Any, size: int = 2) -> dict[str, Any]:
     said: dict[str, list[str]] = {}
     for host, value, line in rows:
         said.setdefault(line, [])
-        label = re.sub(r"\[\d+\]", "[i]", f"{host}.{value}" if host != "model" else value, count=1)  # (any block's)
+        label = pattern_of(f"{host}.{value}" if host != "model" else value)  # (any block's)
         if label not in said[line]:
             said[line].append(label)
     out: dict[str, Any] = {"values": [{"how": line, "values": labels} for line, labels in said.items()],

@@ -20,6 +20,7 @@ from ..errors import InputError
 from ..loading import route_kernels
 from ..model import AtlasModel
 from ..requests import Geometry, grad_through_base
+from ..spec import pattern_of
 from .checks import GRAD_BLOCK_VALUES, GRADIENT_COUNTS, GRADIENT_GAPS, _fixed_inputs
 from .tiny import build, draw_inputs
 from .values import each_host, standard_values
@@ -114,7 +115,7 @@ def _plain_block_gradients(model: AtlasModel, inputs: Mapping[str, torch.Tensor]
         if name not in GRAD_BLOCK_VALUES or not value.requires_grad:
             continue
         host_label = label.rsplit(".", 1)[0]
-        host = next(h for lab, h in each_host(model, _path_of(host_label)) if lab == host_label)
+        host = next(h for lab, h in each_host(model, pattern_of(host_label)) if lab == host_label)
         target = model._target(getattr(host, name))
         if target.view or target.extra or target.site.kind not in ("pre", "post"):
             continue
@@ -138,11 +139,6 @@ def _plain_block_gradients(model: AtlasModel, inputs: Mapping[str, torch.Tensor]
     for (label, native), g in zip(natives.items(), grads):
         worst = max(worst, _close(saved[label].grad, g, native, f"{family}: {label} (plain forward hooks)"))
     return worst
-
-
-def _path_of(label: str) -> str:
-    """``layers[3].self_attn`` -> ``layers[i].self_attn``: the spec path of a host label."""
-    return re.sub(r"\[\d+\]", "[i]", label, count=1)  # a list item inside a block is kept (self_attn[1])
 
 
 class Held(TorchDispatchMode):
