@@ -238,7 +238,7 @@ DATA_MODEL = {"nnatlas.spec", "nnatlas.trace.conditions", "nnatlas.tree.foreign_
 # the compiler's tools that run models with the runtime, and what each uses of it: the public API
 # (printouts: nnatlas.wrap on the meta device, and tensor_parallel.planned, what support() says under TP, for pages)
 TOOLS = {"nnatlas.compiler.emit.printouts": {"nnatlas", "nnatlas.parallel.tensor_parallel"},
-         "nnatlas.compiler.resolve.treecheck": {"nnatlas", "nnatlas.tree.introspect", "nnatlas.testing"},
+         "nnatlas.compiler.resolve.treecheck": {"nnatlas", "nnatlas.tree.introspect", "nnatlas.tree.fit", "nnatlas.testing"},
          "nnatlas.compiler.cli": {"nnatlas.cli.cache"},  # the `nnatlas cache` command
          # a draft's oracle on a tiny twin (draft=True), the draft put in the lookup while it is verified
          "nnatlas.compiler.userspec": {"nnatlas.testing", "nnatlas.registry"},
