@@ -305,14 +305,14 @@ def test_a_drafted_adapter_goes_first_through_the_registrys_public_function() ->
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300, capture_output=True)
 
 
-def test_the_readme_layout_names_every_runtime_module() -> None:
-    """README's layout section shows the runtime's tree as it is: every module of the layers, none gone."""
-    text = (I.ROOT / "README.md").read_text()
+def test_the_architecture_page_layout_names_every_runtime_module() -> None:
+    """docs/architecture.md's layout section shows the runtime's tree as it is: every module of the layers, none gone."""
+    text = (I.ROOT / "docs" / "architecture.md").read_text()
     block = text.split("## Layout", 1)[1].split("```", 2)[1]
     rows = block.split("runtime/", 1)[1].split("testing/", 1)[0]
     for _, mods in LAYERS:
         for m in mods:
             file = "__init__.py" if m == "nnatlas" else m.removeprefix("nnatlas.") + ".py"
-            assert f" {file}" in rows, f"README's layout does not name runtime/{file}"
+            assert f" {file}" in rows, f"docs/architecture.md's layout does not name runtime/{file}"
     shown = {w.strip(",") for w in rows.split() if w.endswith((".py", ".py,"))}
     assert shown <= {p.name for p in (I.ROOT / "runtime").glob("*.py")}, shown
