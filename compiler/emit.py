@@ -506,7 +506,7 @@ def _value_families(atlas: Atlas) -> tuple[list[str], dict[str, list[str]]]:
 #   t hook nnsight row          TransformerLens hook: text "hook nnsight", kind "is {row's label.name}",
 #                               where TransformerLens, the v row's page (row: its index in the family's rows)
 #   r std native                rename: text "std native", kind "standard name of native", where rename, #support
-#   g title words page href     a section of the manual (family "guide"): text "title words", kind guide, where page
+#   g title words page href     a section of the manual (family "manual"): text "title words", kind section, where page
 #   x name text kind where href any other entry, as it is ("" text: the name)
 def _unpack_row(page: str, row: list[Any], host: list[Any], made: list[dict[str, str]]) -> dict[str, str]:
     """One packed row's entry (``host``: the family's last h row; ``made``: the family's entries so far)."""
@@ -532,7 +532,7 @@ def _unpack_row(page: str, row: list[Any], host: list[Any], made: list[dict[str,
         return {"name": row[1], "text": f"{row[1]} {row[2]}", "kind": f"standard name of {row[2]}",
                 "where": "rename", "href": page + "support"}
     if k == "g":
-        return {"name": row[1], "text": f"{row[1]} {row[2]}", "kind": "guide", "where": row[3], "href": row[4]}
+        return {"name": row[1], "text": f"{row[1]} {row[2]}", "kind": "section", "where": row[3], "href": row[4]}
     return {"name": row[1], "text": row[2] or row[1], "kind": row[3], "where": row[4], "href": row[5]}
 
 
@@ -587,7 +587,7 @@ def pack_search(entries: list[dict[str, str]]) -> dict[str, list[list[Any]]]:
             row = ["t", name, text.removeprefix(f"{name} "), values[family][href]]
         elif kind.startswith("standard name of "):
             row = ["r", name, kind.removeprefix("standard name of ")]
-        elif kind == "guide":
+        elif kind == "section" and family == "manual":
             row = ["g", name, text.removeprefix(f"{name} "), e["where"], e["href"]]
         else:
             row = ["x", name, "", kind, e["where"], e["href"]]

@@ -32,7 +32,7 @@ ORDER = ("getting-started", "concepts", "families", "caching", "tensor-parallel"
          "contributing", "architecture")
 NOT_RUN = "# not run by the tests:"  # the first line of a code block the tests cannot run, then why
 _NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
-FAMILY = "guide"  # the search entries' family: no family is named so (and a "g" row needs none)
+FAMILY = "manual"  # the search entries' family (no model family is named so, and a "g" row needs none)
 
 
 @dataclass(frozen=True)
@@ -192,6 +192,6 @@ def entries(everything: list[Page]) -> list[dict[str, str]]:
     out: list[dict[str, str]] = []
     for p in everything:
         for s, anchor in zip(p.sections, section_anchors(p)):
-            out.append({"text": f"{s.title} {_words(s.body)}", "name": s.title, "kind": "guide",
+            out.append({"text": f"{s.title} {_words(s.body)}", "name": s.title, "kind": "section",
                         "family": FAMILY, "where": p.title, "href": f"{p.href}#{anchor}"})
     return out
