@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from nnatlas import testing
-from nnatlas.compiler import emit, guide
 from nnatlas.compiler.cli import main as nnatlas_main
+from nnatlas.compiler.emit import emit, guide
 
 ROOT = Path(__file__).resolve().parent.parent
 GUIDES = guide.read(ROOT)
