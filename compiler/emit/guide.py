@@ -104,7 +104,15 @@ def _links(rendered: str, known: set[str]) -> str:
             return f'<a href="{html.escape(href)}">{text}</a>'
         return text
     parts = _PRE.split(rendered)
-    return "".join(p if p.startswith("<pre") else _LINK.sub(link, p) for p in parts)
+    return "".join(_not_run(p) if p.startswith("<pre") else _LINK.sub(link, p) for p in parts)
+
+
+def _not_run(pre: str) -> str:
+    """A python block the tests do not run (``NOT_RUN``) says so on the page: ``data-runs="false"``."""
+    head = '<pre data-runs="true"><code class="language-python">'
+    if pre.startswith(head) and not runs(html.unescape(pre[len(head):])):
+        return '<pre data-runs="false">' + pre.removeprefix('<pre data-runs="true">')
+    return pre
 
 
 def _anchor(title: str) -> str:
