@@ -11,15 +11,17 @@ from __future__ import annotations
 import random
 import re
 import shlex
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from nnatlas import testing
+from nnatlas import registry, testing
 from nnatlas.compiler.cli import main as nnatlas_main
 from nnatlas.compiler.emit import emit, guide
+from nnatlas.loading import user_specs
 
 ROOT = Path(__file__).resolve().parent.parent
 GUIDES = guide.read(ROOT)
@@ -27,6 +29,18 @@ PAGES = ["README.md", *(f"docs/{name}.md" for name in GUIDES)]
 GENERATED = ROOT / "generated" / "docs"
 # pages another branch writes: a link to one is kept (the site draws it as text until the page lands)
 PENDING = {"docs/security.md"}
+
+
+@pytest.fixture(autouse=True)
+def shipped_families_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A page that loads a spec of its own (docs/contributing.md: spec="helium.yaml") adds a family to this
+    process's lookup: it is taken out again after the page, so the tests after it see the shipped families."""
+    monkeypatch.setenv("NNATLAS_CACHE", str(tmp_path / "nnatlas-cache"))
+    yield
+    for name in list(registry._LAST):
+        registry.remove_user(name)
+    user_specs._COMPILED.clear()
+    user_specs._ORIGINS.clear()
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +118,7 @@ def checks(rel: str, ns: dict[str, Any], folder: Path) -> None:
         assert set(ns["cache"]) >= {"layers[0].layer_output", "layers[1].self_attn.attention_output"}
     elif rel == "docs/contributing.md":
         assert ns["model"].family == "helium" and (folder / "my_family.yaml").is_file()
+        assert "helium" in registry._LAST  # the user's family, in this process's lookup until the page ends
     elif rel == "docs/cli.md":
         assert (folder / "my_llama.yaml").is_file() and (folder / "acts" / "manifest.json").is_file()
     elif rel == "docs/concepts.md":
