@@ -1166,9 +1166,9 @@ class _Family:
         for h in hosts:
             for k, ident in enumerate(h.identities):
                 for term in ident.terms:
+                    known = sorted(by_path.get(h.path, set()))
                     if term not in config_names and not self.term_exists(h.path, term, by_path) \
-                            and not self.tensor_term(term):
-                        known = sorted(by_path.get(h.path, set()))
+                            and not self.tensor_term(term) and not self.own_tensor_term(term, known):
                         self.err(("hosts", h.path, "identities", k), f"identity term '{term}' names nothing on host {h.path}" + suggest(term.split(".")[-1], known))
 
     def check_positional_reads(self, hosts: tuple[HostIR, ...]) -> None:
@@ -1200,6 +1200,13 @@ class _Family:
         of the tiny model and of every checkpoint by treecheck (``make generate``)."""
         parts = term.split(".")
         return len(parts) > 1 and parts[0] != "model" and "[" not in term and parts[-1] not in ("input", "output")
+
+    @staticmethod
+    def own_tensor_term(term: str, known: list[str]) -> bool:
+        """A one-word term no value's name is close to may name a parameter or buffer of the host's own module
+        (MiniMax-M2's ``e_score_correction_bias``, a buffer of the mixture block): checked on the module tree by
+        treecheck, as a child's is; a near miss of a value's name is reported here as the typo it likely is."""
+        return "." not in term and "[" not in term and term.isidentifier() and not suggest(term, known)
 
     @staticmethod
     def term_exists(host: str, term: str, by_path: dict[str, set[str]]) -> bool:
