@@ -64,6 +64,7 @@ def render(atlas: Atlas, printout_texts: dict[str, str] | None = None,
             out[printouts.path_for(f.name)] = printout
     out["generated/docs/index.html"], out["generated/docs/search.js"], out["generated/docs/matrix.html"] = emit.render_index(atlas, printout_texts, status_data, cookbook_text is not None, tests)
     out["generated/docs/status.html"] = emit.render_status(atlas, status_data, tests)
+    out[status.CARRIED] = status.carried(atlas, status_data, tests)
     out["generated/docs/llms.txt"] = emit.render_llms(atlas)
     out["generated/docs/atlas.css"] = emit.env().get_template("atlas.css.j2").render()
     out["generated/docs/atlas.js"] = emit.env().get_template("atlas.js.j2").render()

@@ -10,7 +10,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from . import introspect, tensor_parallel, user_specs
+from . import introspect, tensor_parallel, user_specs, version_status
 from . import registry as _families
 from .errors import InputError, NnatlasError, Unavailable
 from .given import unwrap
@@ -80,6 +80,7 @@ def wrap(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None,
         elif check is None:  # picked by its own model type: a shipped family's generated tests hold its tree; a user's
             check = bool(_families.origin(fam))  # family (a spec or a draft added in this process) is checked
     assert fam is not None
+    version_status.check(fam.name, shipped=not _families.origin(fam))  # the status matrix, under this transformers
     if tensor_parallel.is_sharded(hf):  # sharded by transformers' tensor parallel: a family it cannot run says so now
         tensor_parallel.refuse_unshardable(fam.name)
     made = _new(_families.model_class(fam) or AtlasModel, fam, hf, tokenizer, processor, peft)

@@ -107,7 +107,7 @@ LAYERS = (
                           "nnatlas.targets", "nnatlas.given"}),
     ("what a model shows", {"nnatlas.describe", "nnatlas.cache", "nnatlas.readout"}),
     ("model facade", {"nnatlas.model", "nnatlas.typed"}),
-    ("load", {"nnatlas.loading", "nnatlas.user_specs"}),
+    ("load", {"nnatlas.loading", "nnatlas.user_specs", "nnatlas.version_status"}),
     ("entry points", {"nnatlas", "nnatlas.cache_cli", "nnatlas.__main__"}),
 )
 
