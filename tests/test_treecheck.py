@@ -126,3 +126,17 @@ def test_an_identity_term_naming_no_parameter_or_buffer_fails_generate(tmp_path:
         "Glm4MoeTopkRouter has no parameter or buffer 'e_score_correction_bais', and layers[i].mlp.router no value of "
         "that name (its parameters and buffers: e_score_correction_bias, weight); did you mean "
         "'e_score_correction_bias'? (layers[1].mlp of the tiny model)"]
+
+
+def test_a_one_word_term_naming_no_buffer_of_the_host_fails_generate(tmp_path: Path) -> None:
+    """A one-word term no value's name is close to is taken as the host's own parameter or buffer (MiniMax-M2's
+    e_score_correction_bias, a buffer of the mixture block) and checked on the tree: a wrong one fails generate."""
+    old = "- sum(expert_indices, -1) == sum(topk_indices(sigmoid(router_logits) + e_score_correction_bias,"
+    root = _root(tmp_path, {"llama.yaml": [], "mixtral.yaml": [], "minimax_m2.yaml": [
+        (old, old.replace("e_score_correction_bias", "correction_bais"))]})
+    line = next(n for n, text in enumerate((root / "specs" / "minimax_m2.yaml").read_text().splitlines(), 1)
+                if "correction_bais" in text)
+    assert _problems(root) == [
+        f"specs/minimax_m2.yaml:{line}:9: layers[i].mlp: identity term 'correction_bais': MiniMaxM2SparseMoeBlock has "
+        "no parameter or buffer 'correction_bais', and layers[i].mlp no value of that name (its parameters and "
+        "buffers: e_score_correction_bias); did you mean 'e_score_correction_bias'? (layers[0].mlp of the tiny model)"]
