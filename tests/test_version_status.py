@@ -13,8 +13,9 @@ import pytest
 import transformers
 
 import nnatlas
-from nnatlas import testing, version_status
-from nnatlas.version_status import UnsupportedVersion, VersionWarning
+from nnatlas import testing
+from nnatlas.loading import version_status
+from nnatlas.loading.version_status import UnsupportedVersion, VersionWarning
 
 ROOT = Path(__file__).resolve().parent.parent
 NOW = transformers.__version__

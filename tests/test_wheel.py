@@ -42,7 +42,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
                    check=True, capture_output=True, timeout=300)
     (wheel,) = (top / "dist").glob("nnatlas-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for needed in ("nnatlas/compiler/draft/__init__.py", "nnatlas/compiler/templates/test_family.py.j2",
+    for needed in ("nnatlas/compiler/draft/__init__.py", "nnatlas/compiler/emit/templates/test_family.py.j2",
                    "nnatlas/specs/_vocabulary.yaml", "nnatlas/specs/parts/qwen_vit.yaml", "nnatlas/families/llama.py",
                    "nnatlas/testing/__init__.py", "nnatlas/families/version_status.json"):
         assert needed in names, needed
@@ -65,7 +65,7 @@ def test_the_wheel_is_what_runs(installed: Path) -> None:
 
 def test_the_wheel_carries_the_status_matrix(installed: Path) -> None:
     """The load-time version check reads the status shipped in the wheel, the one this checkout generated."""
-    done = run(installed, "-c", "import json; from nnatlas import version_status as v; "
+    done = run(installed, "-c", "import json; from nnatlas.loading import version_status as v; "
                                 "print(json.dumps(v.carried(), sort_keys=True))")
     assert done.returncode == 0, done.stderr
     shipped = json.loads(done.stdout)
