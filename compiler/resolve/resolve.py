@@ -1205,10 +1205,12 @@ class _Family:
 
     @staticmethod
     def own_tensor_term(term: str, known: list[str]) -> bool:
-        """A one-word term no value's name is close to may name a parameter or buffer of the host's own module
-        (MiniMax-M2's ``e_score_correction_bias``, a buffer of the mixture block): checked on the module tree by
-        treecheck, as a child's is; a near miss of a value's name is reported here as the typo it likely is."""
-        return "." not in term and "[" not in term and term.isidentifier() and not suggest(term, known)
+        """A one-word term that is not a value's name a letter or two off may name a parameter or buffer of the
+        host's own module (MiniMax-M2's ``e_score_correction_bias``, AFMoE's ``expert_bias``, beside the value
+        ``expert_indices``): checked on the module tree by treecheck, as a child's is; a near miss of a value's name
+        (``mlp_activaton``) is reported here as the typo it likely is."""
+        typo = any(difflib.SequenceMatcher(None, term, k).ratio() >= 0.85 for k in known)
+        return "." not in term and "[" not in term and term.isidentifier() and not typo
 
     @staticmethod
     def term_exists(host: str, term: str, by_path: dict[str, set[str]]) -> bool:
