@@ -40,9 +40,7 @@ class AtlasModel(ModelTargets):
             raise InputError(f"trace(grad=...): expected True or False, got {grad!r}")
         if grad and self._tp is not None:
             tensor_parallel.refuse_grad(self.family)
-        model_inputs = prepare(self, inputs, kwargs)
-        module = self._runner()
-        return Tracer(self, lambda: module(**model_inputs), order=order, grad=grad, inputs=model_inputs)
+        return Tracer(self, None, order, grad, inputs=prepare(self, inputs, kwargs), call=self._runner())
 
     @property
     def peft(self) -> Any:
