@@ -105,10 +105,6 @@ class Plan:
                 return False
         return not self.impls or all(sites.attention_implementation(cfg) == impl for cfg, impl in self.impls)
 
-    def put_on(self) -> None:
-        for sh in self.shadows.values():
-            sh.d[sh.name] = sh.final
-
     def take_off(self) -> None:
         for sh in self.shadows.values():
             if sh.previous is _MISSING:
@@ -147,7 +143,8 @@ class SiteInstaller:
         plan = self.plans.get(key)
         if plan is not None:
             if plan.valid():
-                plan.put_on()
+                for sh in plan.shadows.values():  # (put on)
+                    sh.d[sh.name] = sh.final
                 restore.append(plan.take_off)
                 if plan.op_names:
                     self._op_swaps(installed).split(plan.op_names)
