@@ -198,11 +198,12 @@ class Tracer:
             if strict and r.ordered:  # the first request not served yet must be this one (_first_undone, inlined)
                 ordered = self._ordered
                 i, end = self._cursor, len(ordered)
-                while i < end and (ordered[i].done or not ordered[i].ordered):
-                    i += 1
-                self._cursor = i
-                if i < end and ordered[i].seq < r.seq:
-                    return self._out_of_order(ordered[i], r, payload)
+                if i == end or ordered[i] is not r:  # (served in body order, the cursor is on it already)
+                    while i < end and (ordered[i].done or not ordered[i].ordered):
+                        i += 1
+                    self._cursor = i
+                    if i < end and ordered[i].seq < r.seq:
+                        return self._out_of_order(ordered[i], r, payload)
             t: Target = r.target  # type: ignore[assignment]  # (every request in by_site has one)
             if r.action == "save" and not t.copy:  # the common case, inlined: point the holder at the value
                 get = t.get
