@@ -19,10 +19,11 @@ from typing import Any
 import torch
 
 from . import conditions, interrupts, op_scopes, sites
+from .computed import serve_ready
 from .errors import InputError, NnatlasError, NotReached, OutOfOrderError
 from .function_sites import FunctionInstaller
 from .installers import installer_of
-from .placeholders import release
+from .placeholders import abandon, release
 from .protocols import WrappedModel
 from .requests import (
     INPUT_SIDES,
@@ -62,6 +63,8 @@ class Tracer:
     # made on first use while recording (most traces ask no load condition)
     conditions: dict[tuple[int, int], bool] | None = None  # load conditions asked while recording
     available: set[tuple[int, int, int]] | None = None  # (read point, condition, config) a save found served
+    # the body's saves of tensors computed from values, not served yet (nnatlas.computed): (request, expression)
+    computed: list[tuple[Request, Expr]] | None = None
 
     def __init__(self, model: WrappedModel, run: Callable[[], Any], order: str = "strict", grad: bool = False,
                  steps: int | None = None, calls: int | None = None, inputs: Mapping[str, Any] | None = None):
@@ -141,6 +144,8 @@ class Tracer:
                 object.__setattr__(self.model, "_tracer", None)
                 if exc_type is None:
                     self._execute()
+                else:
+                    abandon([r.payload for r in self.requests])
         finally:
             self._close()
 
@@ -293,6 +298,8 @@ class Tracer:
             if owner.payload is not None:
                 fill(owner.payload, owner.value, owner.label, self.grad_live)
             owner.done = True
+        if self.computed is not None:  # an expression saved in the body: served once the values it reads are
+            serve_ready(self)
         return payload
 
     def resolve(self, val: Any, current: Any, label: str) -> Any:
