@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import foreign_names, readout, registry, tensor_parallel
+from . import foreign_names, readout, registry, tables, tensor_parallel
 from .cache import Cache, cache_values
-from .describe import Support, render, support
+from .describe import Support, block_runs, load_facts, render, support
 from .errors import InputError, NnatlasError, UnknownName
 from .given import refuse_compiled
 from .hosts import Value
@@ -128,6 +128,11 @@ class AtlasModel(ModelTargets):
 
     def __repr__(self) -> str:
         return render(self)
+
+    def _repr_html_(self) -> str:
+        """The notebook view: this load's facts, its blocks, and ``print(model)`` folded below them."""
+        blocks = tables.table(("blocks", "class", "kind"), block_runs(self))
+        return tables.view(f"family {self.family}", [blocks], load_facts(self), render(self), "print(model)")
 
     def __str__(self) -> str:
         return self.__repr__()
