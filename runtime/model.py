@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import foreign_names, readout, registry, tables, tensor_parallel
+from . import foreign_names, readout, registry, saes, tables, tensor_parallel
 from .cache import Cache, cache_values
 from .describe import Support, block_runs, load_facts, render, support
 from .errors import InputError, NnatlasError, UnknownName
@@ -94,11 +94,15 @@ class AtlasModel(ModelTargets):
         return readout.logit_lens(self, values)
 
     # ---- names ----
-    def value(self, name: str) -> Value:
+    def value(self, name: Any) -> Value:
         """The value a name stands for, standard or from elsewhere: ``layers[3].layer_output``, a TransformerLens
         hook (``blocks.3.hook_resid_post``, ``blocks.0.attn.hook_pattern``), or an nnsight / transformers module
         path with its boundary (``model.model.layers[3].output``, ``model.layers.3.mlp.down_proj.input``).
-        The family page's "coming from" table lists the same map. Raises UnknownName saying what it expected."""
+        The family page's "coming from" table lists the same map. Raises UnknownName saying what it expected.
+        ``name`` may be an SAE (sae-lens's, or anything with ``cfg.metadata.hook_name``): the value its hook name
+        stands for, checked to fit it (its ``d_in``, no reshaping of its own; see :mod:`nnatlas.saes`)."""
+        if not isinstance(name, str) and hasattr(name, "cfg"):
+            return saes.value(self, name)  # type: ignore[no-any-return]
         if not isinstance(name, str) or not name.strip():
             raise UnknownName(f"model.value: expected a name such as 'layers[3].layer_output', got {name!r}")
         foreign = (foreign_names.transformer_lens(self, name), foreign_names.module_path(self, name))

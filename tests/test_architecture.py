@@ -105,7 +105,7 @@ LAYERS = (
                                  "nnatlas.validate", "nnatlas.placeholders", "nnatlas.tensor_parallel",
                                  "nnatlas.computed"}),
     ("hosts and values", {"nnatlas.hosts", "nnatlas.processing", "nnatlas.inputs", "nnatlas.introspect", "nnatlas.model_tree",
-                          "nnatlas.targets", "nnatlas.given", "nnatlas.saving"}),
+                          "nnatlas.targets", "nnatlas.given", "nnatlas.saving", "nnatlas.saes"}),
     ("what a model shows", {"nnatlas.describe", "nnatlas.cache", "nnatlas.readout", "nnatlas.plot", "nnatlas.show"}),
     ("model facade", {"nnatlas.model", "nnatlas.typed"}),
     ("load", {"nnatlas.loading", "nnatlas.user_specs"}),
