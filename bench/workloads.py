@@ -17,7 +17,7 @@ import torch
 
 from nnatlas.model import AtlasModel
 from nnatlas.requests import CallDim
-from nnatlas.testing import standard_values
+from nnatlas.testing.suite import standard_values
 
 GEN_TOKENS = 16
 CASES = {

@@ -179,10 +179,10 @@ DATA_MODEL = {"nnatlas.spec", "nnatlas.conditions", "nnatlas.foreign_names"}
 # the compiler's tools that run models with the runtime, and what each uses of it: the public API
 # (printouts: nnatlas.wrap on the meta device, and tensor_parallel.planned, what support() says under TP, for pages)
 TOOLS = {"nnatlas.compiler.printouts": {"nnatlas", "nnatlas.tensor_parallel"},
-         "nnatlas.compiler.treecheck": {"nnatlas", "nnatlas.introspect", "nnatlas.testing"},
+         "nnatlas.compiler.treecheck": {"nnatlas", "nnatlas.introspect", "nnatlas.testing.suite"},
          "nnatlas.compiler.cli": {"nnatlas.cache_cli"},  # the `nnatlas cache` command
          # a draft's oracle on a tiny twin (draft=True), the draft put in the lookup while it is verified
-         "nnatlas.compiler.userspec": {"nnatlas.testing", "nnatlas.registry"},
+         "nnatlas.compiler.userspec": {"nnatlas.testing.suite", "nnatlas.registry"},
          "nnatlas.compiler.draft.tiny": {"nnatlas.testing"},  # the drafter's tiny model, perturbed as the tests do
          "nnatlas.compiler.draft.sweep": {"nnatlas.registry"}}  # whether a shipped family loads a type's tiny model
 

@@ -16,7 +16,7 @@ import pytest
 from nnatlas import conditions, op_scopes, sites
 from nnatlas.errors import Unavailable
 from nnatlas.targets import ModelTargets
-from nnatlas.testing import build, draw_inputs, first_params, standard_values
+from nnatlas.testing.suite import build, draw_inputs, first_params, standard_values
 from nnatlas.trace import Tracer
 
 RUNTIME = str(Path(sites.__file__).parent)

@@ -10,7 +10,7 @@ import torch
 
 import nnatlas
 from nnatlas import sites
-from nnatlas import testing as T
+from nnatlas.testing import suite as T
 
 FAMILY = "qwen3_5_text"
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import nnatlas
 from nnatlas import op_scopes
-from nnatlas import testing as T
+from nnatlas.testing import suite as T
 
 FAMILIES = ("gpt2", "llama", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "qwen3_vl")
 # the torch callables a spec'd op name reaches, as they are outside a trace

@@ -12,7 +12,7 @@ import torch
 
 import nnatlas
 from nnatlas import op_scopes, patterns
-from nnatlas import testing as T
+from nnatlas.testing import suite as T
 
 
 def _inputs(model: nnatlas.AtlasModel) -> dict[str, torch.Tensor]:

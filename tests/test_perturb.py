@@ -13,9 +13,9 @@ import torch
 import transformers
 
 from nnatlas import expressions
-from nnatlas import testing as T
 from nnatlas.compiler import expr
 from nnatlas.spec import Identity
+from nnatlas.testing import suite as T
 
 transformers.logging.set_verbosity_error()
 

@@ -14,7 +14,7 @@ import torch
 
 from nnatlas import installers, op_scopes, sites
 from nnatlas.installers import installer_of
-from nnatlas.testing import build, draw_inputs, first_params
+from nnatlas.testing.suite import build, draw_inputs, first_params
 
 LAYERS = 2
 

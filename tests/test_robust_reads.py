@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nnatlas import testing as T
 from nnatlas.compiler import SpecError, compile_atlas, readpoint
+from nnatlas.testing import suite as T
 
 ROOT = Path(__file__).resolve().parent.parent
 

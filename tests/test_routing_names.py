@@ -19,7 +19,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterf
 
 import nnatlas
 from nnatlas import sites
-from nnatlas import testing as T
+from nnatlas.testing import suite as T
 
 
 def _registries() -> tuple[tuple[tuple[Any, Any], ...], ...]:
