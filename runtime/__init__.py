@@ -18,23 +18,23 @@ import typing as _typing
 from .errors import InputError, NnatlasError, NotReached, OutOfOrderError, Unavailable, UnknownName
 
 if _typing.TYPE_CHECKING:
-    from .cache import Cache
-    from .cache_data import CacheError
-    from .loading import load, route_kernels, wrap
+    from .cache.data import CacheError
+    from .cache.model_cache import Cache
+    from .loading.load import load, route_kernels, wrap
     from .model import AtlasModel
     from .registry import all_families
-    from .requests import Box
-    from .saving import save
+    from .trace.requests import Box
+    from .tree.saving import save
 
-_LAZY = {"AtlasModel": "model", "load": "loading", "wrap": "loading", "route_kernels": "loading",
-         "all_families": "registry", "Box": "requests", "Cache": "cache",
-         "CacheError": "cache_data", "save": "saving"}
-_SUBMODULES = ("plot", "show", "testing")  # imported when first named
+_LAZY = {"AtlasModel": "model", "load": "loading.load", "wrap": "loading.load", "route_kernels": "loading.load",
+         "all_families": "registry", "Box": "trace.requests", "Cache": "cache.model_cache",
+         "CacheError": "cache.data", "save": "tree.saving"}
+_SUBMODULES = {"plot": "views.plot", "show": "views.show", "testing": "testing"}  # imported when first named
 
 
 def __getattr__(name: str) -> object:
     if name in _SUBMODULES:
-        return _importlib.import_module(f".{name}", __name__)
+        return _importlib.import_module(f".{_SUBMODULES[name]}", __name__)
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'nnatlas' has no attribute {name!r}")

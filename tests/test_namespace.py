@@ -17,14 +17,14 @@ def test_dir_nnatlas_is_the_api() -> None:
     assert not {"Any", "annotations", "importlib", "TYPE_CHECKING", "_importlib", "hosts", "trace"} & set(listed)
     for name in listed:
         assert getattr(nnatlas, name) is not None, name
-    assert nnatlas.save.__module__ == "nnatlas.saving" and nnatlas.plot.__name__ == "nnatlas.plot"
+    assert nnatlas.save.__module__ == "nnatlas.tree.saving" and nnatlas.plot.__name__ == "nnatlas.views.plot"
 
 
 def test_import_nnatlas_still_imports_no_torch_and_no_matplotlib() -> None:
     code = "import sys, nnatlas; dir(nnatlas); print(sorted(m for m in ('torch', 'matplotlib') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert done.stdout.strip() == "[]"
-    code = "import sys, nnatlas.plot, nnatlas.show; print('matplotlib' in sys.modules)"  # matplotlib: on a call only
+    code = "import sys, nnatlas; nnatlas.plot, nnatlas.show; print('matplotlib' in sys.modules)"  # on a call only
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert done.stdout.strip() == "False"
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import transformers
 
-from nnatlas.compiler import SpecError, compile_atlas, emit
+from nnatlas.compiler import SpecError, compile_atlas
+from nnatlas.compiler.emit import emit
 from nnatlas.errors import NnatlasError, UnknownName
 from nnatlas.model import AtlasModel
 from nnatlas.testing import suite as T

@@ -9,8 +9,8 @@ from html.parser import HTMLParser
 import pytest
 
 import nnatlas
-from nnatlas.describe import Row, Support
 from nnatlas.testing import build
+from nnatlas.tree.describe import Row, Support
 
 
 class Cells(HTMLParser):
