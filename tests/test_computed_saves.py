@@ -129,3 +129,4 @@ def test_after_an_exception_in_the_body_nothing_is_computed_or_left(llama: nnatl
     with llama.trace(PROMPT) as tracer:  # and the model traces again
         again = (llama.layers[0].layer_output @ W).save()
     assert again.shape[-1] == 6 and tracer.computed is None
+    assert "_finish" not in tracer.__dict__  # (the bound method put on the instance for the forward: gone, no cycle)

@@ -298,7 +298,13 @@ class Tracer:
             if owner.payload is not None:
                 fill(owner.payload, owner.value, owner.label, self.grad_live)
             owner.done = True
-        if self.computed is not None:  # an expression saved in the body: served once the values it reads are
+        return payload
+
+    def _finish_computing(self, r: Request, payload: Any) -> Any:
+        """``_finish`` in a trace whose body saved a tensor computed from values (``_execute`` puts it in place):
+        each such save is served once the values it reads are (nnatlas.trace.computed); other traces never run it."""
+        payload = Tracer._finish(self, r, payload)
+        if self.computed is not None:
             serve_ready(self)
         return payload
 
@@ -361,6 +367,8 @@ class Tracer:
         grad = torch.is_grad_enabled()
         modes = torch._C._len_torch_function_stack()
         plan_key = None
+        if self.computed is not None:
+            self._finish = self._finish_computing  # type: ignore[method-assign]
         try:
             if ordered:  # (an empty trace installs nothing)
                 plan_key, routes = installer.install(self.model._module, by_site, self.serve, self.call_dims, dims,
@@ -394,6 +402,7 @@ class Tracer:
                 installer.forget(plan_key)  # (a forward that raised may have left a wrapper's state half way)
             raise
         finally:
+            self.__dict__.pop("_finish", None)  # (the bound method held on the instance: no cycle left)
             _teardown(installed, restore, tokens, grad, modes)
         if self._late is not None:
             self._raise_late(*self._late)
