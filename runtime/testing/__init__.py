@@ -23,12 +23,12 @@ from .checks import (
     check_support,
 )
 from .gradients import check_gradients
-from .oracle import check_oracle
+from .oracle import check_oracle, oracle_checks
 from .perturb import perturb_config, perturb_params, perturb_tensors
 from .tiny import WORDS, build, draw_inputs, shared_build
 
 __all__ = ["PROMPT", "WORDS", "build", "check_edit", "check_gradients", "check_identities", "check_identity",
-           "check_missing", "check_oracle", "check_readonly", "check_shapes", "check_support", "draw_inputs",
+           "check_missing", "check_oracle", "check_readonly", "check_shapes", "check_support", "draw_inputs", "oracle_checks",
            "perturb_config", "perturb_params", "perturb_tensors", "shared_build"]
 
 
