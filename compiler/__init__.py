@@ -71,6 +71,7 @@ def render(atlas: Atlas, printout_texts: dict[str, str] | None = None,
         atlas, printout_texts, status_data, cookbook_text is not None, tests, [(p.title, p.href) for p in guides],
         guide.entries(searched))
     out["generated/docs/status.html"] = emit.render_status(atlas, status_data, tests)
+    out[status.CARRIED] = status.carried(atlas, status_data, tests)
     out["generated/docs/llms.txt"] = emit.render_llms(atlas, [(p.title, p.href) for p in guides])
     out["generated/docs/atlas.css"] = emit.env().get_template("atlas.css.j2").render()
     out["generated/docs/atlas.js"] = emit.env().get_template("atlas.js.j2").render()

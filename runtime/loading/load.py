@@ -20,7 +20,7 @@ from ..trace.sites import _KERNEL_ROUTES
 from ..tree import fit
 from ..tree.given import unwrap
 from ..tree.hosts import pattern_of
-from . import user_specs
+from . import user_specs, version_status
 
 
 @contextlib.contextmanager
@@ -82,6 +82,7 @@ def wrap(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None,
         elif check is None:  # picked by its own model type: a shipped family's generated tests hold its tree; a user's
             check = bool(_families.origin(fam))  # family (a spec or a draft added in this process) is checked
     assert fam is not None
+    version_status.check(fam.name, shipped=not _families.origin(fam))  # the status matrix, under this transformers
     if tensor_parallel.is_sharded(hf):  # sharded by transformers' tensor parallel: a family it cannot run says so now
         tensor_parallel.refuse_unshardable(fam.name)
     made = _new(_families.model_class(fam) or AtlasModel, fam, hf, tokenizer, processor, peft)
