@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from nnatlas.testing import WORDS, Allocations, build, draw_inputs, first_params
+from nnatlas.testing.suite import WORDS, Allocations, build, draw_inputs, first_params
 
 SUMMARY = re.compile(r"(\d+) tokens in ([\d.]+) s on (\d+) process(?:es)?: (\d+) tokens/s; peak memory (\d+) MB"
                      r"(?: per process; padding ([\d.]+)%.*)?; CPU ([\d.]+) s in the forward loop(?:, ([\d.]+) s writing)?")

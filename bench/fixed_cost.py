@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from nnatlas.model import AtlasModel
-from nnatlas.testing import build, draw_inputs, first_params
+from nnatlas.testing import build, draw_inputs
+from nnatlas.testing.suite import first_params
 
 from .timing import Timings, measure
 from .workloads import Theirs, hooked_forward, value_module

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from nnatlas.model import AtlasModel
-from nnatlas.testing import LIGHT_KINDS, grad_soak
+from nnatlas.testing.suite import LIGHT_KINDS, grad_soak
 
 from . import memory
 from .timing import measure

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from nnatlas.model import AtlasModel
-from nnatlas.testing import Allocations
+from nnatlas.testing.suite import Allocations
 
 from .workloads import value_module
 

@@ -9,7 +9,7 @@ import torch
 
 import nnatlas
 from nnatlas.model import AtlasModel
-from nnatlas.testing import attention_loads, build, draw_inputs, first_params, tiny_tokenizer
+from nnatlas.testing.suite import attention_loads, build, draw_inputs, first_params, tiny_tokenizer
 
 TINY_SEQ = 16
 MID_SEQ = 64

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 import nnatlas
-from nnatlas.testing import LIGHT_KINDS, SOAK_KINDS, standard_values
+from nnatlas.testing.suite import LIGHT_KINDS, SOAK_KINDS, standard_values
 
 from . import cache as bench_cache
 from . import compile_time, fixed_cost, gradients, memory, models, phases

@@ -29,7 +29,7 @@ SEQ = 32
 
 
 def _model(folder: Path) -> None:
-    from nnatlas.testing import build, first_params
+    from nnatlas.testing.suite import build, first_params
 
     params = {**first_params("llama"), "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4,
               "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 64, "max_position_embeddings": 128}

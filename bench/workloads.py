@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from nnatlas.model import AtlasModel
-from nnatlas.testing import standard_values
+from nnatlas.testing.suite import standard_values
 from nnatlas.trace.requests import CallDim
 
 GEN_TOKENS = 16

@@ -119,7 +119,7 @@ def checks(family: str, budget_s: float = 60.0) -> tuple[list[str], list[tuple[C
     ``budget_s`` seconds. The family must be in the lookup."""
     import time
 
-    from nnatlas import testing
+    from nnatlas.testing import suite as testing
 
     start = time.perf_counter()
     held: list[str] = []

@@ -7,37 +7,45 @@
         model.layers[0].mlp.mlp_output[:] = 0
 
 The names that need torch are imported on first use, so ``nnatlas.compiler`` (and
-``nnatlas generate --check``) starts without importing torch or transformers.
+``nnatlas generate --check``) starts without importing torch or transformers; so are the submodules
+``nnatlas.plot`` and ``nnatlas.show`` (pictures and notebook views) and ``nnatlas.testing``. ``dir(nnatlas)``
+lists this API and nothing else.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING, Any
+import importlib as _importlib
+import typing as _typing
 
 from .errors import InputError, NnatlasError, NotReached, OutOfOrderError, Unavailable, UnknownName
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from .cache.data import CacheError
     from .cache.model_cache import Cache
     from .loading.load import load, route_kernels, wrap
     from .model import AtlasModel
     from .registry import all_families
     from .trace.requests import Box
+    from .tree.saving import save
 
 _LAZY = {"AtlasModel": "model", "load": "loading.load", "wrap": "loading.load", "route_kernels": "loading.load",
          "all_families": "registry", "Box": "trace.requests", "Cache": "cache.model_cache",
-         "CacheError": "cache.data"}
+         "CacheError": "cache.data", "save": "tree.saving"}
+_SUBMODULES = {"plot": "views.plot", "show": "views.show", "testing": "testing"}  # imported when first named
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
+    if name in _SUBMODULES:
+        return _importlib.import_module(f".{_SUBMODULES[name]}", __name__)
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'nnatlas' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    value = getattr(_importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value
     return value
 
 
+def __dir__() -> list[str]:
+    return sorted({*__all__, *_SUBMODULES})
+
+
 __all__ = ["AtlasModel", "Box", "Cache", "CacheError", "InputError", "NnatlasError", "NotReached", "OutOfOrderError", "Unavailable",
-           "UnknownName", "all_families", "load", "route_kernels", "wrap"]
+           "UnknownName", "all_families", "load", "route_kernels", "save", "wrap"]

@@ -12,8 +12,8 @@ from .errors import InputError, NnatlasError, UnknownName
 from .inputs.prepare import prepare
 from .parallel import tensor_parallel
 from .trace.tracer import Tracer
-from .tree import foreign_names, readout
-from .tree.describe import Support, render, support
+from .tree import foreign_names, readout, saes, tables
+from .tree.describe import Support, block_runs, load_facts, render, support
 from .tree.given import refuse_compiled
 from .tree.hosts import Value
 from .tree.targets import ModelTargets
@@ -98,11 +98,15 @@ class AtlasModel(ModelTargets):
         return readout.logit_lens(self, values)
 
     # ---- names ----
-    def value(self, name: str) -> Value:
+    def value(self, name: Any) -> Value:
         """The value a name stands for, standard or from elsewhere: ``layers[3].layer_output``, a TransformerLens
         hook (``blocks.3.hook_resid_post``, ``blocks.0.attn.hook_pattern``), or an nnsight / transformers module
         path with its boundary (``model.model.layers[3].output``, ``model.layers.3.mlp.down_proj.input``).
-        The family page's "coming from" table lists the same map. Raises UnknownName saying what it expected."""
+        The family page's "coming from" table lists the same map. Raises UnknownName saying what it expected.
+        ``name`` may be an SAE (sae-lens's, or anything with ``cfg.metadata.hook_name``): the value its hook name
+        stands for, checked to fit it (its ``d_in``, no reshaping of its own; see :mod:`nnatlas.tree.saes`)."""
+        if not isinstance(name, str) and hasattr(name, "cfg"):
+            return saes.value(self, name)  # type: ignore[no-any-return]
         if not isinstance(name, str) or not name.strip():
             raise UnknownName(f"model.value: expected a name such as 'layers[3].layer_output', got {name!r}")
         foreign = (foreign_names.transformer_lens(self, name), foreign_names.module_path(self, name))
@@ -132,6 +136,11 @@ class AtlasModel(ModelTargets):
 
     def __repr__(self) -> str:
         return render(self)
+
+    def _repr_html_(self) -> str:
+        """The notebook view: this load's facts, its blocks, and ``print(model)`` folded below them."""
+        blocks = tables.table(("blocks", "class", "kind"), block_runs(self))
+        return tables.view(f"family {self.family}", [blocks], load_facts(self), render(self), "print(model)")
 
     def __str__(self) -> str:
         return self.__repr__()

@@ -103,6 +103,7 @@ ROOMS = (
     ("inputs and parallel", {"nnatlas.inputs", "nnatlas.parallel"}),
     ("tree", {"nnatlas.tree"}),
     ("cache", {"nnatlas.cache"}),
+    ("views", {"nnatlas.views"}),
     ("model facade", {"nnatlas.model"}),
     ("loading", {"nnatlas.loading"}),
     ("entry points", {"nnatlas", "nnatlas.cli", "nnatlas.__main__"}),
@@ -187,9 +188,9 @@ def test_the_compiler_is_in_rooms() -> None:
 
 def test_the_rooms_are_named_in_order() -> None:
     """Bottom up: the data model, the trace, inputs and tensor parallel, the tree of hosts and values, the cache,
-    the model facade, the loaders, the entry points."""
+    the pictures and notebook views, the model facade, the loaders, the entry points."""
     names = [name for name, _ in ROOMS]
-    assert names == ["data model", "trace", "inputs and parallel", "tree", "cache", "model facade", "loading",
+    assert names == ["data model", "trace", "inputs and parallel", "tree", "cache", "views", "model facade", "loading",
                      "entry points"]
 
 
@@ -238,10 +239,10 @@ DATA_MODEL = {"nnatlas.spec", "nnatlas.trace.conditions", "nnatlas.tree.foreign_
 # the compiler's tools that run models with the runtime, and what each uses of it: the public API
 # (printouts: nnatlas.wrap on the meta device, and tensor_parallel.planned, what support() says under TP, for pages)
 TOOLS = {"nnatlas.compiler.emit.printouts": {"nnatlas", "nnatlas.parallel.tensor_parallel"},
-         "nnatlas.compiler.resolve.treecheck": {"nnatlas", "nnatlas.tree.introspect", "nnatlas.tree.fit", "nnatlas.testing"},
+         "nnatlas.compiler.resolve.treecheck": {"nnatlas", "nnatlas.tree.introspect", "nnatlas.tree.fit", "nnatlas.testing.suite"},
          "nnatlas.compiler.cli": {"nnatlas.cli.cache"},  # the `nnatlas cache` command
          # a draft's oracle on a tiny twin (draft=True), the draft put in the lookup while it is verified
-         "nnatlas.compiler.userspec": {"nnatlas.testing", "nnatlas.registry"},
+         "nnatlas.compiler.userspec": {"nnatlas.testing.suite", "nnatlas.registry"},
          "nnatlas.compiler.draft.tiny": {"nnatlas.testing"},  # the drafter's tiny model, perturbed as the tests do
          "nnatlas.compiler.draft_sweep": {"nnatlas.registry"}}  # whether a shipped family loads a type's tiny model
 

@@ -11,7 +11,7 @@ import torch
 import nnatlas
 from bench import models, run
 from bench.workloads import ours_workloads, serve_order
-from nnatlas.testing import attention_loads, standard_values
+from nnatlas.testing.suite import attention_loads, standard_values
 from nnatlas.trace.tracer import Tracer
 
 

@@ -4,6 +4,7 @@ bad input is one line and exit status 2, before any forward."""
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import random
@@ -106,6 +107,10 @@ def test_rows_equal_direct_traces(saved: Path, data: Path, model: nnatlas.AtlasM
     stored = nnatlas.Cache.load(out)
     assert stored.values == labels and len(stored) == manifest["rows"]
     assert stored.layout("layers[1].layer_output").dims == ("rows", "hidden_size")
+    view = stored._repr_html_()  # the notebook view: the printout's title, a row per value with its rows and layout
+    assert html.escape(repr(stored)[1:-1]) in view
+    assert all(f"<td>{label}</td><td>{len(stored)}</td><td>{html.escape(stored.layout(label).text)}</td>" in view
+               for label in labels)
     doc, pos = stored["meta.doc"], stored["meta.position"]
     for label in labels:
         whole = stored[label]

@@ -22,9 +22,11 @@ TITLE, INTRO, RECIPES = cookbook.parse((ROOT / cookbook.SOURCE).read_text())
 FAMILIES = ("llama", "qwen3_5_text", "qwen3_moe")
 
 
-def test_the_cookbook_has_the_five_workflows() -> None:
+def test_the_cookbook_has_the_workflows() -> None:
     assert [r.anchor for r in RECIPES] == ["logit-lens", "activation-patching", "attribution-patching",
-                                           "steering-during-generate", "caching-a-corpus-then-training-a-probe-and-an-sae"]
+                                           "steering-during-generate", "caching-a-corpus-then-training-a-probe-and-an-sae",
+                                           "saving-what-you-compute-in-a-trace", "saes-by-their-hook-names", "pictures",
+                                           "notebook-views"]
     assert all(any(lang == "python" for lang, _ in cookbook.code_blocks(r.body)) for r in RECIPES)
 
 
@@ -65,8 +67,41 @@ def checks(anchor: str, ns: dict[str, Any]) -> None:
             for _ in plain.iter[:]:
                 last = model.logits.save()
         assert not torch.equal(last, ns["logits"])  # the edit reached the model on the steps
-    else:
+    elif anchor == "caching-a-corpus-then-training-a-probe-and-an-sae":
         assert ns["stored"].rows > 0 and len(ns["losses"]) > 20
+    elif anchor == "saving-what-you-compute-in-a-trace":
+        with model.trace(ns["prompt"]):
+            stream = model.layers[1].layer_output.save()
+        torch.testing.assert_close(ns["along"].detach(), stream @ ns["direction"])  # before the edit: the clean stream
+        torch.testing.assert_close(ns["before"], stream.norm(dim=-1))
+        torch.testing.assert_close(ns["kept"]["last"].detach(), stream[:, -1])
+        assert ns["along"].grad.abs().sum() == 1  # d along[0, -1] / d along: one-hot
+        assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.native.parameters())
+        model.native.zero_grad(set_to_none=True)
+    elif anchor == "saes-by-their-hook-names":
+        sae = ns["sae"]
+        with model.trace(ns["prompt"]):
+            stream = model.layers[1].layer_output.save()
+        with torch.no_grad():
+            torch.testing.assert_close(ns["features"], sae.encode(stream))
+            torch.testing.assert_close(ns["error"], (sae.decode(sae.encode(stream)) - stream).norm(dim=-1))
+        assert ns["features"].shape == (*stream.shape[:2], sae.cfg.d_sae) and float(ns["logit_change"].abs().max()) > 0
+        assert list(ns["codes"]) == [f"blocks.{i}.hook_resid_post" for i in range(model.num_layers)]
+        assert not torch.equal(ns["all_spliced"], ns["logits"])
+    elif anchor == "pictures":
+        drawn = [ax for ax in ns["heads"].axes if ax.get_visible() and ax.images]
+        assert len(drawn) == ns["pattern"].shape[1] and len(ns["lens_picture"].axes[0].texts) == (
+            ns["eager"].num_layers * len(ns["tokens"]))
+        assert torch.equal(torch.tensor(ns["sweep_picture"].axes[0].images[0].get_array()), ns["effect"])
+        with model.trace(ns["clean"]):
+            clean = model.logits.save()
+        # the last block patched at the last position: the clean answer's log-probability, exactly
+        assert float(ns["effect"][-1, -1]) == pytest.approx(float(clean[0, -1].log_softmax(-1)[ns["answer"]]), abs=1e-5)
+        assert "nn-head" in ns["view"]._repr_html_()
+    else:
+        support = model.support()
+        assert all(f"<td>{r.value}</td>" in ns["pages"]["support"] for r in support.rows)
+        assert all(f"<td>{path}</td>" in ns["pages"]["cache"] for path in ns["cached"])
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from nnatlas.errors import Unavailable
-from nnatlas.testing import build, draw_inputs, first_params, standard_values
+from nnatlas.testing.suite import build, draw_inputs, first_params, standard_values
 from nnatlas.trace import conditions, op_scopes, sites
 from nnatlas.trace.tracer import Tracer
 from nnatlas.tree.targets import ModelTargets

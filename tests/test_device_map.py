@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import nnatlas
-from nnatlas.testing import build, draw_inputs, standard_values
+from nnatlas.testing.suite import build, draw_inputs, standard_values
 
 pytest.importorskip("accelerate")
 
@@ -46,7 +46,7 @@ def _hook_counts(root: torch.nn.Module) -> list[tuple[str, int, int, Any]]:
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    params = {**nnatlas.testing.first_params("llama"), "num_hidden_layers": 4}
+    params = {**nnatlas.testing.suite.first_params("llama"), "num_hidden_layers": 4}
     model = build("llama", params, attn_implementation="eager", seed=5)
     path = tmp_path_factory.mktemp("llama_ckpt")
     model.native.save_pretrained(path)

@@ -266,7 +266,7 @@ def test_sizes_are_no_factors_to_perturb() -> None:
     widths its layers and its cache round apart; both tiny forwards failed."""
     import transformers
 
-    from nnatlas.testing import config_factors
+    from nnatlas.testing.suite import config_factors
 
     assert "partial_rotary_factor" not in config_factors(transformers.DeepseekV4Config())
     xlstm = config_factors(transformers.xLSTMConfig())
@@ -430,7 +430,7 @@ def test_items_of_a_module_list_in_a_block() -> None:
 def test_hidden_states_after_each_block_are_known() -> None:
     """RWKV appends the stream to output_hidden_states after each block, as the Mamba models do (its embeddings are
     not in it): the oracle compares block i's output with hidden_states[i] there (rwkv's draft failed the oracle)."""
-    from nnatlas.testing import HIDDEN_STATES_AFTER_BLOCKS
+    from nnatlas.testing.suite import HIDDEN_STATES_AFTER_BLOCKS
 
     model = tiny.build(tiny.plan("rwkv"))
     seen: list[torch.Tensor] = []
@@ -513,7 +513,7 @@ def test_the_oracle_where_the_last_hidden_state_is_the_last_blocks() -> None:
     import contextlib
     from types import SimpleNamespace
 
-    from nnatlas.testing import _oracle_hidden_states
+    from nnatlas.testing.suite import _oracle_hidden_states
 
     native = tiny.build(tiny.plan("gemma3n_text"))
     inputs = {"input_ids": torch.tensor([[5, 6, 7, 8]])}
@@ -545,7 +545,7 @@ def test_a_forward_that_takes_no_attention_mask() -> None:
     mask its ids are tokens, which nnatlas warns of)."""
     from types import SimpleNamespace
 
-    from nnatlas.testing import Case, _fixed_inputs
+    from nnatlas.testing.suite import Case, _fixed_inputs
 
     values = draft("xlstm").proposal.hosts["model"].values
     assert "attention_mask" not in values and values["next_token_probs"].derived == "softmax(logits[:, -1], -1)"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import nnatlas
-from nnatlas import testing as T
+from nnatlas.testing import suite as T
 from nnatlas.trace import sites
 
 FAMILY = "qwen3_5_text"

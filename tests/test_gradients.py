@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import nnatlas
-from nnatlas import testing as T
+from nnatlas.testing import suite as T
 
 CONCEPTS = Path(__file__).resolve().parent.parent / "docs" / "concepts.md"
 

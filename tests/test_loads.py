@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from nnatlas import testing as T
 from nnatlas.compiler import SpecError, compile_atlas
+from nnatlas.testing import suite as T
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import transformers
 
-from nnatlas import testing as T
 from nnatlas.compiler import SpecError, compile_atlas
 from nnatlas.compiler.emit import emit
 from nnatlas.errors import NnatlasError, UnknownName
 from nnatlas.model import AtlasModel
+from nnatlas.testing import suite as T
 
 ROOT = Path(__file__).resolve().parent.parent
 

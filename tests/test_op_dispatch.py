@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import nnatlas
-from nnatlas import testing as T
+from nnatlas.testing import suite as T
 from nnatlas.trace import op_scopes
 
 FAMILIES = ("gpt2", "llama", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "qwen3_vl")

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from nnatlas import registry
-from nnatlas import testing as T
+from nnatlas.testing import suite as T
 
 
 def _misread(family: str, path: str, name: str, source: str) -> object:

@@ -98,7 +98,7 @@ def test_cache_carries_the_attention_mask_and_positions(model: nnatlas.AtlasMode
 def test_the_generated_tests_draw_both_sides_of_padding() -> None:
     """The generated tests' inputs: drawn cases pad on the left or the right (a hypothesis draw), and the fixed
     inputs every oracle, edit and gradient check runs hold an unpadded, a left-padded and a right-padded row."""
-    from nnatlas import testing as T
+    from nnatlas.testing import suite as T
 
     right = T.draw_inputs(64, 2, 5, [0, 2], seed=1, side="right")
     assert right["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import nnatlas
-from nnatlas import testing as T
+from nnatlas.testing import suite as T
 from nnatlas.trace import op_scopes, patterns
 
 

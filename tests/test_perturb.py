@@ -12,9 +12,9 @@ import pytest
 import torch
 import transformers
 
-from nnatlas import testing as T
 from nnatlas.compiler.language import expr
 from nnatlas.spec import Identity
+from nnatlas.testing import suite as T
 from nnatlas.trace import expressions
 
 transformers.logging.set_verbosity_error()

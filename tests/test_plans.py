@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from nnatlas.testing import build, draw_inputs, first_params
+from nnatlas.testing.suite import build, draw_inputs, first_params
 from nnatlas.trace import installers, op_scopes, sites
 from nnatlas.trace.installers import installer_of
 

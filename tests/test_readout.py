@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import nnatlas
-from nnatlas import testing
+from nnatlas.testing import suite as testing
 
 PROMPT = "the eiffel tower is in paris"
 

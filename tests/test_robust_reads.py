@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from nnatlas import testing as T
 from nnatlas.compiler import SpecError, compile_atlas
 from nnatlas.compiler.language import readpoint
+from nnatlas.testing import suite as T
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,7 +18,7 @@ from transformers.masking_utils import AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
 import nnatlas
-from nnatlas import testing as T
+from nnatlas.testing import suite as T
 from nnatlas.trace import sites
 
 

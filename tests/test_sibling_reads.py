@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from nnatlas import testing as T
 from nnatlas.compiler import SpecError, compile_atlas
 from nnatlas.compiler.language import readpoint
 from nnatlas.compiler.language.expr import ExprError
+from nnatlas.testing import suite as T
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -153,9 +153,9 @@ def test_a_read_into_a_list_child_names_its_index() -> None:
     import torch
 
     from nnatlas import registry
-    from nnatlas import testing as T
     from nnatlas.compiler import SpecError
     from nnatlas.compiler.userspec import compile_text
+    from nnatlas.testing import suite as T
 
     text = ('family: listed_llama\nextends: llama\nhosts:\n  model:\n    values:\n'
             '      token_embeddings: "layers.0.input"\n')

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import nnatlas
-from nnatlas.testing import build, draw_inputs, first_params
+from nnatlas.testing import build, draw_inputs
+from nnatlas.testing.suite import first_params
 from nnatlas.trace import interrupts, op_scopes
 from nnatlas.trace.installers import installer_of
 

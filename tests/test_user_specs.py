@@ -17,8 +17,9 @@ import transformers
 
 import nnatlas
 import nnatlas.families
-from nnatlas import registry, testing
+from nnatlas import registry
 from nnatlas.loading import user_specs
+from nnatlas.testing import suite as testing
 
 ROOT = Path(__file__).resolve().parent.parent
 IDS = torch.tensor([[2, 5, 9, 4, 7, 11], [2, 8, 6, 3, 10, 12]])

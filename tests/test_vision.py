@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import nnatlas
-from nnatlas import testing as T
 from nnatlas.compiler import SpecError
 from nnatlas.compiler.language import readpoint
 from nnatlas.compiler.resolve.resolve import resolve
+from nnatlas.testing import suite as T
 
 FAMILY = "qwen3_vl"
 SPECS = Path(__file__).resolve().parent.parent / "specs"

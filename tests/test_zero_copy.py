@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import nnatlas
-from nnatlas.testing import Allocations, build, draw_inputs, standard_values
+from nnatlas.testing.suite import Allocations, build, draw_inputs, standard_values
 
 
 @pytest.mark.parametrize("family", sorted(nnatlas.all_families()))

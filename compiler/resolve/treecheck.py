@@ -51,7 +51,7 @@ class _Checker:
         import torch
         import transformers
 
-        from nnatlas import testing as T
+        from nnatlas.testing import suite as T
 
         transformers.logging.set_verbosity_error()  # config classes' notes on tiny configs are not the spec's problems
         import nnatlas

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from nnatlas import testing as T
 from nnatlas.families import mamba as adapter
+from nnatlas.testing import suite as T
 
 FAMILY = 'mamba'
 # no shrinking: a failing case fails at once (the case, perturbed or not, is in the message)

@@ -27,6 +27,7 @@ from ..spec import Layout
 from ..trace import conditions
 from ..trace.requests import Box
 from ..trace.tracer import Tracer
+from ..tree import tables
 from ..tree.hosts import Host, HostList, Value
 from ..tree.targets import ModelTargets
 from .stored import StoredCache
@@ -134,12 +135,19 @@ class Cache(Mapping[str, Any]):
         file and what disagrees."""
         return StoredCache(folder, verify)
 
+    def _title(self) -> str:
+        return f"Cache({len(self)} values{f', family {self.family}' if self.family else ''})"
+
+    def _entries(self) -> list[tuple[str, str, str]]:
+        """(path, shape and dtype, layout) of each value: what the printout and the notebook view show."""
+        return [(path, f"{tuple(v.shape)} {str(v.dtype).removeprefix('torch.')}" if isinstance(v, torch.Tensor)
+                 else repr(v), self._layouts[path].text) for path, v in self._values.items()]
+
     def __repr__(self) -> str:
-        lines = [f"Cache({len(self)} values{f', family {self.family}' if self.family else ''})"]
-        for path, v in self._values.items():
-            shape = f"{tuple(v.shape)} {str(v.dtype).removeprefix('torch.')}" if isinstance(v, torch.Tensor) else repr(v)
-            lines.append(f"  {path}: {shape}  {self._layouts[path].text}")
-        return "\n".join(lines)
+        return "\n".join([self._title(), *(f"  {path}: {shape}  {layout}" for path, shape, layout in self._entries())])
+
+    def _repr_html_(self) -> str:
+        return tables.view(self._title(), [tables.table(("value", "shape", "layout"), self._entries())])
 
 
 def _summary(paths: list[str]) -> str:

@@ -14,6 +14,7 @@ import torch
 import torch.utils.data
 
 from ..spec import Layout
+from ..tree import tables
 from .data import CacheError
 from .integrity import check_shard, layout_of, read_manifest
 from .store import META_KEYS, reason_of
@@ -122,11 +123,18 @@ class StoredCache:
             raise ValueError(f"batch_size={batch_size!r}: a number of rows, at least 1")
         return RowDataset(self, names, shuffle=shuffle, seed=seed, batch_size=batch_size)
 
-    def __repr__(self) -> str:
+    def _title(self) -> str:
         m = self.schema
-        return (f"<nnatlas cache {self.folder}: {m.model} ({m.family}), {m.rows} rows "
+        return (f"nnatlas cache {self.folder}: {m.model} ({m.family}), {m.rows} rows "
                 f"({m.positions} positions, {m.tokens} tokens) x {len(m.values)} values in "
-                f"{len(m.shards)} shards>")
+                f"{len(m.shards)} shards")
+
+    def __repr__(self) -> str:
+        return f"<{self._title()}>"
+
+    def _repr_html_(self) -> str:
+        rows = [(path, str(self.rows), self.layout(path).text) for path in self.values]
+        return tables.view(self._title(), [tables.table(("value", "rows", "layout"), rows)])
 
 
 class RowDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]

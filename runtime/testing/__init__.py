@@ -1,104 +1,36 @@
-"""Test helpers for nnatlas: tiny random models and inputs, and the checks every family's generated tests
-run. A package of its own that imports the runtime and is never imported by it; it changes no global
-setting (the tests' conftest and the generated tests set one torch thread themselves)."""
+"""Test helpers for nnatlas: tiny random models and inputs, and the checks a family's tests run (also a spec of
+your own: ``nnatlas generate`` writes them for it). A package of its own that imports the runtime and is never
+imported by it; it changes no global setting (the tests' conftest and the generated tests set one torch thread).
 
-from __future__ import annotations
+    from nnatlas import testing
+    model = testing.build("llama")                        # a tiny random model of a family, wrapped
+    perturbed = testing.build("llama", perturbed=True)    # its scalar factors and constant weights drawn off defaults
+    testing.check_identities(case)                        # a generated test's checks (cases: testing.suite.draw_case)
+
+Everything else the generated tests and nnatlas's own tests use (draws, cases, constants, the oracle's pieces) is
+in :mod:`nnatlas.testing.suite`; the modules (``checks``, ``tiny``, ``perturb``, ``oracle``, ``gradients``,
+``values``, ``flex``, ``tp_oracle``) hold the code.
+"""
 
 from .checks import (
-    FIXED_SIZES,
-    GRAD_BLOCK_VALUES,
-    GRADIENT_COUNTS,
-    GRADIENT_GAPS,
-    HIDDEN_STATES_AFTER_BLOCKS,
-    ORACLE_ATOL,
-    PATTERN_ERRORS,
-    PATTERN_VALUES,
     PROMPT,
-    Allocations,
-    Case,
-    _check_edit,
-    _check_shapes,
-    _first_host,
-    _fixed_inputs,
-    _routable,
-    _save_all,
-    _unavailable_term,
-    _vision_specs,
     check_edit,
     check_identities,
     check_identity,
-    check_image_input_errors,
     check_missing,
-    check_native_class,
-    check_processor_round_trip,
     check_readonly,
-    check_recomputed_patterns,
     check_shapes,
     check_support,
-    check_text_only_load,
-    check_text_prompt,
-    draw_case,
-    identity_ids,
-    recomputed_pattern_loads,
-    run_example,
 )
-from .flex import uncompiled_flex_attention
-from .gradients import (
-    LIGHT_KINDS,
-    SOAK_KINDS,
-    Held,
-    Soak,
-    _check_gradients,
-    _close,
-    _grad_seen_as,
-    _plain_block_gradients,
-    _scalar,
-    check_gradients,
-    grad_soak,
-    live_tensors,
-)
-from .oracle import _accepts, _exact, _oracle_blocks, _oracle_hidden_states, _oracle_names, check_oracle, oracle_checks
-from .perturb import NOT_FACTORS, config_factors, constant_tensors, perturb_config, perturb_params, perturb_tensors
-from .tiny import (
-    CPU_ATTENTION,
-    WORDS,
-    _class_attention,
-    _first,
-    _nested_copy,
-    _set_dotted,
-    accepted_attention,
-    adapter_module,
-    attention_loads,
-    build,
-    check_attention_loads,
-    draw_from,
-    draw_inputs,
-    draw_params,
-    first_params,
-    first_params_from,
-    first_variant_params,
-    image_prompt_inputs,
-    perturbed_params,
-    shared_build,
-    tiny_images,
-    tiny_of,
-    tiny_processor,
-    tiny_tokenizer,
-    variant_from,
-    variant_params,
-)
-from .values import (
-    COMPARE,
-    _block_index,
-    _blocks_with,
-    assert_identity,
-    dims_of,
-    each_host,
-    expected_shape,
-    host_specs,
-    resolve_term,
-    standard_values,
-    tensor_term,
-)
+from .gradients import check_gradients
+from .oracle import check_oracle, oracle_checks
+from .perturb import perturb_config, perturb_params, perturb_tensors
+from .tiny import WORDS, build, draw_inputs, shared_build
 
-__all__ = ['Allocations', 'COMPARE', 'CPU_ATTENTION', 'Case', 'FIXED_SIZES', 'GRADIENT_COUNTS', 'GRADIENT_GAPS', 'GRAD_BLOCK_VALUES', 'HIDDEN_STATES_AFTER_BLOCKS', 'Held', 'LIGHT_KINDS', 'NOT_FACTORS', 'ORACLE_ATOL', 'PATTERN_ERRORS', 'PATTERN_VALUES', 'PROMPT', 'SOAK_KINDS', 'Soak', 'WORDS', '_accepts', '_block_index', '_blocks_with', '_check_edit', '_check_gradients', '_check_shapes', '_class_attention', '_close', '_exact', '_first', '_first_host', '_fixed_inputs', '_grad_seen_as', '_nested_copy', '_oracle_blocks', '_oracle_hidden_states', '_oracle_names', '_plain_block_gradients', '_routable', '_save_all', '_scalar', '_set_dotted', '_unavailable_term', '_vision_specs', 'accepted_attention', 'adapter_module', 'assert_identity', 'attention_loads', 'build', 'check_attention_loads', 'check_edit', 'check_gradients', 'check_identities', 'check_identity', 'check_image_input_errors', 'check_missing', 'check_native_class', 'check_oracle', 'check_processor_round_trip', 'check_readonly', 'check_recomputed_patterns', 'check_shapes', 'check_support', 'check_text_only_load', 'check_text_prompt', 'config_factors', 'constant_tensors', 'dims_of', 'draw_case', 'draw_from', 'draw_inputs', 'draw_params', 'each_host', 'expected_shape', 'first_params', 'first_params_from', 'first_variant_params', 'grad_soak', 'host_specs', 'identity_ids', 'image_prompt_inputs', 'live_tensors', 'oracle_checks', 'perturb_config', 'perturb_params', 'perturb_tensors', 'perturbed_params', 'recomputed_pattern_loads', 'resolve_term', 'run_example', 'shared_build', 'standard_values', 'tensor_term', 'tiny_images', 'tiny_of', 'tiny_processor', 'tiny_tokenizer', 'uncompiled_flex_attention', 'variant_from', 'variant_params']
+__all__ = ["PROMPT", "WORDS", "build", "check_edit", "check_gradients", "check_identities", "check_identity",
+           "check_missing", "check_oracle", "check_readonly", "check_shapes", "check_support", "draw_inputs", "oracle_checks",
+           "perturb_config", "perturb_params", "perturb_tensors", "shared_build"]
+
+
+def __dir__() -> list[str]:
+    return sorted([*__all__, "suite"])

@@ -11,6 +11,7 @@ is left on a saved value.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -30,12 +31,18 @@ class Placeholder(torch.Tensor):
                 break
         name = getattr(func, "__name__", None) or getattr(getattr(func, "__self__", None), "__name__", "")
         what = f".{name}" if name and not name.startswith("_") else f" ({name})" if name else ""
+        if label.endswith(ABANDONED):
+            raise NnatlasError(f"{label[:-len(ABANDONED)]}{what}: the trace's block raised before its forward ran, so "
+                               "it was never computed; run the trace again")
         raise NnatlasError(f"{label}{what}: a saved value exists only after the trace's block ends (the forward "
                            "runs then); inside the body it is a placeholder with no shape, data or items. Use it after "
                            "the with block, or use the value itself (model....output) in an edit or expression")
 
     def __repr__(self, *, tensor_contents: Any = None) -> Any:  # type: ignore[override]
-        return f"<placeholder for {self.__dict__.get('_nnatlas_label', 'a saved value')}: filled when the trace's block ends>"
+        label = self.__dict__.get("_nnatlas_label", "a saved value")
+        if label.endswith(ABANDONED):
+            return f"<placeholder for {label[:-len(ABANDONED)]}: never filled, the trace's block raised>"
+        return f"<placeholder for {label}: filled when the trace's block ends>"
 
     def __len__(self) -> int:
         return self.__torch_function__(torch.Tensor.__len__, (Placeholder,), (self,))  # type: ignore[no-any-return]
@@ -57,3 +64,13 @@ def placeholder(empty: torch.Tensor, label: str) -> torch.Tensor:
     p.__class__ = Placeholder  # type: ignore[assignment]
     p.__dict__["_nnatlas_label"] = label
     return p
+
+
+ABANDONED = " (abandoned)"
+
+
+def abandon(holders: Iterable[Any]) -> None:
+    """The block raised: its placeholders are never filled, and every use says so (they stay placeholders)."""
+    for h in holders:
+        if type(h) is Placeholder and not h.__dict__.get("_nnatlas_label", "").endswith(ABANDONED):
+            h.__dict__["_nnatlas_label"] = h.__dict__.get("_nnatlas_label", "a saved value") + ABANDONED

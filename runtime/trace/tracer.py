@@ -21,9 +21,10 @@ import torch
 
 from ..errors import InputError, NnatlasError, NotReached, OutOfOrderError
 from . import conditions, interrupts, op_scopes, sites
+from .computed import serve_ready
 from .function_sites import FunctionInstaller
 from .installers import installer_of
-from .placeholders import Placeholder
+from .placeholders import Placeholder, abandon
 from .protocols import WrappedModel
 from .requests import (
     INPUT_SIDES,
@@ -73,6 +74,8 @@ class Tracer:
     # made on first use while recording (most traces ask no load condition)
     conditions: dict[tuple[int, int], bool] | None = None  # load conditions asked while recording
     available: set[tuple[int, int, int]] | None = None  # (read point, condition, config) a save found served
+    # the body's saves of tensors computed from values, not served yet (nnatlas.trace.computed): (request, expression)
+    computed: list[tuple[Request, Expr]] | None = None
 
     def __init__(self, model: WrappedModel, run: Callable[[], Any] | None, order: str = "strict", grad: bool = False,
                  steps: int | None = None, calls: int | None = None, inputs: Mapping[str, Any] | None = None,
@@ -162,6 +165,8 @@ class Tracer:
                 model.__dict__["_tracer"] = None
                 if exc_type is None:
                     self._execute()
+                else:
+                    abandon([r.payload for r in self.requests])
         finally:
             self._close()
 
@@ -315,6 +320,14 @@ class Tracer:
             owner.done = True
         return payload
 
+    def _finish_computing(self, r: Request, payload: Any) -> Any:
+        """``_finish`` in a trace whose body saved a tensor computed from values (``_execute`` puts it in place):
+        each such save is served once the values it reads are (nnatlas.trace.computed); other traces never run it."""
+        payload = Tracer._finish(self, r, payload)
+        if self.computed is not None:
+            serve_ready(self)
+        return payload
+
     def resolve(self, val: Any, current: Any, label: str) -> Any:
         if isinstance(val, Expr):
             return val.evaluate(self, label)
@@ -387,6 +400,8 @@ class Tracer:
         grad = torch.is_grad_enabled()
         modes = -1  # the torch function modes on the stack before the forward, where its op scopes may push some
         plan_key = None
+        if self.computed is not None:
+            self._finish = self._finish_computing  # type: ignore[method-assign]
         try:
             if ordered:  # (an empty trace installs nothing)
                 plan_key, plan = installer.install(model._module, by_site, self.serve, self.call_dims, dims,
@@ -424,6 +439,7 @@ class Tracer:
                 installer.forget(plan_key)  # (a forward that raised may have left a wrapper's state half way)
             raise
         finally:
+            self.__dict__.pop("_finish", None)  # (the bound method held on the instance: no cycle left)
             _teardown(installed, restore, tokens, grad, modes)
         if self._late is not None:
             self._raise_late(*self._late)

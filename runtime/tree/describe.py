@@ -9,6 +9,7 @@ import torch
 from ..parallel import tensor_parallel
 from ..spec import HostSpec, ValueSpec
 from ..trace import patterns
+from . import tables
 from .hosts import Host, Value, resolve_native
 from .targets import ModelTargets
 
@@ -128,6 +129,35 @@ def render(model: ModelTargets) -> str:
     return f"{type(root).__name__}(\n  {body}\n)"
 
 
+def load_facts(model: ModelTargets) -> list[tuple[str, str]]:
+    """What this load is (family, class, attention, dtype, device, blocks): the head of the model's notebook view."""
+    native = model._module
+    first = next(native.parameters(), None)
+    facts = [("family", model.family), ("class", type(native).__name__),
+             ("attention", str(getattr(model.config, "_attn_implementation", None))),
+             ("dtype", str(first.dtype).removeprefix("torch.") if first is not None else "-"),
+             ("device", str(first.device) if first is not None else "-"), ("blocks", str(len(model.layers)))]
+    if model.kernels:
+        facts.append(("kernels", model.kernels))
+    if model._tp is not None:
+        facts.append(("tensor parallel", f"{model._tp.size} ranks (this is rank {model._tp.rank})"))
+    return facts
+
+
+def block_runs(model: ModelTargets) -> list[tuple[str, str, str]]:
+    """(blocks, class, kind) of each run of consecutive blocks of one class and kind, as ``print(model)`` folds
+    them (``0-2``)."""
+    kinds = model.layer_kinds
+    seen = [(type(host._module).__name__, kinds[i] or "") for i, host in enumerate(model.layers)]
+    runs: list[tuple[str, str, str]] = []
+    start = 0
+    for i in range(1, len(seen) + 1):
+        if i == len(seen) or seen[i] != seen[start]:
+            runs.append((str(start) if i - 1 == start else f"{start}-{i - 1}", *seen[start]))
+            start = i
+    return runs
+
+
 @dataclass(frozen=True)
 class Row:
     host: str
@@ -164,18 +194,31 @@ class Support:
             out.setdefault(r.host, {})[r.value] = r.status if r.status == "available" else f"⚠︎ {r.why}"
         return out
 
+    def _title(self) -> str:
+        return f"support() · family {self.family}" + (f" · {self.tp}" if self.tp else "")
+
+    @staticmethod
+    def _cells(r: Row) -> tuple[str, str, str, str]:
+        """(mark, value, layout, note) of a row: what the printout and the notebook view show of it."""
+        mark = "✓" if r.status == "available" else "⚠︎"
+        why = r.why if r.status != "available" else (f"(conditional: {r.why})" if r.conditional else "")
+        tp = f"[TP: {r.tp}]" if r.tp and r.status == "available" else ""
+        return mark, r.value, r.layout, "  ".join(x for x in (why, tp) if x)
+
     def __repr__(self) -> str:
-        lines = [f"support() · family {self.family}" + (f" · {self.tp}" if self.tp else "")]
+        lines = [self._title()]
         host = None
         for r in self.rows:
             if r.host != host:
                 host = r.host
                 lines.append(f"{r.host} ({r.cls})")
-            mark = "✓" if r.status == "available" else "⚠︎"
-            why = f"  {r.why}" if r.status != "available" else (f"  (conditional: {r.why})" if r.conditional else "")
-            tp = f"  [TP: {r.tp}]" if r.tp and r.status == "available" else ""
-            lines.append(f"  {mark} {r.value:<26} {r.layout}{why}{tp}")
+            mark, value, layout, note = self._cells(r)
+            lines.append(f"  {mark} {value:<26} {layout}{'  ' + note if note else ''}")
         return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        rows = [(r.host, r.cls, *self._cells(r)) for r in self.rows]
+        return tables.view(self._title(), [tables.table(("host", "class", "", "value", "layout", "note"), rows)])
 
 
 def _example_hosts(model: ModelTargets) -> list[tuple[str, Host, list[HostSpec]]]:

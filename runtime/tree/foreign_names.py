@@ -81,7 +81,10 @@ def _host_of(model: Any, pattern: str, value: str, index: int | None) -> str | N
             return None
         if index is not None:
             live = [p for p in candidates if any(v.name == value for s in model.specs_at(p, index) for v in s.values)]
-            candidates = live or candidates
+            # a hybrid's block has only its own kind's mixer (specs_at does not ask the host's ``when``)
+            here = {p.replace("[i]", f"[{index}]", 1) for p in live}
+            present = [p for p in live if any(label in here for label, _ in model.live_hosts(p))]
+            candidates = present or live or candidates
         path = candidates[0]
     return path.replace("[i]", f"[{index}]") if index is not None else path
 

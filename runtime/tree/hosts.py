@@ -18,6 +18,7 @@ import torch
 from ..errors import InputError, NnatlasError, Unavailable, UnknownName
 from ..inputs.validate import check_edit
 from ..spec import HostSpec, ReadPoint, ValueSpec, pattern_of  # noqa: F401 (loading's)
+from ..trace.computed import save_expr
 from ..trace.placeholders import Placeholder, placeholder
 from ..trace.protocols import WrappedModel
 from ..trace.requests import Box, Expr, Request, Target
@@ -285,7 +286,7 @@ class HostList(Generic[H]):
 def _lazy_binop(op: Callable[[Any, Any], Any], reflected: bool = False) -> Callable[[Any, Any], LazyExpr]:
     def method(self: Any, other: Any) -> LazyExpr:
         a, b = self._node(), _node(other)
-        return LazyExpr(Expr(op, (b, a) if reflected else (a, b)))
+        return LazyExpr(Expr(op, (b, a) if reflected else (a, b)), self._owner())
     return method
 
 
@@ -297,10 +298,26 @@ def _node(x: Any) -> Any:
     return x
 
 
+def _owner_in(items: Any) -> Tracer | None:
+    """The trace whose body built the first handle or expression among ``items`` (nested lists and tuples)."""
+    for x in items:
+        if isinstance(x, _Lazy):
+            return x._owner()
+        if isinstance(x, list | tuple):
+            found = _owner_in(x)
+            if found is not None:
+                return found
+    return None
+
+
 class _Lazy:
     """Arithmetic and torch functions on handles build deferred expressions."""
 
     def _node(self) -> Any:
+        raise NotImplementedError
+
+    def _owner(self) -> Tracer | None:
+        """The trace whose body this handle or expression belongs to (an expression's save is recorded there)."""
         raise NotImplementedError
 
     __add__ = _lazy_binop(operator.add)
@@ -315,7 +332,7 @@ class _Lazy:
     __pow__ = _lazy_binop(operator.pow)
 
     def __neg__(self) -> LazyExpr:
-        return LazyExpr(Expr(operator.neg, (self._node(),)))
+        return LazyExpr(Expr(operator.neg, (self._node(),)), self._owner())
 
     # comparisons build masks of the forward's values: ``moe.expert_indices == e``
     __eq__ = _lazy_binop(operator.eq)  # type: ignore[assignment]
@@ -328,25 +345,37 @@ class _Lazy:
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> LazyExpr:
-        return LazyExpr(Expr(func, _node(tuple(args)), {k: _node(v) for k, v in (kwargs or {}).items()}))
+        kwargs = kwargs or {}
+        expr = Expr(func, _node(tuple(args)), {k: _node(v) for k, v in kwargs.items()})
+        return LazyExpr(expr, _owner_in((*args, *kwargs.values())))
 
 
 class LazyExpr(_Lazy):
-    """A deferred expression over values of the trace (``model.layers[1].output * 2``)."""
+    """A deferred expression over values of the trace (``model.layers[1].output * 2``); ``.save()`` keeps its
+    result (see :mod:`nnatlas.trace.computed`)."""
 
-    def __init__(self, expr: Expr):
+    def __init__(self, expr: Expr, tracer: Tracer | None = None):
         self._expr = expr
+        self._trace = tracer
 
     def _node(self) -> Expr:
         return self._expr
 
+    def _owner(self) -> Tracer | None:
+        return self._trace
+
+    def save(self) -> torch.Tensor:
+        """The expression's result, once the forward computed the values it reads: a placeholder in the body,
+        the real tensor after the block (under ``grad=True`` a node of the forward's graph, its ``.grad`` kept)."""
+        return save_expr(self._expr, self._trace)
+
     def __getitem__(self, key: Any) -> LazyExpr:
-        return LazyExpr(Expr(operator.getitem, (self._expr, key)))
+        return LazyExpr(Expr(operator.getitem, (self._expr, key)), self._trace)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
-        return _lazy_attr(self._expr, name)
+        return _lazy_attr(self._expr, name, self._trace)
 
     def __repr__(self) -> str:
         return "<deferred expression: computed during the forward>"
@@ -356,16 +385,16 @@ class LazyExpr(_Lazy):
                            "the trace, or use it as a tensor (masked_fill, where) inside the forward")
 
 
-def _lazy_attr(node: Any, name: str) -> Any:
+def _lazy_attr(node: Any, name: str, tracer: Tracer | None) -> Any:
     attr = getattr(torch.Tensor, name, None)
     if attr is None:
         raise AttributeError(f"tensors have no attribute '{name}'")
     if callable(attr):
         def method(*args: Any, **kwargs: Any) -> LazyExpr:
             return LazyExpr(Expr(lambda t, *a, **k: getattr(t, name)(*a, **k), (node, *_node(args)),
-                                 {k: _node(v) for k, v in kwargs.items()}))
+                                 {k: _node(v) for k, v in kwargs.items()}), tracer)
         return method
-    return LazyExpr(Expr(lambda t: getattr(t, name), (node,)))
+    return LazyExpr(Expr(lambda t: getattr(t, name), (node,)), tracer)
 
 
 _HOLDER_DTYPES = {"long": torch.long, "bool": torch.bool}
@@ -590,7 +619,10 @@ class Value(_Lazy):
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
-        return _lazy_attr(self._node(), name)
+        return _lazy_attr(self._node(), name, self._host._model._tracer)
+
+    def _owner(self) -> Tracer | None:
+        return self._host._model._tracer
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{self.label} is a value; assign it on its host ({self._host._label}.{self._name} = ...)")
