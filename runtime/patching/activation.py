@@ -21,6 +21,7 @@ import torch
 
 from ..errors import InputError
 from ..model import AtlasModel
+from . import causal as _causal
 from . import skip, where
 
 ROW_BYTES = 256 * 2**20  # the default batch holds about this much of logits and of one block's stream
@@ -58,10 +59,14 @@ def _progress(progress: bool | None, total: int) -> Any:
 def sweep(model: AtlasModel, clean: Any, corrupt: Any, value: str = "layer_output",
           metric: Callable[[torch.Tensor], torch.Tensor] | None = None, positions: Iterable[int] | None = None,
           layers: Iterable[int] | None = None, batch_size: int | None = None,
-          progress: bool | None = None) -> torch.Tensor:
+          progress: bool | None = None, causal: bool | None = None) -> torch.Tensor:
     """``effect [len(layers), len(positions)]``: ``metric(logits)`` of the corrupt run with ``value`` put back
     from the clean run at each block and each position (every block serving ``value`` and every position
     when None). ``metric(logits [batch seq vocab]) -> [batch]``: one number per patched run.
+    ``batch_size``: patched runs per forward (default: one block's positions, as many as fit in memory).
+    ``causal``: reuse the corrupt run's keys and values before each batch's first patched position and
+    compute only the positions from there on (``patching.causal``); None (the default): where that is
+    exact (an attention-only model), False: never.
 
     The loop it equals (``loop`` in this module, the cookbook's recipe)::
 
@@ -86,19 +91,23 @@ def sweep(model: AtlasModel, clean: Any, corrupt: Any, value: str = "layer_outpu
         with model.trace(clean_in, order="any"):
             saved = [h.save() for h in handles]
     record = recorded(model, corrupt_in)
+    limit = None
+    if causal is not False:
+        limit, why = _causal.past(model, corrupt_in)
+        if limit is None and causal:
+            raise InputError(f"causal=True: {model.family} cannot reuse the corrupt run's keys and values: {why}")
     if record.reasons:
         with warnings.catch_warnings():
             warnings.simplefilter("always", SweepFallback)
             warnings.warn(f"patching.sweep on {model.family}: {'; '.join(record.reasons)}; those blocks compute in "
                           "every patched run (full forwards where they come first)", SweepFallback, stacklevel=2)
     patches = sorted(((b, k), (p, n)) for k, b in enumerate(blocks) for n, p in enumerate(spots))
-    rows = batch_size or default_batch(model, seq, len(patches))
+    rows = batch_size or default_batch(model, seq, len(spots))
     effect = torch.empty(len(blocks), len(spots))
     bar = _progress(progress, len(patches))
     try:
-        for start in range(0, len(patches), rows):
-            batch = patches[start:start + rows]
-            out = _patched_run(model, corrupt_in, record, handles, saved, batch, metric)
+        for batch in batches(patches, rows, seq if limit is not None and batch_size is None else None):
+            out = _patched_run(model, corrupt_in, record, handles, saved, batch, metric, limit)
             for ((_, k), (_, n)), v in zip(batch, out.tolist(), strict=True):
                 effect[k, n] = v
             if bar is not None:
@@ -107,6 +116,24 @@ def sweep(model: AtlasModel, clean: Any, corrupt: Any, value: str = "layer_outpu
         if bar is not None:
             bar.close()
     return effect
+
+
+Patch = tuple[tuple[int, int], tuple[int, int]]  # ((block, its index in layers), (position, its index))
+
+
+def batches(patches: list[Patch], rows: int, seq: int | None) -> list[list[Patch]]:
+    """``patches`` (sorted by block, then position) in forwards of at most ``rows`` rows. Under the causal
+    limit (``seq`` given) a forward also holds only positions within ``seq // 16`` of its first (its cost is
+    its rows times the positions from its first on)."""
+    out: list[list[Patch]] = []
+    for patch in patches:
+        last = out[-1] if out else None
+        if (last is None or len(last) >= rows
+                or (seq is not None and (patch[0][0] != last[0][0][0] or patch[1][0] - last[0][1][0] > seq // 16))):
+            out.append([patch])
+        else:
+            last.append(patch)
+    return out
 
 
 def recorded(model: AtlasModel, corrupt: Any) -> skip.Recording:
@@ -129,22 +156,27 @@ def _own_output(handle: Any) -> bool:
 
 def _patched_run(model: AtlasModel, corrupt_in: dict[str, Any], record: skip.Recording, handles: list[Any],
                  saved: list[Any], batch: list[tuple[tuple[int, int], tuple[int, int]]],
-                 metric: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """One forward of ``len(batch)`` rows of the corrupt prompt, row r patched at its own (block, position)."""
+                 metric: Callable[[torch.Tensor], torch.Tensor], limit: _causal.Past | None) -> torch.Tensor:
+    """One forward of ``len(batch)`` rows of the corrupt prompt, row r patched at its own (block, position);
+    under the causal limit, from the batch's first position on."""
     n = len(batch)
     first = min(b for (b, _), _ in batch)
+    start = min(p for _, (p, _) in batch) if limit is not None else 0
+    inputs = limit.inputs(corrupt_in, start, n) if limit is not None and start else where.repeat_rows(corrupt_in, n)
     by_block: dict[int, list[tuple[int, int]]] = {}
     for r, ((_, k), (p, _)) in enumerate(batch):
         by_block.setdefault(k, []).append((r, p))
     skipped = record.skippable(first + (1 if _own_output(handles[batch[0][0][1]]) else 0))
-    with torch.no_grad(), skip.serving(record, skipped, n):
-        with model.trace(where.repeat_rows(corrupt_in, n)):
+    with torch.no_grad(), skip.serving(record, skipped, n, start):
+        with model.trace(inputs):
             for k, spots in by_block.items():
                 h = handles[k]
                 rows = torch.tensor([r for r, _ in spots])
                 at = torch.tensor([p for _, p in spots])
-                h[where.key(h, rows, at)] = saved[k][where.key(h, torch.zeros_like(rows), at)]
+                h[where.key(h, rows, at - start)] = saved[k][where.key(h, torch.zeros_like(rows), at)]
             logits = model.logits.save()
+    if limit is not None and start:
+        logits = torch.cat([limit.logits_before(start, n), logits], dim=1)
     return where.metric_values(metric, logits, n)
 
 

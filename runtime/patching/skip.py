@@ -105,21 +105,26 @@ class Recording:
         return [j for j in range(before) if j not in self.writers]
 
 
-def _repeat(x: Any, rows: int) -> Any:
+def _repeat(x: Any, rows: int, start: int = 0) -> Any:
     """``x`` (a block's output at batch 1) for ``rows`` rows: every tensor with a batch of 1 repeated (a
-    copy: a later edit in place lands in it), tuples and lists element by element, anything else as is."""
+    copy: a later edit in place lands in it), from position ``start`` on (axis 1); tuples and lists element
+    by element, anything else as is."""
     if isinstance(x, torch.Tensor):
-        return x.repeat(rows, *([1] * (x.dim() - 1))) if x.dim() and x.shape[0] == 1 else x
+        if not x.dim() or x.shape[0] != 1:
+            return x
+        if start:
+            x = x[:, start:]
+        return x.repeat(rows, *([1] * (x.dim() - 1)))
     if isinstance(x, tuple) and not hasattr(x, "_fields"):
-        return tuple(_repeat(v, rows) for v in x)
+        return tuple(_repeat(v, rows, start) for v in x)
     if isinstance(x, list):
-        return [_repeat(v, rows) for v in x]
+        return [_repeat(v, rows, start) for v in x]
     return x
 
 
 @contextmanager
-def serving(recording: Recording, blocks: Sequence[int], rows: int) -> Iterator[None]:
-    """For one forward of ``rows`` rows: each block in ``blocks`` returns what it returned in the corrupt
+def serving(recording: Recording, blocks: Sequence[int], rows: int, start: int = 0) -> Iterator[None]:
+    """For one forward of ``rows`` rows (of the positions from ``start`` on): each block in ``blocks`` returns what it returned in the corrupt
     run without computing anything (its instance ``forward`` swapped, and put back when the forward ends,
     an exception included). Hooks on the block, a trace's included, still see the call and its output."""
     swapped: list[tuple[torch.nn.Module, Any]] = []
@@ -127,7 +132,7 @@ def serving(recording: Recording, blocks: Sequence[int], rows: int) -> Iterator[
     try:
         for j in blocks:
             block = recording.blocks[j]
-            out = _repeat(recording.outputs[j], rows)
+            out = _repeat(recording.outputs[j], rows, start)
             swapped.append((block, block.__dict__.get("forward", missing)))
             block.__dict__["forward"] = _served(out)
         yield

@@ -7,6 +7,7 @@ import warnings
 import torch
 
 from .. import patching
+from ..patching import causal, where
 from .tiny import shared_build
 
 SWEEP_ATOL = 1e-5  # float32: a row's blocks computed in a batch of other rows, and skipped blocks served
@@ -33,14 +34,21 @@ def check_sweep(family: str) -> None:
         logits = model.logits.save()
     answer, other = logits[0, -1].topk(2).indices.tolist()
 
-    def metric(logits: torch.Tensor) -> torch.Tensor:  # the logit difference (tiny models' log-probs are flat)
-        return logits[:, -1, answer] - logits[:, -1, other]
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        # the logit difference (tiny models' log-probs are flat), plus one logit of position 0: the positions
+        # before a patch count too (the causal limit serves them from the corrupt run)
+        return logits[:, -1, answer] - logits[:, -1, other] + logits[:, 0, other]
 
     positions = [1, clean.shape[1] - 2, clean.shape[1] - 1]
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         swept = patching.sweep(model, clean, corrupt, metric=metric, positions=positions, batch_size=3)
     expected = patching.loop(model, clean, corrupt, metric=metric, positions=positions)
+    limit, _ = causal.past(model, where.one_row(model, corrupt, "corrupt"))
+    if limit is not None:  # the limit was used: without it too
+        torch.testing.assert_close(
+            patching.sweep(model, clean, corrupt, metric=metric, positions=positions, batch_size=3, causal=False),
+            expected, atol=SWEEP_ATOL, rtol=0, msg=lambda m: f"{family}: patching.sweep(causal=False) vs the loop\n{m}")
     fallbacks = [w for w in said if issubclass(w.category, patching.SweepFallback)]
     record = patching.recorded(model, corrupt)
     assert len(fallbacks) == (1 if record.writers else 0), (
