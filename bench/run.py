@@ -13,8 +13,8 @@ import nnatlas
 from nnatlas.testing import LIGHT_KINDS, SOAK_KINDS, standard_values
 
 from . import cache as bench_cache
-from . import patching as bench_patching
 from . import compile_time, gradients, memory, models, phases
+from . import patching as bench_patching
 from . import tensor_parallel as bench_tp
 from .timing import Timings, measure
 from .workloads import CASES, layer_values, nnsight_available, ours_workloads, theirs_workloads
