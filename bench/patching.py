@@ -4,6 +4,7 @@ forward per patch (the cookbook's recipe), through nnatlas and through nnsight; 
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -79,11 +80,11 @@ def rows(runs: int = 2, with_nnsight: bool = True, size: dict[str, int] | None =
     for label, positions in (("every block x 8 spread positions", list(range(0, seq, max(1, seq // 8)))[:8]),
                              ("every block x the last 8 positions", list(range(max(0, seq - 8), seq)))):
         fns: dict[str, Callable[[], Any]] = {
-            "loop": lambda positions=positions: patching.loop(model, clean, corrupt, metric=metric, positions=positions),
-            "sweep": lambda positions=positions: patching.sweep(model, clean, corrupt, metric=metric, positions=positions,
-                                                                 progress=False),
-            "sweep, causal=False": lambda positions=positions: patching.sweep(
-                model, clean, corrupt, metric=metric, positions=positions, progress=False, causal=False),
+            "loop": functools.partial(patching.loop, model, clean, corrupt, metric=metric, positions=positions),
+            "sweep": functools.partial(patching.sweep, model, clean, corrupt, metric=metric, positions=positions,
+                                       progress=False),
+            "sweep, causal=False": functools.partial(patching.sweep, model, clean, corrupt, metric=metric,
+                                                     positions=positions, progress=False, causal=False),
         }
         if with_nnsight:
             fns["nnsight loop"] = nnsight_loop(model, clean, corrupt, metric, positions)

@@ -31,7 +31,8 @@ def package_tree(site: Path, root: Path = ROOT) -> Path:
     pkg.mkdir(parents=True)
     for path in sorted((root / "runtime").glob("*.py")):
         (pkg / path.name).symlink_to(path)
-    (pkg / "testing").symlink_to(root / "runtime" / "testing")
+    for sub in ("testing", "patching"):
+        (pkg / sub).symlink_to(root / "runtime" / sub)
     (pkg / "compiler").symlink_to(root / "compiler")
     (pkg / "families").symlink_to(root / "generated" / "families")
     return site
@@ -39,7 +40,7 @@ def package_tree(site: Path, root: Path = ROOT) -> Path:
 
 # where each link of the tree leads, longest first: a path mypy prints under the tree, as the checkout's
 _SOURCES = (("nnatlas/compiler/", "compiler/"), ("nnatlas/families/", "generated/families/"),
-            ("nnatlas/testing/", "runtime/testing/"), ("nnatlas/", "runtime/"))
+            ("nnatlas/testing/", "runtime/testing/"), ("nnatlas/patching/", "runtime/patching/"), ("nnatlas/", "runtime/"))
 
 
 def source_path(text: str, site: Path) -> str:

@@ -100,6 +100,7 @@ def pair(model: AtlasModel, clean: Any, corrupt: Any) -> tuple[dict[str, Any], d
 
 def _length(inputs: dict[str, Any]) -> int:
     ids = inputs.get("input_ids", inputs.get("inputs_embeds"))
+    assert isinstance(ids, torch.Tensor)  # (one_row checked it)
     return int(ids.shape[1])
 
 
