@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
+from ..inputs.validate import accepted_kwargs
 from ..model import AtlasModel
-from ..validate import accepted_kwargs
 
 
 class Past:

@@ -8,12 +8,12 @@ from typing import Any
 
 import torch
 
-from ..cache import _walk
+from ..cache.model_cache import _walk
 from ..errors import InputError, UnknownName
-from ..hosts import Value
-from ..inputs import prepare
+from ..inputs.prepare import prepare
+from ..inputs.validate import accepted_kwargs
 from ..model import AtlasModel
-from ..validate import accepted_kwargs
+from ..tree.hosts import Value
 
 
 def block_value(model: AtlasModel, i: int, name: str) -> Value | None:
