@@ -77,19 +77,12 @@ def sweep(model: AtlasModel, clean: Any, corrupt: Any, value: str = "layer_outpu
                     logits = model.logits.save()
                 effect[k, n] = metric(logits)
     """
-    if not isinstance(model, AtlasModel):
-        raise InputError(f"sweep: expected a model from nnatlas.wrap or nnatlas.load, got {type(model).__name__}")
-    if not callable(metric):
-        raise InputError("metric: expected a function of the logits [batch seq vocab] giving [batch], e.g. "
-                         "lambda logits: logits[:, -1].log_softmax(-1)[:, answer]")
+    metric = where.checked("sweep", model, metric)
     if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1):
         raise InputError(f"batch_size: expected a positive number of rows per forward, got {batch_size!r}")
-    clean_in, corrupt_in, seq = where.pair(model, clean, corrupt)
-    blocks, handles = where.handles(model, value, layers)
-    spots = where.positions_of(positions, seq)
-    with torch.no_grad():
-        with model.trace(clean_in, order="any"):
-            saved = [h.save() for h in handles]
+    clean_in, corrupt_in, blocks, handles, spots = where.setup(model, clean, corrupt, value, layers, positions)
+    seq = where.length(corrupt_in)
+    saved = where.clean_values(model, clean_in, handles)
     record = recorded(model, corrupt_in)
     limit = None
     if causal is not False:
@@ -185,12 +178,10 @@ def loop(model: AtlasModel, clean: Any, corrupt: Any, value: str = "layer_output
          layers: Iterable[int] | None = None) -> torch.Tensor:
     """The sweep written as the loop it replaces: one traced forward of the corrupt prompt per patch, every
     block computed. What ``sweep`` is tested against, and what the bench times it against."""
-    clean_in, corrupt_in, seq = where.pair(model, clean, corrupt)
-    blocks, handles = where.handles(model, value, layers)
-    spots = where.positions_of(positions, seq)
+    metric = where.checked("loop", model, metric)
+    clean_in, corrupt_in, blocks, handles, spots = where.setup(model, clean, corrupt, value, layers, positions)
+    saved = where.clean_values(model, clean_in, handles)
     with torch.no_grad():
-        with model.trace(clean_in, order="any"):
-            saved = [h.save() for h in handles]
         effect = torch.empty(len(blocks), len(spots))
         for k, h in enumerate(handles):
             axis = where.seq_axis(h)

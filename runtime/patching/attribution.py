@@ -23,15 +23,10 @@ def attribute(model: AtlasModel, clean: Any, corrupt: Any, value: str = "layer_o
     the first-order estimate of how much ``metric`` moves when the corrupt run's value replaces the clean
     one at block ``layers[k]``, position ``positions[n]``. One forward of the corrupt prompt (no gradient),
     one of the clean prompt with ``grad=True``, one backward."""
-    if not isinstance(model, AtlasModel):
-        raise InputError(f"attribute: expected a model from nnatlas.wrap or nnatlas.load, got {type(model).__name__}")
-    if not callable(metric):
-        raise InputError("metric: expected a function of the logits [batch seq vocab] giving [batch]")
-    clean_in, corrupt_in, seq = where.pair(model, clean, corrupt)
-    blocks, handles = where.handles(model, value, layers)
-    spots = torch.tensor(where.positions_of(positions, seq))
-    with torch.no_grad(), model.trace(corrupt_in, order="any"):
-        corrupt_saved = [h.save() for h in handles]
+    metric = where.checked("attribute", model, metric)
+    clean_in, corrupt_in, blocks, handles, positions_at = where.setup(model, clean, corrupt, value, layers, positions)
+    spots = torch.tensor(positions_at)
+    corrupt_saved = where.clean_values(model, corrupt_in, handles)  # (the same reads, of the corrupt run)
     with torch.enable_grad():
         with model.trace(clean_in, order="any", grad=True):
             clean_saved = [h.save() for h in handles]

@@ -3,7 +3,7 @@ prompts as one-row inputs of the same length, the blocks and positions asked for
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -92,13 +92,13 @@ def one_row(model: AtlasModel, prompt: Any, what: str) -> dict[str, Any]:
 def pair(model: AtlasModel, clean: Any, corrupt: Any) -> tuple[dict[str, Any], dict[str, Any], int]:
     """(clean inputs, corrupt inputs, their length): both one row, of the same number of tokens."""
     a, b = one_row(model, clean, "clean"), one_row(model, corrupt, "corrupt")
-    la, lb = _length(a), _length(b)
+    la, lb = length(a), length(b)
     if la != lb:
         raise InputError(f"clean has {la} tokens and corrupt {lb}: patching needs prompts of the same length")
     return a, b, la
 
 
-def _length(inputs: dict[str, Any]) -> int:
+def length(inputs: dict[str, Any]) -> int:
     ids = inputs.get("input_ids", inputs.get("inputs_embeds"))
     assert isinstance(ids, torch.Tensor)  # (one_row checked it)
     return int(ids.shape[1])
@@ -145,3 +145,29 @@ def metric_values(metric: Any, logits: torch.Tensor, rows: int) -> torch.Tensor:
         raise InputError(f"metric: expected a tensor of one number per row [{rows}] from logits "
                          f"{tuple(logits.shape)}, got {shape}")
     return out
+
+
+def checked(what: str, model: Any, metric: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The metric, once the model is a wrapped one and the metric a function (else one line saying what was
+    expected)."""
+    if not isinstance(model, AtlasModel):
+        raise InputError(f"{what}: expected a model from nnatlas.wrap or nnatlas.load, got {type(model).__name__}")
+    if not callable(metric):
+        raise InputError("metric: expected a function of the logits [batch seq vocab] giving [batch], e.g. "
+                         "lambda logits: logits[:, -1].log_softmax(-1)[:, answer]")
+    return metric  # type: ignore[no-any-return]
+
+
+def setup(model: AtlasModel, clean: Any, corrupt: Any, value: str, layers: Iterable[int] | None,
+          positions: Iterable[int] | None) -> tuple[dict[str, Any], dict[str, Any], list[int], list[Value], list[int]]:
+    """(clean inputs, corrupt inputs, the blocks, the value's handle at each, the positions), all checked."""
+    clean_in, corrupt_in, seq = pair(model, clean, corrupt)
+    blocks, found = handles(model, value, layers)
+    return clean_in, corrupt_in, blocks, found, positions_of(positions, seq)
+
+
+def clean_values(model: AtlasModel, clean_in: dict[str, Any], found: list[Value]) -> list[Any]:
+    """The value at each block in the clean run (no gradient)."""
+    with torch.no_grad(), model.trace(clean_in, order="any"):
+        saved = [h.save() for h in found]
+    return saved
