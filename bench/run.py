@@ -14,6 +14,7 @@ from nnatlas.testing.suite import LIGHT_KINDS, SOAK_KINDS, standard_values
 
 from . import cache as bench_cache
 from . import compile_time, fixed_cost, gradients, memory, models, phases
+from . import patching as bench_patching
 from . import tensor_parallel as bench_tp
 from .timing import Timings, measure
 from .workloads import CASES, layer_values, nnsight_available, ours_workloads, theirs_workloads
@@ -171,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deep", default="12,24",
                         help="block counts of the deep tiny llama rows (empty: none): a per-trace cost hides in 3 blocks")
     parser.add_argument("--cases", default="abcde")
+    parser.add_argument("--sweep-runs", type=int, default=2,
+                        help="paired rounds of the patching.sweep rows (0 skips them; a round takes minutes)")
     parser.add_argument("--no-nnsight", action="store_true")
     parser.add_argument("--grad-traces", type=int, default=1000,
                         help="grad traces of the gradients' leak row, tiny llama (0: skip it)")
@@ -250,6 +253,11 @@ def main(argv: list[str] | None = None) -> int:
         print("  " + gradients.timing_row(name, eager, inputs, max(5, args.runs // 4)))
         if family == "llama" and args.grad_traces:
             print("  " + gradients.leak_row(name, eager, args.grad_traces, models.TINY_SEQ))
+
+    if args.sweep_runs:
+        print(f"\nactivation patching: {bench_patching.__doc__.splitlines()[0].split(': ', 1)[1]}")
+        for row in bench_patching.rows(args.sweep_runs, with_nnsight, misses=table.misses):
+            print(row)
 
     print(f"\nnnatlas cache: {bench_cache.__doc__.splitlines()[0].split(': ', 1)[1]}")
     print(bench_cache.model_cache_memory())

@@ -105,6 +105,7 @@ ROOMS = (
     ("cache", {"nnatlas.cache"}),
     ("views", {"nnatlas.views"}),
     ("model facade", {"nnatlas.model"}),
+    ("patching", {"nnatlas.patching"}),
     ("loading", {"nnatlas.loading"}),
     ("entry points", {"nnatlas", "nnatlas.cli", "nnatlas.__main__"}),
 )
@@ -190,7 +191,7 @@ def test_the_rooms_are_named_in_order() -> None:
     """Bottom up: the data model, the trace, inputs and tensor parallel, the tree of hosts and values, the cache,
     the pictures and notebook views, the model facade, the loaders, the entry points."""
     names = [name for name, _ in ROOMS]
-    assert names == ["data model", "trace", "inputs and parallel", "tree", "cache", "views", "model facade", "loading",
+    assert names == ["data model", "trace", "inputs and parallel", "tree", "cache", "views", "model facade", "patching", "loading",
                      "entry points"]
 
 

@@ -20,7 +20,7 @@ def test_the_bench_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
     (it used to die building it under sdpa)."""
     assert run.main(["--families", "llama,bloom", "--runs", "3", "--gen-runs", "2", "--mid-layers", "0",
                      "--no-nnsight", "--cache-docs", "0", "--deep", "12", "--grad-traces", "10",
-                     "--tp-runs", "0", "--fixed-runs", "5"]) == 0
+                     "--tp-runs", "0", "--fixed-runs", "5", "--sweep-runs", "0"]) == 0
     out = capsys.readouterr().out
     for case in ("(a) empty trace", "(b) save every layer output", "(c) save every standard value",
                  "(d) edit every layer", "(e) generate 16"):
@@ -222,3 +222,25 @@ def test_measure_puts_every_function_behind_every_other() -> None:
     assert {(a, b) for a in names for b in names if a != b} <= pairs
     assert len(ran) == 160 and all(ran.count(name) == 40 for name in names)
     assert set(timings.ratio) == set(names) and timings.ratio["plain"] == 1.0
+
+
+def test_the_sweep_rows_time_the_sweep_against_the_loops() -> None:
+    """bench.patching at its smallest (with nnsight's loop where the bench extra is installed): both rows, every
+    sweep equal to the loop, a ratio per function, a verdict per target."""
+    from bench import patching
+    from bench.workloads import nnsight_available
+
+    size = {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 8,
+            "intermediate_size": 16}
+    misses: list[str] = []
+    rows = patching.rows(1, nnsight_available(), size=size, seq=16, misses=misses)
+    assert rows[0].startswith("  llama h16 L2 vocab 96, 16 tokens")
+    for label, row in zip(("every block x 8 spread positions", "every block x the last 8 positions"), rows[1::2],
+                          strict=True):
+        assert row.startswith(f"    {label} (16 patches): loop "), row
+        assert "sweep " in row and "sweep, causal=False " in row and ("nnsight loop " in row) == nnsight_available()
+        worst = float(re.search(r"largest difference from the loop (\S+)$", row).group(1))  # type: ignore[union-attr]
+        spread = float(re.search(r"the effects span (\S+),", row).group(1))  # type: ignore[union-attr]
+        assert worst <= 1e-5 and spread > 0, row
+    assert all(re.match(r"      target .* of the loop: (met|MISS) ", r) for r in rows[2::2])
+    assert len(misses) == sum("MISS" in r for r in rows[2::2])

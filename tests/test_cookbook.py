@@ -60,8 +60,11 @@ def checks(anchor: str, ns: dict[str, Any]) -> None:
         assert len(ns["recovered"]) == model.num_layers
         clean = float(ns["clean_logits"][0, -1].log_softmax(-1)[ns["answer"]])
         assert ns["recovered"][-1] == pytest.approx(clean, abs=1e-5)
+        seq = ns["clean_logits"].shape[1]
+        assert ns["effect"].shape == (model.num_layers, seq)
+        assert float(ns["effect"].max()) > float(ns["effect"].min())  # the patches moved the metric
     elif anchor == "attribution-patching":
-        assert any(abs(a) > 0 for a in ns["attribution"])
+        assert ns["attribution"].shape == ns["effect"].shape and bool((ns["attribution"] != 0).any())
     elif anchor == "steering-during-generate":
         with model.generate("the eiffel tower is", max_new_tokens=6) as plain:
             for _ in plain.iter[:]:

@@ -90,7 +90,7 @@ def test_wrap_checks_the_installed_version(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_the_carried_status_is_the_matrix_seen_from_the_specs() -> None:
-    """The shipped file holds every fresh pass and fail of status.json, and nothing else."""
+    """The shipped file holds every pass and fail of status.json (a stale one marked), and nothing else."""
     matrix = json.loads((ROOT / "generated" / "docs" / "status.json").read_text())
     carried = version_status.carried()
     assert carried["versions"] == [v["transformers"] for v in matrix["versions"]]
@@ -102,3 +102,18 @@ def test_the_carried_status_is_the_matrix_seen_from_the_specs() -> None:
     for family, runs in carried["families"].items():  # a recorded failure is said; a pass is not
         for version, cell in runs.items():
             assert (version_status.verdict(family, version, carried) is None) == (cell["result"] == "pass")
+
+
+def test_a_stale_failure_warns_saying_so_and_never_refuses() -> None:
+    """A failure recorded on an earlier spec or earlier generated tests of the family still says what the matrix saw,
+    and that it is stale; it refuses nothing (the family's current tests never ran there)."""
+    stale = {"versions": ["5.24.0", "5.23.0"],
+             "families": {"gptj": {"5.24.0": {"result": "pass", "passed": 42, "total": 42, "stale": True},
+                                   "5.23.0": {"result": "fail", "passed": 24, "total": 42, "stale": True}},
+                          "broken": {"5.23.0": {"result": "fail", "passed": 0, "total": 40, "stale": True}}}}
+    said, refuse = version_status.verdict("gptj", "5.23.0", stale)  # type: ignore[misc]
+    assert not refuse and "a run on an earlier spec or earlier tests of it" in said and "passes under transformers 5.24.0" in said
+    said, refuse = version_status.verdict("broken", "5.23.0", stale)  # type: ignore[misc]
+    assert not refuse and "passes under no version" in said
+    with pytest.warns(VersionWarning, match="earlier spec"):
+        version_status.check("broken", "5.23.0", stale)

@@ -276,13 +276,15 @@ CARRIED = "generated/families/version_status.json"  # shipped in the wheel as nn
 
 def carried(atlas: Atlas, status: Mapping[str, Any] | None, tests: Mapping[str, str] | None = None) -> str:
     """What the runtime carries of status.json (``nnatlas.version_status`` reads it at load): per family, the
-    result of each version's run that saw its current spec and tests (a stale or missing run says nothing)."""
+    result of each version's last run, marked ``stale`` where that run saw another spec or other generated tests
+    of the family (a stale failure warns, saying so, and never refuses; a missing run says nothing)."""
     versions = [v["transformers"] for v in (status or {}).get("versions", [])]
     families: dict[str, dict[str, Any]] = {}
     for f in atlas.families:
-        cells = {c["version"]: {"result": c["result"], "passed": c["passed"], "total": c["total"]}
+        cells = {c["version"]: {"result": c["result"], "passed": c["passed"], "total": c["total"],
+                                **({"stale": True} if c["stale"] else {})}
                  for c in row(f, status, (tests or {}).get(f.name))["cells"]
-                 if not c["stale"] and c["result"] in ("pass", "fail")}
+                 if c["result"] in ("pass", "fail")}
         if cells:
             families[f.name] = cells
     data = {"about": "Written by nnatlas generate from generated/docs/status.json: per family and transformers "

@@ -91,6 +91,10 @@ def test_gradient_oracle() -> None:
     T.check_gradients(FAMILY)
 
 
+def test_sweep_equals_the_loop() -> None:
+    T.check_sweep(FAMILY)
+
+
 @pytest.mark.parametrize("experts", EXPERTS)
 def test_support_agrees_with_trace_experts(experts: str) -> None:
     T.check_support(FAMILY, "eager", experts=experts)

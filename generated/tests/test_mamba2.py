@@ -80,6 +80,10 @@ def test_gradient_oracle() -> None:
     T.check_gradients(FAMILY)
 
 
+def test_sweep_equals_the_loop() -> None:
+    T.check_sweep(FAMILY)
+
+
 
 
 @pytest.mark.parametrize("title,index", [(t, k) for t, k, _, _ in EXAMPLES])

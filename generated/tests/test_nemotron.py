@@ -80,6 +80,10 @@ def test_gradient_oracle() -> None:
     T.check_gradients(FAMILY)
 
 
+def test_sweep_equals_the_loop() -> None:
+    T.check_sweep(FAMILY)
+
+
 @pytest.mark.parametrize("attn", T.recomputed_pattern_loads(FAMILY))
 def test_pattern_recomputed_equals_eager(attn: str) -> None:
     T.check_recomputed_patterns(FAMILY, attn)

@@ -3,10 +3,11 @@
 ``make status`` runs every family's generated tests under each transformers version pyproject.toml lists
 (``generated/docs/status.json``); ``nnatlas generate`` writes what of it the runtime carries,
 ``nnatlas/families/version_status.json`` (package data, shipped in the wheel): per family and version, the
-result of the run that saw the family's current spec and tests. Loading a family the matrix records failing under
-the installed version warns once per family and version, in one line naming the versions where it passes; a family
-that passes nowhere (under no recorded version, or not one of its tests under the installed one) is refused with
-that line. A version or family the matrix did not run, or ran on another spec, says nothing.
+result of its last run, marked stale where that run saw another spec or other generated tests of the family.
+Loading a family the matrix records failing under the installed version warns once per family and version, in one
+line naming the versions where it passes (and that the record is stale, where it is); a family whose current spec
+and tests pass nowhere (under no recorded version, or not one of its tests under the installed one) is refused with
+that line. A stale record never refuses; a version or family the matrix did not run says nothing.
 """
 
 from __future__ import annotations
@@ -52,10 +53,12 @@ def verdict(family: str, version: str, status: Mapping[str, Any]) -> tuple[str, 
         return None
     passes = [v for v in status.get("versions", []) if runs.get(v, {}).get("result") == "pass"]
     passed, total = run.get("passed", 0), run.get("total", 0)
+    stale = bool(run.get("stale"))
     where = f"it passes under transformers {', '.join(passes)}" if passes else "it passes under no version the matrix ran"
     said = (f"nnatlas: family {family} fails its generated tests under transformers {version} "
-            f"({total - passed} of {total} failed in the status matrix); {where}")
-    return said, not passes or passed == 0
+            f"({total - passed} of {total} failed in the status matrix"
+            f"{', a run on an earlier spec or earlier tests of it' if stale else ''}); {where}")
+    return said, not stale and (not passes or passed == 0)
 
 
 def check(family: str, version: str | None = None, status: Mapping[str, Any] | None = None,
