@@ -31,6 +31,10 @@ def shipped_specs() -> Path:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
+    from .yamlpos import MAX_BYTES
+
+    if path.stat().st_size > MAX_BYTES:  # (not read: compiling it says it is too large)
+        return {}
     return _parse(path.read_bytes())
 
 
@@ -169,6 +173,7 @@ class Verified:
     text: str
     held: list[str]
     refused: list[str] = field(default_factory=list)
+    verify_s: float = 0.0  # (seconds its last round of checks took)
 
 
 def draft_verified(model_type: str, model_path: str | None = None, budget_s: float = 120.0, shown: str = "",
@@ -180,6 +185,7 @@ def draft_verified(model_type: str, model_path: str | None = None, budget_s: flo
     does not build, or that ran out of time raises UserError listing the failures. The family is added to the lookup
     (``first``: before the shipped ones, as the sweep's draft of a shipped type) and stays there when it verified."""
     import re
+    import time
 
     import transformers
 
@@ -207,9 +213,10 @@ def draft_verified(model_type: str, model_path: str | None = None, budget_s: flo
             registry.put_first(module)
         else:
             registry.add_user(module)
+        start = time.perf_counter()
         held, failed = checks(name, budget_s)
         if held and not failed:
-            return Verified(module, text, held, refused)
+            return Verified(module, text, held, refused, time.perf_counter() - start)
         registry.remove_user(name)  # (a family put first is replaced by the next round's, or stays out of the sweep's way)
         fatal = [f for f in failed if f[0][1] in ("twin", "budget") or (f[0][1] == "oracle" and f[0][2] in
                                                                          ("hidden_states", "logits"))]
