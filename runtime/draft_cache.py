@@ -29,7 +29,6 @@ from . import safe_files
 FORMAT = "nnatlas-draft/2"
 MAX_BYTES = 4 << 20  # a kept draft (a spec of ~20 KB and its record); a larger file is refused unread
 LOCK_TIMEOUT_S = 600.0  # how long a load waits for another process drafting the same model, then drafts beside it
-REVERIFY_S = 2.0  # a kept draft whose checks took at most this long when drafted is checked again at each load
 
 
 class DraftCacheWarning(UserWarning):

@@ -70,8 +70,8 @@ def drafted(model: Any, budget_s: float = 120.0, fits: Callable[[Family], list[s
     (:mod:`nnatlas.draft_cache`: the spec and its verification record, in :func:`draft_cache`), keyed by transformers'
     version, the config (its class and values) and the sources of the drafter and compiler with the specs they read.
     A later load compiles the kept spec as a user's spec is compiled, checks its record against the model, its tree
-    against the model (``fits``: the mismatches of a family on this model) and, when they were cheap, its checks
-    again; a kept draft that fails any of these is said in one line and drafted again."""
+    against the model (``fits``: the mismatches of a family on this model) and runs its checks again (within
+    ``budget_s``); a kept draft that fails any of these is said in one line and drafted again."""
     import transformers
 
     types = registry.model_types(model.config)
@@ -131,7 +131,7 @@ def _draft_now(model_type: str, config_json: str, key: tuple[str, str], want: dr
 def _kept(turn: draft_cache_data.Turn, key: tuple[str, str], want: draft_cache_data.Record, model_type: str,
           budget_s: float, fits: Callable[[Family], list[str]] | None) -> ModuleType | None:
     """The draft ``turn``'s folder keeps for this model, compiled from its spec (data) by this process's compiler and
-    checked (its record, its fit, its checks when cheap); None, said in one line, when it is not used."""
+    checked (its record, its fit, its checks); None, said in one line, when it is not used."""
     from nnatlas.compiler import SpecError, UserError
     from nnatlas.compiler.userspec import checks, compile_text
 
@@ -169,27 +169,26 @@ def _kept(turn: draft_cache_data.Turn, key: tuple[str, str], want: draft_cache_d
     if name != kept.family:
         draft_cache_data.refused(path, f"its spec declares family {name!r}, its record {kept.family[:60]!r}", model_type)
         return None
-    found = fits(module.FAMILY) if fits is not None else []
+    registry.add_user(module)  # (in the lookup while it is checked, as a draft is)
+    try:
+        found = fits(module.FAMILY) if fits is not None else []
+        held, failed = checks(name, budget_s) if not found else ([], [])
+    finally:
+        registry.remove_user(name)
     if found:
         draft_cache_data.refused(path, f"its spec does not fit this model ({found[0]}"
                                        f"{f'; {len(found) - 1} more' if len(found) > 1 else ''})", model_type)
         return None
-    origin = _origin(kept.record.held, kept.record.refused)
-    if kept.record.verify_s <= draft_cache_data.REVERIFY_S:
-        registry.add_user(module)
-        try:
-            held, failed = checks(name, budget_s)
-        finally:
-            registry.remove_user(name)
-        if failed:
-            (what, *_), why = failed[0]
-            more = f"; {len(failed) - 1} more" if len(failed) > 1 else ""
-            draft_cache_data.refused(path, f"its checks did not hold again ({what}: {why}{more})", model_type)
-            return None
-        origin += f" (kept from an earlier load; its {len(held)} checks held again)"
-    else:
-        origin += (f" (kept from an earlier load; its checks, {kept.record.verify_s:.0f} s when drafted, not run "
-                   "again)")
+    wrong = [f for f in failed if f[0][1] != "budget"]
+    if wrong or not held:
+        (what, *_), why = wrong[0] if wrong else (("no check", ""), "none ran")
+        why = why.rstrip(":")
+        more = f"; {len(wrong) - 1} more" if len(wrong) > 1 else ""
+        draft_cache_data.refused(path, f"its checks did not hold again ({what}: {why}{more})", model_type)
+        return None
+    late = f", {len(failed)} not run within the {budget_s:.0f} s budget" if failed else ""
+    origin = _origin(kept.record.held, kept.record.refused) + \
+        f" (kept from an earlier load; its {len(held)} checks held again{late})"
     _COMPILED[key] = module
     _ORIGINS[key] = origin
     return module
