@@ -346,3 +346,118 @@ def test_a_yaml_bomb_in_a_users_spec_is_one_line(tmp_path: Path, genuine: dict[s
         "line that an error or a page points to. Share between families with extends: (or a part under "
         "specs/parts/), else write the entry again"]
     _forget()
+
+
+# ---- two processes, one cache ----
+
+HOLDER = r"""
+import fcntl, os, sys, time
+from pathlib import Path
+lock, kept, hold, data = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]), Path(sys.argv[4]).read_bytes()
+fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("holding", flush=True)
+tmp = kept.with_name(f".{kept.name}.{os.getpid()}.tmp")  # (as nnatlas keeps a draft: whole, then renamed)
+fd2 = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+os.write(fd2, data[: len(data) // 2])  # half of it written: a reader must never see this
+time.sleep(hold)
+os.write(fd2, data[len(data) // 2:])
+os.close(fd2)
+os.replace(tmp, kept)
+os.close(fd)
+"""
+
+
+def _holder(cache: dict[str, Any], genuine: dict[str, Any], tmp_path: Path, hold: float) -> Any:
+    import subprocess
+    import sys
+
+    source = tmp_path / "genuine.json"
+    source.write_bytes(genuine["raw"])
+    lock = cache["path"].with_suffix(".lock")
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock), str(cache["path"]), str(hold), str(source)],
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "holding"
+    return p
+
+
+def test_a_load_waits_for_another_process_drafting_the_same_model(cache: dict[str, Any], genuine: dict[str, Any],
+                                                                 tmp_path: Path) -> None:
+    """Another process holds the digest's lock (drafting), its file half written under a temporary name: this load
+    waits for its turn, then serves what it kept, drafting nothing."""
+    holder = _holder(cache, genuine, tmp_path, hold=1.5)
+    model, said = _load()
+    assert holder.wait(timeout=60) == 0
+    assert said == [] and cache["drafts"] == []  # (it waited: without the lock it finds nothing kept, and drafts)
+    assert "(kept from an earlier load;" in registry.origin(model._family)
+    _serves_transformers(model)
+    assert sorted(p.name for p in cache["folder"].iterdir()) == [cache["path"].name, cache["path"].stem + ".lock"]
+
+
+def test_a_turn_not_given_within_the_timeout_drafts_beside_it(cache: dict[str, Any], genuine: dict[str, Any],
+                                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(draft_cache, "LOCK_TIMEOUT_S", 0.3)
+    holder = _holder(cache, genuine, tmp_path, hold=20)
+    try:
+        model, said = _load()
+    finally:
+        holder.kill()
+        holder.wait()
+    lock = cache["path"].with_suffix(".lock")
+    assert len(said) == 1 and re.fullmatch(rf"another process has been drafting helium into {re.escape(str(cache['folder']))} "
+                                           rf"for \d+ s \(its lock {re.escape(str(lock))}\); drafted here too", said[0]), said
+    assert cache["drafts"] == [1]
+    _serves_transformers(model)
+    assert cache["path"].read_bytes() == genuine["raw"]
+
+
+RANK = r"""
+import json, sys, time
+from pathlib import Path
+import torch, torch.distributed as dist, transformers, nnatlas
+from nnatlas import registry
+from nnatlas.compiler import userspec
+rank, here = int(sys.argv[1]), Path(sys.argv[2])
+counts = {"drafted": 0, "barriers": 0}
+real, real_barrier = userspec.draft_verified, dist.barrier
+def counted(*a, **k):
+    counts["drafted"] += 1
+    return real(*a, **k)
+def barrier(*a, **k):
+    counts["barriers"] += 1
+    return real_barrier(*a, **k)
+userspec.draft_verified, dist.barrier = counted, barrier
+dist.init_process_group("gloo", init_method=f"file://{here / 'store'}", rank=rank, world_size=2)
+torch.manual_seed(0)
+config = transformers.HeliumConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=64, head_dim=8)
+native = transformers.HeliumForCausalLM(config).eval()
+model = nnatlas.wrap(native, draft=True)
+ids = torch.tensor([[2, 5, 9, 4, 7, 11]])
+with model.trace({"input_ids": ids}):
+    logits = model.logits.save()
+with torch.no_grad():
+    ok = torch.equal(logits, native(input_ids=ids).logits)
+print(json.dumps({**counts, "ok": ok, "origin": registry.origin(model._family)}))
+dist.destroy_process_group()
+"""
+
+
+def test_under_torch_distributed_rank_0_drafts_and_the_other_rank_waits(tmp_path: Path) -> None:
+    """Two gloo ranks load the same model with draft=True into one cache: rank 0 drafts, rank 1 waits on the barrier
+    and serves what rank 0 kept (no second draft); both serve transformers' logits."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NNATLAS_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(r), str(tmp_path)], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in (0, 1)]
+    got = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+        got.append(json.loads(out.strip().splitlines()[-1]))
+    assert [g["ok"] for g in got] == [True, True] and [g["drafted"] for g in got] == [1, 0], got
+    assert [g["barriers"] for g in got] == [1, 1], got
+    assert "(kept from an earlier load;" not in got[0]["origin"] and "(kept from an earlier load;" in got[1]["origin"]
+    assert sorted(p.suffix for p in (tmp_path / "cache" / "drafts").iterdir()) == [".json", ".lock"]

@@ -1,0 +1,77 @@
+"""What a load from the draft cache costs: ``nnatlas.wrap(model, draft=True)`` in a fresh process, with the draft
+kept by an earlier process, against the same call drafting afresh (no cache) and against a process that only imports.
+
+    python -m bench.draft_cache                    # this checkout
+    python -m bench.draft_cache --python OTHER     # and, alternating with it, another venv's (an older nnatlas)
+
+Each child builds one tiny Helium (a type nnatlas ships no family for) and times the wrap alone; rounds alternate
+kept / fresh and python / python, so all see the same machine. Printed: median seconds of each, and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CHILD = r"""
+import json, sys, time
+import torch, transformers, nnatlas
+torch.manual_seed(0)
+config = transformers.HeliumConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=64, head_dim=8)
+model = transformers.HeliumForCausalLM(config).eval()
+start = time.perf_counter()
+nnatlas.wrap(model, draft=True)
+print(json.dumps({"wrap_s": time.perf_counter() - start}))
+"""
+
+
+def _child(python: str, cache: Path) -> float:
+    env = {**os.environ, "NNATLAS_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([python, "-c", CHILD], env=env, check=True, capture_output=True, text=True).stdout
+    return float(json.loads(out.strip().splitlines()[-1])["wrap_s"])
+
+
+def measure(pythons: list[str], rounds: int = 5) -> dict[str, dict[str, float]]:
+    """Per python: median wrap seconds from a kept draft and drafting afresh, rounds alternating between pythons."""
+    with tempfile.TemporaryDirectory(prefix="nnatlas-bench-drafts-") as tmp:
+        kept = {py: Path(tmp, f"kept{i}") for i, py in enumerate(pythons)}
+        for py in pythons:
+            _child(py, kept[py])  # (drafts and keeps it)
+        times: dict[str, dict[str, list[float]]] = {py: {"kept": [], "fresh": []} for py in pythons}
+        for r in range(rounds):
+            for i, py in enumerate(pythons):
+                times[py]["kept"].append(_child(py, kept[py]))
+                times[py]["fresh"].append(_child(py, Path(tmp, f"fresh{i}-{r}")))
+    out = {}
+    for py, t in times.items():
+        k, f = statistics.median(t["kept"]), statistics.median(t["fresh"])
+        out[py] = {"kept_s": k, "fresh_s": f, "kept_over_fresh": k / f}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.draft_cache", description=__doc__)
+    parser.add_argument("--python", action="append", default=[], help="another python whose nnatlas is measured "
+                        "beside this one's (an older checkout's venv); repeatable")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args(argv)
+    pythons = [*args.python, sys.executable]
+    got = measure(pythons, args.rounds)
+    base = got[pythons[0]]["kept_s"]
+    for py in pythons:
+        g = got[py]
+        print(f"{py}: wrap(draft=True) from a kept draft {g['kept_s']:.2f} s ({g['kept_s'] / base:.2f}x the first "
+              f"python's), drafting afresh {g['fresh_s']:.2f} s (kept / fresh {g['kept_over_fresh']:.2f})")
+    print(f"medians of {args.rounds} fresh processes each, rounds alternating")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
