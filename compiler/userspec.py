@@ -96,7 +96,6 @@ def compile_text(raw: bytes, rel: str, siblings: list[Path] | None = None, path:
     module = types.ModuleType(f"nnatlas.families.{name}")
     module.__file__ = rel
     exec(compile(source, f"<adapter of {rel}>", "exec"), module.__dict__)  # our own output, checked above
-    module.__dict__["__adapter_source__"] = source  # (what a verified draft's cache keeps)
     return module
 
 

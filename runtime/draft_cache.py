@@ -91,7 +91,8 @@ def parse(raw: bytes) -> Kept:
             raise ValueError(f"its record's {k} is not {'a number' if t is float else 'a list of text' if t is list else 'text'}")
     if not math.isfinite(rec["verify_s"]) or rec["verify_s"] < 0:
         raise ValueError("its record's verify_s is not a time")
-    record = Record(*(rec[f] for f in _STR_FIELDS), tuple(rec["held"]), tuple(rec["refused"]), float(rec["verify_s"]))
+    record = Record(rec["transformers"], rec["config_class"], rec["config_sha256"], rec["compiler_sha256"],
+                    tuple(rec["held"]), tuple(rec["refused"]), float(rec["verify_s"]))
     return Kept(data["family"], data["spec"], record)
 
 

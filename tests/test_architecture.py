@@ -99,7 +99,7 @@ def test_the_import_graph_counts_type_checking_imports() -> None:
 LAYERS = (
     ("data model", {"nnatlas.errors", "nnatlas.spec", "nnatlas.conditions", "nnatlas.expressions",
                     "nnatlas.registry", "nnatlas.cache_data", "nnatlas.cache_store", "nnatlas.protocols",
-                    "nnatlas.foreign_names"}),
+                    "nnatlas.foreign_names", "nnatlas.safe_files"}),
     ("sites", {"nnatlas.interrupts", "nnatlas.sites", "nnatlas.op_scopes", "nnatlas.patterns"}),
     ("requests and the tracer", {"nnatlas.requests", "nnatlas.installers", "nnatlas.function_sites", "nnatlas.trace",
                                  "nnatlas.validate", "nnatlas.placeholders", "nnatlas.tensor_parallel"}),
@@ -107,7 +107,7 @@ LAYERS = (
                           "nnatlas.targets", "nnatlas.given"}),
     ("what a model shows", {"nnatlas.describe", "nnatlas.cache", "nnatlas.readout"}),
     ("model facade", {"nnatlas.model", "nnatlas.typed"}),
-    ("load", {"nnatlas.loading", "nnatlas.user_specs"}),
+    ("load", {"nnatlas.loading", "nnatlas.user_specs", "nnatlas.draft_cache"}),
     ("entry points", {"nnatlas", "nnatlas.cache_cli", "nnatlas.__main__"}),
 )
 

@@ -387,7 +387,8 @@ def test_a_load_waits_for_another_process_drafting_the_same_model(cache: dict[st
     waits for its turn, then serves what it kept, drafting nothing."""
     holder = _holder(cache, genuine, tmp_path, hold=1.5)
     model, said = _load()
-    assert holder.wait(timeout=60) == 0
+    holder.communicate(timeout=60)
+    assert holder.returncode == 0
     assert said == [] and cache["drafts"] == []  # (it waited: without the lock it finds nothing kept, and drafts)
     assert "(kept from an earlier load;" in registry.origin(model._family)
     _serves_transformers(model)
@@ -402,7 +403,7 @@ def test_a_turn_not_given_within_the_timeout_drafts_beside_it(cache: dict[str, A
         model, said = _load()
     finally:
         holder.kill()
-        holder.wait()
+        holder.communicate()
     lock = cache["path"].with_suffix(".lock")
     assert len(said) == 1 and re.fullmatch(rf"another process has been drafting helium into {re.escape(str(cache['folder']))} "
                                            rf"for \d+ s \(its lock {re.escape(str(lock))}\); drafted here too", said[0]), said
