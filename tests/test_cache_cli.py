@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import nnatlas
-from nnatlas import cache_cli
-from nnatlas.cache_store import ShardWriter, StoredCache
+from nnatlas.cache.store import ShardWriter, StoredCache
+from nnatlas.cli import cache as cache_cli
 from nnatlas.testing import WORDS, build
 
 DOCS = 24
@@ -435,7 +435,7 @@ def test_a_long_line_is_tokenized_in_pieces_of_about_seq_len(model: nnatlas.Atla
     """A 1 MB line is handed to the tokenizer in prefixes of a few hundred characters (in proportion to
     --seq-len, not to the line), and gives the tokens of the whole line; one word of 1.5 MB (no prefix holds
     enough tokens) stops growing at MOST characters per token."""
-    from nnatlas.cache_data import MARGIN, MOST, tokenize
+    from nnatlas.cache.data import MARGIN, MOST, tokenize
 
     rng = random.Random(2)
     line = " ".join(rng.choice(WORDS) for _ in range(250_000))
@@ -452,7 +452,7 @@ def test_a_long_line_is_tokenized_in_pieces_of_about_seq_len(model: nnatlas.Atla
 def test_plan_batches_by_length_and_splits_ranks_by_cost() -> None:
     """Longest documents first (ties in file order), cut into batches; ranks take contiguous runs of about
     the same cost, in the order of one process; --no-sort (order="file") keeps the file's order."""
-    from nnatlas.cache_data import plan
+    from nnatlas.cache.data import plan
 
     rng = random.Random(3)
     lengths = [rng.randint(1, 60) for _ in range(400)]

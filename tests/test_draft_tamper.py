@@ -23,8 +23,9 @@ import torch
 import transformers
 
 import nnatlas
-from nnatlas import draft_cache, registry, safe_files, user_specs
+from nnatlas import registry, safe_files
 from nnatlas.compiler import userspec
+from nnatlas.loading import draft_cache, user_specs
 
 IDS = torch.tensor([[2, 5, 9, 4, 7, 11], [2, 8, 6, 3, 10, 12]])
 SAID = (draft_cache.DraftCacheWarning, safe_files.UnsafeFolderWarning)

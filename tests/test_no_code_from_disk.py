@@ -23,13 +23,13 @@ ALLOWED = {
         "the adapter this process's compiler rendered from a validated spec (pycheck and treecheck passed on it), run "
         "in memory as a module: a spec's strings reach it only as escaped literals; a kept draft reaches it as a spec",
     ("compiler/userspec.py", "compile_text", "compile(..., 'exec')"): "the same adapter's source, compiled in memory",
-    ("compiler/treecheck.py", "_adapter", "exec"):
+    ("compiler/resolve/treecheck.py", "_adapter", "exec"):
         "the compiler's own adapter, rendered in memory, run to build its module tree on the meta device",
-    ("compiler/treecheck.py", "_adapter", "compile(..., 'exec')"): "the same adapter's source",
-    ("compiler/printouts.py", "compute", "exec"):
+    ("compiler/resolve/treecheck.py", "_adapter", "compile(..., 'exec')"): "the same adapter's source",
+    ("compiler/emit/printouts.py", "compute", "exec"):
         "generate's own adapter of a shipped spec, rendered in memory, run to print the recorded checkpoints",
-    ("compiler/printouts.py", "compute", "compile(..., 'exec')"): "the same adapter's source",
-    ("compiler/pycheck.py", "_compile", "compile(..., 'exec')"):
+    ("compiler/emit/printouts.py", "compute", "compile(..., 'exec')"): "the same adapter's source",
+    ("compiler/emit/pycheck.py", "_compile", "compile(..., 'exec')"):
         "compiled to check that a rendered adapter parses; the code object is never run",
     ("compiler/draft/configexpr.py", "evaluate", "eval"):
         "the drafter's config expressions, checked first against a whitelist (names, items, arithmetic; no call but "
@@ -201,4 +201,4 @@ def test_the_file_safety_helpers_are_one_leaf_module() -> None:
     g = I.graph("nnatlas")
     assert [i.target for i in g["nnatlas.safe_files"] if i.target.startswith("nnatlas")] == []
     users = sorted(m for m, imps in g.items() if any(i.target == "nnatlas.safe_files" for i in imps))
-    assert users == ["nnatlas.cache_cli", "nnatlas.cache_store", "nnatlas.draft_cache", "nnatlas.user_specs"]
+    assert users == ["nnatlas.cache.store", "nnatlas.cli.cache", "nnatlas.loading.draft_cache", "nnatlas.loading.user_specs"]

@@ -57,23 +57,8 @@ from .gradients import (
     grad_soak,
     live_tensors,
 )
-from .oracle import (
-    _accepts,
-    _exact,
-    _oracle_blocks,
-    _oracle_hidden_states,
-    _oracle_names,
-    check_oracle,
-    oracle_checks,
-)
-from .perturb import (
-    NOT_FACTORS,
-    config_factors,
-    constant_tensors,
-    perturb_config,
-    perturb_params,
-    perturb_tensors,
-)
+from .oracle import _accepts, _exact, _oracle_blocks, _oracle_hidden_states, _oracle_names, check_oracle, oracle_checks
+from .perturb import NOT_FACTORS, config_factors, constant_tensors, perturb_config, perturb_params, perturb_tensors
 from .tiny import (
     CPU_ATTENTION,
     WORDS,

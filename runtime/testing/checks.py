@@ -17,10 +17,10 @@ from torch.utils._pytree import tree_flatten
 import nnatlas
 
 from ..errors import NnatlasError, NotReached, Unavailable
-from ..hosts import Value
+from ..inputs.validate import accepted_kwargs
 from ..model import AtlasModel
-from ..patterns import RECOMPUTED
-from ..validate import accepted_kwargs
+from ..trace.patterns import RECOMPUTED
+from ..tree.hosts import Value
 from .flex import runs_on_cpu as flex_runs_on_cpu
 from .flex import uncompiled_flex_attention
 from .tiny import (
