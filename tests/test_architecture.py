@@ -194,7 +194,7 @@ def test_the_rooms_are_named_in_order() -> None:
 
 
 # the command lines load the model only when a command runs (``nnatlas cache --help`` stays quick)
-DEFERRED = {"nnatlas.__main__", "nnatlas.cli.cache"}
+DEFERRED = {"nnatlas.__main__", "nnatlas.cli.cache", "nnatlas.cli.ranks", "nnatlas.cli.rows", "nnatlas.cli.out"}
 
 
 def test_the_runtime_imports_its_modules_at_module_level() -> None:

@@ -511,7 +511,7 @@ def test_shard_writes_overlap_the_forwards(saved: Path, data: Path, tmp_path: Pa
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """While the first shard is written, the next batches' forwards run (on main they waited for it)."""
     forwards: list[int] = []
-    batch_rows = cache_cli._batch_rows
+    batch_rows = cache_cli.batch_rows
 
     def counting(*args: object, **kwargs: object) -> object:
         forwards.append(1)
@@ -529,7 +529,7 @@ def test_shard_writes_overlap_the_forwards(saved: Path, data: Path, tmp_path: Pa
             during.append(len(forwards) - n)
         write(path, tensors, metadata)
 
-    monkeypatch.setattr(cache_cli, "_batch_rows", counting)
+    monkeypatch.setattr(cache_cli, "batch_rows", counting)
     monkeypatch.setattr(ShardWriter, "write", staticmethod(slow))
     out = tmp_path / "out"
     assert run(cache(saved, data, out, "--layers", "0", "--batch-size", "1", "--seq-len", "10",
@@ -546,7 +546,7 @@ def test_an_interrupt_stops_the_writer_thread_and_resumes(saved: Path, data: Pat
     argv = ["--layers", "0,2", "--batch-size", "2", "--seq-len", "12", "--shard-size", "0.005"]
     whole = tmp_path / "whole"
     assert run(cache(saved, data, whole, *argv)) == 0
-    batch_rows = cache_cli._batch_rows
+    batch_rows = cache_cli.batch_rows
     calls: list[int] = []
 
     def interrupted(*args: object, **kwargs: object) -> object:
@@ -555,7 +555,7 @@ def test_an_interrupt_stops_the_writer_thread_and_resumes(saved: Path, data: Pat
             raise KeyboardInterrupt
         return batch_rows(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(cache_cli, "_batch_rows", interrupted)
+    monkeypatch.setattr(cache_cli, "batch_rows", interrupted)
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
         run(cache(saved, data, out, *argv))
@@ -563,7 +563,7 @@ def test_an_interrupt_stops_the_writer_thread_and_resumes(saved: Path, data: Pat
     names = sorted(p.name for p in out.iterdir())
     assert not [n for n in names if n.endswith(".tmp")] and "manifest.json" not in names
     assert 0 < sum(n.startswith("shard-") for n in names) < len(json.loads((whole / "manifest.json").read_text())["shards"])
-    monkeypatch.setattr(cache_cli, "_batch_rows", batch_rows)
+    monkeypatch.setattr(cache_cli, "batch_rows", batch_rows)
     assert run(cache(saved, data, out, *argv, "--resume")) == 0
     got = files(out)
     got["manifest.json"] = got["manifest.json"].replace(str(out).encode(), str(whole).encode())

@@ -230,6 +230,17 @@ def test_a_folder_others_can_write_is_said_in_one_line(whole: Path, tmp_path: Pa
             stored = nnatlas.Cache.load(folder)
         assert [str(w.message) for w in caught if issubclass(w.category, UnsafeFolderWarning)] == said, mode
         assert len(stored) == len(nnatlas.Cache.load(whole))
+    from nnatlas.cli.out import lock_out
+
+    os.chmod(folder, 0o777)  # --resume reads the folder back: the same line; a new run's folder is not read
+    for resume, said in [(True, [f"{folder} is writable by others (mode 0777): `chmod go-w {folder}` (others can "
+                                 "change the rows a resumed run keeps)"]), (False, [])]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            lock = lock_out(folder, resume)
+        assert lock is not None
+        lock.release()
+        assert [str(w.message) for w in caught if issubclass(w.category, UnsafeFolderWarning)] == said, resume
 
 
 class Stop(Exception):
