@@ -146,6 +146,26 @@ def test_a_kept_draft_serves_compiled_and_checked_again(cache: dict[str, Any], g
     _serves_transformers(model)
 
 
+def test_a_kept_spec_is_compiled_once_per_process(cache: dict[str, Any], genuine: dict[str, Any],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compile (about 0.5 s in a fresh process) is kept in memory by the spec's sha256: a second load of the same
+    kept spec in this process (here: its family put out of the lookup and its draft's key forgotten) compiles nothing,
+    and still checks it again."""
+    _plant(cache["path"], genuine["raw"])
+    first, _ = _load()
+    registry.remove_user("helium")
+    for key in [k for k in user_specs._COMPILED if k[0] == "draft"]:
+        del user_specs._COMPILED[key]
+    monkeypatch.setattr(userspec, "compile_text", lambda *a, **k: pytest.fail("compiled again"))
+    ran: list[str] = []
+    checks = userspec.checks
+    monkeypatch.setattr(userspec, "checks", lambda name, *a: ran.append(name) or checks(name, *a))
+    again, said = _load()
+    assert said == [] and cache["drafts"] == [] and ran == ["helium"]
+    assert type(again) is type(first)
+    _serves_transformers(again)
+
+
 CODE = "import os; open({marker!r}, 'w').write('ran')"
 
 
