@@ -13,7 +13,7 @@ import nnatlas
 from nnatlas.testing import LIGHT_KINDS, SOAK_KINDS, standard_values
 
 from . import cache as bench_cache
-from . import compile_time, gradients, memory, models, phases
+from . import compile_time, fixed_cost, gradients, memory, models, phases
 from . import tensor_parallel as bench_tp
 from .timing import Timings, measure
 from .workloads import CASES, layer_values, nnsight_available, ours_workloads, theirs_workloads
@@ -179,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-procs", default="1,2", help="process counts for the nnatlas cache row (torchrun)")
     parser.add_argument("--cache-rounds", type=int, default=3,
                         help="rounds of the nnatlas cache row (each: the command, then a plain loop, alternated)")
+    parser.add_argument("--fixed-runs", type=int, default=801,
+                        help="paired rounds of the fixed cost of one trace, tiny llama h32 L4 (0: skip it)")
     parser.add_argument("--tp-runs", type=int, default=21,
                         help="paired rounds of the tensor-parallel rows (torchrun, 2 gloo processes; 0: skip them)")
     args = parser.parse_args(argv)
@@ -230,6 +232,11 @@ def main(argv: list[str] | None = None) -> int:
 
     table.print()
     print(f"\n{mid_note}")
+    if args.fixed_runs:
+        print(f"\nthe fixed cost of a trace: {fixed_cost.__doc__.splitlines()[0].split(': ', 1)[1]}")
+        fixed, ok = fixed_cost.row(args.fixed_runs, with_nnsight)
+        print(fixed)
+        (table.met if ok else table.misses).append("fixed cost of a trace: " + fixed.split("): ", 1)[1])
     print("\nmemory (saving makes no copies): bytes allocated by the traced forward beyond the plain one")
     for row in mem_rows:
         print("  " + row)

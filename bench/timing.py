@@ -7,13 +7,14 @@ import random
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
 class Timings:
     median: dict[str, float]  # seconds per call
     ratio: dict[str, float]  # median over rounds of (this function's time / the base's time in the same round)
+    over: dict[str, float] = field(default_factory=dict)  # median over rounds of (this time - the base's), seconds
 
 
 def measure(fns: dict[str, Callable[[], object]], runs: int, warmup: int = 3, base: str = "plain",
@@ -47,4 +48,5 @@ def measure(fns: dict[str, Callable[[], object]], runs: int, warmup: int = 3, ba
             fn()
             times[name].append(clock() - start)
     ratio = {name: statistics.median(a / b for a, b in zip(ts, times[base])) for name, ts in times.items()}
-    return Timings({name: statistics.median(ts) for name, ts in times.items()}, ratio)
+    over = {name: statistics.median(a - b for a, b in zip(ts, times[base])) for name, ts in times.items()}
+    return Timings({name: statistics.median(ts) for name, ts in times.items()}, ratio, over)

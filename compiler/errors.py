@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, order=True)
@@ -14,6 +16,14 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.col}: {self.message}"
+
+
+def suggest(name: str, options: Any) -> str:
+    """"; did you mean 'x'?" naming the closest option (or the few equally close ones)."""
+    scored = sorted(((difflib.SequenceMatcher(None, name, o).ratio(), o) for o in options), key=lambda t: (-t[0], t[1]))
+    best = scored[0][0] if scored else 0.0
+    close = [o for r, o in scored if r >= 0.6 and r >= best - 0.03][:3]
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
 class SpecError(Exception):

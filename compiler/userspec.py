@@ -21,8 +21,8 @@ from . import default_root
 from .emit import emit, pycheck
 from .errors import Problem, SpecError, UserError
 from .resolve import treecheck
-from .resolve.resolve import PARTS, parse_sources
-from .resolve.resolve import _resolve as resolve_sources
+from .resolve.resolve import resolve_sources
+from .resolve.sources import PARTS, parse_sources
 
 __all__ = ["Verified", "checks", "compile_spec", "compile_text", "draft_verified", "model_types_of", "shipped_specs"]
 

@@ -38,13 +38,15 @@ class AtlasModel(ModelTargets):
         them) reaches the model, and fills ``.grad`` of every saved value it reaches, the gradient
         with respect to the value where the forward computed it. Edits stay differentiable.
         """
-        if not isinstance(grad, bool):
-            raise InputError(f"trace(grad=...): expected True or False, got {grad!r}")
-        if grad and self._tp is not None:
-            tensor_parallel.refuse_grad(self.family)
-        model_inputs = prepare(self, inputs, kwargs)
-        module = self._runner()
-        return Tracer(self, lambda: module(**model_inputs), order=order, grad=grad, inputs=model_inputs)
+        if grad is not False:
+            if grad is not True:
+                raise InputError(f"trace(grad=...): expected True or False, got {grad!r}")
+            if self._tp is not None:
+                tensor_parallel.refuse_grad(self.family)
+        module = self._module
+        if "_peft" in self.__dict__ or module.__dict__.get("_compiled_call_impl") is not None:
+            module = self._runner()  # (a PeftModel's forward; a model compiled in place is refused)
+        return Tracer(self, None, order, grad, inputs=prepare(self, inputs, kwargs), call=module)
 
     @property
     def peft(self) -> Any:

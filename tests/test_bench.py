@@ -20,7 +20,7 @@ def test_the_bench_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
     (it used to die building it under sdpa)."""
     assert run.main(["--families", "llama,bloom", "--runs", "3", "--gen-runs", "2", "--mid-layers", "0",
                      "--no-nnsight", "--cache-docs", "0", "--deep", "12", "--grad-traces", "10",
-                     "--tp-runs", "0"]) == 0
+                     "--tp-runs", "0", "--fixed-runs", "5"]) == 0
     out = capsys.readouterr().out
     for case in ("(a) empty trace", "(b) save every layer output", "(c) save every standard value",
                  "(d) edit every layer", "(e) generate 16"):
@@ -39,6 +39,9 @@ def test_the_bench_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert ("  llama tiny (h16 L3): 10 grad traces, saves dropped: 0 bytes held after (0 storages), "
             "0 autograd nodes of their graphs alive, +0 live tensors\n") in out
     assert "compiler: nnatlas generate --check" in out and "targets met:" in out
+    assert re.search(r"the fixed cost of a trace: one save on a tiny llama \(4 blocks, hidden 32, 8 tokens\).*\n  5 "
+                     r"paired rounds, µs over a [0-9.]+ ms forward .*: torch forward hook [+-]\d+, nnatlas [+-]\d+ "
+                     r"\((ok|MISS) ≤ hook \+ 30: [+-]\d+\)\n", out)
     for layers in (3, 12):  # every (b) row's floors, met or missed
         assert re.search(rf"  llama tiny \(h16 L{layers}\) +\(b\) ours [0-9.]+, torch forward hooks [0-9.]+, "
                          r"bare forward wrappers [0-9.]+\n", out), layers
@@ -97,6 +100,20 @@ def test_the_cache_row_runs_the_command() -> None:
     assert len(rows) == 1 and re.search(r"nnatlas cache \d+ tokens/s .*, plain loop \d+ .*: ratio [\d.]+ ", rows[0])
     assert "; peak memory " in rows[0] and "MB of shards" in rows[0] and "padding " in rows[0]
     assert "allocated +0 bytes vs the plain forward" in cache.model_cache_memory()
+
+
+def test_the_fixed_cost_verdict_is_nnatlas_over_the_hook_of_the_same_rounds() -> None:
+    """ok at 30 µs over the hook (and below), MISS above; the plain forward's own time does not enter."""
+    from bench import fixed_cost
+    from bench.timing import Timings
+
+    def line(ours: float, hook: float) -> str:
+        return fixed_cost.text(Timings({"plain": 1e-3}, {}, {"plain": 0.0, "hook": hook, "ours": ours}), 7)
+
+    assert line(70e-6, 40e-6).endswith("torch forward hook +40, nnatlas +70 (ok ≤ hook + 30: +30)")
+    assert line(20e-6, 40e-6).endswith("nnatlas +20 (ok ≤ hook + 30: -20)")
+    assert line(71e-6, 40e-6).endswith("nnatlas +71 (MISS ≤ hook + 30: +31)")
+    assert line(71e-6, 40e-6).startswith("  7 paired rounds, µs over a 1.00 ms forward")
 
 
 def test_a_missed_row_says_where_its_time_goes() -> None:

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import nnatlas
-from nnatlas.cache.store import ShardWriter, StoredCache
+from nnatlas.cache.store import ShardWriter
+from nnatlas.cache.stored import StoredCache
 from nnatlas.cli import cache as cache_cli
 from nnatlas.testing import WORDS, build
 

@@ -201,4 +201,4 @@ def test_the_file_safety_helpers_are_one_leaf_module() -> None:
     g = I.graph("nnatlas")
     assert [i.target for i in g["nnatlas.safe_files"] if i.target.startswith("nnatlas")] == []
     users = sorted(m for m, imps in g.items() if any(i.target == "nnatlas.safe_files" for i in imps))
-    assert users == ["nnatlas.cache.store", "nnatlas.cli.out", "nnatlas.loading.draft_cache", "nnatlas.loading.user_specs"]
+    assert users == ["nnatlas.cache.stored", "nnatlas.cli.out", "nnatlas.loading.draft_cache", "nnatlas.loading.user_specs"]

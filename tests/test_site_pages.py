@@ -10,7 +10,7 @@ from html import unescape
 import pytest
 
 from nnatlas.compiler import compile_atlas, default_root
-from nnatlas.compiler.emit import emit, page_model
+from nnatlas.compiler.emit import config_words, emit, page_model
 from nnatlas.compiler.emit import printouts as P
 
 ROOT = default_root()
@@ -136,7 +136,7 @@ def test_sizes_are_counted_on_the_meta_device_for_every_checkpoint_on_each_page_
             assert f'data-parameters="{c["parameters"]}"' in index
     counts = {c["name"]: c["parameters"] for c in _facts("qwen3_next")["checkpoints"]}
     assert 79e9 < next(iter(counts.values())) < 81e9  # Qwen3-Next-80B, tied tensors once
-    assert page_model.param_text(752_393_024) == "752.4 M" and page_model.param_text(79_674_391_296) == "79.67 B"
+    assert config_words.param_text(752_393_024) == "752.4 M" and config_words.param_text(79_674_391_296) == "79.67 B"
 
 
 @pytest.mark.parametrize("name", FAMILIES)

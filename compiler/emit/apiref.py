@@ -21,7 +21,7 @@ RUNTIME = Path(__file__).resolve().parent.parent.parent / "runtime"
 RETURNED = (("Tracer", "trace.tracer", "AtlasModel.trace and AtlasModel.generate"),
             ("Value", "tree.hosts", "AtlasModel.value and a host's standard value"),
             ("Support", "tree.describe", "AtlasModel.support"),
-            ("StoredCache", "cache.store", "Cache.load"))
+            ("StoredCache", "cache.stored", "Cache.load"))
 
 
 @dataclass

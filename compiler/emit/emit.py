@@ -26,7 +26,7 @@ from ..language import names
 from ..language.ir import Atlas, FamilyIR, ValueIR
 from ..language.names import class_name
 from ..status import status
-from . import markdown, page_model
+from . import cards, config_words, markdown, page_model, value_marks
 
 HEADER_RE = re.compile(r"sha256 ([0-9a-f]{64})")
 
@@ -88,15 +88,15 @@ def _env() -> jinja2.Environment:
     env.tests["startingwith"] = lambda value, prefix: isinstance(value, str) and value.startswith(prefix)
     env.filters["md"] = markdown.render
     env.filters["json"] = script_json
-    env.filters["cfgtext"] = page_model.config_text
+    env.filters["cfgtext"] = config_words.config_text
     env.filters["mdtext"] = markdown.inline_text
     env.filters["mdcell"] = markdown.cell
     env.filters["mdcode"] = markdown.code_span
     env.filters["mdcodecell"] = markdown.code_cell
     env.filters["mdbody"] = markdown.body
     env.filters["mdinline"] = markdown.inline
-    env.filters["cfglabel"] = page_model.config_label
-    env.filters["params"] = page_model.param_text
+    env.filters["cfglabel"] = config_words.config_label
+    env.filters["params"] = config_words.param_text
     return env
 
 
@@ -451,13 +451,13 @@ def _index_data(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> d
                             "href": f"{f.name}.html#support"})
         for h in f.hosts:
             host_label = "model" if h.path == "model" else f"model.{h.path}"
-            native = page_model.native_path(f, h.path)  # the module path with indices as [i] (transformer.h[i].attn)
+            native = cards.native_path(f, h.path)  # the module path with indices as [i] (transformer.h[i].attn)
             entries.append({"text": f"{h.cls} {host_label}" + (f" model.{native}" if native else ""), "name": h.cls,
                             "kind": "native class", "family": f.name, "where": host_label,
-                            "href": f"{f.name}.html#{page_model.host_anchor(h, f)}"})
+                            "href": f"{f.name}.html#{cards.host_anchor(h, f)}"})
             for v in h.values:
-                anchor = page_model.value_anchor(h, v, f)
-                path = page_model.nnsight_path(f, h.path, v)  # model.model.layers[i].self_attn.o_proj.input
+                anchor = cards.value_anchor(h, v, f)
+                path = cards.nnsight_path(f, h.path, v)  # model.model.layers[i].self_attn.o_proj.input
                 entries.append({"text": f"{v.name} {host_label}.{v.name}" + (f" {path}" if path else ""),
                                 "name": v.name, "kind": "value", "family": f.name,
                                 "where": f"{host_label} ({h.cls})", "href": f"{f.name}.html#{anchor}"})
@@ -465,8 +465,8 @@ def _index_data(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> d
         for h in sorted(f.hosts, key=lambda h: h.path == "vision" or h.path.startswith("vision.")):
             for v in h.values:
                 if v.name not in matrix[f.name] and v.missing is None:
-                    matrix[f.name][v.name] = page_model.value_anchor(h, v, f)
-        marks[f.name] = page_model.load_marks(f)
+                    matrix[f.name][v.name] = cards.value_anchor(h, v, f)
+        marks[f.name] = value_marks.load_marks(f)
         for note in f.notes:  # the notes' words are searched too (attn_implementation, sae, resid_post)
             entries.append({"text": f"{note.title} {note.body}", "name": note.title, "kind": "note", "family": f.name,
                             "where": "notes", "href": f"{f.name}.html#{page.uid(f'note-{note.title}')}"})
@@ -479,8 +479,8 @@ def _index_data(atlas: Atlas, printout_texts: dict[str, str] | None = None) -> d
                                 "where": "rename", "href": f"{f.name}.html#support"})
     traits = sorted({t for f in atlas.families for t, _ in f.traits})
     return {"atlas": atlas, "value_names": names, "matrix": matrix, "marks": marks,
-            "mark_words": page_model.MARK_WORDS,
-            "two_loads": {f.name for f in atlas.families if len(page_model.loads(f)) > 1},
+            "mark_words": value_marks.MARK_WORDS,
+            "two_loads": {f.name for f in atlas.families if len(value_marks.loads(f)) > 1},
             "families_of": families_of, "search_index": entries, "traits": traits, "sizes": sizes}
 
 

@@ -3,7 +3,7 @@
 Nothing here describes the language by hand where the code can: every key, its value form,
 default and meaning come from the pydantic models (``models.py``: walked from ``FamilyRaw`` and
 ``Vocabulary``, so a field or a model added there appears here), the read-point grammar from
-``readpoint``'s docstring, merging from ``resolve``'s docstrings, presets from ``presets.PRESETS``,
+``readpoint``'s docstring, merging from ``resolve.merge``'s docstrings, presets from ``presets.PRESETS``,
 and the expression whitelist from the tables of ``expr`` (the same tables the compiler checks).
 """
 
@@ -25,10 +25,10 @@ from pydantic_core import PydanticUndefined
 from ..language import expr, models, presets, readpoint
 from ..language.ir import REQUIRED_CONFIG
 from ..language.presets import PRESETS
-from ..resolve import resolve
+from ..resolve import merge
 from . import markdown
 
-SOURCES = ("compiler/language/models.py", "compiler/language/readpoint.py", "compiler/resolve/resolve.py", "compiler/language/presets.py", "compiler/language/expr.py")
+SOURCES = ("compiler/language/models.py", "compiler/language/readpoint.py", "compiler/resolve/merge.py", "compiler/language/presets.py", "compiler/language/expr.py")
 PATH = "docs/spec.md"
 PAGE = "generated/docs/spec.html"
 
@@ -294,7 +294,7 @@ def readpoint_section() -> Section:
 
 def extends_section() -> Section:
     sec = Section("extends: merging a family over its bases", "extends")
-    for fn in (resolve._extends_chain, resolve._merge):
+    for fn in (merge.extends_chain, merge.merge):
         for para in _docstring(fn).split("\n\n"):
             sec.p(para.replace("``", "`"))
     return sec

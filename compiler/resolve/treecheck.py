@@ -21,9 +21,9 @@ from typing import Any
 
 from nnatlas.spec import pattern_of
 
-from ..errors import Problem
+from ..errors import Problem, suggest
 from ..language.ir import At, FamilyIR
-from .resolve import suggest
+from .identities import term_exists
 
 
 def _problem(at: At, message: str) -> Problem:
@@ -195,12 +195,10 @@ class _Checker:
         module or of a child's (``gate.e_score_correction_bias``); else what is missing."""
         from nnatlas.tree import fit, introspect
 
-        from .resolve import _Family
-
         by_path: dict[str, set[str]] = {}
         for h in self.f.hosts:
             by_path.setdefault(h.path, set()).update(v.name for v in h.values)
-        if term in {k for k, _, _ in self.f.config} or _Family.term_exists(ir.path, term, by_path):
+        if term in {k for k, _, _ in self.f.config} or term_exists(ir.path, term, by_path):
             return None
         *prefix, last = term.split(".")
         if prefix:

@@ -11,7 +11,7 @@ A name in ``values`` is read on every block ``layers[i]`` of ``layers`` that has
 (``logits``); a name with an index (``layers[2].mlp.mlp_output``) is that one value. ``values=None``
 reads every value this load serves. Every name is checked before the forward: an unknown name
 raises UnknownName, one this load cannot serve Unavailable, saying which load serves it.
-:meth:`Cache.load` reads back what ``nnatlas cache`` wrote (see ``cache_store``).
+:meth:`Cache.load` reads back what ``nnatlas cache`` wrote (see ``store``, ``stored``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from ..trace.requests import Box
 from ..trace.tracer import Tracer
 from ..tree.hosts import Host, HostList, Value
 from ..tree.targets import ModelTargets
-from .store import StoredCache
+from .stored import StoredCache
 
 _INDEXED = re.compile(r"^(?P<head>.*?)\[(?P<i>\d+)\]$")
 _LAYER = re.compile(r"^layers\[(\d+)\]\.(.+)$")

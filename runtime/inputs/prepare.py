@@ -37,13 +37,32 @@ def prepare(model: WrappedModel, inputs: Any, extra: dict[str, Any]) -> dict[str
     """A prompt, a list of prompts (left-padded), token ids (1-D or 2-D), or a dict of inputs;
     ``images=[...]`` (PIL images) goes with a prompt through the model's processor. Everything is
     checked before the forward (``validate``): a bad input is an InputError saying what was expected."""
+    if not extra and type(inputs) is dict:  # the common case first: a dict of tensors, nothing else
+        out, mask_made = dict(inputs), False
+    else:
+        out, mask_made = _gathered(model, inputs, extra)
+    check_inputs(model, out)
+    if mask_made or out.get("attention_mask") is None:
+        _warn_unmasked_padding(model, out.get("input_ids"))
+    where = model.__dict__.get("_first_parameter")  # (_device's first step, inlined)
+    param = None if where is None else where[0]._parameters.get(where[1])
+    device = _device(model) if param is None else param.device
+    for k, v in out.items():
+        if isinstance(v, torch.Tensor) and v.device != device:
+            out[k] = v.to(device)
+    return out
+
+
+def _gathered(model: WrappedModel, inputs: Any, extra: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """What ``prepare`` was given, as the forward's keyword arguments (not checked yet), and whether a
+    mask of ones was made here for ids given without one."""
     images = None
     if extra:
         extra = dict(extra)
         images = extra.pop("images", None)
     out: dict[str, Any]
-    mask_made = False  # a mask of ones made here for ids given without one
-    if images is None and isinstance(inputs, dict):  # the common case first: a dict of tensors
+    mask_made = False
+    if images is None and isinstance(inputs, dict):
         out = dict(inputs)
     elif images is not None:
         out = _accepted(model, _with_images(model, inputs, images))
@@ -75,14 +94,7 @@ def prepare(model: WrappedModel, inputs: Any, extra: dict[str, Any]) -> dict[str
                          f"{type(inputs).__name__}")
     if extra:
         out.update(extra)
-    check_inputs(model, out)
-    if mask_made or out.get("attention_mask") is None:
-        _warn_unmasked_padding(model, out.get("input_ids"))
-    device = _device(model)
-    for k, v in out.items():
-        if isinstance(v, torch.Tensor) and v.device != device:
-            out[k] = v.to(device)
-    return out
+    return out, mask_made
 
 
 class PaddingWarning(UserWarning):

@@ -22,6 +22,7 @@ _FORWARD_EXTRAS = {"return_dict", "past_key_values", "cache_params", "cache_posi
                    "output_attentions", "output_hidden_states", "output_router_logits", "debug_io", "debug_io_dir",
                    "prune_layers"}
 _ACCEPTED: dict[type, frozenset[str] | None] = {}
+_UNSEEN: Any = object()  # a class not in _ACCEPTED yet
 
 
 def accepted_kwargs(module: torch.nn.Module) -> frozenset[str] | None:
@@ -86,7 +87,9 @@ def check_ids(ids: Any, what: str = "token ids") -> None:
 def check_inputs(model: WrappedModel, inputs: Mapping[str, Any]) -> None:
     """The forward's keyword arguments, before it runs: known names, the ids against the vocabulary,
     a mask of the ids' shape, and (with pixel_values) every image input."""
-    accepted = accepted_kwargs(model._module)
+    accepted = _ACCEPTED.get(type(model._module), _UNSEEN)  # (accepted_kwargs' cache, read here)
+    if accepted is _UNSEEN:
+        accepted = accepted_kwargs(model._module)
     if accepted is not None and not accepted.issuperset(inputs):
         raise InputError(_unknown_message(model._module, [k for k in inputs if k not in accepted], accepted))
     ids = inputs.get("input_ids")

@@ -78,7 +78,7 @@ class Plan:
     that wrap it until the next plan is built (``SiteInstaller._sweep``) or 16 newer ones push them out."""
 
     __slots__ = ("shadows", "routes", "route_configs", "op_names", "dims_modules", "children", "impls", "force",
-                 "modules")
+                 "modules", "scoped")
 
     def __init__(self) -> None:
         self.shadows: dict[tuple[int, str], _Shadow] = {}
@@ -90,6 +90,7 @@ class Plan:
         self.impls: list[tuple[Any, str | None]] = []
         self.force = op_scopes.FORCE_OP_MODE
         self.modules: set[int] = set()  # the ids of every module it holds (filled when built)
+        self.scoped = False  # whether it counts ops (op scopes: a forward may push a TorchFunctionMode)
 
     def valid(self) -> bool:
         if self.force is not op_scopes.FORCE_OP_MODE:
@@ -102,11 +103,7 @@ class Plan:
             now = tuple(mod._modules.values())
             if len(now) != len(children) or any(a is not b for a, b in zip(now, children, strict=True)):
                 return False
-        return all(sites.attention_implementation(cfg) == impl for cfg, impl in self.impls)
-
-    def put_on(self) -> None:
-        for sh in self.shadows.values():
-            sh.d[sh.name] = sh.final
+        return not self.impls or all(sites.attention_implementation(cfg) == impl for cfg, impl in self.impls)
 
     def take_off(self) -> None:
         for sh in self.shadows.values():
@@ -136,32 +133,36 @@ class SiteInstaller:
 
     def install(self, root: torch.nn.Module, by_site: dict[SiteKey, list[Request]], serve: Callable[[SiteKey, Any], Any],
                 call_dims: dict[int, tuple[int, int]], dims: tuple[torch.nn.Module, ...], installed: list[Any],
-                restore: list[Callable[[], None]]) -> tuple[Any, dict[tuple[str, int], Callable[..., Any]]]:
-        """Every site but the module-level functions' on the model ``root``: (the plan's key, the interface
-        routes for ``sites._ROUTES``). ``dims``: the modules whose calls give views their dims."""
+                restore: list[Callable[[], None]]) -> tuple[Any, Plan]:
+        """Every site but the module-level functions' on the model ``root``: (the plan's key, the plan: its
+        ``routes`` go to ``sites._ROUTES``). ``dims``: the modules whose calls give views their dims."""
         live = self.live
         live.serve, live.mine, live.by_site = serve, call_dims, by_site
         restore.append(live.clear)
         key = (tuple(by_site), dims)
         plan = self.plans.get(key)
-        if plan is not None and not plan.valid():
-            del self.plans[key]
-            plan = None
+        if plan is not None:
+            if plan.valid():
+                for sh in plan.shadows.values():  # (put on)
+                    sh.d[sh.name] = sh.final
+                restore.append(plan.take_off)
+                if plan.op_names:
+                    self._op_swaps(installed).split(plan.op_names)
+            else:
+                del self.plans[key]
+                plan = None
         if plan is None:
             self._sweep(root)
             plan = self._build(dims, installed, restore)  # (its wrappers written, its op names swapped)
             if len(self.plans) >= PLANS_KEPT:
                 del self.plans[next(iter(self.plans))]
             self.plans[key] = plan
-        else:
-            restore.append(plan.take_off)
-            plan.put_on()
-            if plan.op_names:
-                self._op_swaps(installed).split(plan.op_names)
-        for dm in plan.dims_modules:
-            installed.append(dm.register_forward_pre_hook(self._dims_hook, with_kwargs=True, prepend=True))
-        self._acquire_routes(plan, restore)
-        return key, plan.routes
+        if plan.dims_modules:
+            for dm in plan.dims_modules:
+                installed.append(dm.register_forward_pre_hook(self._dims_hook, with_kwargs=True, prepend=True))
+        if plan.route_configs:
+            self._acquire_routes(plan, restore)
+        return key, plan
 
     def _sweep(self, root: torch.nn.Module) -> None:
         """Drop the plans that hold a module no longer in the model (one replaced between traces): a
@@ -240,6 +241,7 @@ class SiteInstaller:
             elif kind in ("method_in", "method_out"):
                 methods.setdefault(mid, set()).add(key.name)  # type: ignore[arg-type]
         routes = plan.routes
+        plan.scoped = bool(fwd_ops or call_ops)
         # forward wrappers nest in the order they are put on: a scope of ops innermost (so that a
         # module's own boundary sites are served outside it), then the boundary sites, then the
         # depth counters of the scopes' children outermost (a child's boundary sites are no op of

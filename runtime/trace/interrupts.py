@@ -16,11 +16,15 @@ wrapped by :func:`_handler`, which looks at the frame the signal landed in:
   ``finally`` takes everything away (itself critical, so not interrupted).
 
 The wrappers are put on when the first trace of the main thread opens and the original handlers
-put back when the last one closes: between traces nothing of nnatlas' is installed. While they
-are put back the signals are held at the OS (POSIX), so that none reaches a handler half way; what
-was deferred goes to the original handlers then. A trace in another thread needs none of this (no
-handler runs there). Cost: one ``sigaction`` per wrapped signal each way and two ``sigprocmask``,
-about a microsecond per trace.
+put back when the last one closes: between traces nothing of nnatlas' is installed. While
+several are put back the signals are held at the OS (POSIX), so that none reaches a handler half
+way; what was deferred goes to the original handlers then. One wrapped signal (SIGINT alone, the
+usual case) is put back in one step, with nothing to hold: one that lands after it reaches its
+original handler at once, and what was deferred before goes with it when that handler raises (the
+first that raises ends it, as in :func:`deliver`). A trace in another thread needs none of this (no
+handler runs there). Cost: one ``sigaction`` per wrapped signal each way, and two ``sigprocmask``
+where several are wrapped; after a forward has pushed this code out of the caches, each of those
+system calls is a few microseconds (bench: the fixed cost of a trace).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from typing import Any
 # timeout or a notebook's interrupt uses); each is wrapped only when it has a Python handler
 SIGNALS = tuple(int(getattr(signal, n)) for n in ("SIGINT", "SIGTERM", "SIGALRM") if hasattr(signal, n))
 _MAIN = threading.main_thread().ident
+_get_ident = threading.get_ident
+_getsignal = _signal.getsignal
 _MASK = getattr(_signal, "pthread_sigmask", None)  # (POSIX: the process's signals held while handlers change)
 
 CRITICAL: set[CodeType] = set()  # a signal landing in one of these frames (or below) waits
@@ -81,13 +87,13 @@ def enter() -> bool:
     """Called first thing when a trace opens: in the main thread, wrap the signals' handlers (once
     for nested traces). Returns whether this call counted (pass it to :func:`leave`)."""
     global _depth
-    if threading.get_ident() != _MAIN:
+    if _get_ident() != _MAIN:
         return False
     if _depth == 0:
         try:
             for sig in SIGNALS:
-                current = _signal.getsignal(sig)
-                if callable(current) and current is not _handler:
+                current = _getsignal(sig)
+                if current is not _handler and callable(current):
                     _saved[sig] = current
                     _signal.signal(sig, _handler)
         except BaseException:
@@ -99,7 +105,7 @@ def enter() -> bool:
 
 def _restore() -> None:
     for sig in list(_saved):
-        if _signal.getsignal(sig) is _handler:
+        if _getsignal(sig) is _handler:
             _signal.signal(sig, _saved[sig])
         del _saved[sig]
 
@@ -119,14 +125,23 @@ def leave(counted: bool) -> None:
     if not _saved and not _pending:  # no signal had a Python handler to wrap: nothing to put back
         return
     handlers = dict(_saved)
-    held = _hold()
+    # (one handler goes back in one step: no bytecode runs between its sigaction and its entry in Python's
+    # table, so no signal can find it half way)
+    held = _hold() if len(_saved) > 1 else None
     try:
         _restore()
         # what was deferred, including a signal that landed while the handlers were put back (this
         # frame is critical: it waited), goes to the original handlers, before any signal held meanwhile
-        _call(_take(), handlers)
+        if _pending:
+            _call(_take(), handlers)
+    except BaseException:
+        # an original handler raised (the one a signal reached right after it was put back, or a deferred
+        # one's): what is still deferred goes with that exception, not to a later trace
+        del _pending[:]
+        raise
     finally:
-        _release(held)
+        if held is not None:  # (_release, inlined)
+            _MASK(_signal.SIG_SETMASK, held)  # type: ignore[misc]
 
 
 def _hold() -> Any:

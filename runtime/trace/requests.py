@@ -111,6 +111,8 @@ class Target:
     at: str = ""  # the spec line of the value (a view that does not fit names it)
     per_call: bool = field(default=False, init=False)  # fires once per token of a call (tracer.iter picks which)
     fn_site: bool = field(default=False, init=False)  # at a module-level function (fn: read point)
+    # more than a site to install: a call condition, a function site or view dims (the tracer looks closer)
+    special: bool = field(default=False, init=False)
     _pidx: tuple[int, str | None] | None = field(default=None, init=False, repr=False, compare=False)
     sharded: ClassVar[bool] = False  # a target on a tensor-parallel model (nnatlas.parallel.tensor_parallel.ShardedTarget)
 
@@ -119,6 +121,7 @@ class Target:
     def __post_init__(self) -> None:
         self.per_call = self.site.kind in PER_CALL_SITES
         self.fn_site = self.site.kind in FN_SITES
+        self.special = self.reached is not None or self.fn_site or self.dims_module is not None
         self.get = self._getter()
 
     def _getter(self) -> Callable[[Any], Any]:

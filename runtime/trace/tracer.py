@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import Token
+from operator import attrgetter
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ from ..errors import InputError, NnatlasError, NotReached, OutOfOrderError
 from . import conditions, interrupts, op_scopes, sites
 from .function_sites import FunctionInstaller
 from .installers import installer_of
-from .placeholders import release
+from .placeholders import Placeholder
 from .protocols import WrappedModel
 from .requests import (
     INPUT_SIDES,
@@ -34,10 +35,13 @@ from .requests import (
     Target,
     _editable,
     _same,
-    _seq,
     fill,
     save_with_grad,
 )
+
+_SEQ = attrgetter("seq")  # (sorted's key in C: no Python call per request)
+_len_modes = torch._C._len_torch_function_stack
+_set_grad = torch._C._set_grad_enabled  # (torch.set_grad_enabled, without its object)
 
 # ---- the tracer ----------------------------------------------------------------------------
 
@@ -51,6 +55,13 @@ class Tracer:
     step = 0
     output: Any = None
     _cursor = 0
+    strict = True  # order="strict": requests are served in body order
+    grad = False  # trace(grad=True) asked
+    steps: int | None = None  # generation steps (model.generate)
+    _tokens: int | None = None  # the tokens of this call, when given or found (``calls``)
+    _call: Callable[..., Any] | None = None  # what a trace calls with its inputs as keywords (else ``_run()``)
+    _ordered: list[Request] | tuple[()] = ()  # the requests in body order (made when the block ends)
+    _state: set[int] | None = None  # the storages of the model's weights (made at the first in-place edit)
     # (first, later): the first request still waiting when a later one's site fired; the forward then runs
     # on, serving nothing, counting only whether ``first``'s site fires: "computed later" (OutOfOrderError)
     # or "never fired" (NotReached)
@@ -63,22 +74,30 @@ class Tracer:
     conditions: dict[tuple[int, int], bool] | None = None  # load conditions asked while recording
     available: set[tuple[int, int, int]] | None = None  # (read point, condition, config) a save found served
 
-    def __init__(self, model: WrappedModel, run: Callable[[], Any], order: str = "strict", grad: bool = False,
-                 steps: int | None = None, calls: int | None = None, inputs: Mapping[str, Any] | None = None):
-        if order != "strict" and order != "any":
-            raise ValueError("order is 'strict' or 'any'")
+    def __init__(self, model: WrappedModel, run: Callable[[], Any] | None, order: str = "strict", grad: bool = False,
+                 steps: int | None = None, calls: int | None = None, inputs: Mapping[str, Any] | None = None,
+                 call: Callable[..., Any] | None = None):
+        """``run()`` is the forward (or generate); or, with ``run=None``, ``call(**inputs)`` is (a trace's
+        forward: the inputs dict is the one the forward reads, made once). What is not given stays at the
+        class's default (an attribute set only where it differs: a trace is made once per forward)."""
+        if order != "strict":
+            if order != "any":
+                raise ValueError("order is 'strict' or 'any'")
+            self.strict = False
         self.model = model
         self._run = run
-        self.strict = order == "strict"
-        self.grad = grad
-        self.steps = steps
+        if call is not None:
+            self._call = call
+        if grad:
+            self.grad = grad
+        if steps is not None:
+            self.steps = steps
         self.inputs: Mapping[str, Any] = inputs or {}
-        self._tokens = calls
+        if calls is not None:
+            self._tokens = calls
         self.requests: list[Request] = []
-        self._ordered: list[Request] = []
         self.by_site: dict[SiteKey, list[Request]] = {}
         self.fired: dict[int | tuple[int, int], int] = {}  # times each site fired (by id of its list in by_site, and step)
-        self._state: set[int] | None = None  # the storages of the model's weights (made at the first in-place edit)
         self.call_dims: dict[int, tuple[int, int]] = {}
 
     @property
@@ -118,16 +137,17 @@ class Tracer:
     def __enter__(self) -> Tracer:
         self._guarded = interrupts.enter()
         try:
-            lock = self.model._lock
-            if not lock.acquire(blocking=False):
+            model = self.model
+            lock = model._lock
+            if not lock.acquire(False):
                 while not lock.acquire(timeout=0.05):  # another thread traces this model: wait, interruptibly
                     if interrupts.pending():
                         interrupts.deliver()
             self._lock_held = True
-            if self.model._tracer is not None:
+            if model._tracer is not None:
                 raise NnatlasError("a trace of this model is already open; traces do not nest")
-            object.__setattr__(self.model, "_tracer", self)  # (AtlasModel.__setattr__ is for its properties)
-            if interrupts.pending():  # an interrupt while opening: close again, then raise it
+            model.__dict__["_tracer"] = self  # (AtlasModel.__setattr__ is for its properties)
+            if interrupts._pending:  # an interrupt while opening: close again, then raise it
                 interrupts.deliver()
         except BaseException:
             self._close()
@@ -137,8 +157,9 @@ class Tracer:
     @interrupts.critical
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
-            if self.model._tracer is self:
-                object.__setattr__(self.model, "_tracer", None)
+            model = self.model
+            if model._tracer is self:
+                model.__dict__["_tracer"] = None
                 if exc_type is None:
                     self._execute()
         finally:
@@ -148,17 +169,15 @@ class Tracer:
     def _close(self) -> None:
         """Clear the model's tracer, release its lock and the signal handlers (idempotent)."""
         try:
-            if self.model._tracer is self:
-                object.__setattr__(self.model, "_tracer", None)
-            self._release()
+            model = self.model
+            if model._tracer is self:
+                model.__dict__["_tracer"] = None
+            if self._lock_held:
+                self._lock_held = False
+                model._lock.release()
         finally:
             guarded, self._guarded = self._guarded, False
             interrupts.leave(guarded)
-
-    def _release(self) -> None:
-        if self._lock_held:
-            self._lock_held = False
-            self.model._lock.release()
 
     # -- serving (the forward) --
     def serve(self, key: SiteKey, payload: Any) -> Any:
@@ -179,11 +198,12 @@ class Tracer:
             if strict and r.ordered:  # the first request not served yet must be this one (_first_undone, inlined)
                 ordered = self._ordered
                 i, end = self._cursor, len(ordered)
-                while i < end and (ordered[i].done or not ordered[i].ordered):
-                    i += 1
-                self._cursor = i
-                if i < end and ordered[i].seq < r.seq:
-                    return self._out_of_order(ordered[i], r, payload)
+                if i == end or ordered[i] is not r:  # (served in body order, the cursor is on it already)
+                    while i < end and (ordered[i].done or not ordered[i].ordered):
+                        i += 1
+                    self._cursor = i
+                    if i < end and ordered[i].seq < r.seq:
+                        return self._out_of_order(ordered[i], r, payload)
             t: Target = r.target  # type: ignore[assignment]  # (every request in by_site has one)
             if r.action == "save" and not t.copy:  # the common case, inlined: point the holder at the value
                 get = t.get
@@ -322,27 +342,39 @@ class Tracer:
                              f"{'it' if len(missing) == 1 else 'them'}. Fix: {missing[0][1].fix}")
 
     def _execute(self) -> None:
-        ordered = self._ordered = sorted(self.requests, key=_seq)
-        release([r.payload for r in ordered])  # the body's placeholders become plain tensors, to be filled
+        ordered = self._ordered = sorted(self.requests, key=_SEQ)
         by_site = self.by_site
-        conditional = functions = derived = False
-        dims: tuple[torch.nn.Module, ...] = ()  # the modules whose calls give views their dims
+        special = False  # a derived value, or a target with more than a site (Target.special)
         for r in ordered:
+            holder = r.payload
+            if type(holder) is Placeholder:  # the body's placeholder becomes a plain tensor, to be filled
+                holder.__dict__.pop("_nnatlas_label", None)
+                holder.__class__ = torch.Tensor  # type: ignore[assignment]  # (the body's object, made plain)
             t = r.target
             if t is None:
-                derived = True
+                special = True
+                continue
+            if t.special:
+                special = True
+            reqs = by_site.get(t.site)
+            if reqs is None:
+                by_site[t.site] = [r]
             else:
+                reqs.append(r)
+        conditional = functions = derived = False
+        dims: tuple[torch.nn.Module, ...] = ()  # the modules whose calls give views their dims
+        if special:
+            for r in ordered:
+                t = r.target
+                if t is None:
+                    derived = True
+                    continue
                 if t.reached is not None:
                     conditional = True
                 if t.fn_site:
                     functions = True
                 if t.dims_module is not None and t.dims_module not in dims:
                     dims = (*dims, t.dims_module)
-                reqs = by_site.get(t.site)
-                if reqs is None:
-                    by_site[t.site] = [r]
-                else:
-                    reqs.append(r)
         if conditional:
             self._check_reached([r for r in ordered if r.target is not None])
         if self.edits:
@@ -350,17 +382,21 @@ class Tracer:
         installed: list[Any] = []
         restore: list[Callable[[], None]] = []
         tokens: list[Token[Any]] = []
-        installer = installer_of(self.model)
+        model = self.model
+        installer = model.__dict__.get("_site_installer") or installer_of(model)
         grad = torch.is_grad_enabled()
-        modes = torch._C._len_torch_function_stack()
+        modes = -1  # the torch function modes on the stack before the forward, where its op scopes may push some
         plan_key = None
         try:
             if ordered:  # (an empty trace installs nothing)
-                plan_key, routes = installer.install(self.model._module, by_site, self.serve, self.call_dims, dims,
-                                                     installed, restore)
-                if routes:
-                    tokens.append(sites._ROUTES.set(routes))
-            if functions or self.model._kernel_route():
+                plan_key, plan = installer.install(model._module, by_site, self.serve, self.call_dims, dims,
+                                                   installed, restore)
+                if plan.scoped:
+                    modes = _len_modes()
+                if plan.routes:
+                    tokens.append(sites._ROUTES.set(plan.routes))
+            # (the kernel routes are asked only when some are set: route_kernels, model.kernels)
+            if functions or ((sites._KERNEL_ROUTES.get() or "_kernels" in model.__dict__) and model._kernel_route()):
                 fn_routes = FunctionInstaller(self.serve, by_site).install(self.model, installed, restore)
                 if fn_routes:
                     tokens.append(sites._FN_ROUTES.set(fn_routes))
@@ -377,9 +413,10 @@ class Tracer:
                 self._calls = 0
                 installed.append(root.register_forward_pre_hook(count_step, with_kwargs=True))
             tokens.append(RUNNING_TRACE.set(self.call_dims))
-            self.grad_live = self.grad and grad
-            torch._C._set_grad_enabled(self.grad_live)  # (torch.set_grad_enabled, without its object)
-            if interrupts.pending():  # an interrupt while installing: raise it before the forward
+            if self.grad:
+                self.grad_live = grad
+            _set_grad(self.grad_live)
+            if interrupts._pending:  # an interrupt while installing: raise it before the forward
                 interrupts.deliver()
             self.output = self._forward()
         except BaseException:
@@ -390,7 +427,11 @@ class Tracer:
             _teardown(installed, restore, tokens, grad, modes)
         if self._late is not None:
             self._raise_late(*self._late)
-        missing = [r for r in self._ordered if not r.done and r.owner is None]
+        missing = None
+        for r in ordered:
+            if not r.done and r.owner is None:
+                missing = [r for r in ordered if not r.done and r.owner is None]
+                break
         if derived:  # a derived value and its inputs point at each other: unlinked, they go with the last reference
             for r in ordered:
                 r.owner = r.deps = None
@@ -421,7 +462,10 @@ class Tracer:
     @interrupts.open_frame
     def _forward(self) -> Any:
         """The model's own forward (or generate): an interrupt here raises at once."""
-        return self._run()
+        call = self._call
+        if call is not None:
+            return call(**self.inputs)
+        return self._run()  # type: ignore[misc]  # (one of the two is given)
 
 
 def _teardown(installed: list[Any], restore: list[Callable[[], None]], tokens: list[Token[Any]], grad: bool,
@@ -430,10 +474,11 @@ def _teardown(installed: list[Any], restore: list[Callable[[], None]], tokens: l
     raised (the first error is raised after), each is removed from its list before it runs (so
     nothing is undone twice), and it runs inside a critical section (no interrupt lands in it)."""
     error: BaseException | None = None
-    torch._C._set_grad_enabled(grad)
-    # a scope's TorchFunctionMode left on the stack by an exception between its push and its with
-    while torch._C._len_torch_function_stack() > modes and isinstance(
-            torch._C._get_function_stack_at(torch._C._len_torch_function_stack() - 1), op_scopes.OpMode):
+    _set_grad(grad)
+    # a scope's TorchFunctionMode left on the stack by an exception between its push and its with (``modes``:
+    # the stack's height before the forward, -1 where no op scope was installed, so that none was pushed)
+    while modes >= 0 and _len_modes() > modes and isinstance(torch._C._get_function_stack_at(_len_modes() - 1),
+                                                             op_scopes.OpMode):
         torch._C._pop_torch_function_stack()
     while installed:
         handle = installed.pop()

@@ -372,7 +372,6 @@ _HOLDER_DTYPES = {"long": torch.long, "bool": torch.bool}
 # an empty tensor of each holder dtype: ``new()`` of one is the cheapest fresh tensor to make (a third of
 # ``torch.Tensor()``'s time), with its own storage and version counter
 _EMPTY = {dtype: torch.empty(0, dtype=dtype) for dtype in (torch.float32, *_HOLDER_DTYPES.values())}
-_make_subclass = torch.Tensor._make_subclass
 
 
 def _placeholder(kind: Any, label: str) -> Any:
@@ -482,7 +481,8 @@ class Value(_Lazy):
             if (parts is None or node is target.module) and (scoped is None or self._available(tracer, scoped)):
                 holder: Any
                 if empty is not None:  # (placeholder(), inlined)
-                    holder = _make_subclass(Placeholder, empty.new())
+                    holder = empty.new()
+                    holder.__class__ = Placeholder
                     holder.__dict__["_nnatlas_label"] = target.label
                 else:
                     holder = Box(target.label)

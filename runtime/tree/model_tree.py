@@ -111,7 +111,16 @@ class ModelTree(Host):
     _config_value = config_value
 
     def __getattr__(self, name: str) -> Any:
-        if name in self._kids:  # a child found before (``model.layers``): no config entry has its name
+        hit = self._kids.get(name)
+        if hit is not None:  # a child found before (``model.layers``): no config entry has its name
+            parts, child = hit
+            node: Any = self._module
+            for part in parts:  # (Host._child's check, inlined: the same module at the end of its native path)
+                node = node._modules.get(part)
+                if node is None:
+                    break
+            if node is child._module:
+                return child
             child = self._child(name)
             if child is not None:
                 return child
