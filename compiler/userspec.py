@@ -33,6 +33,10 @@ def shipped_specs() -> Path:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
+    from .language.yamlpos import MAX_BYTES
+
+    if path.stat().st_size > MAX_BYTES:  # (not read: compiling it says it is too large)
+        return {}
     return _parse(path.read_bytes())
 
 
@@ -94,7 +98,6 @@ def compile_text(raw: bytes, rel: str, siblings: list[Path] | None = None, path:
     module = types.ModuleType(f"nnatlas.families.{name}")
     module.__file__ = rel
     exec(compile(source, f"<adapter of {rel}>", "exec"), module.__dict__)  # our own output, checked above
-    module.__dict__["__adapter_source__"] = source  # (what a verified draft's cache keeps)
     return module
 
 
@@ -171,6 +174,7 @@ class Verified:
     text: str
     held: list[str]
     refused: list[str] = field(default_factory=list)
+    verify_s: float = 0.0  # (seconds its last round of checks took)
 
 
 def draft_verified(model_type: str, model_path: str | None = None, budget_s: float = 120.0, shown: str = "",
@@ -182,6 +186,7 @@ def draft_verified(model_type: str, model_path: str | None = None, budget_s: flo
     does not build, or that ran out of time raises UserError listing the failures. The family is added to the lookup
     (``first``: before the shipped ones, as the sweep's draft of a shipped type) and stays there when it verified."""
     import re
+    import time
 
     import transformers
 
@@ -209,9 +214,10 @@ def draft_verified(model_type: str, model_path: str | None = None, budget_s: flo
             registry.put_first(module)
         else:
             registry.add_user(module)
+        start = time.perf_counter()
         held, failed = checks(name, budget_s)
         if held and not failed:
-            return Verified(module, text, held, refused)
+            return Verified(module, text, held, refused, time.perf_counter() - start)
         registry.remove_user(name)  # (a family put first is replaced by the next round's, or stays out of the sweep's way)
         fatal = [f for f in failed if f[0][1] in ("twin", "budget") or (f[0][1] == "oracle" and f[0][2] in
                                                                          ("hidden_states", "logits"))]

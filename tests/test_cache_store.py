@@ -213,6 +213,36 @@ def test_verify_is_header_or_content(whole: Path) -> None:
     assert nnatlas.Cache.load(whole).manifest["run_id"] == nnatlas.Cache.load(whole, verify="content").manifest["run_id"]
 
 
+def test_a_folder_others_can_write_is_said_in_one_line(whole: Path, tmp_path: Path) -> None:
+    """Cache.load reads a folder the user names, as it is: one that others can write (no sticky bit) is said in one
+    warning line with the fix, since others can change the rows it serves."""
+    import warnings
+
+    from nnatlas.safe_files import UnsafeFolderWarning
+
+    folder = tmp_path / "shared"
+    shutil.copytree(whole, folder)
+    for mode, said in [(0o777, [f"{folder} is writable by others (mode 0777): `chmod go-w {folder}` (others can change "
+                                "the rows it serves, its manifest included)"]), (0o1777, []), (0o755, [])]:
+        os.chmod(folder, mode)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            stored = nnatlas.Cache.load(folder)
+        assert [str(w.message) for w in caught if issubclass(w.category, UnsafeFolderWarning)] == said, mode
+        assert len(stored) == len(nnatlas.Cache.load(whole))
+    from nnatlas.cli.out import lock_out
+
+    os.chmod(folder, 0o777)  # --resume reads the folder back: the same line; a new run's folder is not read
+    for resume, said in [(True, [f"{folder} is writable by others (mode 0777): `chmod go-w {folder}` (others can "
+                                 "change the rows a resumed run keeps)"]), (False, [])]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            lock = lock_out(folder, resume)
+        assert lock is not None
+        lock.release()
+        assert [str(w.message) for w in caught if issubclass(w.category, UnsafeFolderWarning)] == said, resume
+
+
 class Stop(Exception):
     """The injected failure: the process dies here."""
 

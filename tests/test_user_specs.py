@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -229,23 +228,21 @@ def test_draft_true_drafts_verifies_and_serves(tmp_path: Path) -> None:
 
 
 def test_a_verified_draft_is_kept_on_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A later process (here: this one, its memory of the draft cleared) runs the kept adapter: no draft, no compile,
-    no verification; another config of the same type is drafted anew."""
+    """A later process (here: this one, its memory of the draft cleared) compiles the kept spec and checks it again:
+    no draft; another config of the same type is drafted anew."""
     first = nnatlas.wrap(_helium(), draft=True)
     (kept,) = (tmp_path / "cache" / "drafts").glob("*.json")
-    assert [p.name for p in kept.parent.iterdir()] == [kept.name]  # (no temporary file left)
+    assert sorted(p.name for p in kept.parent.iterdir()) == [kept.name, f"{kept.stem}.lock"]  # (no temporary file)
     registry.remove_user("helium")
     user_specs._COMPILED.clear()
     from nnatlas.compiler import userspec
 
-    for name in ("draft_verified", "compile_text", "checks"):  # (what draft=True drafts, compiles and verifies with)
-        monkeypatch.setattr(userspec, name, lambda *a, **k: pytest.fail("drafted again"))
-    start = time.perf_counter()
+    monkeypatch.setattr(userspec, "draft_verified", lambda *a, **k: pytest.fail("drafted again"))
     model = nnatlas.wrap(_helium(), draft=True)
-    took = time.perf_counter() - start
-    assert took < 1.0 and model.family == "helium" and type(model) is not type(first)
+    assert model.family == "helium" and type(model) is not type(first)
     _matches_transformers(model, _values(model))
-    assert repr(model.support()).splitlines()[0].endswith("(kept from an earlier load))")
+    assert re.search(r"\(kept from an earlier load; its \d+ checks held again\)\)$",
+                     repr(model.support()).splitlines()[0])
     registry.remove_user("helium")
     user_specs._COMPILED.clear()
     other = _tiny(transformers.HeliumConfig, transformers.HeliumForCausalLM, head_dim=4)  # another config: not kept
@@ -289,7 +286,7 @@ DRAFTED = {  # model type -> (its tiny model, the family drafted, what it is)
 def test_draft_true_serves_types_no_family_ships(model_type: str, tmp_path: Path, shared_cache: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """load(draft=True) serves what transformers computes (every block's output, the logits) on types nnatlas ships
-    no spec for, and a second load runs the kept adapter: no draft, no compile, no verification."""
+    no spec for, and a second load compiles the kept spec: no draft."""
     build, family, _ = DRAFTED[model_type]
     monkeypatch.setenv("NNATLAS_CACHE", str(shared_cache))
     torch.manual_seed(0)
@@ -310,10 +307,9 @@ def test_draft_true_serves_types_no_family_ships(model_type: str, tmp_path: Path
     from nnatlas.compiler import userspec
 
     monkeypatch.setattr(userspec, "draft_verified", lambda *a, **k: pytest.fail("drafted again"))
-    start = time.perf_counter()
     again = nnatlas.wrap(model.native, draft=True)
-    assert time.perf_counter() - start < 1.0 and again.family == family
-    assert repr(again.support()).splitlines()[0].endswith("(kept from an earlier load))")
+    assert again.family == family
+    assert "(kept from an earlier load; its " in repr(again.support()).splitlines()[0]
 
 
 def test_a_value_that_did_not_verify_is_refused_the_rest_served(shared_cache: Path,

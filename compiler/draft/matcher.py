@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from . import configexpr
 from .proposal import Function, Host, Identity, Kind, Proposal, Value
 from .recorder import FnCall, ModuleCall, Op, Recording
 from .tiny import DraftError, Tiny, _global
@@ -632,8 +633,8 @@ class Matcher:
             def __missing__(self, key: str) -> Any:
                 return getattr(cfg, key, None)
         try:
-            return eval(text, {"__builtins__": {}}, Names())  # noqa: S307 - the drafter's own candidates
-        except Exception:  # noqa: BLE001 - a candidate that does not apply
+            return configexpr.evaluate(text, Names())
+        except Exception:  # noqa: BLE001 - a candidate that does not apply (or is not a config expression)
             return None
 
     def fit(self, key: str, measured: int | None, candidates: list[str], where: str) -> None:

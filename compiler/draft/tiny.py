@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
+from . import configexpr
 from .repair import own_sub_configs, repair
 
 
@@ -76,7 +77,7 @@ class Tiny:
             if isinstance(options, list):
                 value = options[-1] if name == self.names.get("layers") else options[0]
             else:
-                value = eval(options, {"__builtins__": {"len": len}}, dict(scope))  # noqa: S307 - our own text
+                value = configexpr.evaluate(options, dict(scope), {"len": len})
             scope[name] = value
             if not name.startswith("_"):
                 params[name] = value

@@ -79,6 +79,7 @@ def load(text: str, file: str) -> tuple[Located | None, list[Problem]]:
                 what = "alias" if isinstance(event, yaml.AliasEvent) else "anchor"
                 m = event.start_mark
                 problems.append(Problem(file, m.line + 1, m.column + 1, f"{what} '{event.anchor}': " + ANCHORS_WHY))
+                break  # (the first says it: a bomb of aliases is one line)
             if isinstance(event, yaml.CollectionStartEvent):
                 depth += 1
                 if depth > MAX_DEPTH:

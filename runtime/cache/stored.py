@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.utils.data
 
+from .. import safe_files
 from ..spec import Layout
 from ..tree import tables
 from .data import CacheError
@@ -40,6 +41,7 @@ class StoredCache:
         if verify not in VERIFY:
             raise CacheError(f"verify={verify!r}: one of {', '.join(map(repr, VERIFY))}")
         self.folder = Path(folder)
+        safe_files.warn_if_others_write(self.folder, "others can change the rows it serves, its manifest included")
         self.schema, self.manifest = read_manifest(self.folder)
         self.paths = [check_shard(self.folder, self.schema, s, content=verify == "content")
                       for s in self.schema.shards]

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from .. import safe_files
 from ..cache.data import CacheError, Plan
 from ..cache.store import (
     FORMAT,
@@ -48,6 +49,8 @@ def lock_out(out: Path, resume: bool) -> FolderLock | None:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise CacheError(f"--out {out}: cannot create it ({e.strerror or type(e).__name__})") from None
+    elif resume:  # (its journals and shards are read back)
+        safe_files.warn_if_others_write(out, "others can change the rows a resumed run keeps")
     return FolderLock(out)
 
 

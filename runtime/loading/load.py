@@ -76,7 +76,8 @@ def wrap(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None,
     else:
         fam = _families.find(hf)
         if fam is None:  # no shipped family (nor a user's compiled before): NNATLAS_SPECS, checked as a spec= is
-            fam = user_specs.from_env(hf) or (user_specs.drafted(hf) if draft else None)
+            fam = user_specs.from_env(hf) or (user_specs.drafted(hf, fits=lambda f: mismatches(_new(
+                _families.model_class(f) or AtlasModel, f, hf, tokenizer, processor, peft))) if draft else None)
             if fam is None:
                 raise _families.no_family(hf)
         elif check is None:  # picked by its own model type: a shipped family's generated tests hold its tree; a user's

@@ -9,17 +9,18 @@ added to the family lookup of this process after the shipped families (``registr
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .. import registry
-from ..cache.data import CacheError
-from ..cache.store import write_json
+from .. import registry, safe_files
 from ..errors import NnatlasError
 from ..spec import Family
+from . import draft_cache as draft_cache_data
 
 ENV = "NNATLAS_SPECS"
 
@@ -42,6 +43,7 @@ def compile_file(path: str | os.PathLike[str], siblings: list[Path] | None = Non
         what = "does not exist" if not file.exists() else "is not a file"
         raise NnatlasError(f"spec={os.fspath(path)!s}: the spec file {what} (give a family spec YAML, such as the one "
                            "`nnatlas draft TYPE --out FILE` writes)")
+    safe_files.warn_if_others_write(file, "a spec others can change can serve wrong values")
     key = _key(file.resolve(), siblings or [])
     module = _COMPILED.get(key)
     if module is None:
@@ -60,50 +62,136 @@ def compile_file(path: str | os.PathLike[str], siblings: list[Path] | None = Non
     return module
 
 
-def drafted(model: Any, budget_s: float = 120.0) -> Family:
+def drafted(model: Any, budget_s: float = 120.0, fits: Callable[[Family], list[str]] | None = None) -> Family:
     """``draft=True``: the drafter's spec for ``model``'s type (from its own config), compiled through the same door as
     a user's spec, then verified on a perturbed tiny twin of its config class (its oracle: the values against what
     transformers returns itself, under each attention load; and every identity of the spec) before it serves; a draft
-    whose checks fail is refused, naming them. A verified adapter is kept in memory for this process and on disk
-    (:func:`draft_cache`), keyed by transformers' version, the config (its class and values) and the sources of the
-    drafter and compiler with the specs they read: a later load of the same config runs it without the compiler."""
-    import json
-    import tempfile
-
+    whose checks fail is refused, naming them. A verified draft is kept in memory for this process and on disk as data
+    (:mod:`nnatlas.loading.draft_cache`: the spec and its verification record, in :func:`draft_cache`), keyed by transformers'
+    version, the config (its class and values) and the sources of the drafter and compiler with the specs they read.
+    A later load compiles the kept spec as a user's spec is compiled, checks its record against the model, its tree
+    against the model (``fits``: the mismatches of a family on this model) and runs its checks again (within
+    ``budget_s``); a kept draft that fails any of these is said in one line and drafted again."""
     import transformers
 
     types = registry.model_types(model.config)
     if not types:
         raise NnatlasError(f"draft=True: {type(model).__name__}'s config has no model_type to draft from")
     config_json = model.config.to_json_string()
-    digest = hashlib.sha256(f"{transformers.__version__}\0{type(model.config).__name__}\0{config_json}\0"
-                            f"{_compiler_sha256()}".encode()).hexdigest()
+    want = draft_cache_data.Record(transformers.__version__, type(model.config).__name__,
+                                   hashlib.sha256(config_json.encode()).hexdigest(), _compiler_sha256())
+    digest = hashlib.sha256(f"{want.transformers}\0{want.config_class}\0{config_json}\0"
+                            f"{want.compiler_sha256}".encode()).hexdigest()
     key = ("draft", digest)
-    module = _COMPILED.get(key) or _from_disk(digest, key)
+    module = _COMPILED.get(key)
     if module is None:
-        from nnatlas.compiler import SpecError, UserError  # the one place the runtime reaches the compiler
-        from nnatlas.compiler.userspec import DraftFailed, draft_verified
-
-        try:
-            with tempfile.TemporaryDirectory(prefix="nnatlas-draft-config-") as tmp:
-                Path(tmp, "config.json").write_text(json.dumps(json.loads(config_json)))
-                done = draft_verified(types[0], tmp, budget_s)
-        except SpecError as e:
-            raise NnatlasError(f"draft=True: the drafted spec for {types[0]} does not compile; write it out with "
-                               f"`nnatlas draft {types[0]} --out FILE`, fix it, and load with spec=FILE:\n{e}") from None
-        except DraftFailed as e:
-            raise NnatlasError(f"draft=True: {e}; nothing is served. Write it out with `nnatlas draft {types[0]} --out "
-                               "FILE`, fix it, and load with spec=FILE:\n  " + "\n  ".join(e.failed)) from None
-        except UserError as e:
-            raise NnatlasError(f"draft=True: {e}") from None
-        module = done.module
-        _COMPILED[key] = module
-        refused = (f"; refused (served as missing, each saying why): {'; '.join(done.refused)}" if done.refused else "")
-        _ORIGINS[key] = (f"drafted in memory by nnatlas draft, not reviewed; served because its oracle and identities "
-                         f"held on a perturbed tiny twin: {', '.join(done.held)}{refused}")
-        _to_disk(digest, module, _ORIGINS[key])
+        with draft_cache_data.turn(draft_cache(), digest, types[0]) as turn:
+            module = _kept(turn, key, want, types[0], budget_s, fits)
+            if module is None:
+                module = _draft_now(types[0], config_json, key, want, budget_s, turn)
     registry.add_user(module, _ORIGINS[key])
     return module.FAMILY  # type: ignore[no-any-return]
+
+
+def _origin(held: Sequence[str], refused: Sequence[str]) -> str:
+    said = f"; refused (served as missing, each saying why): {'; '.join(refused)}" if refused else ""
+    return (f"drafted in memory by nnatlas draft, not reviewed; served because its oracle and identities held on a "
+            f"perturbed tiny twin: {', '.join(held)}{said}")
+
+
+def _draft_now(model_type: str, config_json: str, key: tuple[str, str], want: draft_cache_data.Record,
+               budget_s: float, turn: draft_cache_data.Turn) -> ModuleType:
+    """Draft ``model_type`` from the config, verify it, keep it in memory and (as data) in ``turn``'s folder."""
+    import json
+    import tempfile
+
+    from nnatlas.compiler import SpecError, UserError  # the one place the runtime reaches the compiler
+    from nnatlas.compiler.userspec import DraftFailed, draft_verified
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="nnatlas-draft-config-") as tmp:
+            Path(tmp, "config.json").write_text(json.dumps(json.loads(config_json)))
+            done = draft_verified(model_type, tmp, budget_s)
+    except SpecError as e:
+        raise NnatlasError(f"draft=True: the drafted spec for {model_type} does not compile; write it out with "
+                           f"`nnatlas draft {model_type} --out FILE`, fix it, and load with spec=FILE:\n{e}") from None
+    except DraftFailed as e:
+        raise NnatlasError(f"draft=True: {e}; nothing is served. Write it out with `nnatlas draft {model_type} --out "
+                           "FILE`, fix it, and load with spec=FILE:\n  " + "\n  ".join(e.failed)) from None
+    except UserError as e:
+        raise NnatlasError(f"draft=True: {e}") from None
+    module = done.module
+    _COMPILED[key] = module
+    _ORIGINS[key] = _origin(done.held, done.refused)
+    record = dataclasses.replace(want, held=tuple(done.held), refused=tuple(done.refused), verify_s=round(done.verify_s, 3))
+    turn.write(draft_cache_data.Kept(module.FAMILY.name, done.text, record))
+    return module
+
+
+def _kept(turn: draft_cache_data.Turn, key: tuple[str, str], want: draft_cache_data.Record, model_type: str,
+          budget_s: float, fits: Callable[[Family], list[str]] | None) -> ModuleType | None:
+    """The draft ``turn``'s folder keeps for this model, compiled from its spec (data) by this process's compiler and
+    checked (its record, its fit, its checks); None, said in one line, when it is not used."""
+    from nnatlas.compiler import SpecError, UserError
+    from nnatlas.compiler.userspec import checks, compile_text
+
+    path = turn.path
+    try:
+        raw = turn.read()
+    except safe_files.Unsafe as e:
+        draft_cache_data.refused(path, str(e), model_type)
+        return None
+    if raw is None:
+        return None
+    try:
+        kept = draft_cache_data.parse(raw)
+    except ValueError as e:
+        draft_cache_data.refused(path, str(e), model_type)
+        return None
+    why = draft_cache_data.mismatch(kept.record, want)
+    if why is not None:
+        draft_cache_data.refused(path, why, model_type)
+        return None
+    spec = kept.spec.encode("utf-8", "surrogatepass")
+    ckey = ("kept spec", hashlib.sha256(spec).hexdigest())  # compiled once per spec text in this process
+    module = _COMPILED.get(ckey)
+    if module is None:
+        try:
+            module = compile_text(spec, f"<the spec kept in {path}>")
+        except (SpecError, UserError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            n = len(getattr(e, "problems", [])) or 1
+            draft_cache_data.refused(path, f"its spec does not compile ({first}{f'; {n - 1} more' if n > 1 else ''})",
+                                     model_type)
+            return None
+        _COMPILED[ckey] = module
+    name = module.FAMILY.name
+    if name != kept.family:
+        draft_cache_data.refused(path, f"its spec declares family {name!r}, its record {kept.family[:60]!r}", model_type)
+        return None
+    registry.add_user(module)  # (in the lookup while it is checked, as a draft is)
+    try:
+        found = fits(module.FAMILY) if fits is not None else []
+        held, failed = checks(name, budget_s) if not found else ([], [])
+    finally:
+        registry.remove_user(name)
+    if found:
+        draft_cache_data.refused(path, f"its spec does not fit this model ({found[0]}"
+                                       f"{f'; {len(found) - 1} more' if len(found) > 1 else ''})", model_type)
+        return None
+    wrong = [f for f in failed if f[0][1] != "budget"]
+    if wrong or not held:
+        (what, *_), why = wrong[0] if wrong else (("no check", ""), "none ran")
+        why = why.rstrip(":")
+        more = f"; {len(wrong) - 1} more" if len(wrong) > 1 else ""
+        draft_cache_data.refused(path, f"its checks did not hold again ({what}: {why}{more})", model_type)
+        return None
+    late = f", {len(failed)} not run within the {budget_s:.0f} s budget" if failed else ""
+    origin = _origin(kept.record.held, kept.record.refused) + \
+        f" (kept from an earlier load; its {len(held)} checks held again{late})"
+    _COMPILED[key] = module
+    _ORIGINS[key] = origin
+    return module
 
 
 def draft_cache() -> Path:
@@ -131,34 +219,6 @@ def _compiler_sha256() -> str:
             if path.is_file() and "__pycache__" not in path.parts:
                 h.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
-
-
-def _from_disk(digest: str, key: tuple[str, str]) -> ModuleType | None:
-    import json
-
-    path = draft_cache() / f"{digest}.json"
-    try:
-        kept = json.loads(path.read_text(encoding="utf-8"))
-        module = ModuleType(f"nnatlas.families.{kept['family']}")
-        module.__file__ = str(path)
-        exec(compile(kept["source"], str(path), "exec"), module.__dict__)  # an adapter this process's compiler wrote
-    except (OSError, ValueError, KeyError, TypeError, SyntaxError):
-        return None  # none kept (or not readable as one): drafted again
-    _COMPILED[key] = module
-    _ORIGINS[key] = str(kept.get("origin", "")) + " (kept from an earlier load)"
-    return module
-
-
-def _to_disk(digest: str, module: ModuleType, origin: str) -> None:
-    """Keep a verified draft (written whole under a temporary name, then renamed); a cache that cannot be written is
-    skipped: the draft still serves."""
-    folder = draft_cache()
-    kept = {"family": module.FAMILY.name, "origin": origin, "source": module.__dict__["__adapter_source__"]}
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        write_json(folder / f"{digest}.json", kept)
-    except (OSError, CacheError):
-        return
 
 
 def family_for(spec: str | os.PathLike[str]) -> Family:
