@@ -102,6 +102,16 @@ def check_twin_builds(family: str, checkpoint: str) -> None:
                 and isinstance(params[k], type(v)):
             lost = sorted({repr(x) for x in v} - {repr(x) for x in params[k]})
             assert not lost, f"{family}: the twin of {checkpoint} lost the block kinds {lost} of {k}"
+    from .values import each_host, host_specs
+
+    model = twin(family, checkpoint)
+    wrong = []
+    for path in dict.fromkeys(h.path for h in model._family.hosts):  # every block's class is one its spec names
+        for label, host in each_host(model, path):
+            kinds = host_specs(model, host)
+            if kinds and not any(s.cls == type(host._module).__name__ for s in kinds):
+                wrong.append(f"{label}: native class {type(host._module).__name__}, spec says {[s.cls for s in kinds]}")
+    assert not wrong, f"{family}: the twin of {checkpoint}: " + "; ".join(wrong)
 
 
 def check_twin_oracle(family: str, checkpoint: str, check: str, attn: str) -> None:

@@ -1,0 +1,126 @@
+"""Checkpoint twins (nnatlas.testing.twin) and the one shrink rule they share with the drafter
+(nnatlas.testing.shrink): layouts kept, sizes shrunk, a twin that cannot be built names the option, a twin
+catches a spec the default tiny model does not, and draw=True serves dense-first models exactly."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import transformers
+
+from nnatlas import testing as T
+from nnatlas.testing.shrink import ShrinkError, cut, shrink
+
+
+def test_cut_keeps_every_kind_in_order() -> None:
+    assert cut(["s", "s", "s", "f"] * 6) == ["s", "s", "s", "f"]  # a period, whole
+    # runs in order, each at most two blocks (the first at most the cut dense-first count)
+    assert cut(["dense"] * 3 + ["sparse"] * 40, first=2) == ["dense", "dense", "sparse", "sparse"]
+    assert cut(["dense"] * 3 + ["sparse"] * 40, first=1) == ["dense", "sparse", "sparse"]
+    assert cut(["a", "b", "b", "b", "c", "a"]) == ["a", "b", "b", "c"]  # every kind seen: stop
+
+
+def test_shrink_keeps_the_layout_and_shrinks_the_sizes() -> None:
+    recorded = dict(T.twins.recorded("deepseek_v3")[1])
+    params = shrink(transformers.DeepseekV3Config, recorded)
+    assert params["first_k_dense_replace"] == 2  # 3 on the checkpoint: kept up to two, mixtures after it
+    assert params["num_hidden_layers"] >= 3
+    assert params["hidden_size"] == 64 and params["vocab_size"] == 96
+    assert params["num_key_value_heads"] == params["num_attention_heads"]  # 128 of 128: the grouping kept
+    assert params["rope_parameters"]["rope_type"] == "yarn" and params["tie_word_embeddings"] is False
+    assert params["routed_scaling_factor"] == 2.5 and params["n_group"] == 1
+
+
+def test_the_twin_is_laid_out_as_the_checkpoint() -> None:
+    model = T.twin("deepseek_v3")
+    classes = [type(layer.mlp).__name__ for layer in model.native.model.layers]
+    assert classes[:2] == ["DeepseekV3MLP"] * 2 and set(classes[2:]) == {"DeepseekV3MoE"}
+    assert model.native.config.num_key_value_heads == model.native.config.num_attention_heads
+
+
+def test_a_twin_that_cannot_be_built_names_the_option() -> None:
+    with pytest.raises(ShrinkError, match=r"twin of google/gemma-4-E2B cannot be built.*option num_kv_shared_layers"):
+        T.twin_params("gemma4_text", "google/gemma-4-E2B")
+    with pytest.raises(ValueError, match="no recorded checkpoint 'nope'"):
+        T.twin_params("llama", "nope")
+
+
+def _one_mlp_class(family: str) -> Any:
+    """``family``'s adapter as a spec that names one MLP class for every block would compile (the mixture's: the
+    dense kind dropped, the mixture kind on every block), whose tiny stack has no dense block. Built from the
+    adapter, not compiled: the compiler's own tree check, on the checkpoint's meta model, refuses such a spec."""
+    import dataclasses
+    import types
+
+    shipped = T.adapter_module(family)
+    hosts = [dataclasses.replace(h, when=None, when_text=None, kind=None) if h.path.startswith("layers[i].mlp")
+             and h.cls.endswith("MoE") else h for h in shipped.FAMILY.hosts
+             if not (h.path == "layers[i].mlp" and not h.cls.endswith("MoE"))]
+    module = types.ModuleType(f"nnatlas.families.one_mlp_{family}")
+    module.__dict__.update({k: v for k, v in vars(shipped).items() if not k.startswith("__")})
+    module.FAMILY = dataclasses.replace(shipped.FAMILY, name=f"one_mlp_{family}", hosts=tuple(hosts))
+    draw = tuple((n, (0,), c) if n == "first_k_dense_replace" else (n, o, c) for n, o, c in shipped.TINY["draw"])
+    module.TINY = {**shipped.TINY, "draw": draw}
+    return module
+
+
+def test_a_twin_catches_one_mlp_class_for_every_block() -> None:
+    """The mutation check: a spec naming the mixture's class on every block passes the default tiny model (all
+    blocks mixtures) and fails the twin of GLM-4.5-Air (its first block dense)."""
+    from nnatlas import registry
+
+    module = _one_mlp_class("glm4_moe")
+    name = module.FAMILY.name
+    registry.add_user(module)
+    try:
+        T.check_native_class(name, "layers[i].mlp")  # the default tiny model misses it
+        with pytest.raises(AssertionError, match=r"layers\[0\]\.mlp: native class Glm4MoeMLP"):
+            T.check_twin_builds(name, "zai-org/GLM-4.5-Air")
+    finally:
+        registry.remove_user(name)
+    T.check_twin_builds("glm4_moe", "zai-org/GLM-4.5-Air")  # the family's own spec holds on it
+
+
+def _dense_first_folder(model_type: str, **layout: Any) -> tuple[str, Any]:
+    """A tiny random checkpoint of ``model_type`` laid out as released (``layout``), saved to a folder."""
+    config_class = transformers.models.auto.configuration_auto.CONFIG_MAPPING[model_type]
+    recorded = {k: v for k, v in config_class().to_dict().items() if k not in ("mlp_layer_types", "layer_types",
+                                                                             "indexer_types", "transformers_version")}
+    config = config_class(**shrink(config_class, {**recorded, **layout}))
+    torch.manual_seed(0)
+    cls = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
+    hf = getattr(transformers, cls)(config).eval()
+    folder = tempfile.mkdtemp(prefix=f"nnatlas-{model_type}-")
+    hf.save_pretrained(folder)
+    return folder, hf
+
+
+@pytest.mark.parametrize("model_type,layout,dense", [
+    ("exaone_moe", {"mlp_layer_types": ["dense", "sparse", "sparse"], "num_hidden_layers": 3}, "ExaoneMoeMLP"),
+    ("glm_moe_dsa", {"first_k_dense_replace": 1, "num_hidden_layers": 3}, "GlmMoeDsaMLP"),
+])
+def test_draft_serves_a_dense_first_model_exactly(model_type: str, layout: dict[str, Any], dense: str,
+                                                  tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import nnatlas
+
+    monkeypatch.setenv("NNATLAS_CACHE", str(tmp_path))
+    folder, hf = _dense_first_folder(model_type, **layout)
+    assert type(hf.model.layers[0].mlp).__name__ == dense
+    model = nnatlas.load(folder, draft=True)
+    ids = torch.randint(4, 90, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(input_ids=ids, output_hidden_states=True)
+    outs, mlp = [], []
+    with model.trace(ids):
+        for i in range(hf.config.num_hidden_layers):  # (in the forward's order)
+            mlp.append(model.layers[i].mlp.mlp_output.save())
+            outs.append(model.layers[i].layer_output.save())
+        logits = model.logits.save()
+    assert torch.equal(logits, ref.logits)
+    for i in range(hf.config.num_hidden_layers - 1):
+        assert torch.equal(outs[i], ref.hidden_states[i + 1]), i
+    assert all(m.shape == outs[0].shape for m in mlp)
