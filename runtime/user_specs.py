@@ -88,12 +88,15 @@ def drafted(model: Any, budget_s: float = 120.0) -> Family:
             with tempfile.TemporaryDirectory(prefix="nnatlas-draft-config-") as tmp:
                 Path(tmp, "config.json").write_text(json.dumps(json.loads(config_json)))
                 done = draft_verified(types[0], tmp, budget_s)
-        except SpecError as e:
-            raise NnatlasError(f"draft=True: the drafted spec for {types[0]} does not compile; write it out with "
-                               f"`nnatlas draft {types[0]} --out FILE`, fix it, and load with spec=FILE:\n{e}") from None
+        except SpecError as e:  # (a host the drafter could not place on a block of this model: the problems say)
+            file = keep_draft(types[0], getattr(e, "draft_text", ""))
+            raise NnatlasError(f"draft=True: the drafted spec for {types[0]} does not fit this model; nothing is served. "
+                               f"The draft is in {file}: edit what it could not place, then load with spec={file}:\n{e}"
+                               ) from None
         except DraftFailed as e:
-            raise NnatlasError(f"draft=True: {e}; nothing is served. Write it out with `nnatlas draft {types[0]} --out "
-                               "FILE`, fix it, and load with spec=FILE:\n  " + "\n  ".join(e.failed)) from None
+            file = keep_draft(types[0], e.text)
+            raise NnatlasError(f"draft=True: {e}; nothing is served. The draft is in {file}: edit what did not hold, "
+                               f"then load with spec={file}:\n  " + "\n  ".join(e.failed)) from None
         except UserError as e:
             raise NnatlasError(f"draft=True: {e}") from None
         module = done.module
@@ -104,6 +107,22 @@ def drafted(model: Any, budget_s: float = 120.0) -> Family:
         _to_disk(digest, module, _ORIGINS[key])
     registry.add_user(module, _ORIGINS[key])
     return module.FAMILY  # type: ignore[no-any-return]
+
+
+def keep_draft(model_type: str, text: str) -> Path:
+    """Where a draft that cannot serve is written for the user to edit (``<draft cache>/<type>.draft.yaml``, a spec:
+    data, never run as it is); a cache that cannot be written leaves it in the system's temporary folder."""
+    import tempfile
+
+    for folder in (draft_cache(), Path(tempfile.gettempdir())):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"{model_type}.draft.yaml"
+            path.write_text(text, encoding="utf-8")
+            return path
+        except OSError:
+            continue
+    return Path(f"{model_type}.draft.yaml")
 
 
 def draft_cache() -> Path:

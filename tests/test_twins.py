@@ -5,7 +5,6 @@ catches a spec the default tiny model does not, and draw=True serves dense-first
 from __future__ import annotations
 
 import tempfile
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -124,3 +123,42 @@ def test_draft_serves_a_dense_first_model_exactly(model_type: str, layout: dict[
     for i in range(hf.config.num_hidden_layers - 1):
         assert torch.equal(outs[i], ref.hidden_states[i + 1]), i
     assert all(m.shape == outs[0].shape for m in mlp)
+
+
+def test_a_layout_the_first_draft_did_not_see_is_drafted_again(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A draft made on an all-mixture exaone_moe, then a dense-first one of the same type: drafted again on its
+    layout and served, not refused as a mismatch."""
+    import nnatlas
+
+    monkeypatch.setenv("NNATLAS_CACHE", str(tmp_path))
+    sparse, _ = _dense_first_folder("exaone_moe", mlp_layer_types=["sparse"] * 2, num_hidden_layers=2,
+                                    first_k_dense_replace=0)
+    first = nnatlas.load(sparse, draft=True)
+    dense, hf = _dense_first_folder("exaone_moe", mlp_layer_types=["dense", "sparse", "sparse"], num_hidden_layers=3)
+    model = nnatlas.load(dense, draft=True)
+    assert first._family is not model._family
+    ids = torch.randint(4, 90, (1, 5), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad(), model.trace(ids):
+        logits = model.logits.save()
+    assert torch.equal(logits, hf(input_ids=ids).logits)
+
+
+def test_a_draft_that_cannot_serve_says_where_it_is_and_what_to_load(tmp_path: Any,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import nnatlas
+    from nnatlas.compiler import userspec
+    from nnatlas.errors import NnatlasError
+
+    def failing(model_type: str, *args: Any, **kwargs: Any) -> Any:
+        raise userspec.DraftFailed(model_type, ["oracle logits [eager]"], ["identity layers[i].mlp: on layers[0].mlp: "
+                                                                         "AssertionError"], "family: x\n")
+
+    monkeypatch.setenv("NNATLAS_CACHE", str(tmp_path))
+    monkeypatch.setattr(userspec, "draft_verified", failing)
+    folder, _ = _dense_first_folder("glm_moe_dsa", first_k_dense_replace=1, num_hidden_layers=2)
+    with pytest.raises(NnatlasError) as e:
+        nnatlas.load(folder, draft=True)
+    file = tmp_path / "drafts" / "glm_moe_dsa.draft.yaml"
+    assert file.read_text() == "family: x\n"
+    message = str(e.value)
+    assert f"spec={file}" in message and "layers[0].mlp" in message and "nnatlas draft" not in message
