@@ -83,12 +83,13 @@ def twin(family: str, checkpoint: str | None = None, perturbed: bool = True, see
 
 
 def twin_case(family: str, checkpoint: str, seed: int = 0) -> Any:
-    """The twin's case for the identities: the fixed three-row inputs (unpadded, left- and right-padded), perturbed."""
+    """The twin's case for the identities: the fixed inputs (three rows, unpadded, left- and right-padded; a prompt with
+    two images where the load takes images), perturbed."""
     from .checks import Case, _fixed_inputs
 
     params = twin_params(family, checkpoint)
     model = shared_build(family, params, perturbed=True, seed=seed)
-    return Case(family, params, _fixed_inputs(model, text_only=True), seed, perturbed=True)
+    return Case(family, params, _fixed_inputs(model), seed, perturbed=True)  # (with images where the load takes them)
 
 
 def check_twin_builds(family: str, checkpoint: str) -> None:
