@@ -140,7 +140,7 @@ def layout(defaults: Mapping[str, Any], given: Mapping[str, Any], layers: str) -
                 and v[-1] < n_given:  # block indices (LFM2's full_attn_idxs): the first (at most block 2), one more
             out[k] = [min(v[0], 2)]
             n = max(n, out[k][0] + 2)
-    lists = {}
+    lists: dict[str, Any] = {}
     # per-block lists and pattern strings the checkpoint gives, or the class fills in for its length (Zamba 2's
     # layers_block_type, which it does not derive again from a shorter stack)
     for k, v in {**{k: v for k, v in defaults.items() if isinstance(v, list)}, **given}.items():
@@ -243,7 +243,7 @@ def shrink(config_class: Any, recorded: Mapping[str, Any], sizes: Mapping[str, i
     for k in WINDOWS:
         if _is_int(params.get(k)) and params[k] > WINDOW:
             params[k] = WINDOW
-    head = params.get("head_dim") if _is_int(params.get("head_dim")) else hidden // SIZES["num_attention_heads"]
+    head = int(params["head_dim"]) if _is_int(params.get("head_dim")) else int(hidden) // SIZES["num_attention_heads"]
     for k in ROTARY:
         if _is_int(params.get(k)) and params[k] > head:
             params[k] = head // 2
