@@ -41,11 +41,22 @@ def test_the_twin_is_laid_out_as_the_checkpoint() -> None:
     assert model.native.config.num_key_value_heads == model.native.config.num_attention_heads
 
 
-def test_a_twin_that_cannot_be_built_names_the_option() -> None:
-    with pytest.raises(ShrinkError, match=r"twin of google/gemma-4-E2B cannot be built.*option num_kv_shared_layers"):
-        T.twin_params("gemma4_text", "google/gemma-4-E2B")
+def test_a_twin_that_cannot_be_built_names_the_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    name, recorded = T.twins.recorded("llama")
+    bad = [[k, v] for k, v in recorded.items()] + [["hidden_act", "no_such_activation"]]
+    monkeypatch.setattr(T.adapter_module("llama"), "CHECKPOINTS", {"x/bad": bad})
+    with pytest.raises(ShrinkError, match=r"llama: the twin of x/bad cannot be built: LlamaForCausalLM does not "
+                                          r"build .*\(option hidden_act='no_such_activation'\)"):
+        T.twin_params("llama", "x/bad")
     with pytest.raises(ValueError, match="no recorded checkpoint 'nope'"):
         T.twin_params("llama", "nope")
+
+
+def test_gemma4_kv_shared_blocks_keep_one_shared_block() -> None:
+    params = T.twin_params("gemma4_text", "google/gemma-4-E2B")  # 20 of 35 blocks reuse keys and values
+    assert params["num_kv_shared_layers"] == 1
+    kinds = params["layer_types"][:-1]
+    assert set(kinds) == set(params["layer_types"])  # every kind produced before the shared block
 
 
 def _one_mlp_class(family: str) -> Any:

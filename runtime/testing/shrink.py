@@ -64,6 +64,7 @@ SSM_HEADS = (("mamba_d_head", "mamba_n_heads", "mamba_expand"), ("mamba_head_dim
 SIZE_LIKE = re.compile(r"dim|size|width|hidden|ff")
 WINDOWS = ("sliding_window", "attention_chunk_size", "local_window_size", "window_size")
 WINDOW = 4  # under the tests' fixed prompts (16 and 24 tokens) and inside their drawn ones (up to 7)
+SHARED = re.compile(r"shared\w*_layers$")
 ROTARY = ("rotary_dim", "rotary_emb_base_dim")
 TOKEN_ID = re.compile(r"_token_id$")
 
@@ -149,16 +150,23 @@ def layout(defaults: Mapping[str, Any], given: Mapping[str, Any], layers: str) -
             lists[k] = v
         elif isinstance(v, str) and _is_int(n_given) and len(v) == n_given and n_given > 1 and k not in NOT_OPTIONS:
             lists[k] = v
+    # trailing blocks that reuse an earlier block's keys and values (Gemma 4's num_kv_shared_layers): one, after
+    # a stack that holds every kind (the kinds it reuses are produced before it)
+    shared = {k: v for k, v in given.items() if SHARED.search(k) and _is_int(v) and 0 < v < (n_given or 0)}
+    extra = 1 if shared else 0
+    out.update(dict.fromkeys(shared, 1))
     if lists:
         # every list cut at the same blocks: the longest cut of any list, the others cut to the same length so
         # that block i keeps its kinds in every list
         cuts = {k: cut(list(v), first) for k, v in lists.items()}
-        n = max(n, *(len(c) for c in cuts.values()))
+        n = max(n, *(len(c) for c in cuts.values())) + extra
         for k, v in lists.items():
             c = cuts[k]
             if len(c) < n:  # a shorter cut: this list's own blocks up to n, which keep every kind it cut to
                 c = _extend(list(v), c, n)
             out[k] = "".join(c) if isinstance(v, str) else c
+    elif extra:
+        n += extra
     pattern = given.get("attention_types")  # GPT-Neo: [[kinds, repeats]] covers the stack exactly
     if isinstance(pattern, list) and pattern and isinstance(pattern[0], list) and isinstance(pattern[0][0], list):
         kinds = list(pattern[0][0])
