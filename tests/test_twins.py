@@ -173,3 +173,54 @@ def test_a_draft_that_cannot_serve_says_where_it_is_and_what_to_load(tmp_path: A
     assert file.read_text() == "family: x\n"
     message = str(e.value)
     assert f"spec={file}" in message and "layers[0].mlp" in message and "nnatlas draft" not in message
+
+
+# ---- structural perturbation (nnatlas.testing.layouts) ----
+
+
+def test_structural_options_are_found_from_the_config_class() -> None:
+    from nnatlas.testing.layouts import structural_options
+
+    llama = structural_options(transformers.LlamaConfig(**T.first_params("llama")))
+    assert {"tie_word_embeddings", "attention_bias", "mlp_bias"} <= set(llama)
+    dsv3 = structural_options(transformers.DeepseekV3Config(**T.first_params("deepseek_v3")))
+    assert dsv3["first_k_dense_replace"][0] == T.first_params("deepseek_v3")["first_k_dense_replace"]
+    assert set(dsv3["first_k_dense_replace"]) == {0, 1, 2}
+    gemma2 = structural_options(transformers.Gemma2Config(**T.first_params("gemma2")))
+    for kinds in gemma2["layer_types"]:  # rearranged, every kind still there
+        assert sorted(set(kinds)) == sorted(set(gemma2["layer_types"][0]))
+
+
+def test_a_pinned_layout_holds_and_an_unknown_one_is_refused() -> None:
+    from nnatlas.testing.layouts import draw_layout
+
+    params = T.first_params("llama")
+    last = draw_layout(transformers.LlamaConfig, params, lambda label, options: options[-1],
+                       {"tie_word_embeddings": {"pin": False, "reason": "untied"}}, "llama")
+    assert last["tie_word_embeddings"] is False and last["attention_bias"] is not params.get("attention_bias", False)
+    with pytest.raises(ValueError, match="tiny.layouts names no_such_option, which is no structural option"):
+        draw_layout(transformers.LlamaConfig, params, lambda label, options: options[0],
+                    {"no_such_option": {"pin": 1, "reason": "x"}}, "llama")
+
+
+def test_a_drawn_dense_first_count_catches_one_mlp_class_for_every_block() -> None:
+    """The mutation of the twin test above, caught by the hypothesis draws: a drawn first_k_dense_replace of 1 puts a
+    dense block where the mutated spec reads a mixture; the family's own spec holds on the same case."""
+    from nnatlas import registry
+    from nnatlas.testing.layouts import draw_layout
+
+    module = _one_mlp_class("glm4_moe")
+    name = module.FAMILY.name
+    registry.add_user(module)
+    try:
+        params = draw_layout(transformers.Glm4MoeConfig, T.first_params(name),
+                             lambda label, options: 1 if "first_k_dense" in label else options[0], None, name)
+        assert params["first_k_dense_replace"] == 1
+        model = T.shared_build(name, params, perturbed=True)
+        case = T.Case(name, params, T._fixed_inputs(model, text_only=True), 0, perturbed=True)
+        with pytest.raises(Exception, match=r"layers\[0\]\.mlp \(Glm4MoeMLP\) has no value or module 'router'"):
+            T.check_identities(case, "layers[i].mlp", tuple(range(6)))
+    finally:
+        registry.remove_user(name)
+    own = T.Case("glm4_moe", params, case.inputs, 0, perturbed=True)
+    T.check_identities(own, "layers[i].mlp", tuple(range(6)))
