@@ -5,6 +5,7 @@ catches a spec the default tiny model does not, and draw=True serves dense-first
 from __future__ import annotations
 
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -224,3 +225,16 @@ def test_a_drawn_dense_first_count_catches_one_mlp_class_for_every_block() -> No
         registry.remove_user(name)
     own = T.Case("glm4_moe", params, case.inputs, 0, perturbed=True)
     T.check_identities(own, "layers[i].mlp", tuple(range(6)))
+
+
+def test_a_layout_rule_without_its_reason_is_an_error_at_its_line() -> None:
+    from nnatlas.compiler import SpecError
+    from nnatlas.compiler.userspec import compile_text
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "specs" / "llama.yaml").read_text().replace("family: llama\n", "family: layouts_llama\n", 1)
+    text = text.replace("tiny:\n", "tiny:\n  layouts:\n    tie_word_embeddings: {pin: false}\n", 1)
+    line = text.splitlines().index("    tie_word_embeddings: {pin: false}") + 1
+    with pytest.raises(SpecError, match=rf"layouts_llama.yaml:{line}:\d+: tiny.layouts.tie_word_embeddings: a narrowed "
+                                        "or pinned structural option says why"):
+        compile_text(text.encode(), "layouts_llama.yaml")
