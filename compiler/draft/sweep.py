@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -163,6 +164,9 @@ def checkpoint_like(plan: Any) -> dict[str, Any]:
     for k, options in found.items():
         if k in DENSE_FIRST and 1 in options:
             moved[k] = 1
+            for name, v in params.items():  # an MLP kind list of one kind given beside it: derived from the count
+                if isinstance(v, list) and len(set(map(str, v))) == 1 and re.search(r"mlp|moe|ffn", name):
+                    moved.pop(name, None)
         elif isinstance(options[0], list):
             moved[k] = options[-1]
     try:

@@ -64,6 +64,7 @@ SSM_HEADS = (("mamba_d_head", "mamba_n_heads", "mamba_expand"), ("mamba_head_dim
 SIZE_LIKE = re.compile(r"dim|size|width|hidden|ff")
 WINDOWS = ("sliding_window", "attention_chunk_size", "local_window_size", "window_size")
 WINDOW = 4  # under the tests' fixed prompts (16 and 24 tokens) and inside their drawn ones (up to 7)
+PATTERN = re.compile(r"pattern|layer|block")  # a string entry that spells the stack (NemotronH's hybrid_override_pattern)
 SHARED = re.compile(r"shared\w*_layers$")
 ROTARY = ("rotary_dim", "rotary_emb_base_dim")
 TOKEN_ID = re.compile(r"_token_id$")
@@ -148,7 +149,7 @@ def layout(defaults: Mapping[str, Any], given: Mapping[str, Any], layers: str) -
         if isinstance(v, list) and _is_int(n_given) and len(v) == n_given and n_given > 1 and all(
                 isinstance(x, (str, bool, int)) and not isinstance(x, list) for x in v):
             lists[k] = v
-        elif isinstance(v, str) and _is_int(n_given) and len(v) == n_given and n_given > 1 and k not in NOT_OPTIONS:
+        elif isinstance(v, str) and _is_int(n_given) and len(v) == n_given and n_given > 1 and PATTERN.search(k):
             lists[k] = v
     # trailing blocks that reuse an earlier block's keys and values (Gemma 4's num_kv_shared_layers): one, after
     # a stack that holds every kind (the kinds it reuses are produced before it)
