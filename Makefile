@@ -62,7 +62,7 @@ bench: $(STAMP)
 # not in CI: the drafter on every decoder-only causal-LM model type (one process each, one thread, a
 # timeout), a table in generated/docs/draft_sweep.md (kept by generate: it carries no generated-file mark)
 draft-sweep: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m nnatlas.compiler.draft.sweep --fork --timeout 300
+	OMP_NUM_THREADS=1 $(BIN)/python -m nnatlas.compiler.draft_sweep --fork --timeout 300
 
 clean:
 	rm -rf $(VENV) site artifacts build/typecheck

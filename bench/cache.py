@@ -128,7 +128,7 @@ def cache_rows(docs: int, procs: list[int], rounds: int = 3) -> list[str]:
 def plain_main(argv: list[str] | None = None) -> None:
     """A plain forward loop over the command's batches (this rank's share under torchrun), timed like it."""
     import nnatlas
-    from nnatlas.cache_data import plan, read_texts, tokenize
+    from nnatlas.cache.data import plan, read_texts, tokenize
 
     parser = argparse.ArgumentParser(prog="python -m bench.cache plain")
     parser.add_argument("model")

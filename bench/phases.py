@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import nnatlas
-from nnatlas.trace import Tracer
+from nnatlas.trace.tracer import Tracer
 
 PHASES = ("record", "install", "forward", "close")
 

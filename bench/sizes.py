@@ -18,7 +18,7 @@ PACKAGES = ("runtime", "compiler", "bench")
 
 @dataclass(frozen=True)
 class Size:
-    name: str  # runtime/trace.py, or runtime/trace.py:Tracer
+    name: str  # runtime/trace/tracer.py, or runtime/trace/tracer.py:Tracer
     lines: int
     methods: int = 0
 

@@ -100,7 +100,7 @@ def worker(folder: str, runs: int, out: str) -> None:
         gathered = sum(1 for s in saved if getattr(s, "tp_shard", None) is not None)
         row["gathered"] = gathered
         # one gather as a trace makes it: the all-gather of a rank's queries ([1, 2, 32, 64]) and MLP neurons
-        from nnatlas.tensor_parallel import _gather
+        from nnatlas.parallel.tensor_parallel import _gather
 
         costs = []
         for shape in ((1, 2, SEQ, 64), (1, SEQ, 344)):

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from nnatlas.model import AtlasModel
-from nnatlas.requests import CallDim
 from nnatlas.testing import standard_values
+from nnatlas.trace.requests import CallDim
 
 GEN_TOKENS = 16
 CASES = {
@@ -203,7 +203,7 @@ class Theirs:
     def probe(self, inputs: dict[str, torch.Tensor]) -> None:
         """How each module's forward is called (which parameters come by position), from one plain
         forward: nnsight indexes a module's ``inputs`` as (args, kwargs) as they were passed."""
-        from nnatlas.requests import forward_params
+        from nnatlas.trace.requests import forward_params
 
         self.passed = {}
         root = self.ours.native

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import apiref, cookbook, emit, files, outdir, printouts, pycheck, reference, status, treecheck
+from .emit import apiref, cookbook, emit, files, outdir, printouts, pycheck, reference
 from .errors import GenerateError, Problem, SpecError, UserError
-from .ir import Atlas, FamilyIR
-from .resolve import resolve, resolve_texts
+from .language.ir import Atlas, FamilyIR
+from .resolve import treecheck
+from .resolve.resolve import resolve, resolve_texts
+from .status import status
 
 OWNED = ("generated/families", "generated/tests", "generated/docs")
 
@@ -41,12 +43,12 @@ def render(atlas: Atlas, printout_texts: dict[str, str] | None = None,
            cookbook_text: str | None = None) -> dict[str, str]:
     """Every generated file, path relative to the root → text.
 
-    ``printout_texts``: family → its printout file (``compiler/printouts.py``), which the pages
+    ``printout_texts``: family → its printout file (``compiler/emit/printouts.py``), which the pages
     show and take their per-checkpoint facts from; without it the pages are drawn from the specs alone.
-    ``status_data``: the committed ``generated/docs/status.json`` (``compiler/status.py``), which
+    ``status_data``: the committed ``generated/docs/status.json`` (``compiler/status/status.py``), which
     status.html and the index's status row show; without it they say no run is recorded.
     ``adapters``: family → its rendered adapter, when the caller has rendered them already (``render_adapters``).
-    ``cookbook_text``: docs/cookbook.md (``compiler/cookbook.py``), rendered as the site's cookbook page.
+    ``cookbook_text``: docs/cookbook.md (``compiler/emit/cookbook.py``), rendered as the site's cookbook page.
     """
     printout_texts = printout_texts or {}
     adapters = adapters if adapters is not None else render_adapters(atlas)
@@ -81,7 +83,7 @@ def render_adapters(atlas: Atlas) -> dict[str, str]:
 
 
 def printout_key(f: FamilyIR, atlas: Atlas, adapter: str | None = None) -> str:
-    """The key a printout file must carry to be fresh (see ``compiler/printouts.py``); ``adapter``:
+    """The key a printout file must carry to be fresh (see ``compiler/emit/printouts.py``); ``adapter``:
     ``f``'s rendered adapter when the caller has it."""
     by_name = {x.name: x for x in atlas.families}
     chain: list[str] = []
@@ -101,7 +103,7 @@ def plan_printouts(root: Path, atlas: Atlas, compute: bool,
     """(family → printout text, the printout files that are stale).
 
     Each family whose printout is recomputed is first checked against its module trees on the
-    meta device (``compiler/treecheck.py``); their problems, every family's, raise one SpecError.
+    meta device (``compiler/resolve/treecheck.py``); their problems, every family's, raise one SpecError.
     A fresh file (its header's key matches) is kept as it is; a stale one is recomputed on the
     meta device when ``compute`` (this imports torch), else reported stale and its old text kept.
     A family with no recorded checkpoint has a printout too, its header alone (no checkpoint's facts): its key
@@ -196,7 +198,7 @@ def build_site(out: Path, root: Path | None = None) -> list[str]:
 
     Rendered from the specs in memory (stale printouts recomputed), so it never depends on
     whether ``generated/`` was regenerated; returns the files written, relative to ``out``.
-    ``out`` is a new or empty folder, or one an earlier build made (``compiler/outdir.py``):
+    ``out`` is a new or empty folder, or one an earlier build made (``compiler/emit/outdir.py``):
     any other is refused with GenerateError before anything is built.
     """
     outdir.check(out)

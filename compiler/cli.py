@@ -1,5 +1,5 @@
 """``nnatlas generate [--check]`` and ``nnatlas docs [--out DIR] [--serve [--port N]]``, ``nnatlas new FAMILY --from
-BASE``, ``nnatlas status [--versions V,...] [--families F,... | --stale]`` (make status); ``nnatlas cache`` is the runtime's (``nnatlas.cache_cli``), handed its arguments whole.
+BASE``, ``nnatlas status [--versions V,...] [--families F,... | --stale]`` (make status); ``nnatlas cache`` is the runtime's (``nnatlas.cli.cache``), handed its arguments whole.
 
 Every subcommand runs through ``user_errors``: a mistake of the user's (a broken spec, a bad path
 or port, a folder that is not nnatlas's) is one line on stderr and exit status 2, never a
@@ -16,9 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import build_site, compile_atlas, default_root, generate, outdir
+from . import build_site, compile_atlas, default_root, generate
+from .emit import outdir
+from .emit.serve import bind, serve_on
 from .errors import SpecError, UserError
-from .serve import bind, serve_on
 
 EXIT_USER = 2  # a user error: the message says what to change
 
@@ -26,7 +27,7 @@ EXIT_USER = 2  # a user error: the message says what to change
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["cache"]:  # the runtime's command (imports torch): its own parser reads the rest
-        from nnatlas.cache_cli import main as cache_main
+        from nnatlas.cli.cache import main as cache_main
 
         return cache_main(argv[1:])
     parser = argparse.ArgumentParser(prog="nnatlas", description="The nnatlas spec compiler.")
@@ -99,7 +100,8 @@ def _status(root: Path | None, chosen: str | None, families: str | None = None, 
             tp: bool = False) -> int:
     """``nnatlas status``: the runs (one venv per version under .venv-status/), status.json, then generate;
     ``--tp``: the tensor-parallel column instead (this interpreter only)."""
-    from . import compile_atlas, status
+    from . import compile_atlas
+    from .status import status
 
     root = checkout(root, "status")
     wanted = [v.strip() for v in chosen.split(",") if v.strip()] if chosen else None

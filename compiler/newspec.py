@@ -13,7 +13,7 @@ import json
 import re
 from pathlib import Path
 
-from .ir import Atlas, FamilyIR
+from .language.ir import Atlas, FamilyIR
 
 
 class NewSpecError(ValueError):
@@ -142,7 +142,7 @@ def write_new(family: str, base_name: str, atlas: Atlas, out: Path, force: bool 
     if family in by_name and not force:
         raise NewSpecError(f"new: family '{family}' exists already (specs/{family}.yaml)")
     if base_name not in by_name:
-        from .resolve import suggest
+        from .resolve.resolve import suggest
 
         raise NewSpecError(f"new: no family '{base_name}' to start from" + suggest(base_name, by_name)
                                + f" (families: {', '.join(sorted(by_name))})")

@@ -5,7 +5,7 @@ pyproject's package-dir maps ``runtime/`` to ``nnatlas``, ``compiler/`` to ``nna
 import hook, which mypy cannot see: checked as folders, ``from nnatlas.spec import ...`` in the compiler
 or a generated adapter would resolve to nothing and every cross-package type would be ``Any``. So the
 check lays the package out as links into the checkout (:func:`package_tree`) and runs ``mypy -p nnatlas``
-over it; each error is reported at the checkout's own path (``runtime/model.py``, ``compiler/emit.py``).
+over it; each error is reported at the checkout's own path (``runtime/model.py``, ``compiler/emit/emit.py``).
 
     python -m nnatlas.compiler.typecheck [MYPY ARGS...]
 """
@@ -23,15 +23,15 @@ TREE = ROOT / "build" / "typecheck"  # (build/ is ignored by git; the tree is re
 
 
 def package_tree(site: Path, root: Path = ROOT) -> Path:
-    """``site/nnatlas``: the runtime's modules, ``testing/``, ``compiler/`` and ``families/`` as links into
+    """``site/nnatlas``: the runtime's modules and rooms, ``compiler/`` and ``families/`` as links into
     ``root``; returns ``site`` (a folder for mypy's search path). ``site/nnatlas`` is made afresh."""
     pkg = site / "nnatlas"
     if pkg.exists():
         shutil.rmtree(pkg)
     pkg.mkdir(parents=True)
-    for path in sorted((root / "runtime").glob("*.py")):
-        (pkg / path.name).symlink_to(path)
-    (pkg / "testing").symlink_to(root / "runtime" / "testing")
+    for path in sorted((root / "runtime").iterdir()):
+        if path.suffix == ".py" or (path / "__init__.py").is_file():  # a module, or a room (a subpackage)
+            (pkg / path.name).symlink_to(path)
     (pkg / "compiler").symlink_to(root / "compiler")
     (pkg / "families").symlink_to(root / "generated" / "families")
     return site

@@ -1,5 +1,5 @@
 """A user's own spec, compiled at load: ``nnatlas.load(path, spec="my_family.yaml")``, ``wrap(model, spec=...)`` and
-``NNATLAS_SPECS=dir`` (the runtime's one door here is ``nnatlas.user_specs``, which imports this module lazily).
+``NNATLAS_SPECS=dir`` (the runtime's one door here is ``nnatlas.loading.user_specs``, which imports this module lazily).
 
 The spec file is compiled beside the shared vocabulary, notes and parts this nnatlas carries (``specs/`` of a checkout,
 the package data ``nnatlas.specs`` of a wheel) and the shipped specs it extends, with ``generate``'s validation: the
@@ -17,10 +17,12 @@ from typing import Any
 
 from nnatlas.spec import pattern_of
 
-from . import default_root, emit, pycheck, treecheck
+from . import default_root
+from .emit import emit, pycheck
 from .errors import Problem, SpecError, UserError
-from .resolve import PARTS, parse_sources
-from .resolve import _resolve as resolve_sources
+from .resolve import treecheck
+from .resolve.resolve import PARTS, parse_sources
+from .resolve.resolve import _resolve as resolve_sources
 
 __all__ = ["Verified", "checks", "compile_spec", "compile_text", "draft_verified", "model_types_of", "shipped_specs"]
 

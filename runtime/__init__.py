@@ -18,16 +18,16 @@ from typing import TYPE_CHECKING, Any
 from .errors import InputError, NnatlasError, NotReached, OutOfOrderError, Unavailable, UnknownName
 
 if TYPE_CHECKING:
-    from .cache import Cache
-    from .cache_data import CacheError
-    from .loading import load, route_kernels, wrap
+    from .cache.data import CacheError
+    from .cache.model_cache import Cache
+    from .loading.load import load, route_kernels, wrap
     from .model import AtlasModel
     from .registry import all_families
-    from .requests import Box
+    from .trace.requests import Box
 
-_LAZY = {"AtlasModel": "model", "load": "loading", "wrap": "loading", "route_kernels": "loading",
-         "all_families": "registry", "Box": "requests", "Cache": "cache",
-         "CacheError": "cache_data"}
+_LAZY = {"AtlasModel": "model", "load": "loading.load", "wrap": "loading.load", "route_kernels": "loading.load",
+         "all_families": "registry", "Box": "trace.requests", "Cache": "cache.model_cache",
+         "CacheError": "cache.data"}
 
 
 def __getattr__(name: str) -> Any:

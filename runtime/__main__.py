@@ -11,7 +11,7 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["cache"]:
-        from nnatlas.cache_cli import main as cache_main
+        from nnatlas.cli.cache import main as cache_main
 
         return cache_main(argv[1:])
     from nnatlas.compiler.cli import main as compiler_main

@@ -1,20 +1,22 @@
 """``nnatlas.AtlasModel``: a transformers model under its family's standard names, and what a researcher
 calls on it: ``trace`` and ``generate`` (read and edit values in one forward), ``cache`` (values by standard
-path), ``support()`` and ``print(model)``. How it is built: :mod:`nnatlas.loading` (``wrap``, ``load``)."""
+path), ``support()`` and ``print(model)``. How it is built: :mod:`nnatlas.loading.load` (``wrap``, ``load``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import foreign_names, readout, registry, tensor_parallel
-from .cache import Cache, cache_values
-from .describe import Support, render, support
+from . import registry
+from .cache.model_cache import Cache, cache_values
 from .errors import InputError, NnatlasError, UnknownName
-from .given import refuse_compiled
-from .hosts import Value
-from .inputs import prepare
-from .targets import ModelTargets
-from .trace import Tracer
+from .inputs.prepare import prepare
+from .parallel import tensor_parallel
+from .trace.tracer import Tracer
+from .tree import foreign_names, readout
+from .tree.describe import Support, render, support
+from .tree.given import refuse_compiled
+from .tree.hosts import Value
+from .tree.targets import ModelTargets
 
 
 class AtlasModel(ModelTargets):
@@ -79,13 +81,13 @@ class AtlasModel(ModelTargets):
     def cache(self, inputs: Any = None, values: Any = None, layers: Any = None, **kwargs: Any) -> Cache:
         """One traced forward; the values ``values`` x ``layers`` name, as an :class:`nnatlas.Cache`
         keyed by standard path (``layers[3].layer_output``). Extra keyword arguments go to the forward.
-        See :mod:`nnatlas.cache`."""
+        See :mod:`nnatlas.cache.model_cache`."""
         return cache_values(self, self.trace(inputs, order="any", **kwargs), values, layers)
 
     # ---- the readout ----
     def unembed(self, x: Any) -> Any:
         """A residual stream (``[..., hidden_size]``, a saved value) read out as logits, as the model reads out its
-        last one: the final norm, the head, then its softcaps, scales and multipliers (see :mod:`nnatlas.readout`).
+        last one: the final norm, the head, then its softcaps, scales and multipliers (see :mod:`nnatlas.tree.readout`).
         ``unembed(model.layers[-1].layer_output)`` equals ``logits``; gradients flow through it."""
         return readout.unembed(self, x)
 

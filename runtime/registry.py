@@ -40,7 +40,7 @@ def put_first(module: ModuleType) -> None:
 
 
 def add_user(module: ModuleType, origin: str = "") -> None:
-    """Make ``module``, an adapter compiled from a user's spec (``nnatlas.user_specs``), the family
+    """Make ``module``, an adapter compiled from a user's spec (``nnatlas.loading.user_specs``), the family
     ``nnatlas.families.<its FAMILY.name>`` of this process, picked after every shipped family: a model whose type a
     shipped family lists still loads as that one. Adding a family of the same name again replaces it. ``origin``:
     where it comes from (your spec file, a draft and what verified it), as ``support()`` says it."""

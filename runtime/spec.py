@@ -5,7 +5,7 @@ The compiler resolves each spec into these dataclasses (``Layout``, ``Condition`
 (``nnatlas.families.<family>``), which builds one :class:`Family`; the runtime reads nothing else
 about a family. The functions a spec expression may call (``FUNCTIONS``, ``CONFIG_FUNCTIONS``,
 ``VIEW_OPS``) are listed here once: the compiler checks expressions against them and
-``nnatlas.expressions`` implements each. Nothing here imports torch or transformers, so the compiler
+``nnatlas.trace.expressions`` implements each. Nothing here imports torch or transformers, so the compiler
 and the generated modules stay cheap to import.
 """
 
@@ -108,7 +108,7 @@ class ReadPoint:
 
     @property
     def recomputable(self) -> bool:
-        """A pattern read the fused attentions recompute (runtime/patterns.py): inside eager attention
+        """A pattern read the fused attentions recompute (runtime/trace/patterns.py): inside eager attention
         (``call:attention > op:...``: under sdpa and flex attention), or at eager's softmax in the host's
         own forward with ``recompute: sdpa`` (under sdpa, from the forward's scaled_dot_product_attention)."""
         return self.kind == "op" and (self.call == "attention" or self.recompute is not None)
@@ -247,7 +247,7 @@ def _f(arity: Arity, signature: str, doc: str, **kw: Any) -> Function:
     return Function(arity, signature, doc, **kw)
 
 
-# Functions identities and derived values may call; each compiles to ``nnatlas.expressions.<name>``.
+# Functions identities and derived values may call; each compiles to ``nnatlas.trace.expressions.<name>``.
 # This table is the one list: the compiler checks calls against it and the spec reference
 # (docs/spec.md) prints it.
 FUNCTIONS: dict[str, Function] = {

@@ -20,7 +20,7 @@ PACKAGES = {"nnatlas": ROOT / "runtime", "nnatlas.compiler": ROOT / "compiler",
 @dataclass(frozen=True)
 class Import:
     source: str  # the importing module: nnatlas.model
-    target: str  # the module imported: nnatlas.hosts (a name imported from a package counts as its module if one)
+    target: str  # the module imported: nnatlas.tree.hosts (a name imported from a package counts as its module if one)
     line: int
     local: bool  # inside a function (not at module level)
     typing: bool = False  # under ``if TYPE_CHECKING:`` (for a type checker only)

@@ -4,6 +4,7 @@ where it has been untangled. Read from the source (``tests/imports.py``) and che
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -22,7 +23,7 @@ ENTRY = "nnatlas.__main__"
 # and its one second door: a user's own spec (``nnatlas.load(path, spec=FILE)``, ``wrap(model, spec=FILE)``,
 # NNATLAS_SPECS) is compiled at load with generate's validation, which is the compiler's; this module imports it only
 # inside the function a user spec calls (see the tests below: ``import nnatlas``, a wrap and a trace load no compiler)
-USER_SPECS = "nnatlas.user_specs"
+USER_SPECS = "nnatlas.loading.user_specs"
 
 
 def _fresh(code: str) -> dict[str, list[str]]:
@@ -80,7 +81,7 @@ def test_compiler_has_no_import_circles() -> None:
 
 
 def test_the_runtime_has_no_import_circles() -> None:
-    """Imports under ``if TYPE_CHECKING:`` count: a lower layer annotates against ``nnatlas.protocols``
+    """Imports under ``if TYPE_CHECKING:`` count: a lower layer annotates against ``nnatlas.trace.protocols``
     (or a class of its own layer or below), never against the model facade above it."""
     g = I.graph("nnatlas")
     assert any(i.typing for imps in g.values() for i in imps)  # (the graph holds them: nnatlas/__init__.py's)
@@ -90,51 +91,110 @@ def test_the_runtime_has_no_import_circles() -> None:
 def test_the_import_graph_counts_type_checking_imports() -> None:
     init = I.imports(I.modules("nnatlas")["nnatlas"], set(I.modules("nnatlas")))
     typing = {i.target for i in init if i.typing}
-    assert {"nnatlas.model", "nnatlas.loading", "nnatlas.cache"} <= typing
+    assert {"nnatlas.model", "nnatlas.loading.load", "nnatlas.cache.model_cache"} <= typing
     assert not any(i.typing for i in init if i.target == "nnatlas.errors")  # (imported to run)
 
 
-# the runtime's layers, bottom up: a module imports only from its own layer or those below (TYPE_CHECKING
-# imports included)
-LAYERS = (
-    ("data model", {"nnatlas.errors", "nnatlas.spec", "nnatlas.conditions", "nnatlas.expressions",
-                    "nnatlas.registry", "nnatlas.cache_data", "nnatlas.cache_store", "nnatlas.protocols",
-                    "nnatlas.foreign_names"}),
-    ("sites", {"nnatlas.interrupts", "nnatlas.sites", "nnatlas.op_scopes", "nnatlas.patterns"}),
-    ("requests and the tracer", {"nnatlas.requests", "nnatlas.installers", "nnatlas.function_sites", "nnatlas.trace",
-                                 "nnatlas.validate", "nnatlas.placeholders", "nnatlas.tensor_parallel"}),
-    ("hosts and values", {"nnatlas.hosts", "nnatlas.processing", "nnatlas.inputs", "nnatlas.introspect", "nnatlas.model_tree",
-                          "nnatlas.targets", "nnatlas.given"}),
-    ("what a model shows", {"nnatlas.describe", "nnatlas.cache", "nnatlas.readout"}),
-    ("model facade", {"nnatlas.model", "nnatlas.typed"}),
-    ("load", {"nnatlas.loading", "nnatlas.user_specs"}),
-    ("entry points", {"nnatlas", "nnatlas.cache_cli", "nnatlas.__main__"}),
+# the runtime's rooms, bottom up: a module imports only from its own room or those below (TYPE_CHECKING imports
+# included); a room is a subpackage (every module under it), or one module at the top of the package
+ROOMS = (
+    ("data model", {"nnatlas.errors", "nnatlas.spec", "nnatlas.registry"}),
+    ("trace", {"nnatlas.trace"}),
+    ("inputs and parallel", {"nnatlas.inputs", "nnatlas.parallel"}),
+    ("tree", {"nnatlas.tree"}),
+    ("cache", {"nnatlas.cache"}),
+    ("model facade", {"nnatlas.model"}),
+    ("loading", {"nnatlas.loading"}),
+    ("entry points", {"nnatlas", "nnatlas.cli", "nnatlas.__main__"}),
+)
+# at most this many modules at the top of runtime/ (the facade and its shared leaves); the rest live in rooms
+TOP_MODULES = 10
+
+
+def room_of(module: str) -> str:
+    """The room a runtime module lives in: ``nnatlas.trace.tracer`` -> ``nnatlas.trace``, a top module itself."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 or module in SUBPACKAGES else module
+
+
+SUBPACKAGES = {f"nnatlas.{p.name}" for p in (I.ROOT / "runtime").iterdir() if (p / "__init__.py").is_file()}
+
+
+def test_the_runtime_is_in_rooms() -> None:
+    g = I.graph("nnatlas")
+    runtime = {m for m in g if not m.startswith("nnatlas.testing")}
+    level = {r: k for k, (_, rooms) in enumerate(ROOMS) for r in rooms}
+    rooms = {room_of(m) for m in runtime}
+    assert rooms == set(level), f"unplaced: {sorted(rooms - set(level))}, gone: {sorted(set(level) - rooms)}"
+    upward = [f"{m} ({ROOMS[level[room_of(m)]][0]}) imports {i.target} ({ROOMS[level[room_of(i.target)]][0]})"
+              for m in runtime for i in g[m] if level[room_of(i.target)] > level[room_of(m)]]
+    assert upward == []
+    top = sorted(p.name for p in (I.ROOT / "runtime").glob("*.py"))
+    assert len(top) <= TOP_MODULES, top
+
+
+def test_every_room_says_its_job_and_what_it_may_import() -> None:
+    for room in sorted(SUBPACKAGES - {"nnatlas.testing"}):
+        doc = ast.get_docstring(ast.parse((I.ROOT / "runtime" / room.split(".")[1] / "__init__.py").read_text()))
+        assert doc and "May import:" in doc, room
+    for room in ("language", "resolve", "emit", "status", "draft"):
+        doc = ast.get_docstring(ast.parse((I.ROOT / "compiler" / room / "__init__.py").read_text()))
+        assert doc, room
+
+
+def test_a_room_that_imports_upward_fails_the_rooms_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rooms test can fail: a trace module that imported the tree would be named."""
+    real = I.graph
+
+    def graph(*packages: str) -> dict[str, list[I.Import]]:
+        g = real(*packages)
+        g["nnatlas.trace.tracer"] = [*g["nnatlas.trace.tracer"], I.Import("nnatlas.trace.tracer", "nnatlas.tree.hosts", 1, False)]
+        return g
+
+    monkeypatch.setattr(I, "graph", graph)
+    with pytest.raises(AssertionError, match=r"nnatlas.trace.tracer \(trace\) imports nnatlas.tree.hosts \(tree\)"):
+        test_the_runtime_is_in_rooms()
+
+
+# the compiler's rooms, bottom up, held as the runtime's are
+COMPILER_ROOMS = (
+    ("errors", {"nnatlas.compiler.errors"}),
+    ("the spec language", {"nnatlas.compiler.language"}),
+    ("resolve", {"nnatlas.compiler.resolve"}),
+    ("status", {"nnatlas.compiler.status"}),
+    ("emit", {"nnatlas.compiler.emit"}),
+    ("the compiler's face", {"nnatlas.compiler"}),
+    ("draft", {"nnatlas.compiler.draft"}),
+    ("user specs", {"nnatlas.compiler.userspec"}),
+    ("entry points", {"nnatlas.compiler.cli", "nnatlas.compiler.newspec", "nnatlas.compiler.draft_sweep",
+                      "nnatlas.compiler.typecheck"}),
 )
 
 
-def test_the_runtime_is_layered() -> None:
-    g = I.graph("nnatlas")
-    runtime = {m for m in g if not m.startswith("nnatlas.testing")}
-    layer = {m: k for k, (_, mods) in enumerate(LAYERS) for m in mods}
-    assert runtime == set(layer), f"unplaced: {sorted(runtime - set(layer))}, gone: {sorted(set(layer) - runtime)}"
-    upward = [f"{m} ({LAYERS[layer[m]][0]}) imports {i.target} ({LAYERS[layer[i.target]][0]})"
-              for m in runtime for i in g[m] if layer[i.target] > layer[m]]
+def test_the_compiler_is_in_rooms() -> None:
+    g = I.graph("nnatlas.compiler")
+    folders = {f"nnatlas.compiler.{p.name}" for p in (I.ROOT / "compiler").iterdir() if (p / "__init__.py").is_file()}
+
+    def room(m: str) -> str:
+        parts = m.split(".")
+        return ".".join(parts[:3]) if ".".join(parts[:3]) in folders else m
+
+    level = {r: k for k, (_, rooms) in enumerate(COMPILER_ROOMS) for r in rooms}
+    assert {room(m) for m in g} == set(level)
+    upward = [f"{m} imports {i.target}" for m in g for i in g[m] if level[room(i.target)] > level[room(m)]]
     assert upward == []
 
 
-def test_the_layers_are_named_in_order() -> None:
-    """Bottom up: data model → sites → requests and the tracer → hosts and values → model facade → load; the
-    Protocols the lower layers annotate against sit at the bottom, the facade above all it uses."""
-    names = [name for name, _ in LAYERS]
-    assert names == ["data model", "sites", "requests and the tracer", "hosts and values", "what a model shows",
-                     "model facade", "load", "entry points"]
-    layer = {m: k for k, (_, mods) in enumerate(LAYERS) for m in mods}
-    assert layer["nnatlas.protocols"] < layer["nnatlas.trace"] < layer["nnatlas.hosts"] < layer["nnatlas.model"]
-    assert layer["nnatlas.model"] < layer["nnatlas.loading"]
+def test_the_rooms_are_named_in_order() -> None:
+    """Bottom up: the data model, the trace, inputs and tensor parallel, the tree of hosts and values, the cache,
+    the model facade, the loaders, the entry points."""
+    names = [name for name, _ in ROOMS]
+    assert names == ["data model", "trace", "inputs and parallel", "tree", "cache", "model facade", "loading",
+                     "entry points"]
 
 
 # the command lines load the model only when a command runs (``nnatlas cache --help`` stays quick)
-DEFERRED = {"nnatlas.__main__", "nnatlas.cache_cli"}
+DEFERRED = {"nnatlas.__main__", "nnatlas.cli.cache", "nnatlas.cli.ranks", "nnatlas.cli.rows", "nnatlas.cli.out"}
 
 
 def test_the_runtime_imports_its_modules_at_module_level() -> None:
@@ -174,16 +234,17 @@ def test_the_size_report_names_the_largest_modules_and_classes() -> None:
 # ---- one data model: the compiler builds the runtime's own ----
 
 # what the compiler's core (resolve, emit, the IR, expressions, read points) may import of the runtime
-DATA_MODEL = {"nnatlas.spec", "nnatlas.conditions", "nnatlas.foreign_names"}
+DATA_MODEL = {"nnatlas.spec", "nnatlas.trace.conditions", "nnatlas.tree.foreign_names"}
 # the compiler's tools that run models with the runtime, and what each uses of it: the public API
 # (printouts: nnatlas.wrap on the meta device, and tensor_parallel.planned, what support() says under TP, for pages)
-TOOLS = {"nnatlas.compiler.printouts": {"nnatlas", "nnatlas.tensor_parallel"},
-         "nnatlas.compiler.treecheck": {"nnatlas", "nnatlas.introspect", "nnatlas.testing"},
-         "nnatlas.compiler.cli": {"nnatlas.cache_cli"},  # the `nnatlas cache` command
+TOOLS = {"nnatlas.compiler.emit.printouts": {"nnatlas", "nnatlas.parallel.tensor_parallel"},
+         "nnatlas.compiler.resolve.treecheck": {"nnatlas", "nnatlas.tree.introspect", "nnatlas.testing"},
+         "nnatlas.compiler.cli": {"nnatlas.cli.cache"},  # the `nnatlas cache` command
          # a draft's oracle on a tiny twin (draft=True), the draft put in the lookup while it is verified
          "nnatlas.compiler.userspec": {"nnatlas.testing", "nnatlas.registry"},
          "nnatlas.compiler.draft.tiny": {"nnatlas.testing"},  # the drafter's tiny model, perturbed as the tests do
-         "nnatlas.compiler.draft.sweep": {"nnatlas.registry"}}  # whether a shipped family loads a type's tiny model
+         # whether a shipped family loads a type's tiny model; the checkpoint-like layout, by the tests' rule
+         "nnatlas.compiler.draft_sweep": {"nnatlas.registry", "nnatlas.testing"}}
 
 
 def test_the_compiler_imports_the_runtimes_data_model_only() -> None:
@@ -217,7 +278,7 @@ def _runtime_private_members() -> set[str]:
 
 
 def test_the_compiler_reaches_no_private_runtime_member() -> None:
-    """The compiler's tools use the runtime's public API (``nnatlas.introspect`` for a host's module, label,
+    """The compiler's tools use the runtime's public API (``nnatlas.tree.introspect`` for a host's module, label,
     parent and children): no private member of a runtime object (an attribute, an instance-dict key, a
     ``getattr`` name) and no underscore name imported from the runtime. The drafter's generated conftest
     (text it writes) is held to the same rule."""
@@ -246,7 +307,9 @@ def test_the_compiler_reaches_no_private_runtime_member() -> None:
 def test_generated_adapters_hold_what_the_compiler_built() -> None:
     """The adapter written for llama holds exactly the ValueSpecs, Layouts and Conditions the compiler
     resolved: one data model, written out, not a second one kept in step by hand."""
-    from nnatlas.compiler import compile_atlas, emit, readpoint
+    from nnatlas.compiler import compile_atlas
+    from nnatlas.compiler.emit import emit
+    from nnatlas.compiler.language import readpoint
     from nnatlas.families import llama
     from nnatlas.spec import Condition, Layout, ReadPoint
 
@@ -263,8 +326,8 @@ def test_generated_adapters_hold_what_the_compiler_built() -> None:
 
 
 def test_every_vocabulary_condition_is_decided_by_the_runtime(spec_root: Path) -> None:
-    from nnatlas import conditions
     from nnatlas.compiler import SpecError, compile_atlas
+    from nnatlas.trace import conditions
 
     atlas = compile_atlas(I.ROOT / "specs", I.ROOT)
     named = {c.name: c for f in atlas.families for h in f.hosts for v in h.values for c in (v.needs, v.reached) if c}
@@ -279,8 +342,9 @@ def test_every_vocabulary_condition_is_decided_by_the_runtime(spec_root: Path) -
 
 
 def test_one_expression_whitelist() -> None:
-    from nnatlas import expressions, spec
-    from nnatlas.compiler import expr
+    from nnatlas import spec
+    from nnatlas.compiler.language import expr
+    from nnatlas.trace import expressions
 
     assert expr.FUNCTIONS is spec.FUNCTIONS and expr.VIEW_OPS is spec.VIEW_OPS
     assert expressions.unimplemented() == []
@@ -305,14 +369,10 @@ def test_a_drafted_adapter_goes_first_through_the_registrys_public_function() ->
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300, capture_output=True)
 
 
-def test_the_readme_layout_names_every_runtime_module() -> None:
-    """README's layout section shows the runtime's tree as it is: every module of the layers, none gone."""
+def test_the_readme_layout_names_every_runtime_room() -> None:
+    """README's layout section shows the runtime's rooms as they are: every room, none gone."""
     text = (I.ROOT / "README.md").read_text()
     block = text.split("## Layout", 1)[1].split("```", 2)[1]
-    rows = block.split("runtime/", 1)[1].split("testing/", 1)[0]
-    for _, mods in LAYERS:
-        for m in mods:
-            file = "__init__.py" if m == "nnatlas" else m.removeprefix("nnatlas.") + ".py"
-            assert f" {file}" in rows, f"README's layout does not name runtime/{file}"
-    shown = {w.strip(",") for w in rows.split() if w.endswith((".py", ".py,"))}
-    assert shown <= {p.name for p in (I.ROOT / "runtime").glob("*.py")}, shown
+    rows = block.split("runtime/", 1)[1]
+    for room in sorted(SUBPACKAGES):
+        assert f"{room.split('.')[1]}/" in rows, f"README's layout does not name runtime/{room.split('.')[1]}/"

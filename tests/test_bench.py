@@ -12,7 +12,7 @@ import nnatlas
 from bench import models, run
 from bench.workloads import ours_workloads, serve_order
 from nnatlas.testing import attention_loads, standard_values
-from nnatlas.trace import Tracer
+from nnatlas.trace.tracer import Tracer
 
 
 def test_the_bench_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,8 +7,8 @@ import torch
 
 import nnatlas
 from nnatlas.errors import NnatlasError, Unavailable, UnknownName
-from nnatlas.requests import Box
 from nnatlas.testing import Allocations, _fixed_inputs, _save_all, build, draw_inputs
+from nnatlas.trace.requests import Box
 
 LOADS = [(family, None) for family in sorted(nnatlas.all_families())] + [("qwen3_5_text", "image_text")]
 

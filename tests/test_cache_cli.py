@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import nnatlas
-from nnatlas import cache_cli
-from nnatlas.cache_store import ShardWriter, StoredCache
+from nnatlas.cache.store import ShardWriter, StoredCache
+from nnatlas.cli import cache as cache_cli
 from nnatlas.testing import WORDS, build
 
 DOCS = 24
@@ -435,7 +435,7 @@ def test_a_long_line_is_tokenized_in_pieces_of_about_seq_len(model: nnatlas.Atla
     """A 1 MB line is handed to the tokenizer in prefixes of a few hundred characters (in proportion to
     --seq-len, not to the line), and gives the tokens of the whole line; one word of 1.5 MB (no prefix holds
     enough tokens) stops growing at MOST characters per token."""
-    from nnatlas.cache_data import MARGIN, MOST, tokenize
+    from nnatlas.cache.data import MARGIN, MOST, tokenize
 
     rng = random.Random(2)
     line = " ".join(rng.choice(WORDS) for _ in range(250_000))
@@ -452,7 +452,7 @@ def test_a_long_line_is_tokenized_in_pieces_of_about_seq_len(model: nnatlas.Atla
 def test_plan_batches_by_length_and_splits_ranks_by_cost() -> None:
     """Longest documents first (ties in file order), cut into batches; ranks take contiguous runs of about
     the same cost, in the order of one process; --no-sort (order="file") keeps the file's order."""
-    from nnatlas.cache_data import plan
+    from nnatlas.cache.data import plan
 
     rng = random.Random(3)
     lengths = [rng.randint(1, 60) for _ in range(400)]
@@ -511,7 +511,7 @@ def test_shard_writes_overlap_the_forwards(saved: Path, data: Path, tmp_path: Pa
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """While the first shard is written, the next batches' forwards run (on main they waited for it)."""
     forwards: list[int] = []
-    batch_rows = cache_cli._batch_rows
+    batch_rows = cache_cli.batch_rows
 
     def counting(*args: object, **kwargs: object) -> object:
         forwards.append(1)
@@ -529,7 +529,7 @@ def test_shard_writes_overlap_the_forwards(saved: Path, data: Path, tmp_path: Pa
             during.append(len(forwards) - n)
         write(path, tensors, metadata)
 
-    monkeypatch.setattr(cache_cli, "_batch_rows", counting)
+    monkeypatch.setattr(cache_cli, "batch_rows", counting)
     monkeypatch.setattr(ShardWriter, "write", staticmethod(slow))
     out = tmp_path / "out"
     assert run(cache(saved, data, out, "--layers", "0", "--batch-size", "1", "--seq-len", "10",
@@ -546,7 +546,7 @@ def test_an_interrupt_stops_the_writer_thread_and_resumes(saved: Path, data: Pat
     argv = ["--layers", "0,2", "--batch-size", "2", "--seq-len", "12", "--shard-size", "0.005"]
     whole = tmp_path / "whole"
     assert run(cache(saved, data, whole, *argv)) == 0
-    batch_rows = cache_cli._batch_rows
+    batch_rows = cache_cli.batch_rows
     calls: list[int] = []
 
     def interrupted(*args: object, **kwargs: object) -> object:
@@ -555,7 +555,7 @@ def test_an_interrupt_stops_the_writer_thread_and_resumes(saved: Path, data: Pat
             raise KeyboardInterrupt
         return batch_rows(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(cache_cli, "_batch_rows", interrupted)
+    monkeypatch.setattr(cache_cli, "batch_rows", interrupted)
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
         run(cache(saved, data, out, *argv))
@@ -563,7 +563,7 @@ def test_an_interrupt_stops_the_writer_thread_and_resumes(saved: Path, data: Pat
     names = sorted(p.name for p in out.iterdir())
     assert not [n for n in names if n.endswith(".tmp")] and "manifest.json" not in names
     assert 0 < sum(n.startswith("shard-") for n in names) < len(json.loads((whole / "manifest.json").read_text())["shards"])
-    monkeypatch.setattr(cache_cli, "_batch_rows", batch_rows)
+    monkeypatch.setattr(cache_cli, "batch_rows", batch_rows)
     assert run(cache(saved, data, out, *argv, "--resume")) == 0
     got = files(out)
     got["manifest.json"] = got["manifest.json"].replace(str(out).encode(), str(whole).encode())

@@ -19,8 +19,9 @@ import pytest
 import torch
 
 import nnatlas
-from nnatlas import CacheError, cache_cli
-from nnatlas.cache_store import ShardWriter
+from nnatlas import CacheError
+from nnatlas.cache.store import ShardWriter
+from nnatlas.cli import cache as cache_cli
 
 from .test_cache_cli import cache, data, files, saved  # noqa: F401 (fixtures)
 
@@ -462,7 +463,7 @@ def test_dataset_of_all_positions(saved: Path, data: Path, tmp_path: Path) -> No
 def test_a_rank_clears_only_its_own_temporary_files(tmp_path: Path) -> None:
     """What made two gloo processes fail under load: rank 0, clearing what a killed run left, read
     '-000' in rank 1's shard '.shard-001-00000' and removed the file rank 1 was writing."""
-    from nnatlas.cache_store import remove_temporary
+    from nnatlas.cache.store import remove_temporary
 
     names = {0: [".shard-000-00000.safetensors.tmp", ".shard-000-00012.safetensors.tmp", ".journal-000.json.7.tmp"],
              1: [".shard-001-00000.safetensors.tmp", ".shard-001-00010.safetensors.tmp", ".journal-001.json.7.tmp"],

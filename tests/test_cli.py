@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from nnatlas.compiler import GenerateError, UserError, build_site, cli, default_root, outdir
+from nnatlas.compiler import GenerateError, UserError, build_site, cli, default_root
 from nnatlas.compiler.cli import main, user_errors
+from nnatlas.compiler.emit import outdir
 
 ROOT = default_root()
 

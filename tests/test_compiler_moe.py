@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from nnatlas.compiler import SpecError, compile_atlas, readpoint
-from nnatlas.compiler.expr import ExprError
+from nnatlas.compiler import SpecError, compile_atlas
+from nnatlas.compiler.language import readpoint
+from nnatlas.compiler.language.expr import ExprError
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from nnatlas import testing
-from nnatlas.compiler import cookbook
 from nnatlas.compiler.cli import main as nnatlas_main
+from nnatlas.compiler.emit import cookbook
 
 ROOT = Path(__file__).resolve().parent.parent
 TITLE, INTRO, RECIPES = cookbook.parse((ROOT / cookbook.SOURCE).read_text())

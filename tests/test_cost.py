@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from nnatlas import conditions, op_scopes, sites
 from nnatlas.errors import Unavailable
-from nnatlas.targets import ModelTargets
 from nnatlas.testing import build, draw_inputs, first_params, standard_values
-from nnatlas.trace import Tracer
+from nnatlas.trace import conditions, op_scopes, sites
+from nnatlas.trace.tracer import Tracer
+from nnatlas.tree.targets import ModelTargets
 
-RUNTIME = str(Path(sites.__file__).parent)
+RUNTIME = str(Path(sites.__file__).parent.parent)  # runtime/, every room
 
 
 @contextmanager

@@ -11,11 +11,13 @@ import pytest
 import torch
 import yaml
 
-from nnatlas.compiler import OWNED, compile_atlas, default_root, files
+from nnatlas.compiler import OWNED, compile_atlas, default_root
+from nnatlas.compiler import draft_sweep as sweep
 from nnatlas.compiler.cli import main
-from nnatlas.compiler.draft import DraftError, draft, recorder, sweep, tiny, writer
+from nnatlas.compiler.draft import DraftError, draft, recorder, tiny, writer
 from nnatlas.compiler.draft.check import compare, compile_draft, parse_summary, run_tests
 from nnatlas.compiler.draft.proposal import Proposal
+from nnatlas.compiler.emit import files
 
 ATLAS = compile_atlas(default_root() / "specs")
 
@@ -367,7 +369,7 @@ def test_a_per_layer_config() -> None:
     """gemma4_text: the full blocks' head width is a per-layer override (per_layer_config), which the config refuses
     to read globally (AmbiguousGlobalPerLayerAttributeError): the tiny config keeps the override, shrunk; the global
     sizes are read on block 0, and the full blocks, a kind of their own, size their hosts by their own entry."""
-    from nnatlas.expressions import cfg
+    from nnatlas.trace.expressions import cfg
 
     d = draft("gemma4_text")
     assert d.proposal.tiny.config["per_layer_config"] == {1: {"head_dim": 16}}  # 512 / 256 times the tiny 8

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import nnatlas
-from nnatlas import sites
 from nnatlas import testing as T
+from nnatlas.trace import sites
 
 IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm")
 

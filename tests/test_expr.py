@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nnatlas.compiler import expr
+from nnatlas.compiler.language import expr
 
 
 @pytest.mark.parametrize("text", [

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from nnatlas import expressions
-from nnatlas.compiler import expr
+from nnatlas.compiler.language import expr
+from nnatlas.trace import expressions
 
 
 def evaluate(text: str, values: dict[str, Any]) -> tuple[Any, Any]:
@@ -59,12 +59,12 @@ def test_function_against_torch(case: str) -> None:
 
 
 def test_functions_are_the_runtime_helpers() -> None:
-    """The one list in expr.py names a helper of nnatlas.expressions for every entry, and nothing else."""
+    """The one list in expr.py names a helper of nnatlas.trace.expressions for every entry, and nothing else."""
     for name, fn in expr.FUNCTIONS.items():
-        assert callable(getattr(expressions, name, None)), f"nnatlas.expressions.{name} is missing"
+        assert callable(getattr(expressions, name, None)), f"nnatlas.trace.expressions.{name} is missing"
         assert fn.doc and fn.signature.startswith(f"{name}(")
     for name in expr.CONFIG_FUNCTIONS:
-        assert callable(getattr(expressions, f"cfg_{name}", None)), f"nnatlas.expressions.cfg_{name} is missing"
+        assert callable(getattr(expressions, f"cfg_{name}", None)), f"nnatlas.trace.expressions.cfg_{name} is missing"
 
 
 @pytest.mark.parametrize("text,message", [

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from nnatlas.compiler import SpecError, compile_atlas
-from nnatlas.compiler.ir import FamilyIR
+from nnatlas.compiler.language.ir import FamilyIR
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAD = """family: child

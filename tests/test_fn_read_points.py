@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import nnatlas
-from nnatlas import sites
 from nnatlas import testing as T
+from nnatlas.trace import sites
 
 FAMILY = "qwen3_5_text"
 

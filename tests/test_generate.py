@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nnatlas.compiler import SpecError, compile_atlas, generate, reference, render
+from nnatlas.compiler import SpecError, compile_atlas, generate, render
+from nnatlas.compiler.emit import reference
 
 ROOT = Path(__file__).resolve().parent.parent
 NASTY = "It's \"quoted\" '''triple''' \"\"\"triple\"\"\" back\\slash \\n\nnew line </script><script>alert(1)</script> {{ x }} {% if %} \x00?"

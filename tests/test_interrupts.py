@@ -21,9 +21,9 @@ import pytest
 import torch
 
 import nnatlas
-from nnatlas import interrupts, op_scopes, sites
 from nnatlas import testing as T
-from nnatlas.requests import RUNNING_TRACE
+from nnatlas.trace import interrupts, op_scopes, sites
+from nnatlas.trace.requests import RUNNING_TRACE
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs signal.setitimer (POSIX)")
 
@@ -158,7 +158,7 @@ def where(frame: Any) -> str:
             served = True
         if name == "_forward":
             return "serve" if served else "forward"
-        if name in MARKS and f.f_code.co_filename.endswith(("trace.py", "interrupts.py")):
+        if name in MARKS and f.f_code.co_filename.endswith(("tracer.py", "interrupts.py")):
             return MARKS[name]
         if name == "_storm":
             return "body"

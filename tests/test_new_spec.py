@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nnatlas.compiler import compile_atlas, emit
+from nnatlas.compiler import compile_atlas
 from nnatlas.compiler.cli import main
+from nnatlas.compiler.emit import emit
 
 from .conftest import drop_families
 

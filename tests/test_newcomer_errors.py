@@ -13,7 +13,8 @@ import pytest
 import transformers
 
 from nnatlas import testing as T
-from nnatlas.compiler import SpecError, compile_atlas, emit
+from nnatlas.compiler import SpecError, compile_atlas
+from nnatlas.compiler.emit import emit
 from nnatlas.errors import NnatlasError, UnknownName
 from nnatlas.model import AtlasModel
 

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 import nnatlas
-from nnatlas import op_scopes
 from nnatlas import testing as T
+from nnatlas.trace import op_scopes
 
 FAMILIES = ("gpt2", "llama", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "qwen3_vl")
 # the torch callables a spec'd op name reaches, as they are outside a trace

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import nnatlas
-from nnatlas.inputs import PaddingWarning
+from nnatlas.inputs.prepare import PaddingWarning
 from nnatlas.testing import build
 
 PROMPTS = ["the eiffel tower is in the city of", "paris is", "the old red tower"]

@@ -1,4 +1,4 @@
-"""Attention patterns under sdpa and flex attention (runtime/patterns.py): recomputed only when read,
+"""Attention patterns under sdpa and flex attention (runtime/trace/patterns.py): recomputed only when read,
 not editable, in the autograd graph of the queries and keys; flex attention's BlockMask in eager's
 form. (Every family's generated tests compare the recomputed pattern with eager's under sdpa and, uncompiled,
 flex attention: nnatlas.testing.flex.)"""
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import nnatlas
-from nnatlas import op_scopes, patterns
 from nnatlas import testing as T
+from nnatlas.trace import op_scopes, patterns
 
 
 def _inputs(model: nnatlas.AtlasModel) -> dict[str, torch.Tensor]:

@@ -12,10 +12,10 @@ import pytest
 import torch
 import transformers
 
-from nnatlas import expressions
 from nnatlas import testing as T
-from nnatlas.compiler import expr
+from nnatlas.compiler.language import expr
 from nnatlas.spec import Identity
+from nnatlas.trace import expressions
 
 transformers.logging.set_verbosity_error()
 

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from nnatlas import installers, op_scopes, sites
-from nnatlas.installers import installer_of
 from nnatlas.testing import build, draw_inputs, first_params
+from nnatlas.trace import installers, op_scopes, sites
+from nnatlas.trace.installers import installer_of
 
 LAYERS = 2
 

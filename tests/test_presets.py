@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from nnatlas.compiler import SpecError, compile_atlas, emit
-from nnatlas.compiler.presets import PRESETS
+from nnatlas.compiler import SpecError, compile_atlas
+from nnatlas.compiler.emit import emit
+from nnatlas.compiler.language.presets import PRESETS
 
 from .conftest import drop_families
 

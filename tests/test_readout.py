@@ -49,7 +49,7 @@ def test_factors_past_the_head_are_applied(family: str, entry: str, value: float
     assert getattr(model.native.config, entry) == value
     x, logits = traced(model)
     torch.testing.assert_close(model.unembed(x), logits, rtol=1e-6, atol=1e-6)
-    r = nnatlas.readout.readout(model)
+    r = nnatlas.tree.readout.readout(model)
     bare = r.head(r.norm(x) if r.norm is not None else x)
     assert (bare - logits).abs().max() > 1e-3  # the factor matters here: a readout without it would fail
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from pydantic import Field
 
-from nnatlas.compiler import expr, models, readpoint, reference
-from nnatlas.compiler.presets import PRESETS
+from nnatlas.compiler.emit import reference
+from nnatlas.compiler.language import expr, models, readpoint
+from nnatlas.compiler.language.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC_MD = ROOT / reference.PATH

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from nnatlas import testing as T
-from nnatlas.compiler import SpecError, compile_atlas, readpoint
+from nnatlas.compiler import SpecError, compile_atlas
+from nnatlas.compiler.language import readpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 

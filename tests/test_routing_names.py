@@ -18,8 +18,8 @@ from transformers.masking_utils import AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
 import nnatlas
-from nnatlas import sites
 from nnatlas import testing as T
+from nnatlas.trace import sites
 
 
 def _registries() -> tuple[tuple[tuple[Any, Any], ...], ...]:

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import nnatlas
-from nnatlas import sites, testing
+from nnatlas import testing
 from nnatlas.errors import NnatlasError, NotReached, OutOfOrderError, Unavailable, UnknownName
+from nnatlas.trace import sites
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nnatlas.compiler.serve import bad_path, bind
+from nnatlas.compiler.emit.serve import bad_path, bind
 
 
 @pytest.fixture(scope="module")

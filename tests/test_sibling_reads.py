@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from nnatlas import testing as T
-from nnatlas.compiler import SpecError, compile_atlas, readpoint
-from nnatlas.compiler.expr import ExprError
+from nnatlas.compiler import SpecError, compile_atlas
+from nnatlas.compiler.language import readpoint
+from nnatlas.compiler.language.expr import ExprError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -105,7 +106,7 @@ def test_a_parent_op_read_serves_what_the_parent_makes_of_the_host_output(tmp_pa
 
     import transformers
 
-    from nnatlas.compiler import emit
+    from nnatlas.compiler.emit import emit
     from nnatlas.model import AtlasModel
 
     specs = tmp_path / "specs"

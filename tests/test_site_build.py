@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from nnatlas.compiler import SpecError, build_site, compile_atlas, default_root, emit, plan_printouts, printout_key
-from nnatlas.compiler import printouts as P
+from nnatlas.compiler import SpecError, build_site, compile_atlas, default_root, plan_printouts, printout_key
+from nnatlas.compiler.emit import emit
+from nnatlas.compiler.emit import printouts as P
 
 ROOT = default_root()
 

@@ -11,7 +11,8 @@ from html import unescape
 
 import pytest
 
-from nnatlas.compiler import compile_atlas, default_root, emit
+from nnatlas.compiler import compile_atlas, default_root
+from nnatlas.compiler.emit import emit
 
 ROOT = default_root()
 DOCS = ROOT / "generated" / "docs"

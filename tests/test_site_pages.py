@@ -9,8 +9,9 @@ from html import unescape
 
 import pytest
 
-from nnatlas.compiler import compile_atlas, default_root, emit, page_model
-from nnatlas.compiler import printouts as P
+from nnatlas.compiler import compile_atlas, default_root
+from nnatlas.compiler.emit import emit, page_model
+from nnatlas.compiler.emit import printouts as P
 
 ROOT = default_root()
 DOCS = ROOT / "generated" / "docs"

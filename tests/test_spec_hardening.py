@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from nnatlas.compiler import GenerateError, SpecError, compile_atlas, emit, expr, generate
+from nnatlas.compiler import GenerateError, SpecError, compile_atlas, generate
 from nnatlas.compiler.cli import main
+from nnatlas.compiler.emit import emit
+from nnatlas.compiler.language import expr
 
 
 def errors(root: Path) -> list[str]:
@@ -186,7 +188,7 @@ def test_the_emitter_refuses_a_name_the_resolver_let_through() -> None:
 
 def test_generate_parses_every_python_file_before_writing_or_running_it(spec_root: Path, monkeypatch: pytest.MonkeyPatch,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    from nnatlas.compiler import printouts
+    from nnatlas.compiler.emit import printouts
 
     before = digest(spec_root)
     edit(spec_root, "gpt2.yaml", "title: GPT-2", "title: GPT-2 (changed)")  # a change that would rewrite files
@@ -230,7 +232,7 @@ def test_generate_parses_every_python_file_before_writing_or_running_it(spec_roo
 ])
 def test_an_adapter_holds_nothing_but_an_adapters_shape(code: str, what: str) -> None:
     """Defence in depth, before an adapter is written or run: text that parses but is not an adapter's."""
-    from nnatlas.compiler.pycheck import check_adapter
+    from nnatlas.compiler.emit.pycheck import check_adapter
 
     root = Path(__file__).resolve().parent.parent
     source = (root / "generated" / "families" / "gpt2.py").read_text()
@@ -240,7 +242,7 @@ def test_an_adapter_holds_nothing_but_an_adapters_shape(code: str, what: str) ->
 
 
 def test_generate_checks_each_adapter_before_a_printout_runs_it(spec_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from nnatlas.compiler import printouts
+    from nnatlas.compiler.emit import printouts
 
     before = digest(spec_root)
     real = emit.render_family

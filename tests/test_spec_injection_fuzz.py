@@ -23,13 +23,13 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import nnatlas.expressions  # noqa: F401
 import nnatlas.families  # noqa: F401 - imported before the examples, so an import they cause shows
 import nnatlas.model  # noqa: F401
 import nnatlas.spec  # noqa: F401
 import nnatlas.testing  # noqa: F401
+import nnatlas.trace.expressions  # noqa: F401
 from nnatlas.compiler import SpecError, compile_texts, render
-from nnatlas.compiler.pycheck import check_adapter
+from nnatlas.compiler.emit.pycheck import check_adapter
 
 FAMILY = "fuzzfam"
 SENTINEL = Path(os.environ.get("TMPDIR", "/tmp")) / f"nnatlas-fuzz-sentinel-{os.getpid()}"

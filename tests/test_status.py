@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nnatlas.compiler import compile_atlas, generate, render, status
+from nnatlas.compiler import compile_atlas, generate, render
+from nnatlas.compiler.status import status
 
 ROOT = Path(__file__).resolve().parent.parent
 SHA = "0" * 64
@@ -110,7 +111,7 @@ def test_plugin_records_outcomes_errors_and_spec_hashes(tmp_path: Path) -> None:
                                         "def test_c(broken):\n    pass\n")
     (tests / "test_bad.py").write_text("from transformers import NoSuchModel\n")
     out = tmp_path / "record.json"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "generated/tests", "-p", "nnatlas.compiler.status_plugin",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "generated/tests", "-p", "nnatlas.compiler.status.status_plugin",
                            f"--nnatlas-status={out}", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
                            "-c", "/dev/null", "--continue-on-collection-errors"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -171,7 +172,7 @@ def test_a_run_of_other_generated_tests_is_stale_and_the_page_marks_what_status_
     generated tests of 45 more had changed since the run, their counts shown as current)."""
     import re
 
-    from nnatlas.compiler import emit
+    from nnatlas.compiler.emit import emit
 
     atlas = compile_atlas(ROOT / "specs", ROOT)
     llama = next(f for f in atlas.families if f.name == "llama")

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 import nnatlas
-from nnatlas import cache_cli
-from nnatlas.requests import Target
+from nnatlas.cli import cache as cache_cli
 from nnatlas.testing import WORDS, shared_build
+from nnatlas.trace.requests import Target
 
 # a dense, a mixture (experts inside moe_tp_experts: partial sums), a hybrid (Mamba and attention blocks, a mixture
 # on some), a second hybrid whose delta-rule state is a Box (Kimi Linear's initial state, None on one call: a
@@ -125,8 +125,8 @@ def test_each_family_page_says_how_its_values_are_served_under_tensor_parallel()
     (tensor_parallel.planned, recorded with the printout): the tiny llama gives the lines recorded from its
     checkpoint; a family without a TP plan, one transformers cannot shard and one whose backward it cannot run say
     why."""
-    from nnatlas.compiler import printouts
-    from nnatlas.tensor_parallel import planned
+    from nnatlas.compiler.emit import printouts
+    from nnatlas.parallel.tensor_parallel import planned
 
     root = Path(__file__).resolve().parents[1]
     head = printouts.parse_header((root / printouts.path_for("llama")).read_text())

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from nnatlas import compiler
-from nnatlas.compiler import SpecError, generate, treecheck
+from nnatlas.compiler import SpecError, generate
+from nnatlas.compiler.resolve import treecheck
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -96,6 +96,18 @@ def test_a_twin_catches_one_mlp_class_for_every_block() -> None:
     T.check_twin_builds("glm4_moe", "zai-org/GLM-4.5-Air")  # the family's own spec holds on it
 
 
+@pytest.fixture(autouse=True)
+def _no_drafts_left() -> Any:
+    """Each test starts and ends with no drafted family in the lookup (a draft one test added would serve the next)."""
+    from nnatlas import registry
+
+    for name in ("exaone_moe", "glm_moe_dsa"):
+        registry.remove_user(name)
+    yield
+    for name in ("exaone_moe", "glm_moe_dsa"):
+        registry.remove_user(name)
+
+
 def _dense_first_folder(model_type: str, **layout: Any) -> tuple[str, Any]:
     """A tiny random checkpoint of ``model_type`` laid out as released (``layout``), saved to a folder."""
     config_class = transformers.models.auto.configuration_auto.CONFIG_MAPPING[model_type]

@@ -85,7 +85,7 @@ def test_a_family_load_is_its_generated_model(mypy_lines: dict[int, list[str]]) 
 
 def test_standard_values_read_as_values(mypy_lines: dict[int, list[str]]) -> None:
     for text in ("reveal_type(model.layers[0].self_attn.attention_queries)", "reveal_type(model.layers[0].mlp.output)"):
-        assert mypy_lines[_line(text)] == ['note: Revealed type is "nnatlas.hosts.Value"'], text
+        assert mypy_lines[_line(text)] == ['note: Revealed type is "nnatlas.tree.hosts.Value"'], text
     assert mypy_lines[_line("reveal_type(model.num_layers)")] == ['note: Revealed type is "Any"']
 
 
@@ -143,8 +143,8 @@ def test_the_type_check_sees_every_module_as_installed(tmp_path: Path) -> None:
         found = site.joinpath("nnatlas", *parts)
         found = found / "__init__.py" if path.name == "__init__.py" else found.with_suffix(".py")
         assert found.resolve() == path.resolve(), name
-    shown = f"{site}/nnatlas/compiler/emit.py:3: error\n{site}/nnatlas/model.py:1: note\n{site}/nnatlas/families/llama.py"
-    assert typecheck.source_path(shown, site) == "compiler/emit.py:3: error\nruntime/model.py:1: note\ngenerated/families/llama.py"
+    shown = f"{site}/nnatlas/compiler/emit/emit.py:3: error\n{site}/nnatlas/model.py:1: note\n{site}/nnatlas/families/llama.py"
+    assert typecheck.source_path(shown, site) == "compiler/emit/emit.py:3: error\nruntime/model.py:1: note\ngenerated/families/llama.py"
     assert typecheck.package_tree(tmp_path) == site  # made afresh over the last tree
 
 

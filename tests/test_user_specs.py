@@ -17,7 +17,8 @@ import transformers
 
 import nnatlas
 import nnatlas.families
-from nnatlas import registry, testing, user_specs
+from nnatlas import registry, testing
+from nnatlas.loading import user_specs
 
 ROOT = Path(__file__).resolve().parent.parent
 IDS = torch.tensor([[2, 5, 9, 4, 7, 11], [2, 8, 6, 3, 10, 12]])
@@ -133,7 +134,7 @@ def test_a_forced_family_that_fits_wraps(family: str) -> None:
     native = testing.build(family).native
     made = nnatlas.wrap(native, family=family)
     assert type(made) is testing.adapter_module(family).Model
-    assert nnatlas.loading.mismatches(made) == []
+    assert nnatlas.loading.load.mismatches(made) == []
 
 
 # ---- 3. a user's own spec ----

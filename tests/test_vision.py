@@ -10,8 +10,9 @@ import torch
 
 import nnatlas
 from nnatlas import testing as T
-from nnatlas.compiler import SpecError, readpoint
-from nnatlas.compiler.resolve import resolve
+from nnatlas.compiler import SpecError
+from nnatlas.compiler.language import readpoint
+from nnatlas.compiler.resolve.resolve import resolve
 
 FAMILY = "qwen3_vl"
 SPECS = Path(__file__).resolve().parent.parent / "specs"
@@ -87,7 +88,7 @@ def test_a_call_condition_is_not_a_load_condition(tmp_path: Path) -> None:
 def test_image_processor_without_torchvision_loads_back(tmp_path: Path) -> None:
     model = T.build(FAMILY)
     model.processor.save_pretrained(tmp_path)
-    from nnatlas.processing import load_processor
+    from nnatlas.inputs.processing import load_processor
 
     loaded = load_processor(tmp_path)
     assert type(loaded).__name__ == "Qwen3VLProcessor" and not hasattr(loaded, "video_processor") or \

@@ -41,7 +41,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
                    check=True, capture_output=True, timeout=300)
     (wheel,) = (top / "dist").glob("nnatlas-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for needed in ("nnatlas/compiler/draft/__init__.py", "nnatlas/compiler/templates/test_family.py.j2",
+    for needed in ("nnatlas/compiler/draft/__init__.py", "nnatlas/compiler/emit/templates/test_family.py.j2",
                    "nnatlas/specs/_vocabulary.yaml", "nnatlas/specs/parts/qwen_vit.yaml", "nnatlas/families/llama.py",
                    "nnatlas/testing/__init__.py"):
         assert needed in names, needed

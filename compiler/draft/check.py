@@ -12,9 +12,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import compile_atlas, default_root, emit
+from .. import compile_atlas, default_root
+from ..emit import emit
 from ..errors import SpecError
-from ..ir import Atlas, FamilyIR
+from ..language.ir import Atlas, FamilyIR
 
 # the generated tests import nnatlas.families.<family>: this conftest puts the rendered adapter there
 CONFTEST = '''\

@@ -354,7 +354,7 @@ def _laid_out(base: Any, tiny: Tiny, layers: str) -> None:
     """A given config (a checkpoint's): the tiny stack laid out as it is, by the checkpoint twins' rule
     (:func:`nnatlas.testing.shrink.layout`: dense-first counts, per-block lists cut so every kind appears, periods),
     one stack length, so that the draft maps each kind of block the model has."""
-    from nnatlas.testing.shrink import layout
+    from nnatlas.testing import layout
 
     given = base.to_dict()
     laid, n = layout(given, given, layers)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..names import module_names
+from ..language.names import module_names
 from .proposal import Host, Identity, Proposal, Value
 
 

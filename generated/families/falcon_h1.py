@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from nnatlas import expressions as _fn
-from nnatlas.hosts import HostList
-from nnatlas.loading import Loader, Wrapper
+from nnatlas.loading.load import Loader, Wrapper
+from nnatlas.loading.typed import TypedHost, TypedModel, ValueSlot
 from nnatlas.spec import Condition, Family, FunctionGroup, HostSpec, Identity, Layout, ReadPoint, ValueSpec, ViewOp
-from nnatlas.typed import TypedHost, TypedModel, ValueSlot
+from nnatlas.trace import expressions as _fn
+from nnatlas.tree.hosts import HostList
 
 _cfg = _fn.cfg
 

@@ -17,12 +17,13 @@ from torch.utils._pytree import tree_flatten
 import nnatlas
 
 from ..errors import NnatlasError, NotReached, Unavailable
-from ..hosts import Value
+from ..inputs.validate import accepted_kwargs
 from ..model import AtlasModel
-from ..patterns import RECOMPUTED
-from ..validate import accepted_kwargs
+from ..trace.patterns import RECOMPUTED
+from ..tree.hosts import Value
 from .flex import runs_on_cpu as flex_runs_on_cpu
 from .flex import uncompiled_flex_attention
+from .layouts import draw_layout
 from .tiny import (
     accepted_attention,
     adapter_module,
@@ -131,8 +132,6 @@ def draw_case(family: str, choose: Callable[[str, list[Any]], Any], data: Any, v
     perturbed = data.draw(st.integers(0, PERTURB_ODDS - 1), label="perturbed") != 0
     if perturbed and variant is None:  # its structural options drawn too (nnatlas.testing.layouts)
         import transformers
-
-        from .layouts import draw_layout
 
         params = draw_layout(getattr(transformers, tiny["config_class"]), params,
                              lambda label, options: data.draw(st.sampled_from(options), label=label),

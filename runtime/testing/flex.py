@@ -22,7 +22,7 @@ _MISSING = object()
 
 # transformers refuses a family with this trait under flex attention on CPU ("Attention sinks cannot be
 # run on CPU with flex attention", integrations/flex_attention.py: flex returns no log-sum-exp on CPU, and
-# the sinks are applied with it); compiler/emit.py renders no flex pattern test for it either
+# the sinks are applied with it); compiler/emit/emit.py renders no flex pattern test for it either
 REFUSED_ON_CPU = "Attention sinks"
 
 

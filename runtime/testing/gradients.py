@@ -17,10 +17,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..errors import InputError
-from ..loading import route_kernels
+from ..loading.load import route_kernels
 from ..model import AtlasModel
-from ..requests import Geometry, grad_through_base
 from ..spec import pattern_of
+from ..trace.requests import Geometry, grad_through_base
 from .checks import GRAD_BLOCK_VALUES, GRADIENT_COUNTS, GRADIENT_GAPS, _fixed_inputs
 from .tiny import build, draw_inputs
 from .values import each_host, standard_values

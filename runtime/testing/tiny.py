@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from ..loading import wrap
+from ..inputs.processing import image_processor_class, images_only, vision_marks
+from ..loading.load import wrap
 from ..model import AtlasModel
-from ..processing import image_processor_class, images_only, vision_marks
 from ..registry import all_families
 from .perturb import config_factors, perturb_params, perturb_tensors
 

@@ -39,9 +39,9 @@ import torch
 
 import nnatlas
 
-from ..cache_cli import main as cache_main
+from ..cli.cache import main as cache_main
 from ..model import AtlasModel
-from ..tensor_parallel import CANNOT_DIFFERENTIATE
+from ..parallel.tensor_parallel import CANNOT_DIFFERENTIATE
 from .checks import _fixed_inputs, served_values
 from .tiny import build
 

@@ -7,8 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..model import AtlasModel
+from .checks import Case, _fixed_inputs, check_identities
+from .oracle import check_oracle
 from .shrink import LAYERS, ShrinkError, build_check, shrink
-from .tiny import _nested_copy, adapter_module, shared_build, tiny_of
+from .tiny import _nested_copy, adapter_module, first_params, shared_build, tiny_of
+from .values import each_host, host_specs
 
 
 def checkpoints(family: str) -> tuple[str, ...]:
@@ -50,8 +53,6 @@ def twin_params(family: str, checkpoint: str | None = None) -> dict[str, Any]:
                 # (the vision tower and the token ids its tiny processor places)
                 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-                from .tiny import first_params
-
                 params = first_params(family)
                 tiny_text = params.get("text_config", {})
                 text_class = subs["text_config"]
@@ -87,8 +88,6 @@ def twin(family: str, checkpoint: str | None = None, perturbed: bool = True, see
 def twin_case(family: str, checkpoint: str, seed: int = 0) -> Any:
     """The twin's case for the identities: the fixed inputs (three rows, unpadded, left- and right-padded; a prompt with
     two images where the load takes images), perturbed."""
-    from .checks import Case, _fixed_inputs
-
     params = twin_params(family, checkpoint)
     model = shared_build(family, params, perturbed=True, seed=seed)
     return Case(family, params, _fixed_inputs(model), seed, perturbed=True)  # (with images where the load takes them)
@@ -105,8 +104,6 @@ def check_twin_builds(family: str, checkpoint: str) -> None:
                 and isinstance(params[k], type(v)):
             lost = sorted({repr(x) for x in v} - {repr(x) for x in params[k]})
             assert not lost, f"{family}: the twin of {checkpoint} lost the block kinds {lost} of {k}"
-    from .values import each_host, host_specs
-
     model = twin(family, checkpoint)
     wrong = []
     for path in dict.fromkeys(h.path for h in model._family.hosts):  # every block's class is one its spec names
@@ -119,8 +116,6 @@ def check_twin_builds(family: str, checkpoint: str) -> None:
 
 def check_twin_oracle(family: str, checkpoint: str, check: str, attn: str) -> None:
     """The oracle (:func:`nnatlas.testing.check_oracle`) on the checkpoint's twin, perturbed."""
-    from .oracle import check_oracle
-
     if check == "router_logits":  # a checkpoint with no mixture block (Nemotron-H's dense 9B): no router to compare
         model = twin(family, checkpoint, attn_implementation=attn)
         if not _routers(model):
@@ -130,8 +125,6 @@ def check_twin_oracle(family: str, checkpoint: str, check: str, attn: str) -> No
 
 def _routers(model: AtlasModel) -> bool:
     """Whether any live block of ``model`` serves router_logits."""
-    from .values import each_host, host_specs
-
     for path in dict.fromkeys(h.path for h in model._family.hosts):
         for _, host in each_host(model, path):
             if any(v.name == "router_logits" and v.read.kind != "missing" for s in host_specs(model, host)
@@ -144,8 +137,6 @@ def check_twin_identities(family: str, checkpoint: str, path: str, indices: tupl
                           experts: str | None = None) -> None:
     """Every identity ``indices`` at ``path`` on the checkpoint's twin, perturbed, on the fixed inputs. A twin with
     no host of that kind (a block kind this checkpoint lacks) has nothing to check: it passes."""
-    from .checks import check_identities
-
     try:
         check_identities(twin_case(family, checkpoint), path, indices, experts)
     except BaseException as e:

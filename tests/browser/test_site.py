@@ -352,7 +352,7 @@ def test_search_and_trait_filter_narrow_the_index(page: Any, test_site: Path, re
 
     _search(page, "LlamaAttention")
     # the entries atlas.js unpacked from search.js (loaded by the first search) are the ones the compiler packed
-    from nnatlas.compiler import emit
+    from nnatlas.compiler.emit import emit
 
     index.extend(page.evaluate("window.nnatlasSearch"))
     assert index == emit.read_search_script((real_site / "search.js").read_text(encoding="utf-8"))

@@ -1,0 +1,307 @@
+"""A family's spec against the module tree transformers builds, on the meta device.
+
+Every rename target, host class, child module a value is read at (or whose forward, calls or
+methods it reads), and child boundary an identity names is looked up in the real tree of the
+family's tiny config (and of its image-text load) and of every recorded checkpoint, built on
+``meta`` (no weights, well under a second each). Each miss is a problem at the spec line that
+says it, naming the native path and the nearest names: a misspelt class or child fails
+``make generate`` instead of the generated tests.
+
+Run by ``compile.plan_printouts`` with the printouts (same inputs, same cache: a fresh printout
+means its family passed this check); imports torch and transformers only when it runs.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import types
+from collections.abc import Iterator
+from typing import Any
+
+from nnatlas.spec import pattern_of
+
+from ..errors import Problem
+from ..language.ir import At, FamilyIR
+from .resolve import suggest
+
+
+def _problem(at: At, message: str) -> Problem:
+    file, line, col = at or ("?", 1, 1)
+    return Problem(file, line, col, message)
+
+
+def _adapter(f: FamilyIR, adapter_source: str) -> Any:
+    module = types.ModuleType(f"nnatlas.families._check_{f.name}")
+    exec(compile(adapter_source, f"<generated adapter {f.name}>", "exec"), module.__dict__)  # our own output
+    return module
+
+
+class _Checker:
+    def __init__(self, f: FamilyIR, adapter: Any):
+        self.f, self.family, self.tiny = f, adapter.FAMILY, adapter.TINY
+        self.problems: dict[tuple[Any, ...], Problem] = {}  # one problem per spec item
+        self.missing_rename: dict[str, str] = {}  # rename entry -> what is missing, from the first miss
+
+    def add(self, item: tuple[Any, ...], at: At, message: str) -> None:
+        self.problems.setdefault(item, _problem(at, message))
+
+    # ---- the builds ----
+    def builds(self) -> Iterator[tuple[str, Any]]:
+        import torch
+        import transformers
+
+        from nnatlas import testing as T
+
+        transformers.logging.set_verbosity_error()  # config classes' notes on tiny configs are not the spec's problems
+        import nnatlas
+
+        def make(what: str, cls_name: str, config: Any) -> Any:
+            cls = getattr(transformers, cls_name, None)
+            if cls is None:
+                self.add(("class", what), self.f.tiny_at, f"{what}: transformers has no class '{cls_name}'"
+                         + suggest(cls_name, [n for n in dir(transformers) if n[:1].isupper()]))
+                return None
+            try:
+                with torch.device("meta"):
+                    return nnatlas.wrap(cls(config()), family=self.family)
+            except Exception as e:  # noqa: BLE001 - reported as the spec's problem
+                self.add(("build", what), self.f.tiny_at, f"{what}: {cls_name} does not build: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}")
+                return None
+
+        def tiny_config(variant: str | None = None) -> Any:
+            t = self.tiny if variant is None else self.tiny[variant]
+            cfg_cls = getattr(transformers, t["config_class"])
+            return cfg_cls(**T.first_params_from(self.tiny, variant))
+
+        for what, variant in (("the tiny model", None), ("the tiny image-text model", "image_text")):
+            t = self.tiny if variant is None else self.tiny.get(variant)
+            if not t:
+                continue
+            if getattr(transformers, t["config_class"], None) is None:
+                self.add(("config", what), self.f.tiny_at, f"{what}: transformers has no config class "
+                         f"'{t['config_class']}'" + suggest(t["config_class"], [n for n in dir(transformers)
+                                                                               if n.endswith("Config")]))
+                continue
+            model = make(what, t["model_class"], lambda v=variant: tiny_config(v))
+            if model is not None:
+                yield what, model
+        for ckpt in self.f.checkpoints:
+            raw = copy.deepcopy(dict(ckpt.config))  # a config class may fix up its sub-configs in place
+            model_type = raw.pop("model_type", None) or self.f.model_types[0]
+            archs = [a for a in (raw.get("architectures") or []) if a in self.f.classes]
+            what = f"checkpoint {ckpt.name}"
+            model = make(what, archs[0] if archs else self.f.classes[0],
+                         lambda mt=model_type, raw=raw: transformers.AutoConfig.for_model(mt, **raw))
+            if model is not None:
+                yield what, model
+
+    # ---- the checks ----
+    def run(self) -> list[Problem]:
+        from nnatlas.tree import introspect
+
+        builds = list(self.builds())
+        seen_hosts: set[int] = set()
+        live_paths: set[str] = set()  # paths with a live module in some build (a kind may select none of them)
+        parents_seen: set[str] = set()
+        renamed: set[str] = set()
+        for what, model in builds:
+            self.renames(model, parents_seen, renamed)
+            for k, (ir, spec) in enumerate(zip(self.f.hosts, self.family.hosts, strict=True)):
+                for label, host in _live(model, ir.path):
+                    live_paths.add(ir.path)
+                    applies = introspect.specs(host)
+                    if spec not in applies:
+                        continue
+                    seen_hosts.add(k)
+                    self.host(k, ir, spec, host, label, what, model)
+        for std, at in self.f.rename_at:
+            parent = std.rsplit(".", 1)[0] if "." in std else "model"
+            if parent in parents_seen and std not in renamed:
+                natives = dict(self.f.rename)[std]
+                self.add(("rename", std), at, self.missing_rename.get(std, f"rename {std}: no module at "
+                                                                      f"{' or '.join(natives)}"))
+        bad = [std.replace("[i]", "") for kind, *rest in self.problems if kind == "rename" for std in rest]
+        if builds:
+            for k, ir in enumerate(self.f.hosts):
+                if k not in seen_hosts and not any(ir.path.replace("[i]", "").startswith(b) for b in bad):
+                    where = " or ".join(w for w, _ in builds)
+                    if ir.when_text is not None and ir.path in live_paths:
+                        self.add(("host", k), ir.at, f"{_host_words(ir)}: no block of {where} is one where "
+                                 f"{ir.when_text}, so its class and reads are checked on none: draw a tiny config whose "
+                                 "first draw has such a block (or record a checkpoint that has one)")
+                        continue
+                    self.add(("host", k), ir.at, f"{_host_words(ir)}: no module here in {where}"
+                             + self.nearest_host(ir.path, builds))
+        return sorted(self.problems.values())
+
+    def renames(self, model: Any, parents_seen: set[str], renamed: set[str]) -> None:
+        from nnatlas.tree import introspect
+
+        for std, natives in self.family.rename.items():
+            parent_path = std.rsplit(".", 1)[0] if "." in std else "model"
+            for label, parent in _live(model, parent_path):
+                parents_seen.add(parent_path)
+                if any(introspect.resolve_native(introspect.native(parent), n) is not None for n in natives):
+                    renamed.add(std)
+                    break
+                first = natives[0].split(".")
+                node: Any = introspect.native(parent)
+                for n, part in enumerate(first):
+                    nxt = node._modules.get(part)
+                    if nxt is None:
+                        kids = list(node._modules)
+                        at = ".".join([label, *first[:n]]) if label != "model" or n else "model"
+                        self.missing_rename.setdefault(std, (
+                            f"rename {std}: {' or '.join(natives)}: {at} ({type(node).__name__}) has no child module "
+                            f"'{part}'" + _children(kids) + suggest(part, kids)))
+                        break
+                    node = nxt
+
+    def host(self, k: int, ir: Any, spec: Any, host: Any, label: str, what: str, model: Any) -> None:
+        from nnatlas.tree import introspect
+
+        name = type(introspect.native(host)).__name__
+        accepted = {ir.cls}
+        if ir.path == "model":
+            accepted |= set(self.f.classes) | {t["model_class"] for t in (self.tiny, self.tiny.get("image_text")) if t}
+        if name not in accepted:
+            self.add(("class", k), ir.at, f"{_host_words(ir)}: class {ir.cls}: the module here is {name} ({label} of {what})")
+        for v_ir, v in zip(ir.values, spec.values, strict=True):
+            read = v.read
+            if read.kind not in ("module", "call", "op", "method") or not (read.module or read.up or read.method):
+                continue
+            start = model if read.scope_root else host
+            for _ in range(read.up):
+                start = introspect.parent(start) if start is not None else None
+            if start is None:
+                continue  # refused at resolve time (a climb above the root)
+            msg = self.walk(start, read.module, host if not read.up and not read.scope_root else None, read.text)
+            if msg is None and read.kind == "method":
+                mod = _resolve(start, read.module)
+                if mod is not None and not callable(getattr(mod, read.method or "", None)):
+                    methods = [m for m in dir(type(mod)) if not m.startswith("__") and callable(getattr(type(mod), m))]
+                    msg = f"{type(mod).__name__} has no method '{read.method}'" + suggest(read.method or "", methods)
+            if msg:
+                self.add(("value", k, v.name), v_ir.at, f"{_host_words(ir)}: {v.name}: '{read.text}': {msg} ({label} of {what})")
+        for i_ir, ident in zip(ir.identities, spec.identities, strict=True):
+            for term in ident.terms:
+                parts = term.split(".")
+                if "[" in term or parts[0] == "model":
+                    continue
+                if parts[-1] not in ("input", "output"):
+                    msg = self.tensor(ir, host, term)
+                elif len(parts) < 2:
+                    continue
+                else:
+                    msg = self.walk(host, tuple(parts[:-1]), host, term)
+                if msg:
+                    self.add(("identity", k, term), i_ir.at, f"{_host_words(ir)}: identity term '{term}': {msg} ({label} of {what})")
+
+    def tensor(self, ir: Any, host: Any, term: str) -> str | None:
+        """None when ``term`` names a value or a config entry, or a parameter or buffer of the host's
+        module or of a child's (``gate.e_score_correction_bias``); else what is missing."""
+        from nnatlas.tree import introspect
+
+        from .resolve import _Family
+
+        by_path: dict[str, set[str]] = {}
+        for h in self.f.hosts:
+            by_path.setdefault(h.path, set()).update(v.name for v in h.values)
+        if term in {k for k, _, _ in self.f.config} or _Family.term_exists(ir.path, term, by_path):
+            return None
+        *prefix, last = term.split(".")
+        if prefix:
+            msg = self.walk(host, tuple(prefix), host, term)
+            if msg is not None:
+                return msg
+        module = _resolve(host, tuple(prefix)) if prefix else introspect.native(host)
+        held = {**dict(module.named_parameters(recurse=False)), **dict(module.named_buffers(recurse=False))}
+        if last in held:
+            return None
+        where = type(module).__name__
+        target = ".".join([ir.path, *prefix])
+        values = by_path.get(pattern_of(target), set())
+        return (f"{where} has no parameter or buffer '{last}', and {target} no value of that name (its parameters "
+                f"and buffers: {', '.join(sorted(held)) or 'none'})" + suggest(last, [*held, *values]))
+
+    @staticmethod
+    def walk(start: Any, path: tuple[str, ...], host: Any, text: str) -> str | None:
+        """None when ``path`` leads from ``start`` to a module; else what is missing, and the nearest names
+        ("" when a rename entry is what is broken: that entry reports it). ``host``: the value's own host
+        when the read starts there (a sibling found instead is named, with the read that reaches it)."""
+        from nnatlas.tree import introspect
+
+        node = start
+        for n, part in enumerate(path):
+            nxt = introspect.child(node, part)
+            if nxt is None:
+                kids = introspect.child_names(node)
+                if part in kids and part not in introspect.native(node)._modules:
+                    return ""  # a standard name whose rename finds nothing: reported at the rename entry
+                where = f"{introspect.label(node) or 'model'} ({type(introspect.native(node)).__name__})"
+                parent = introspect.parent(host) if host is not None and n == 0 else None
+                if parent is not None and introspect.child(parent, part) is not None:
+                    return (f"'{part}' is not inside {where}: this read leaves the host. '{part}' is a sibling (a child "
+                            f"of {introspect.label(parent) or 'model'}, {type(introspect.native(parent)).__name__}); a value read outside its "
+                            f"host starts with ^. to climb to the parent: ^.{text}")
+                return f"{where} has no child module '{part}'" + _children(kids) + suggest(part, kids)
+            node = nxt
+        return None
+
+    def nearest_host(self, path: str, builds: list[tuple[str, Any]]) -> str:
+        import torch
+
+        from nnatlas.tree import introspect
+
+        parent, _, last = path.rpartition(".")
+        last = last.removesuffix("[i]")
+        item = re.fullmatch(r"(\w+)\[(\d+)\]", last)  # a list item: self_attn[2]
+        for _, model in builds:
+            for label, host in _live(model, parent or "model"):
+                kids = introspect.child_names(host)
+                listed = introspect.child(host, item.group(1)) if item else None
+                if item and listed is not None:
+                    items = introspect.native(listed)
+                    if not isinstance(items, torch.nn.ModuleList):
+                        return (f": {label}.{item.group(1)} ({type(items).__name__}) is no list of "
+                                f"modules: name it without an index")
+                    n = len(items)
+                    return (f": {label}.{item.group(1)} is a list of {n} modules: index it with a number "
+                            f"from 0 to {n - 1}")
+                return f": {label} ({type(introspect.native(host)).__name__}) has no child '{last}'" + _children(kids) \
+                    + suggest(last, kids)
+        return ""
+
+
+def _host_words(ir: Any) -> str:
+    """``layers[i].mlp``, or ``layers[i].mlp (kind moe)`` for one kind of a hybrid stack's host."""
+    return f"{ir.path} (kind {ir.kind})" if ir.kind else ir.path
+
+
+def _children(kids: list[str]) -> str:
+    return f" (its children: {', '.join(kids[:12])}{', ...' if len(kids) > 12 else ''})" if kids else " (it has no children)"
+
+
+def _resolve(start: Any, path: tuple[str, ...]) -> Any:
+    from nnatlas.tree import introspect
+
+    node = start
+    for part in path:
+        node = introspect.child(node, part)
+        if node is None:
+            return None
+    return introspect.native(node)
+
+
+def _live(model: Any, path: str) -> Iterator[tuple[str, Any]]:
+    try:
+        yield from list(model.live_hosts(path))
+    except Exception:  # noqa: BLE001 - a host this load does not build (vision on a text-only load)
+        return
+
+
+def check(f: FamilyIR, adapter_source: str) -> list[Problem]:
+    """Every problem of ``f`` against the module trees of its tiny config(s) and checkpoints."""
+    return _Checker(f, _adapter(f, adapter_source)).run()
