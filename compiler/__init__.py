@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .emit import apiref, cookbook, emit, files, outdir, printouts, pycheck, reference
+from .emit import apiref, cookbook, emit, files, guide, outdir, printouts, pycheck, reference
 from .errors import GenerateError, Problem, SpecError, UserError
 from .language.ir import Atlas, FamilyIR
 from .resolve import treecheck
@@ -40,7 +40,7 @@ def compile_texts(texts: dict[str, str]) -> Atlas:
 
 def render(atlas: Atlas, printout_texts: dict[str, str] | None = None,
            status_data: dict[str, Any] | None = None, adapters: dict[str, str] | None = None,
-           cookbook_text: str | None = None) -> dict[str, str]:
+           cookbook_text: str | None = None, guide_texts: dict[str, str] | None = None) -> dict[str, str]:
     """Every generated file, path relative to the root → text.
 
     ``printout_texts``: family → its printout file (``compiler/emit/printouts.py``), which the pages
@@ -49,6 +49,7 @@ def render(atlas: Atlas, printout_texts: dict[str, str] | None = None,
     status.html and the index's status row show; without it they say no run is recorded.
     ``adapters``: family → its rendered adapter, when the caller has rendered them already (``render_adapters``).
     ``cookbook_text``: docs/cookbook.md (``compiler/emit/cookbook.py``), rendered as the site's cookbook page.
+    ``guide_texts``: the other pages of docs/ (``guide.read``), rendered as the manual's pages (``compiler/emit/guide.py``).
     """
     printout_texts = printout_texts or {}
     adapters = adapters if adapters is not None else render_adapters(atlas)
@@ -64,9 +65,14 @@ def render(atlas: Atlas, printout_texts: dict[str, str] | None = None,
                                                                                                  status_data, tests[f.name])
         if printout is not None:
             out[printouts.path_for(f.name)] = printout
-    out["generated/docs/index.html"], out["generated/docs/search.js"], out["generated/docs/matrix.html"] = emit.render_index(atlas, printout_texts, status_data, cookbook_text is not None, tests)
+    guides = guide.pages(guide_texts or {})
+    searched = guides + ([guide.parse("cookbook", cookbook_text)] if cookbook_text is not None else [])
+    out["generated/docs/index.html"], out["generated/docs/search.js"], out["generated/docs/matrix.html"] = emit.render_index(
+        atlas, printout_texts, status_data, cookbook_text is not None, tests, [(p.title, p.href) for p in guides],
+        guide.entries(searched))
     out["generated/docs/status.html"] = emit.render_status(atlas, status_data, tests)
-    out["generated/docs/llms.txt"] = emit.render_llms(atlas)
+    out[status.CARRIED] = status.carried(atlas, status_data, tests)
+    out["generated/docs/llms.txt"] = emit.render_llms(atlas, [(p.title, p.href) for p in guides])
     out["generated/docs/atlas.css"] = emit.env().get_template("atlas.css.j2").render()
     out["generated/docs/atlas.js"] = emit.env().get_template("atlas.js.j2").render()
     out[reference.PATH] = reference.render_md()  # the spec language reference, from the compiler's own models
@@ -74,6 +80,7 @@ def render(atlas: Atlas, printout_texts: dict[str, str] | None = None,
     out[apiref.PAGE] = apiref.render_html(cookbook_text is not None)  # the runtime's API, from its source
     if cookbook_text is not None:
         out[cookbook.PAGE] = cookbook.render_html(cookbook_text)
+    out.update(guide.render_all(guide_texts or {}, guides, cookbook_text is not None))
     return out
 
 
@@ -178,7 +185,7 @@ def _generate(root: Path, check: bool) -> Result:
     atlas = compile_atlas(root / "specs", root)
     adapters = render_adapters(atlas)
     texts, stale_printouts = plan_printouts(root, atlas, not check, adapters)
-    outputs = render(atlas, texts, status.read(root), adapters, cookbook.read(root))
+    outputs = render(atlas, texts, status.read(root), adapters, cookbook.read(root), guide.read(root))
     files.check_python(outputs)
     changed, orphans = files.stale(root, outputs, OWNED)
     orphans = [o for o in orphans if o not in stale_printouts]
@@ -207,7 +214,7 @@ def build_site(out: Path, root: Path | None = None) -> list[str]:
     adapters = render_adapters(atlas)
     texts, _ = plan_printouts(root, atlas, True, adapters)
     recorded = status.read(root)
-    outputs = render(atlas, texts, recorded, adapters, cookbook.read(root))
+    outputs = render(atlas, texts, recorded, adapters, cookbook.read(root), guide.read(root))
     site = {rel.removeprefix("generated/docs/"): text for rel, text in outputs.items() if rel.startswith("generated/docs/")}
     if recorded is not None:
         site["status.json"] = status.dumps(recorded)

@@ -238,7 +238,7 @@ DATA_MODEL = {"nnatlas.spec", "nnatlas.trace.conditions", "nnatlas.tree.foreign_
 # the compiler's tools that run models with the runtime, and what each uses of it: the public API
 # (printouts: nnatlas.wrap on the meta device, and tensor_parallel.planned, what support() says under TP, for pages)
 TOOLS = {"nnatlas.compiler.emit.printouts": {"nnatlas", "nnatlas.parallel.tensor_parallel"},
-         "nnatlas.compiler.resolve.treecheck": {"nnatlas", "nnatlas.tree.introspect", "nnatlas.testing"},
+         "nnatlas.compiler.resolve.treecheck": {"nnatlas", "nnatlas.tree.introspect", "nnatlas.tree.fit", "nnatlas.testing"},
          "nnatlas.compiler.cli": {"nnatlas.cli.cache"},  # the `nnatlas cache` command
          # a draft's oracle on a tiny twin (draft=True), the draft put in the lookup while it is verified
          "nnatlas.compiler.userspec": {"nnatlas.testing", "nnatlas.registry"},
@@ -369,10 +369,27 @@ def test_a_drafted_adapter_goes_first_through_the_registrys_public_function() ->
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300, capture_output=True)
 
 
-def test_the_readme_layout_names_every_runtime_room() -> None:
-    """README's layout section shows the runtime's rooms as they are: every room, none gone."""
-    text = (I.ROOT / "README.md").read_text()
+def test_the_architecture_page_layout_names_every_runtime_room() -> None:
+    """docs/architecture.md's layout section shows the runtime's rooms as they are: every room, none gone."""
+    text = (I.ROOT / "docs" / "architecture.md").read_text()
     block = text.split("## Layout", 1)[1].split("```", 2)[1]
     rows = block.split("runtime/", 1)[1]
     for room in sorted(SUBPACKAGES):
-        assert f"{room.split('.')[1]}/" in rows, f"README's layout does not name runtime/{room.split('.')[1]}/"
+        assert f"{room.split('.')[1]}/" in rows, f"docs/architecture.md's layout does not name runtime/{room.split('.')[1]}/"
+
+
+def test_the_architecture_page_draws_both_stacks_in_their_order() -> None:
+    """docs/architecture.md's drawing of the rooms: every room of ROOMS and COMPILER_ROOMS, bottom up as the tests
+    above hold them (a room drawn above another imports it, never the other way)."""
+    text = (I.ROOT / "docs" / "architecture.md").read_text()
+    block = text.split("## The rooms", 1)[1].split("```", 2)[1].strip("\n").splitlines()
+    split = block[0].index("compiler (")  # the compiler's column
+    for stack, column in ((ROOMS, slice(0, split)), (COMPILER_ROOMS, slice(split, None))):
+        rows = [" ".join(line[column].split()) for line in block]
+        heights = []
+        for name, _ in stack:
+            key = " ".join(name.split()[:2])  # a label may go on below ("inputs and" / "parallel")
+            at = [k for k, r in enumerate(rows) if r == key or r.startswith(key + " ")]
+            assert at, f"the drawing does not name the room {name!r}"
+            heights.append(at[0])
+        assert heights == sorted(heights, reverse=True), [n for n, _ in stack]

@@ -1,5 +1,5 @@
 """trace(grad=True): saved values in the graph, .grad after backward, differentiable edits, the
-README's steering example; and without grad=True, saves without autograd as before."""
+docs/concepts.md's steering example; and without grad=True, saves without autograd as before."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 import nnatlas
 from nnatlas import testing as T
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+CONCEPTS = Path(__file__).resolve().parent.parent / "docs" / "concepts.md"
 
 
 def _inputs(model: nnatlas.AtlasModel) -> dict[str, torch.Tensor]:
@@ -69,15 +69,15 @@ def test_an_edit_by_a_function_of_another_value_carries_its_gradient() -> None:
     assert scale.grad is not None and scale.grad != 0
 
 
-def test_readme_steering_example_runs() -> None:
-    """The README's steering vector: three optimizer steps through trace(grad=True) lower the loss."""
-    text = README.read_text()
+def test_the_manual_steering_example_runs() -> None:
+    """docs/concepts.md's steering vector: three optimizer steps through trace(grad=True) lower the loss."""
+    text = CONCEPTS.read_text()
     section = text.split("## Gradients", 1)[1].split("\n## ", 1)[0]
     code = re.findall(r"```python\n(.*?)```", section, re.S)
-    assert code, "the README's Gradients section has no example"
+    assert code, "docs/concepts.md's Gradients section has no example"
     model = T.build("llama")
     namespace = {"model": model, "prompt": T.PROMPT, "torch": torch, "nnatlas": nnatlas}
-    exec(compile(code[0], "README.md (Gradients)", "exec"), namespace)  # noqa: S102
+    exec(compile(code[0], "docs/concepts.md (Gradients)", "exec"), namespace)  # noqa: S102
     steer = namespace["steer"]
     assert steer.grad is not None and steer.abs().sum() > 0
 

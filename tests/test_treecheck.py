@@ -116,14 +116,31 @@ def test_a_base_line_that_fails_in_every_family_extending_it_is_reported_once(tm
         "'down_proj'? (layers[0].mlp of the tiny model)"]
 
 
+def _misspelt(tmp_path: Path, spec: str, old: str, bad: str) -> tuple[Path, int]:
+    """A checkout whose ``spec`` (extending mixtral) writes ``bad`` for e_score_correction_bias in the line ``old``;
+    the line it sits on."""
+    root = _root(tmp_path, {"llama.yaml": [], "mixtral.yaml": [], spec: [
+        (old, old.replace("e_score_correction_bias", bad))]})
+    line = next(n for n, text in enumerate((root / "specs" / spec).read_text().splitlines(), 1) if bad in text)
+    return root, line
+
+
 def test_an_identity_term_naming_no_parameter_or_buffer_fails_generate(tmp_path: Path) -> None:
     old = "- sum(expert_indices, -1) == sum(grouped_topk_indices(sigmoid(router_logits) + router.e_score_correction_bias,"
-    root = _root(tmp_path, {"llama.yaml": [], "mixtral.yaml": [], "glm4_moe.yaml": [
-        (old, old.replace("e_score_correction_bias", "e_score_correction_bais"))]})
-    line = next(n for n, text in enumerate((root / "specs" / "glm4_moe.yaml").read_text().splitlines(), 1)
-                if "e_score_correction_bais" in text)
+    root, line = _misspelt(tmp_path, "glm4_moe.yaml", old, "e_score_correction_bais")
     assert _problems(root) == [
         f"specs/glm4_moe.yaml:{line}:13: layers[i].mlp (kind moe): identity term 'router.e_score_correction_bais': "
         "Glm4MoeTopkRouter has no parameter or buffer 'e_score_correction_bais', and layers[i].mlp.router no value of "
         "that name (its parameters and buffers: e_score_correction_bias, weight); did you mean "
         "'e_score_correction_bias'? (layers[1].mlp of the tiny model)"]
+
+
+def test_a_one_word_term_naming_no_buffer_of_the_host_fails_generate(tmp_path: Path) -> None:
+    """A one-word term that is no value's name a letter or two off is taken as the host's own parameter or buffer (MiniMax-M2's
+    e_score_correction_bias, a buffer of the mixture block) and checked on the tree: a wrong one fails generate."""
+    old = "- sum(expert_indices, -1) == sum(topk_indices(sigmoid(router_logits) + e_score_correction_bias,"
+    root, line = _misspelt(tmp_path, "minimax_m2.yaml", old, "correction_bais")
+    assert _problems(root) == [
+        f"specs/minimax_m2.yaml:{line}:9: layers[i].mlp: identity term 'correction_bais': MiniMaxM2SparseMoeBlock has "
+        "no parameter or buffer 'correction_bais', and layers[i].mlp no value of that name (its parameters and "
+        "buffers: e_score_correction_bias); did you mean 'e_score_correction_bias'? (layers[0].mlp of the tiny model)"]

@@ -4,6 +4,7 @@ cache` without a checkout, and the commands that need a checkout say so in one l
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -43,7 +44,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     names = zipfile.ZipFile(wheel).namelist()
     for needed in ("nnatlas/compiler/draft/__init__.py", "nnatlas/compiler/emit/templates/test_family.py.j2",
                    "nnatlas/specs/_vocabulary.yaml", "nnatlas/specs/parts/qwen_vit.yaml", "nnatlas/families/llama.py",
-                   "nnatlas/testing/__init__.py"):
+                   "nnatlas/testing/__init__.py", "nnatlas/families/version_status.json"):
         assert needed in names, needed
     subprocess.run([*pip, "install", "--no-deps", "--target", str(top / "site"), str(wheel)], check=True,
                    capture_output=True, timeout=300)
@@ -60,6 +61,16 @@ def test_the_wheel_is_what_runs(installed: Path) -> None:
     done = run(installed, "-c", "import nnatlas, nnatlas.compiler.draft; print(nnatlas.__file__)")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(installed / "site" / "nnatlas" / "__init__.py")
+
+
+def test_the_wheel_carries_the_status_matrix(installed: Path) -> None:
+    """The load-time version check reads the status shipped in the wheel, the one this checkout generated."""
+    done = run(installed, "-c", "import json; from nnatlas.loading import version_status as v; "
+                                "print(json.dumps(v.carried(), sort_keys=True))")
+    assert done.returncode == 0, done.stderr
+    shipped = json.loads(done.stdout)
+    assert shipped == json.loads((ROOT / "generated" / "families" / "version_status.json").read_text())
+    assert shipped["families"]["llama"]["5.24.0"]["result"] == "pass"
 
 
 @pytest.mark.parametrize("command", ["generate", "docs", "status", "new foo --from llama", "draft helium"])

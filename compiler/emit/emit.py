@@ -13,7 +13,7 @@ import functools
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -508,6 +508,7 @@ def _value_families(atlas: Atlas) -> tuple[list[str], dict[str, list[str]]]:
 #   t hook nnsight row          TransformerLens hook: text "hook nnsight", kind "is {row's label.name}",
 #                               where TransformerLens, the v row's page (row: its index in the family's rows)
 #   r std native                rename: text "std native", kind "standard name of native", where rename, #support
+#   g title words page href     a section of the manual (family "manual"): text "title words", kind section, where page
 #   x name text kind where href any other entry, as it is ("" text: the name)
 def _unpack_row(page: str, row: list[Any], host: list[Any], made: list[dict[str, str]]) -> dict[str, str]:
     """One packed row's entry (``host``: the family's last h row; ``made``: the family's entries so far)."""
@@ -532,6 +533,8 @@ def _unpack_row(page: str, row: list[Any], host: list[Any], made: list[dict[str,
     if k == "r":
         return {"name": row[1], "text": f"{row[1]} {row[2]}", "kind": f"standard name of {row[2]}",
                 "where": "rename", "href": page + "support"}
+    if k == "g":
+        return {"name": row[1], "text": f"{row[1]} {row[2]}", "kind": "section", "where": row[3], "href": row[4]}
     return {"name": row[1], "text": row[2] or row[1], "kind": row[3], "where": row[4], "href": row[5]}
 
 
@@ -586,6 +589,8 @@ def pack_search(entries: list[dict[str, str]]) -> dict[str, list[list[Any]]]:
             row = ["t", name, text.removeprefix(f"{name} "), values[family][href]]
         elif kind.startswith("standard name of "):
             row = ["r", name, kind.removeprefix("standard name of ")]
+        elif kind == "section" and family == "manual":
+            row = ["g", name, text.removeprefix(f"{name} "), e["where"], e["href"]]
         else:
             row = ["x", name, "", kind, e["where"], e["href"]]
         done = made.setdefault(family, [])
@@ -618,14 +623,18 @@ def read_search_script(text: str) -> list[dict[str, str]]:
 
 def render_index(atlas: Atlas, printout_texts: dict[str, str] | None = None,
                  status_data: dict[str, Any] | None = None, cookbook: bool = False,
-                 tests: Mapping[str, str] | None = None) -> tuple[str, str, str]:
+                 tests: Mapping[str, str] | None = None, guides: Sequence[tuple[str, str]] = (),
+                 guide_entries: Sequence[dict[str, str]] = ()) -> tuple[str, str, str]:
     """(the index, its search index ``search.js``, the values × families matrix page); ``cookbook``: the site
-    has a cookbook page to link to (a checkout with docs/cookbook.md). The search index is a script the index
-    loads on the search's first use (a script, not a fetch: pages opened from file:// may not fetch)."""
+    has a cookbook page to link to (a checkout with docs/cookbook.md); ``guides``: (title, page) of each page of
+    the manual (``compiler/emit/guide.py``), linked from the index, and ``guide_entries`` their sections, searched with
+    the families' entries. The search index is a script the index loads on the search's first use (a script,
+    not a fetch: pages opened from file:// may not fetch)."""
     data = _index_data(atlas, printout_texts)
-    search = [{k: v for k, v in e.items() if k != "text" or v != e["name"]} for e in data.pop("search_index")]
+    search = [{k: v for k, v in e.items() if k != "text" or v != e["name"]}
+              for e in [*data.pop("search_index"), *guide_entries]]
     rows = status.page_rows(atlas, status_data, tests)
-    page = env().get_template("index.html.j2").render(**data, cookbook=cookbook, **rows)
+    page = env().get_template("index.html.j2").render(**data, cookbook=cookbook, guides=list(guides), **rows)
     matrix = env().get_template("matrix.html.j2").render(**data, **rows)
     return page, search_script(search), matrix
 
@@ -635,9 +644,11 @@ def render_status(atlas: Atlas, status_data: dict[str, Any] | None = None, tests
     return env().get_template("status.html.j2").render(atlas=atlas, **status.page_rows(atlas, status_data, tests))
 
 
-def render_llms(atlas: Atlas) -> str:
+def render_llms(atlas: Atlas, guides: Sequence[tuple[str, str]] = ()) -> str:
+    """llms.txt; ``guides``: (title, page) of each page of the manual."""
     names, families_of = _value_families(atlas)  # all it shows of the index
-    return env().get_template("llms.txt.j2").render(atlas=atlas, value_names=names, families_of=families_of)
+    return env().get_template("llms.txt.j2").render(atlas=atlas, value_names=names, families_of=families_of,
+                                                    guides=list(guides))
 
 
 def render_registry(atlas: Atlas) -> str:

@@ -33,8 +33,9 @@ from ..language.ir import FamilyIR
 
 DIR = "generated/docs/printouts"
 # the code a printout is computed by, found by module name (never by where the source tree keeps it):
-# this module, the module tree check, and the runtime's printout
-_CODE = ("nnatlas.compiler.emit.printouts", "nnatlas.compiler.resolve.treecheck", "nnatlas.tree.describe", "nnatlas.parallel.tensor_parallel")
+# this module, the module tree check and its walker (the runtime's), and the runtime's printout
+_CODE = ("nnatlas.compiler.emit.printouts", "nnatlas.compiler.resolve.treecheck", "nnatlas.tree.fit",
+         "nnatlas.tree.describe", "nnatlas.parallel.tensor_parallel")
 
 
 def _code_bytes(module: str) -> bytes:

@@ -1168,9 +1168,9 @@ class _Family:
         for h in hosts:
             for k, ident in enumerate(h.identities):
                 for term in ident.terms:
+                    known = sorted(by_path.get(h.path, set()))
                     if term not in config_names and not self.term_exists(h.path, term, by_path) \
-                            and not self.tensor_term(term):
-                        known = sorted(by_path.get(h.path, set()))
+                            and not self.tensor_term(term) and not self.own_tensor_term(term, known):
                         self.err(("hosts", h.path, "identities", k), f"identity term '{term}' names nothing on host {h.path}" + suggest(term.split(".")[-1], known))
 
     def check_positional_reads(self, hosts: tuple[HostIR, ...]) -> None:
@@ -1202,6 +1202,15 @@ class _Family:
         of the tiny model and of every checkpoint by treecheck (``make generate``)."""
         parts = term.split(".")
         return len(parts) > 1 and parts[0] != "model" and "[" not in term and parts[-1] not in ("input", "output")
+
+    @staticmethod
+    def own_tensor_term(term: str, known: list[str]) -> bool:
+        """A one-word term that is not a value's name a letter or two off may name a parameter or buffer of the
+        host's own module (MiniMax-M2's ``e_score_correction_bias``, AFMoE's ``expert_bias``, beside the value
+        ``expert_indices``): checked on the module tree by treecheck, as a child's is; a near miss of a value's name
+        (``mlp_activaton``) is reported here as the typo it likely is."""
+        typo = any(difflib.SequenceMatcher(None, term, k).ratio() >= 0.85 for k in known)
+        return "." not in term and "[" not in term and term.isidentifier() and not typo
 
     @staticmethod
     def term_exists(host: str, term: str, by_path: dict[str, set[str]]) -> bool:

@@ -99,7 +99,7 @@ class _Checker:
 
     # ---- the checks ----
     def run(self) -> list[Problem]:
-        from nnatlas.tree import introspect
+        from nnatlas.tree import fit, introspect
 
         builds = list(self.builds())
         seen_hosts: set[int] = set()
@@ -109,13 +109,17 @@ class _Checker:
         for what, model in builds:
             self.renames(model, parents_seen, renamed)
             for k, (ir, spec) in enumerate(zip(self.f.hosts, self.family.hosts, strict=True)):
-                for label, host in _live(model, ir.path):
+                for label, host in fit.hosts_at(model, ir.path):
+                    if host is None:
+                        continue
                     live_paths.add(ir.path)
                     applies = introspect.specs(host)
                     if spec not in applies:
                         continue
                     seen_hosts.add(k)
-                    self.host(k, ir, spec, host, label, what, model)
+                    for m in fit.host_misfits(model, host, label, spec, self.model_classes):
+                        self.misfit(k, ir, m, what)
+                    self.identities(k, ir, spec, host, label, what)
         for std, at in self.f.rename_at:
             parent = std.rsplit(".", 1)[0] if "." in std else "model"
             if parent in parents_seen and std not in renamed:
@@ -137,54 +141,41 @@ class _Checker:
         return sorted(self.problems.values())
 
     def renames(self, model: Any, parents_seen: set[str], renamed: set[str]) -> None:
-        from nnatlas.tree import introspect
+        from nnatlas.tree import fit
 
         for std, natives in self.family.rename.items():
-            parent_path = std.rsplit(".", 1)[0] if "." in std else "model"
-            for label, parent in _live(model, parent_path):
-                parents_seen.add(parent_path)
-                if any(introspect.resolve_native(introspect.native(parent), n) is not None for n in natives):
+            for _, _, gap in fit.rename_places(model, std, tuple(natives)):
+                parents_seen.add(std.rsplit(".", 1)[0] if "." in std else "model")
+                if gap is None:
                     renamed.add(std)
                     break
-                first = natives[0].split(".")
-                node: Any = introspect.native(parent)
-                for n, part in enumerate(first):
-                    nxt = node._modules.get(part)
-                    if nxt is None:
-                        kids = list(node._modules)
-                        at = ".".join([label, *first[:n]]) if label != "model" or n else "model"
-                        self.missing_rename.setdefault(std, (
-                            f"rename {std}: {' or '.join(natives)}: {at} ({type(node).__name__}) has no child module "
-                            f"'{part}'" + _children(kids) + suggest(part, kids)))
-                        break
-                    node = nxt
+                self.missing_rename.setdefault(std, (
+                    f"rename {std}: {' or '.join(natives)}: {gap.at} ({gap.cls}) has no child module '{gap.part}'"
+                    + fit.children_words(gap.children) + suggest(gap.part, list(gap.children))))
 
-    def host(self, k: int, ir: Any, spec: Any, host: Any, label: str, what: str, model: Any) -> None:
-        from nnatlas.tree import introspect
+    @property
+    def model_classes(self) -> tuple[str, ...]:
+        """The classes accepted at the root besides the family's own: the tiny models' (a text model of a wrapper)."""
+        return tuple(t["model_class"] for t in (self.tiny, self.tiny.get("image_text")) if t)
 
-        name = type(introspect.native(host)).__name__
-        accepted = {ir.cls}
-        if ir.path == "model":
-            accepted |= set(self.f.classes) | {t["model_class"] for t in (self.tiny, self.tiny.get("image_text")) if t}
-        if name not in accepted:
-            self.add(("class", k), ir.at, f"{_host_words(ir)}: class {ir.cls}: the module here is {name} ({label} of {what})")
-        for v_ir, v in zip(ir.values, spec.values, strict=True):
-            read = v.read
-            if read.kind not in ("module", "call", "op", "method") or not (read.module or read.up or read.method):
-                continue
-            start = model if read.scope_root else host
-            for _ in range(read.up):
-                start = introspect.parent(start) if start is not None else None
-            if start is None:
-                continue  # refused at resolve time (a climb above the root)
-            msg = self.walk(start, read.module, host if not read.up and not read.scope_root else None, read.text)
-            if msg is None and read.kind == "method":
-                mod = _resolve(start, read.module)
-                if mod is not None and not callable(getattr(mod, read.method or "", None)):
-                    methods = [m for m in dir(type(mod)) if not m.startswith("__") and callable(getattr(type(mod), m))]
-                    msg = f"{type(mod).__name__} has no method '{read.method}'" + suggest(read.method or "", methods)
-            if msg:
-                self.add(("value", k, v.name), v_ir.at, f"{_host_words(ir)}: {v.name}: '{read.text}': {msg} ({label} of {what})")
+    def misfit(self, k: int, ir: Any, m: Any, what: str) -> None:
+        """One misfit the runtime's walker found on host ``k`` of build ``what``, at its spec line, with the nearest
+        names."""
+        if m.kind == "class":
+            self.add(("class", k), ir.at, f"{_host_words(ir)}: class {ir.cls}: the module here is {m.found} "
+                     f"({m.label} of {what})")
+            return
+        if m.kind not in ("read", "method"):
+            return  # a climb above the root is refused at resolve time
+        v_ir = next(v for v in ir.values if v.name == m.value)
+        gap = m.gap
+        if m.kind == "method":
+            msg = f"{gap.cls} has no method '{gap.part}'" + suggest(gap.part, list(gap.children))
+        else:
+            msg = _gap_words(gap, m.sibling, m.text)
+        self.add(("value", k, m.value), v_ir.at, f"{_host_words(ir)}: {m.value}: '{m.text}': {msg} ({m.label} of {what})")
+
+    def identities(self, k: int, ir: Any, spec: Any, host: Any, label: str, what: str) -> None:
         for i_ir, ident in zip(ir.identities, spec.identities, strict=True):
             for term in ident.terms:
                 parts = term.split(".")
@@ -202,7 +193,7 @@ class _Checker:
     def tensor(self, ir: Any, host: Any, term: str) -> str | None:
         """None when ``term`` names a value or a config entry, or a parameter or buffer of the host's
         module or of a child's (``gate.e_score_correction_bias``); else what is missing."""
-        from nnatlas.tree import introspect
+        from nnatlas.tree import fit, introspect
 
         from .resolve import _Family
 
@@ -216,7 +207,7 @@ class _Checker:
             msg = self.walk(host, tuple(prefix), host, term)
             if msg is not None:
                 return msg
-        module = _resolve(host, tuple(prefix)) if prefix else introspect.native(host)
+        module = fit.resolved(host, tuple(prefix)) if prefix else introspect.native(host)
         held = {**dict(module.named_parameters(recurse=False)), **dict(module.named_buffers(recurse=False))}
         if last in held:
             return None
@@ -229,37 +220,33 @@ class _Checker:
     @staticmethod
     def walk(start: Any, path: tuple[str, ...], host: Any, text: str) -> str | None:
         """None when ``path`` leads from ``start`` to a module; else what is missing, and the nearest names
-        ("" when a rename entry is what is broken: that entry reports it). ``host``: the value's own host
-        when the read starts there (a sibling found instead is named, with the read that reaches it)."""
-        from nnatlas.tree import introspect
+        ("" when a rename entry is what is broken: that entry reports it). ``host``: the term's own host when the
+        walk starts there (a sibling found instead is named, with the read that reaches it)."""
+        from nnatlas.tree import fit, introspect
 
-        node = start
-        for n, part in enumerate(path):
-            nxt = introspect.child(node, part)
-            if nxt is None:
-                kids = introspect.child_names(node)
-                if part in kids and part not in introspect.native(node)._modules:
-                    return ""  # a standard name whose rename finds nothing: reported at the rename entry
-                where = f"{introspect.label(node) or 'model'} ({type(introspect.native(node)).__name__})"
-                parent = introspect.parent(host) if host is not None and n == 0 else None
-                if parent is not None and introspect.child(parent, part) is not None:
-                    return (f"'{part}' is not inside {where}: this read leaves the host. '{part}' is a sibling (a child "
-                            f"of {introspect.label(parent) or 'model'}, {type(introspect.native(parent)).__name__}); a value read outside its "
-                            f"host starts with ^. to climb to the parent: ^.{text}")
-                return f"{where} has no child module '{part}'" + _children(kids) + suggest(part, kids)
-            node = nxt
-        return None
+        gap = fit.host_gap(start, path)
+        if gap is None:
+            return None
+        if gap.part in gap.children and gap.part not in gap.native:
+            return ""  # a standard name whose rename finds nothing: reported at the rename entry
+        parent = introspect.parent(host) if host is not None and gap.index == 0 else None
+        sibling: tuple[str, ...] = ()
+        if parent is not None and introspect.child(parent, gap.part) is not None:
+            sibling = (introspect.label(parent) or "model", type(introspect.native(parent)).__name__)
+        return _gap_words(gap, sibling, text)
 
     def nearest_host(self, path: str, builds: list[tuple[str, Any]]) -> str:
         import torch
 
-        from nnatlas.tree import introspect
+        from nnatlas.tree import fit, introspect
 
         parent, _, last = path.rpartition(".")
         last = last.removesuffix("[i]")
         item = re.fullmatch(r"(\w+)\[(\d+)\]", last)  # a list item: self_attn[2]
         for _, model in builds:
-            for label, host in _live(model, parent or "model"):
+            for label, host in fit.hosts_at(model, parent or "model"):
+                if host is None:
+                    continue
                 kids = introspect.child_names(host)
                 listed = introspect.child(host, item.group(1)) if item else None
                 if item and listed is not None:
@@ -270,7 +257,7 @@ class _Checker:
                     n = len(items)
                     return (f": {label}.{item.group(1)} is a list of {n} modules: index it with a number "
                             f"from 0 to {n - 1}")
-                return f": {label} ({type(introspect.native(host)).__name__}) has no child '{last}'" + _children(kids) \
+                return f": {label} ({type(introspect.native(host)).__name__}) has no child '{last}'" + fit.children_words(kids) \
                     + suggest(last, kids)
         return ""
 
@@ -280,26 +267,17 @@ def _host_words(ir: Any) -> str:
     return f"{ir.path} (kind {ir.kind})" if ir.kind else ir.path
 
 
-def _children(kids: list[str]) -> str:
-    return f" (its children: {', '.join(kids[:12])}{', ...' if len(kids) > 12 else ''})" if kids else " (it has no children)"
+def _gap_words(gap: Any, sibling: tuple[str, ...], text: str) -> str:
+    """A path of child modules that breaks off (:class:`nnatlas.tree.fit.Gap`), said with the nearest names; a read
+    that looked inside its host for a sibling (``sibling``: the parent's label and class) is told to climb."""
+    from nnatlas.tree import fit
 
-
-def _resolve(start: Any, path: tuple[str, ...]) -> Any:
-    from nnatlas.tree import introspect
-
-    node = start
-    for part in path:
-        node = introspect.child(node, part)
-        if node is None:
-            return None
-    return introspect.native(node)
-
-
-def _live(model: Any, path: str) -> Iterator[tuple[str, Any]]:
-    try:
-        yield from list(model.live_hosts(path))
-    except Exception:  # noqa: BLE001 - a host this load does not build (vision on a text-only load)
-        return
+    where = f"{gap.at} ({gap.cls})"
+    if sibling:
+        return (f"'{gap.part}' is not inside {where}: this read leaves the host. '{gap.part}' is a sibling (a child "
+                f"of {sibling[0]}, {sibling[1]}); a value read outside its host starts with ^. to climb to the parent: "
+                f"^.{text}")
+    return f"{where} has no child module '{gap.part}'" + fit.children_words(gap.children) + suggest(gap.part, list(gap.children))
 
 
 def check(f: FamilyIR, adapter_source: str) -> list[Problem]:

@@ -271,6 +271,26 @@ def row(f: FamilyIR, status: Mapping[str, Any] | None, tests: str | None = None)
             "cells": cells, "pinned": cells[0] if cells else {**_EMPTY_CELL, "version": None, "stale": False, "stale_why": ""}}
 
 
+CARRIED = "generated/families/version_status.json"  # shipped in the wheel as nnatlas.families' package data
+
+
+def carried(atlas: Atlas, status: Mapping[str, Any] | None, tests: Mapping[str, str] | None = None) -> str:
+    """What the runtime carries of status.json (``nnatlas.version_status`` reads it at load): per family, the
+    result of each version's run that saw its current spec and tests (a stale or missing run says nothing)."""
+    versions = [v["transformers"] for v in (status or {}).get("versions", [])]
+    families: dict[str, dict[str, Any]] = {}
+    for f in atlas.families:
+        cells = {c["version"]: {"result": c["result"], "passed": c["passed"], "total": c["total"]}
+                 for c in row(f, status, (tests or {}).get(f.name))["cells"]
+                 if not c["stale"] and c["result"] in ("pass", "fail")}
+        if cells:
+            families[f.name] = cells
+    data = {"about": "Written by nnatlas generate from generated/docs/status.json: per family and transformers "
+                     "version, the result of its generated tests (nnatlas.version_status warns or refuses from it).",
+            "versions": versions, "families": families}
+    return json.dumps(data, indent=1, sort_keys=True) + "\n"
+
+
 # ---- the run ---------------------------------------------------------------------------------
 
 def run(root: Path, chosen: Iterable[str] | None = None, timeout: float = 3600.0,

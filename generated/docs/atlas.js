@@ -143,6 +143,7 @@
           var v = made[row[3]];
           e = {name: row[1], text: row[1] + " " + row[2], kind: "is " + v.label + "." + v.name, where: "TransformerLens", href: v.href};
         } else if (k === "r") { e = {name: row[1], text: row[1] + " " + row[2], kind: "standard name of " + row[2], where: "rename", href: page + "support"}; }
+        else if (k === "g") { e = {name: row[1], text: row[1] + " " + row[2], kind: "section", where: row[3], href: row[4]}; }
         else { e = {name: row[1], text: row[2] || row[1], kind: row[3], where: row[4], href: row[5]}; }
         made.push(e);
       });

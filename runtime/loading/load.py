@@ -17,10 +17,10 @@ from ..model import AtlasModel
 from ..parallel import tensor_parallel
 from ..spec import Family
 from ..trace.sites import _KERNEL_ROUTES
-from ..tree import introspect
+from ..tree import fit
 from ..tree.given import unwrap
-from ..tree.hosts import Host, pattern_of, step
-from . import user_specs
+from ..tree.hosts import pattern_of
+from . import user_specs, version_status
 
 
 @contextlib.contextmanager
@@ -82,6 +82,7 @@ def wrap(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None,
         elif check is None:  # picked by its own model type: a shipped family's generated tests hold its tree; a user's
             check = bool(_families.origin(fam))  # family (a spec or a draft added in this process) is checked
     assert fam is not None
+    version_status.check(fam.name, shipped=not _families.origin(fam))  # the status matrix, under this transformers
     if tensor_parallel.is_sharded(hf):  # sharded by transformers' tensor parallel: a family it cannot run says so now
         tensor_parallel.refuse_unshardable(fam.name)
     made = _new(_families.model_class(fam) or AtlasModel, fam, hf, tokenizer, processor, peft)
@@ -104,79 +105,13 @@ def wrap(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None,
 
 
 def mismatches(model: AtlasModel) -> list[str]:
-    """Every way ``model``'s module tree differs from its family's spec: a config entry the config cannot answer, a
-    renamed child or a host path with no module, a host of another class than the spec names, a child module a
-    value is read at that is not there, a layer count other than the config's. One line per problem, with the blocks
-    it occurs on."""
-    fam = model._family
+    """Every way ``model``'s module tree differs from its family's spec (the walk of :func:`nnatlas.tree.fit.misfits`:
+    a config entry the config cannot answer, a renamed child or a host path with no module, a host of another class
+    than the spec names, a child module, climb or method a value is read at that is not there, a layer count other
+    than the config's). One line per problem, with the blocks it occurs on."""
     where: dict[str, list[str]] = {}  # problem, with [i] for the block -> the blocks (or labels) it occurs on
-
-    def add(problem: str, label: str) -> None:
-        where.setdefault(problem, []).append(label)
-
-    for name in fam.config:
-        try:
-            model.config_value(name)
-        except Unavailable:
-            continue
-        except Exception as e:  # noqa: BLE001 - the config of another family's model: said as its problem
-            add(f"config entry {name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", "model")
-    # the renames into a vision encoder a text-only load does not build (qwen3_5_text's projector inside its vision)
-    unbuilt = [n for std, natives in fam.rename.items() if _optional(fam, std) for n in natives]
-    for std, natives in fam.rename.items():
-        if _optional(fam, std) or any(n.startswith(f"{u}.") for n in natives for u in unbuilt):
-            continue
-        parent = std.rsplit(".", 1)[0] if "." in std else "model"
-        hosts = [(label, h) for label, h in _hosts_at(model, parent) if h is not None]
-        missing = [(label, h) for label, h in hosts if not any(_resolves(h, n) for n in natives)]
-        # a child some blocks have (a router on the mixture blocks only) is missing only when no block has it
-        if missing and len(missing) == len(hosts):
-            for label, h in missing:
-                add(f"{std} (the spec's name for {' or '.join(natives)}): " + _missing(h, natives[0]), label)
-    paths = list(dict.fromkeys(h.path for h in fam.hosts))
-    for path in paths:
-        places = _hosts_at(model, path)
-        anywhere = any(host is not None for _, host in places)
-        for label, host in places:
-            applies = model.specs_at(path, _index(label))
-            if not applies:
-                continue
-            if host is None:
-                # a host of a kind (its ``when`` holds here) must be here; a child without one that no block has
-                # (a hybrid's self_attn is on some blocks) is missing only when no block has it
-                if any(s.when is not None for s in applies) or not (anywhere or _optional(fam, path)):
-                    add(f"{path}: no module '{label.rpartition('.')[2]}' here", label)
-                continue
-            names = {c.__name__ for c in type(introspect.native(host)).__mro__}
-            accepted = {s.cls for s in applies} | (set(fam.classes) if path == "model" else set())
-            if not names & accepted:
-                add(f"{path}: the spec names class {' or '.join(sorted(accepted))}, the module is "
-                    f"{type(introspect.native(host)).__name__}", label)
-            for s in applies:
-                for v in s.values:
-                    read = v.read
-                    if read.kind not in ("module", "call", "op", "method") or not read.module or read.up or \
-                            read.scope_root:
-                        continue
-                    node: Any = host
-                    for part in read.module:
-                        nxt = introspect.child(node, part) if isinstance(node, Host) else None
-                        std = part if introspect.label(node) == "" else f"{_pattern(node)}.{part}"
-                        if nxt is None and std in fam.rename:
-                            break  # a renamed child that is missing: said at its rename
-                        if nxt is None:
-                            add(f"{path}.{v.name} ('{read.text}'): {_at(node).replace(label, path)} has no child "
-                                f"module '{part}'" + _children(introspect.native(node)), label)
-                            break
-                        node = nxt
-    if "num_layers" in fam.config and "layers" in {p.partition("[i]")[0] for p in paths}:
-        try:
-            want = model.config_value("num_layers")
-            have = sum(1 for _ in _hosts_at(model, "layers[i]"))
-        except Exception:  # noqa: BLE001 - said above, as its config entry's problem
-            want = have = None
-        if isinstance(want, int) and want != have:
-            add(f"layers: the config says {want} layers (num_layers), the model has {have} blocks", "model")
+    for m in fit.misfits(model):
+        where.setdefault(_words(m), []).append(m.label)
     out = []
     for problem, labels in where.items():
         blocks = [lab for lab in labels if lab != "model"]
@@ -185,83 +120,35 @@ def mismatches(model: AtlasModel) -> list[str]:
     return out
 
 
-def _optional(fam: Family, path: str) -> bool:
-    """Whether every value at ``path`` and under it needs the image-text load (a vision encoder, which a text-only
-    load does not build)."""
-    values = [v for h in fam.hosts if h.path == path or h.path.startswith((f"{path}.", f"{path}["))
-              for v in h.values]
-    return any(v.needs is not None and v.needs.name == "processor" for v in values) and \
-        all(v.needs is not None and (v.needs.name == "processor" or v.needs.never) for v in values)
-
-
-def _pattern(node: Host) -> str:
-    return pattern_of(introspect.label(node))
-
-
-def _index(label: str) -> int | None:
-    head = label.partition("[")[2].partition("]")[0]
-    return int(head) if head.isdigit() else None
-
-
-def _hosts_at(model: AtlasModel, path: str) -> list[tuple[str, Host | None]]:
-    """Each place the spec path ``path`` names on this model: (its label, its host or None where the module is
-    missing). Nothing under a missing parent (that parent's own problem is said once)."""
-    if path == "model":
-        return [("model", model)]
-    head, bracket, rest = path.partition("[i]")
-    node: Any = model
-    for part in head.split("."):
-        nxt = introspect.child(node, part) if isinstance(node, Host) else None
-        if nxt is None:
-            return [] if node is not model or bracket else [(path, None)]
-        node = nxt
-    if not bracket:
-        return [(path, node)] if isinstance(node, Host) else []
-    out: list[tuple[str, Host | None]] = []
-    for i in range(len(node)):
-        host: Any = node[i]
-        label = f"{head}[{i}]"
-        for part in [p for p in rest.split(".") if p]:
-            nxt = step(host, part)  # a child, or an item of a list child (self_attn[1])
-            label += f".{part}"
-            if not isinstance(nxt, Host):
-                host = None
-                break
-            host = nxt
-        if host is None and label != path.replace("[i]", f"[{i}]", 1):
-            continue  # a parent missing on this block: said at its own path
-        out.append((label, host))
-    return out
-
-
-def _resolves(host: Host, native: str) -> bool:
-    return introspect.resolve_native(introspect.native(host), native) is not None
-
-
-def _missing(host: Host, dotted: str) -> str:
-    """Where the native path ``dotted`` breaks off under ``host``: the module without the child, and its children."""
-    node: Any = introspect.native(host)
-    label = introspect.label(host) or "model"
-    for part in dotted.split("."):
-        nxt = node._modules.get(part)
-        if nxt is None:
-            return f"{label} ({type(node).__name__}) has no child module '{part}'" + _children(node, none="")
-        node, label = nxt, f"{label}.{part}"
-    return "found"
-
-
-def _at(node: Any) -> str:
-    return f"{introspect.label(node) or 'model'} ({type(introspect.native(node)).__name__})"
-
-
-def _children(module: torch.nn.Module, none: str = " (it has no child modules)") -> str:
-    """A module's children, as a mismatch names them (the first 12); ``none`` where it has none."""
-    kids = list(module._modules)
-    return f" (its children: {', '.join(kids[:12])}{', ...' if len(kids) > 12 else ''})" if kids else none
+def _words(m: fit.Misfit) -> str:
+    """A misfit as one line of a wrap's mismatch list (the label's block index said as [i])."""
+    if m.kind == "config":
+        return f"config entry {m.path}: {m.found}"
+    if m.kind == "rename":
+        assert m.gap is not None
+        return (f"{m.path} (the spec's name for {' or '.join(m.natives)}): {m.gap.at} ({m.gap.cls}) has no child module "
+                f"'{m.gap.part}'" + fit.children_words(m.gap.native, none=""))
+    if m.kind == "missing":
+        return f"{m.path}: no module '{m.label.rpartition('.')[2]}' here"
+    if m.kind == "class":
+        return f"{m.path}: the spec names class {' or '.join(m.accepted)}, the module is {m.found}"
+    if m.kind == "layers":
+        return f"layers: the config says {m.accepted[0]} layers (num_layers), the model has {m.found} blocks"
+    head = f"{m.path}.{m.value} ('{m.text}')"
+    if m.kind == "climb":
+        return f"{head}: climbs above the model"
+    assert m.gap is not None
+    if m.kind == "method":
+        return f"{head}: {m.gap.cls} has no method '{m.gap.part}'"
+    at = m.gap.at.replace(m.label, m.path) if m.gap.at.startswith(m.label) else pattern_of(m.gap.at)
+    leaves = (f" ('{m.gap.part}' is a child of {m.sibling[0]} ({m.sibling[1]}): a read outside its host starts with ^.)"
+              if m.sibling else "")
+    return (f"{head}: {at} ({m.gap.cls}) has no child module '{m.gap.part}'"
+            + fit.children_words(m.gap.native, none=" (it has no child modules)") + leaves)
 
 
 def _blocks(labels: list[str]) -> str:
-    idx = [_index(lab) for lab in labels]
+    idx = [fit.index_of(lab) for lab in labels]
     if all(i is not None for i in idx) and len(idx) > 1:
         more = f", ... ({len(idx)} blocks)" if len(idx) > 8 else ""
         return f"blocks {', '.join(str(i) for i in idx[:8])}{more}"

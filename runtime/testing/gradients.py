@@ -180,7 +180,7 @@ SOAK_KINDS = {
     "every+backward": "every value saved, a backward",
     "blocks": "every layer_output and the logits saved, no backward",
     "blocks+backward": "every layer_output and the logits saved, two backwards (retain_graph), a number kept",
-    "steer": "the README's steering loop: an edit by a vector that requires grad and one by item, a backward, "
+    "steer": "the manual's steering loop (docs/concepts.md): an edit by a vector that requires grad and one by item, a backward, "
              "an optimizer step",
     "edit": "an edit, nothing saved",
     "raises": "every layer_output saved, then an edit that does not fit raises in the forward",

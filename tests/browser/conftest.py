@@ -94,6 +94,26 @@ HYBRID_SPEC = textwrap.dedent('''\
     ''').replace("NASTY", NASTY.replace("\\", "\\\\"))
 
 
+# A page of the manual whose every string tries the same (compiler/guide.py): title, headings, links, a table, code
+NASTY_GUIDE = textwrap.dedent('''\
+    # Guide </title><script>window.__pwned = 5</script>
+
+    NASTY, with [a link](javascript:window.__pwned=6) and [another page](getting-started.md).
+
+    ## A section </h2><script>window.__pwned = 7</script>
+
+    ### Sub <img src=x onerror="window.__pwned = 8">
+
+    | a `</script>` | b |
+    |---|---|
+    | <td>cell</td> | {{ 7 * 7 }} |
+
+    ```python
+    print("</script><script>window.__pwned = 9</script>")
+    ```
+    ''').replace("NASTY", NASTY)
+
+
 @pytest.fixture(scope="session")
 def browser() -> Iterator[Any]:
     exe = shutil.which("chromium")
@@ -128,7 +148,7 @@ def test_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (specs / "hybrid_test.yaml").write_text(HYBRID_SPEC, encoding="utf-8")
     atlas = compile_atlas(specs, root)
     out = root / "site"
-    for rel, text in render(atlas).items():
+    for rel, text in render(atlas, guide_texts={"nasty-guide": NASTY_GUIDE}).items():
         if rel.startswith("generated/docs/"):
             target = out / rel.removeprefix("generated/docs/")
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -207,3 +207,24 @@ def test_qwen3_vl_draws_deepstack_on_its_first_blocks(page: Any, real_site: Path
     assert page.locator("section#vision .chain button.part[data-std='projector']").count() == 1
     assert page.locator("table.config thead").first.locator("th").count() == 2 + 4  # standard, native, 2B 4B 8B 32B
     assert page.errors == []
+
+
+def test_the_index_links_the_manual_and_its_search_finds_the_manual_words(page: Any, real_site: Path) -> None:
+    """The manual's pages (docs/, compiler/guide.py) beside the families: linked from the index, each section
+    found by its words, a hit opening its section."""
+    _open(page, real_site / "index.html")
+    assert page.locator("nav.guides a[href='guide-getting-started.html']").count() == 1
+    results = page.locator("#results")
+    _search(page, "fcntl.flock")  # a word of docs/caching.md only
+    hit = results.locator("li:has(a[href^='guide-caching.html#'])")
+    assert hit.count() >= 1 and "section · manual · Caching" in hit.first.inner_text()
+    href = hit.first.locator("a").get_attribute("href")
+    hit.first.locator("a").click()
+    page.wait_for_load_state("load")
+    assert page.url.endswith(href) and page.locator(":target").count() == 1
+    assert page.title() == "Caching · nnatlas manual"
+    assert page.locator("header .crumbs [aria-current='page']").inner_text() == "Caching"
+    page.locator("header .crumbs a[href='guide-concepts.html']").click()
+    page.wait_for_load_state("load")
+    assert page.locator("main pre[data-runs='true']").count() >= 5  # the page's python, each block run by tests/test_docs.py
+    assert page.errors == [] and page.requests == []

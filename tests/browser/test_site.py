@@ -9,7 +9,7 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
-from .conftest import ARTIFACTS, NASTY
+from .conftest import ARTIFACTS, NASTY, ROOT
 
 pytestmark = pytest.mark.browser
 
@@ -48,7 +48,7 @@ class Walk(NamedTuple):
 # mixture, hybrid, image-text); the other pages are visited and checked at both widths, not shot. Full-page shots
 # of every page (a long page is ~30,000 px tall at 390 px) were most of the browser suite's time.
 FULL_PAGE = {"index", "matrix", "status", "cookbook", "api", "spec", "llama", "mixtral", "jamba", "qwen3_5_text",
-             "hybrid_test"}
+             "hybrid_test", "guide-caching"}
 
 _WIDE = """() => { const w = document.documentElement.clientWidth;
     const out = [];
@@ -229,7 +229,9 @@ def walk(browser: Any, real_site: Path, test_site: Path) -> Walk:
 def test_every_page_loads_clean_and_is_screenshotted_at_1400_and_390(walk: Walk) -> None:
     assert walk.errors == []
     assert {"index.html", "llama.html", "gpt2.html", "gemma2.html", "qwen3_5_text.html", "hybrid_test.html",
-            "cookbook.html", "spec.html", "matrix.html"} <= set(walk.seen)
+            "cookbook.html", "spec.html", "matrix.html", "guide-nasty-guide.html"} <= set(walk.seen)
+    guides = {f"guide-{p.stem}.html" for p in (ROOT / "docs").glob("*.md") if p.stem not in ("spec", "cookbook")}
+    assert len(guides) >= 9 and guides <= set(walk.seen)  # every page of the manual, at 1400 and 390 px
     assert walk.requests == []
     for name in ("site-index", "site-llama", "test-hybrid_test"):
         assert all((ARTIFACTS / f"{name}-{width}.jpg").stat().st_size > 1000 for width in (1400, 390)), name
@@ -430,7 +432,9 @@ def test_spec_strings_stay_text(page: Any, test_site: Path) -> None:
     assert len(re.findall(r"<script\b", index)) == 1  # atlas.js (the search entries are search.js, loaded on use)
     assert "<" not in (test_site / "search.js").read_text(encoding="utf-8").split("*/", 1)[1]  # escaped as \u003c
     assert "</script><script>window" not in html + index
-    for name in ("hybrid_test.html", "index.html"):
+    guide = (test_site / "guide-nasty-guide.html").read_text(encoding="utf-8")
+    assert len(re.findall(r"<script\b", guide)) == 1 and "<img" not in guide and "javascript:" not in guide
+    for name in ("hybrid_test.html", "index.html", "guide-nasty-guide.html"):
         _open(page, test_site / name)
         assert page.evaluate("window.__pwned") is None
     _open(page, test_site / "hybrid_test.html")
