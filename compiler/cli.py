@@ -220,6 +220,8 @@ def add_draft_parser(sub: Any) -> None:
     d.add_argument("--out", type=Path, default=None, help="the spec to write (default: specs/MODEL_TYPE.yaml)")
     d.add_argument("--extends", default=None, help="a family the draft extends (written as extends:)")
     d.add_argument("--model", default=None, help="a local checkpoint folder whose config to start from")
+    d.add_argument("--config", default=None, help="a config.json or a checkpoint folder: the tiny model the draft "
+                   "records and verifies is laid out as it (its structural options kept, its sizes shrunk)")
     d.add_argument("--no-test", action="store_true", help="write the draft only: no generate, no generated tests")
     d.add_argument("--force", action="store_true", help="overwrite --out when it exists (a hand-written spec, say)")
     d.add_argument("--root", type=Path, default=None, help="the checkout whose specs/ the draft compiles with")
@@ -237,7 +239,7 @@ def run_draft(args: Any) -> int:
     else:
         root = next((r for r in (default_root(), Path.cwd()) if is_checkout(r)), default_root())
     try:
-        d = draft(args.model_type, model_path=args.model, extends=args.extends)
+        d = draft(args.model_type, model_path=args.config or args.model, extends=args.extends)
     except DraftError as e:
         print(f"nnatlas draft: {e}", file=sys.stderr)
         return 2

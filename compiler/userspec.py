@@ -208,7 +208,11 @@ def draft_verified(model_type: str, model_path: str | None = None, budget_s: flo
         p.family = own if own not in taken else f"draft_{own}"
         text = writer.write(p, transformers.__version__)
     for _ in range(4):
-        module = compile_text(text.encode("utf-8"), shown, shipped_name=first)
+        try:
+            module = compile_text(text.encode("utf-8"), shown, shipped_name=first)
+        except SpecError as e:
+            e.draft_text = text  # type: ignore[attr-defined]  # (draft=True writes it where the user can edit it)
+            raise
         name = module.FAMILY.name
         if first:
             registry.put_first(module)
@@ -228,7 +232,7 @@ def draft_verified(model_type: str, model_path: str | None = None, budget_s: flo
             break
         text = writer.write(p, transformers.__version__)
     said = [f"{what}: {why}" for (what, _, _, _), why in failed]
-    raise DraftFailed(model_type, held, said)
+    raise DraftFailed(model_type, held, said, text)
 
 
 def _refuse_failed(p: Any, held: list[str], failed: list[tuple[Check, str]], refused: list[str]) -> bool:
@@ -282,7 +286,7 @@ def _refuse_failed(p: Any, held: list[str], failed: list[tuple[Check, str]], ref
 
 
 class DraftFailed(UserError):
-    def __init__(self, model_type: str, held: list[str], failed: list[str]):
-        self.model_type, self.held, self.failed = model_type, held, failed
+    def __init__(self, model_type: str, held: list[str], failed: list[str], text: str = ""):
+        self.model_type, self.held, self.failed, self.text = model_type, held, failed, text
         super().__init__(f"the drafted spec for {model_type} did not verify on a tiny twin ({len(held)} checks held, "
                          f"{len(failed)} did not)")

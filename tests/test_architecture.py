@@ -244,8 +244,9 @@ TOOLS = {"nnatlas.compiler.emit.printouts": {"nnatlas", "nnatlas.parallel.tensor
          "nnatlas.compiler.cli": {"nnatlas.cli.cache"},  # the `nnatlas cache` command
          # a draft's oracle on a tiny twin (draft=True), the draft put in the lookup while it is verified
          "nnatlas.compiler.userspec": {"nnatlas.testing.suite", "nnatlas.registry"},
-         "nnatlas.compiler.draft.tiny": {"nnatlas.testing"},  # the drafter's tiny model, perturbed as the tests do
-         "nnatlas.compiler.draft_sweep": {"nnatlas.registry"}}  # whether a shipped family loads a type's tiny model
+         "nnatlas.compiler.draft.tiny": {"nnatlas.testing", "nnatlas.testing.suite"},  # the drafter's tiny model, perturbed as the tests do
+         # whether a shipped family loads a type's tiny model; the checkpoint-like layout, by the tests' rule
+         "nnatlas.compiler.draft_sweep": {"nnatlas.registry", "nnatlas.testing.suite"}}
 
 
 def test_the_compiler_imports_the_runtimes_data_model_only() -> None:

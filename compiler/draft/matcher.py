@@ -78,6 +78,27 @@ MLP = re.compile(r"mlp|moe|sparse|feedforward|ffn|expert|feed_forward", re.I)
 SSM = re.compile(r"mixer|mamba|ssm", re.I)
 ACT_CLASSES = re.compile(r"activation|gelu|silu|relu|tanh|sigmoid|swish|quickgelu|mish", re.I)
 LAYER_TYPES = ("layer_types", "layers_block_type", "block_types", "layers_block_types", "layer_block_types")
+KIND_LISTS = ("mlp_layer_types", "mlp_types", "ffn_layer_types")  # per-block lists of MLP kinds
+DENSE_FIRST = ("first_k_dense_replace", "num_dense_layers", "first_dense_layers", "moe_layer_start_index",
+               "n_dense_layers")
+
+
+def _partitions(types: list[str], sigs: dict[Any, list[int]]) -> bool:
+    """Whether every block of one kind in ``types`` has one signature (the kinds tell the differing blocks apart)."""
+    return all(len({types[i] for i in blocks}) == 1 for blocks in sigs.values()) and \
+        all(len({s for s, blocks in sigs.items() if t in {types[i] for i in blocks}}) == 1 for t in set(types))
+
+
+def _dense_first(config: Any, sigs: dict[Any, list[int]], n: int) -> tuple[str, int] | None:
+    """(entry, k) of a dense-first count whose blocks [0, k) and [k, n) are the two signatures of the stack."""
+    for name in DENSE_FIRST:
+        k = getattr(config, name, None)
+        if isinstance(k, int) and not isinstance(k, bool) and 0 < k < n and sorted(map(sorted, sigs.values())) == \
+                sorted([list(range(k)), list(range(k, n))]):
+            return name, k
+    return None
+
+
 ACT_OPS = ("silu", "gelu", "relu", "tanh", "sigmoid", "gelu_new", "relu2", "mish", "softplus")
 
 
@@ -310,16 +331,25 @@ class Matcher:
             sig = tuple(dict.fromkeys((self.child(c.path, f"{layers}.{i}"), c.cls) for c in kids))
             sigs.setdefault(sig, []).append(i)
         tname, types = "layer_types", list(getattr(self.config, "layer_types", None) or [])
-        for name in LAYER_TYPES:  # the config's list of each block's kind
+        listed_types = []
+        for name in (*LAYER_TYPES, *KIND_LISTS):  # the config's lists of each block's kind
             listed = getattr(self.config, name, None)
             if isinstance(listed, (list, tuple)) and len(listed) == n and len(set(map(str, listed))) > 1:
-                tname, types = name, [str(x) for x in listed]
-                break
+                listed_types.append((name, [str(x) for x in listed]))
+        # where the blocks differ, the list whose kinds tell them apart (ExaONE-MoE's mlp_layer_types, not its
+        # sliding and full layer_types), else the first
+        fits = [(t, ts) for t, ts in listed_types if len(sigs) > 1 and _partitions(ts, sigs)]
+        if fits or listed_types:
+            tname, types = (fits or listed_types)[0]
+        dense_first = _dense_first(self.config, sigs, n) if len(sigs) > 1 and not fits else None
         layer_cls = rec.call(f"{layers}.0").cls  # type: ignore[union-attr]
         host = p.host("layers[i]", layer_cls, "the class of every block")
         kinds: list[tuple[str | None, int]] = []
         # blocks whose sizes differ by kind (a heterogeneous config's per-layer overrides) are kinds, alike or not
         sized = bool(getattr(self.config, "per_layer_attributes", None))
+        if dense_first is not None:  # blocks before a dense-first count differ from those after it (GLM-MoE-DSA)
+            types = ["dense" if i < dense_first[1] else "moe" for i in range(n)]
+            tname = ""
         if (len(sigs) > 1 or sized) and len(types) == n and len(set(types)) > 1:
             by_type: dict[str, int] = {}
             for i, t in enumerate(types):
@@ -340,7 +370,8 @@ class Matcher:
         for kind, i in kinds:
             kname = "" if kind is None else \
                 "attention" if kind in ("full_attention", "attention") else re.sub(r"[^a-z0-9_]", "_", kind.lower())
-            when = f"{tname}[i] == {kind!r}"
+            when = f"{tname}[i] == {kind!r}" if tname else \
+                f"i {'<' if kind == 'dense' else '>='} {dense_first[0]}"  # type: ignore[index]
             p.kind = (kname, when) if kind is not None else None
             self.kind_type = kind
             try:

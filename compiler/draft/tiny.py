@@ -209,7 +209,7 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
     if "num_experts_per_tok" in base.to_dict() and base.num_experts_per_tok is None and any(
             isinstance(getattr(base, n, None), int) for n in ("num_experts", "n_routed_experts", "num_local_experts")):
         fixed["num_experts_per_tok"] = FIXED["num_experts_per_tok"]
-    for name, value in ALL_SPARSE.items():
+    for name, value in ALL_SPARSE.items() if path is None else ():  # (a given config keeps its layout: _laid_out)
         cur = getattr(base, name, None)
         if cur is not None and isinstance(cur, (int, list)) and not isinstance(cur, bool):
             fixed[name] = value  # (also when a checkpoint's config says so already: the class default may not)
@@ -294,7 +294,7 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
         return tiny
     tiny.names["heads"] = heads
     kinds = getattr(base, "mlp_layer_types", None)
-    if isinstance(kinds, list) and kinds:  # per-block MLP kinds: every tiny block the commonest (also when the
+    if isinstance(kinds, list) and kinds and path is None:  # per-block MLP kinds: every tiny block the commonest (also when the
         # checkpoint's are all one: the config class's default for another layer count may not be)
         common = max(set(kinds), key=kinds.count)
         options = draw[layers]
@@ -342,11 +342,33 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
         draw[inter] = [24, 40]
     if getattr(base, "layer_types", None) is not None and len(set(base.layer_types)) > 1:
         tiny.notes.append(f"{layers}: enough blocks that the default layer_types has every kind of block")
+    if path is not None:
+        _laid_out(base, tiny, layers)
     _per_layer(base, tiny)
     _refused_fixed(base, tiny)
     _unaliased(base, tiny)
     repair(base, tiny)  # (what the config class leaves unset that its model needs)
     return tiny
+
+
+def _laid_out(base: Any, tiny: Tiny, layers: str) -> None:
+    """A given config (a checkpoint's): the tiny stack laid out as it is, by the checkpoint twins' rule
+    (:func:`nnatlas.testing.shrink.layout`: dense-first counts, per-block lists cut so every kind appears, periods),
+    one stack length, so that the draft maps each kind of block the model has."""
+    from nnatlas.testing.suite import layout
+
+    given = base.to_dict()
+    laid, n = layout(given, given, layers)
+    laid.pop(layers, None)
+    changed = {k: v for k, v in laid.items() if k not in tiny.config or tiny.config[k] != v}
+    tiny.config.update(laid)
+    if "layer_types" in laid:
+        tiny.draw.pop("layer_types", None)
+    n = max(n, *(len(v) for v in laid.values() if isinstance(v, (list, str))), 1)
+    tiny.draw[layers] = [n]
+    if changed:
+        tiny.notes.append(f"{layers}: {n}, laid out as the given config ({', '.join(f'{k}: {v!r}' for k, v in changed.items())}): "
+                          "each kind of block it has appears")
 
 
 def takes_mask(model: Any) -> bool:

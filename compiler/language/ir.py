@@ -151,6 +151,7 @@ class TinyIR:
     images: tuple[tuple[str, Any], ...] | None = None  # count, sizes
     image_text: tuple[tuple[str, Any], ...] | None = None  # a second tiny load: the multimodal wrapper
     factors: tuple[tuple[str, Any], ...] = ()  # config entry -> {"range": (low, high)} or {"pin": value, "reason": why}
+    layouts: tuple[tuple[str, Any], ...] = ()  # config entry -> {"options": [...], "reason": why} or {"pin": ..., "reason"}
 
 
 @dataclass(frozen=True)

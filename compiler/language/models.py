@@ -239,6 +239,17 @@ class FactorRaw(Strict):
     reason: StrictStr | None = Field(default=None, description="why the factor is pinned or narrowed (required with pin)")
 
 
+class TinyLayoutRaw(Strict):
+    """How the perturbed tiny models draw one structural option of the config (found by rule from the config class:
+    dense-first counts, per-block kind lists, tie_word_embeddings, a sliding window on or off, bias flags): the
+    choices narrowed, or the option pinned, each with its reason (true of the released checkpoints), never silently."""
+
+    options: list[Scalar | list[Scalar]] | None = Field(
+        default=None, description="the values the perturbed models draw from (needs reason)")
+    pin: Scalar | list[Scalar] | None = Field(default=None, description="the value the perturbed models keep (needs reason)")
+    reason: StrictStr | None = Field(default=None, description="why the option is narrowed or pinned (required)")
+
+
 class TinyRaw(Strict):
     """The tiny random configs the generated tests draw, and their inputs."""
 
@@ -260,6 +271,9 @@ class TinyRaw(Strict):
     factors: dict[StrictStr, FactorRaw] = Field(
         default={}, description="the perturbed tiny models' scalar factors: a config entry -> {range: [low, high]} or "
         "{pin: value, reason: why}; every other factor is drawn away from its default (see nnatlas.testing.perturb)")
+    layouts: dict[StrictStr, TinyLayoutRaw] = Field(
+        default={}, description="the perturbed tiny models' structural options: a config entry -> {options: [...], "
+        "reason: why} or {pin: value, reason: why}; every other one found by rule is drawn (see nnatlas.testing.layouts)")
 
 
 class CheckpointRaw(Strict):

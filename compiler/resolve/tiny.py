@@ -105,9 +105,25 @@ class TinyChecks(FamilyContext):
             if fr.reason:
                 rule["reason"] = fr.reason
             factors.append((key, rule))
+        layouts = []
+        for key, lr in t.layouts.items():
+            lat: DataPath = ("tiny", "layouts", key)
+            if (lr.options is None) == (lr.pin is None):
+                self.err(lat, f"tiny.layouts.{key}: give one of options: [...] or pin: value (with its reason)")
+                continue
+            if not lr.reason:
+                self.err(lat, f"tiny.layouts.{key}: a narrowed or pinned structural option says why (reason: ...), "
+                              "true of the released checkpoints")
+                continue
+            if lr.options is not None and not lr.options:
+                self.err(lat, f"tiny.layouts.{key}: options: give at least one value")
+                continue
+            lrule: dict[str, Any] = {"options": tuple(lr.options)} if lr.options is not None else {"pin": lr.pin}
+            lrule["reason"] = lr.reason
+            layouts.append((key, lrule))
         return TinyIR(t.model_class, t.config_class, tuple(t.config.items()), tuple(draws), t.batch, t.seq, t.examples,
                       experts=tuple(t.experts), processor=processor, images=images, image_text=image_text,
-                      factors=tuple(factors))
+                      factors=tuple(factors), layouts=tuple(layouts))
 
     def draw_order(self, draw: dict[str, Any]) -> list[tuple[str, Any]]:
         """The draws in an order that follows their dependencies (each after every draw its

@@ -478,6 +478,7 @@ TINY: dict[str, Any] = {
     "examples": 3,
     "experts": (),
     "factors": {},
+    "layouts": {},
     "processor": None,
     "images": None,
     "image_text": None,

@@ -572,6 +572,7 @@ TINY: dict[str, Any] = {
     "examples": 3,
     "experts": ('eager', 'grouped_mm'),
     "factors": {},
+    "layouts": {},
     "processor": None,
     "images": None,
     "image_text": None,

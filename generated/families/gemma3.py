@@ -884,6 +884,7 @@ TINY: dict[str, Any] = {
     "examples": 3,
     "experts": (),
     "factors": {},
+    "layouts": {},
     "processor": {'class': 'Gemma3Processor', 'image_processor': 'Gemma3ImageProcessorPil', 'image_processor_config': {'size': {'height': 16, 'width': 16}}, 'tokens': ('<image_soft_token>', '<start_of_image>', '<end_of_image>'), 'config': {'image_seq_length': 4}, 'token_names': {'image_token': '<image_soft_token>', 'boi_token': '<start_of_image>', 'eoi_token': '<end_of_image>'}},
     "images": {'count': (1, 2), 'sizes': ((16, 16), (24, 16), (16, 32))},
     "image_text": None,

@@ -873,6 +873,7 @@ TINY: dict[str, Any] = {
     "examples": 3,
     "experts": ('grouped_mm',),
     "factors": {},
+    "layouts": {},
     "processor": None,
     "images": None,
     "image_text": None,

@@ -474,6 +474,7 @@ TINY: dict[str, Any] = {
     "examples": 12,
     "experts": (),
     "factors": {},
+    "layouts": {},
     "processor": None,
     "images": None,
     "image_text": None,

@@ -853,6 +853,7 @@ TINY: dict[str, Any] = {
     "examples": 3,
     "experts": (),
     "factors": {},
+    "layouts": {},
     "processor": {'class': 'LlavaProcessor', 'image_processor': 'CLIPImageProcessorPil', 'image_processor_config': {'size': {'shortest_edge': 16}, 'crop_size': {'height': 16, 'width': 16}}, 'tokens': ('<image>',), 'config': {'patch_size': 4, 'vision_feature_select_strategy': 'default', 'num_additional_image_tokens': 1}},
     "images": {'count': (1, 2), 'sizes': ((16, 16), (24, 16), (16, 32))},
     "image_text": None,

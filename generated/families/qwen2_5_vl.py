@@ -910,6 +910,7 @@ TINY: dict[str, Any] = {
     "examples": 3,
     "experts": (),
     "factors": {},
+    "layouts": {},
     "processor": {'class': 'Qwen2_5_VLProcessor', 'image_processor': 'Qwen2VLImageProcessorPil', 'image_processor_config': {'patch_size': 4, 'temporal_patch_size': 2, 'merge_size': 2, 'size': {'shortest_edge': 64, 'longest_edge': 1024}}, 'tokens': ('<|image_pad|>', '<|vision_start|>', '<|vision_end|>', '<|video_pad|>')},
     "images": {'count': (1, 2), 'sizes': ((16, 16), (32, 16), (24, 32))},
     "image_text": None,

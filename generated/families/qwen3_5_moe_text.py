@@ -1332,6 +1332,7 @@ TINY: dict[str, Any] = {
     "examples": 6,
     "experts": ('eager', 'batched_mm', 'grouped_mm'),
     "factors": {},
+    "layouts": {},
     "processor": None,
     "images": None,
     "image_text": {

@@ -909,6 +909,7 @@ TINY: dict[str, Any] = {
     "examples": 6,
     "experts": ('eager', 'batched_mm', 'grouped_mm'),
     "factors": {},
+    "layouts": {},
     "processor": None,
     "images": None,
     "image_text": None,

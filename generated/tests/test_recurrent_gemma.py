@@ -84,6 +84,28 @@ def test_sweep_equals_the_loop() -> None:
     T.check_sweep(FAMILY)
 
 
+# ---- checkpoint twins: tiny models laid out as each recorded checkpoint (nnatlas.testing.twin), perturbed ----
+
+TWINS = T.checkpoints(FAMILY)
+
+
+@pytest.mark.parametrize("checkpoint", TWINS)
+def test_twin_builds(checkpoint: str) -> None:
+    T.check_twin_builds(FAMILY, checkpoint)
+
+
+@pytest.mark.parametrize("check,attn", ORACLE)
+@pytest.mark.parametrize("checkpoint", TWINS)
+def test_twin_oracle(checkpoint: str, check: str, attn: str) -> None:
+    T.check_twin_oracle(FAMILY, checkpoint, check, attn)
+
+
+@pytest.mark.parametrize("path,indices", IDENTITIES, ids=T.identity_ids(IDENTITIES))
+@pytest.mark.parametrize("checkpoint", TWINS)
+def test_twin_identities(checkpoint: str, path: str, indices: tuple[int, ...]) -> None:
+    T.check_twin_identities(FAMILY, checkpoint, path, indices)
+
+
 @pytest.mark.parametrize("attn", T.recomputed_pattern_loads(FAMILY))
 def test_pattern_recomputed_equals_eager(attn: str) -> None:
     T.check_recomputed_patterns(FAMILY, attn)

@@ -89,6 +89,12 @@ def wrap(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None,
     made = _new(_families.model_class(fam) or AtlasModel, fam, hf, tokenizer, processor, peft)
     if check is not False:
         found = mismatches(made)
+        if found and draft and spec is None and family is None and _families.origin(fam).startswith("drafted"):
+            # a draft made on another layout of this type (dense blocks first where the first had none): drafted
+            # again from this model's own config, then checked as any draft is
+            fam = user_specs.drafted(hf)
+            made = _new(_families.model_class(fam) or AtlasModel, fam, hf, tokenizer, processor, peft)
+            found = mismatches(made)
         if found:
             hint = "" if spec is not None else (
                 "\n(nnatlas.wrap(model) without family= picks the family from the model type; "

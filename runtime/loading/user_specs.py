@@ -112,12 +112,15 @@ def _draft_now(model_type: str, config_json: str, key: tuple[str, str], want: dr
         with tempfile.TemporaryDirectory(prefix="nnatlas-draft-config-") as tmp:
             Path(tmp, "config.json").write_text(json.dumps(json.loads(config_json)))
             done = draft_verified(model_type, tmp, budget_s)
-    except SpecError as e:
-        raise NnatlasError(f"draft=True: the drafted spec for {model_type} does not compile; write it out with "
-                           f"`nnatlas draft {model_type} --out FILE`, fix it, and load with spec=FILE:\n{e}") from None
+    except SpecError as e:  # (a host the drafter could not place on a block of this model: the problems say)
+        file = keep_draft(model_type, getattr(e, "draft_text", ""))
+        raise NnatlasError(f"draft=True: the drafted spec for {model_type} does not fit this model; nothing is served. "
+                           f"The draft is in {file}: edit what it could not place, then load with spec={file}:\n{e}"
+                           ) from None
     except DraftFailed as e:
-        raise NnatlasError(f"draft=True: {e}; nothing is served. Write it out with `nnatlas draft {model_type} --out "
-                           "FILE`, fix it, and load with spec=FILE:\n  " + "\n  ".join(e.failed)) from None
+        file = keep_draft(model_type, e.text)
+        raise NnatlasError(f"draft=True: {e}; nothing is served. The draft is in {file}: edit what did not hold, "
+                           f"then load with spec={file}:\n  " + "\n  ".join(e.failed)) from None
     except UserError as e:
         raise NnatlasError(f"draft=True: {e}") from None
     module = done.module
@@ -192,6 +195,23 @@ def _kept(turn: draft_cache_data.Turn, key: tuple[str, str], want: draft_cache_d
     _COMPILED[key] = module
     _ORIGINS[key] = origin
     return module
+
+
+def keep_draft(model_type: str, text: str) -> Path:
+    """Where a draft that cannot serve is written for the user to edit (``<draft cache>/<type>.draft.yaml``, a spec:
+    data, never run as it is; written private, 0600 in a 0700 folder); a cache that cannot be written leaves it in
+    the system's temporary folder."""
+    import tempfile
+
+    for folder in (draft_cache(), Path(tempfile.gettempdir())):
+        try:
+            safe_files.make_private_dir(folder)
+            path = folder / f"{model_type}.draft.yaml"
+            safe_files.write_private(path, text.encode("utf-8"))
+            return path
+        except (OSError, safe_files.Unsafe):
+            continue
+    return Path(f"{model_type}.draft.yaml")
 
 
 def draft_cache() -> Path:

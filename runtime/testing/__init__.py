@@ -26,10 +26,11 @@ from .gradients import check_gradients
 from .oracle import check_oracle, oracle_checks
 from .perturb import perturb_config, perturb_params, perturb_tensors
 from .tiny import WORDS, build, draw_inputs, shared_build
+from .twins import twin
 
 __all__ = ["PROMPT", "WORDS", "build", "check_edit", "check_gradients", "check_identities", "check_identity",
            "check_missing", "check_oracle", "check_readonly", "check_shapes", "check_support", "draw_inputs", "oracle_checks",
-           "perturb_config", "perturb_params", "perturb_tensors", "shared_build"]
+           "perturb_config", "perturb_params", "perturb_tensors", "shared_build", "twin"]
 
 
 def __dir__() -> list[str]:

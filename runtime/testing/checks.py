@@ -23,6 +23,7 @@ from ..trace.patterns import RECOMPUTED
 from ..tree.hosts import Value
 from .flex import runs_on_cpu as flex_runs_on_cpu
 from .flex import uncompiled_flex_attention
+from .layouts import draw_layout
 from .tiny import (
     accepted_attention,
     adapter_module,
@@ -129,6 +130,12 @@ def draw_case(family: str, choose: Callable[[str, list[Any]], Any], data: Any, v
     # perturbed with odds 7 in 8 (factors off their defaults, constant weights drawn): the perturbed
     # draw takes the place of a default one, the examples are as many
     perturbed = data.draw(st.integers(0, PERTURB_ODDS - 1), label="perturbed") != 0
+    if perturbed and variant is None:  # its structural options drawn too (nnatlas.testing.layouts)
+        import transformers
+
+        params = draw_layout(getattr(transformers, tiny["config_class"]), params,
+                             lambda label, options: data.draw(st.sampled_from(options), label=label),
+                             tiny.get("layouts"), family)
     images = tiny.get("images")
     if images:
         count = data.draw(st.sampled_from(list(images["count"])), label="images")

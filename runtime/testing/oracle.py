@@ -68,14 +68,15 @@ def _exact(ours: Any, theirs: Any, what: str) -> None:
     torch.testing.assert_close(ours, theirs, atol=ORACLE_ATOL, rtol=0, msg=lambda m: f"{what}\n{m}")
 
 
-def check_oracle(family: str, check: str, attn: str) -> None:
-    """nnatlas's values equal what transformers returns for the same tiny model and inputs."""
-    model = shared_build(family, attn_implementation=attn, perturbed=True)
+def check_oracle(family: str, check: str, attn: str, params: Mapping[str, Any] | None = None, at: str = "") -> None:
+    """nnatlas's values equal what transformers returns for the same tiny model and inputs (``params``: another tiny
+    config of the family, a checkpoint twin's, named by ``at`` in the messages)."""
+    model = shared_build(family, params, attn_implementation=attn, perturbed=True)
     native: Any = model.native
     images = check.startswith("image_")
     inputs = _fixed_inputs(model, text_only=not images)
     kind = check.removeprefix("image_")
-    at = f"{family} [{attn}]{' with images' if images else ''}"
+    at = f"{family}{at} [{attn}]{' with images' if images else ''}"
     with torch.no_grad():
         if kind == "logits":
             theirs = native(**inputs).logits

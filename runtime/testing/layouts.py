@@ -1,0 +1,86 @@
+"""Structural perturbation: beside the factors (:mod:`nnatlas.testing.perturb`), a perturbed tiny case draws the
+config's structural options, found by rule from the config class, never listed per family:
+
+- dense-first counts (:data:`nnatlas.testing.shrink.DENSE_FIRST`): 0 up to 2, never the whole stack;
+- per-block kind lists (an entry as long as the stack, two kinds or more): as given, reversed, or rotated by one
+  (each kind still at least once);
+- ``tie_word_embeddings``: tied or not;
+- a sliding window on or off: ``use_sliding_window`` where the class has the flag, else a window of
+  :data:`nnatlas.testing.shrink.WINDOW` (it bites on the drawn prompts) or the tiny config's own;
+- bias flags (boolean entries named ``*bias``: ``attention_bias``, ``mlp_bias``, ``use_bias`` ...): on or off.
+
+A spec narrows an option's choices or pins it, with its reason, under ``tiny.layouts``. A drawn value the config
+class refuses (a combination it does not allow) is not drawn: the option keeps the tiny config's value.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .shrink import DENSE_FIRST, LAYERS, WINDOW
+
+BIAS = re.compile(r"bias$")
+NOT_LAYOUT = re.compile(r"router|gate|correction|e_score|aux|init|moe_bias")  # (a router's bias is a factor's business)
+
+
+def _blocks(entries: Mapping[str, Any]) -> int | None:
+    return next((entries[n] for n in LAYERS if isinstance(entries.get(n), int) and not isinstance(entries[n], bool)),
+                None)
+
+
+def structural_options(config: Any) -> dict[str, list[Any]]:
+    """The config's structural options, entry -> the values a perturbed case draws from (the config's own first)."""
+    entries = config.to_dict()
+    n = _blocks(entries) or getattr(config, "num_hidden_layers", None)
+    out: dict[str, list[Any]] = {}
+    for k in DENSE_FIRST:
+        v = entries.get(k)
+        if isinstance(v, int) and not isinstance(v, bool) and isinstance(n, int) and n > 1:
+            out[k] = list(dict.fromkeys([v, *range(0, min(2, n - 1) + 1)]))
+    for k, v in entries.items():
+        if isinstance(v, list) and isinstance(n, int) and len(v) == n and n > 1 and all(isinstance(x, str) for x in v) \
+                and len(set(v)) > 1:
+            arrangements = [v, v[::-1], v[1:] + v[:1]]
+            out[k] = [list(x) for x in dict.fromkeys(tuple(a) for a in arrangements)]
+    if isinstance(entries.get("tie_word_embeddings"), bool):
+        out["tie_word_embeddings"] = [entries["tie_word_embeddings"], not entries["tie_word_embeddings"]]
+    if isinstance(entries.get("use_sliding_window"), bool):
+        out["use_sliding_window"] = [entries["use_sliding_window"], not entries["use_sliding_window"]]
+    elif isinstance(entries.get("sliding_window"), int) and not isinstance(entries["sliding_window"], bool):
+        out["sliding_window"] = list(dict.fromkeys([entries["sliding_window"], WINDOW]))
+    for k, v in entries.items():
+        if isinstance(v, bool) and BIAS.search(k) and not NOT_LAYOUT.search(k):
+            out[k] = [v, not v]
+    return {k: v for k, v in out.items() if len(v) > 1}
+
+
+def draw_layout(config_class: Any, params: Mapping[str, Any], choose: Callable[[str, list[Any]], Any],
+                rules: Mapping[str, Any] | None = None, family: str = "") -> dict[str, Any]:
+    """``params`` with each structural option of the config they build drawn by ``choose(label, options)``
+    (``rules``: the spec's ``tiny.layouts``, entry -> {options: [...]} or {pin: value}, each with its reason)."""
+    rules = dict(rules or {})
+    out = copy.deepcopy(dict(params))
+    found = structural_options(config_class(**copy.deepcopy(out)))
+    unknown = sorted(set(rules) - set(found) - set(config_class(**copy.deepcopy(out)).to_dict()))
+    if unknown:
+        raise ValueError(f"{family}: tiny.layouts names {', '.join(unknown)}, which is no structural option of "
+                         f"{config_class.__name__} (its options: {', '.join(sorted(found)) or 'none'})")
+    for k in sorted(set(found) | {k for k, r in rules.items() if "pin" in r}):
+        rule = rules.get(k) or {}
+        if "pin" in rule:
+            value = copy.deepcopy(rule["pin"])
+        else:
+            options = [list(x) if isinstance(x, tuple) else x for x in rule.get("options", found.get(k, []))]
+            if not options:
+                continue
+            value = choose(f"layout {k}", options)
+        trial = {**out, k: copy.deepcopy(value)}
+        try:
+            config_class(**copy.deepcopy(trial))
+        except Exception:  # noqa: BLE001 - a combination the class refuses: this option keeps the tiny config's value
+            continue
+        out = trial
+    return out
