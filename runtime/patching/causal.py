@@ -55,6 +55,10 @@ def past(model: AtlasModel, corrupt: dict[str, Any]) -> tuple[Past | None, str]:
         return None, "its forward takes no cache of keys and values"
     if not isinstance(ids, torch.Tensor) or set(corrupt) - {"input_ids", "attention_mask", "use_cache"}:
         return None, "its inputs are more than token ids"
+    if any(hasattr(m, "rope_deltas") for m in model._module.modules()):
+        # (Qwen2-VL's M-RoPE keeps the position deltas of its last forward, rope_deltas, and a forward given a cache
+        # adds them: a cached forward after an image prompt would be shifted where the loop's plain one is not)
+        return None, "it keeps the position deltas of an earlier forward (rope_deltas) for a forward given a cache"
     with torch.no_grad():
         out = model._runner()(**{**corrupt, "use_cache": True})
     cache, logits = getattr(out, "cache", None) or getattr(out, "past_key_values", None), getattr(out, "logits", None)

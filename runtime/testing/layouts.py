@@ -79,8 +79,18 @@ def draw_layout(config_class: Any, params: Mapping[str, Any], choose: Callable[[
             value = choose(f"layout {k}", options)
         trial = {**out, k: copy.deepcopy(value)}
         try:
-            config_class(**copy.deepcopy(trial))
+            built = config_class(**copy.deepcopy(trial))
         except Exception:  # noqa: BLE001 - a combination the class refuses: this option keeps the tiny config's value
             continue
+        if _windowless_sliding(built):
+            continue  # a sliding kind with no window (Qwen2's layer_types beside use_sliding_window off): no model runs it
         out = trial
     return out
+
+
+def _windowless_sliding(config: Any) -> bool:
+    """Whether a block kind list names sliding blocks while the config has no window for them (the class accepts
+    it; the model's cache does not)."""
+    entries = config.to_dict()
+    kinds = [x for v in entries.values() if isinstance(v, list) for x in v if isinstance(x, str)]
+    return any("sliding" in x for x in kinds) and "sliding_window" in entries and entries["sliding_window"] is None

@@ -66,8 +66,10 @@ def twin_params(family: str, checkpoint: str | None = None) -> dict[str, Any]:
                 params.update({k: v for k, v in config.items() if isinstance(v, (bool, float, str))})
             else:
                 params = shrink(config_class, config)
-            # a value the spec pins under tiny.layouts, with its reason, holds on its twins too
-            params.update({k: _nested_copy(r["pin"]) for k, r in (tiny.get("layouts") or {}).items() if "pin" in r})
+            # a value the spec pins under tiny.layouts, with its reason, holds on its twins too; a pinned per-block
+            # list is the tiny stack's, so a twin (its checkpoint's own layout, cut) keeps its own list
+            params.update({k: _nested_copy(r["pin"]) for k, r in (tiny.get("layouts") or {}).items()
+                           if "pin" in r and not isinstance(r["pin"], (list, tuple))})
             build_check(config_class, getattr(transformers, tiny["model_class"]), params)
         except ShrinkError as e:
             raise ShrinkError(f"{family}: the twin of {name} cannot be built: {e}") from None
