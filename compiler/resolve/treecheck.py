@@ -220,18 +220,14 @@ class _Checker:
         """None when ``path`` leads from ``start`` to a module; else what is missing, and the nearest names
         ("" when a rename entry is what is broken: that entry reports it). ``host``: the term's own host when the
         walk starts there (a sibling found instead is named, with the read that reaches it)."""
-        from nnatlas.tree import fit, introspect
+        from nnatlas.tree import fit
 
         gap = fit.host_gap(start, path)
         if gap is None:
             return None
-        if gap.part in gap.children and gap.part not in gap.native:
+        if gap.renamed_away:
             return ""  # a standard name whose rename finds nothing: reported at the rename entry
-        parent = introspect.parent(host) if host is not None and gap.index == 0 else None
-        sibling: tuple[str, ...] = ()
-        if parent is not None and introspect.child(parent, gap.part) is not None:
-            sibling = (introspect.label(parent) or "model", type(introspect.native(parent)).__name__)
-        return _gap_words(gap, sibling, text)
+        return _gap_words(gap, fit.sibling(host, gap) if host is not None else (), text)
 
     def nearest_host(self, path: str, builds: list[tuple[str, Any]]) -> str:
         import torch

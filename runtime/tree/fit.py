@@ -40,6 +40,11 @@ class Gap:
     native: tuple[str, ...]
     index: int  # how many parts of the path were found before it broke off
 
+    @property
+    def renamed_away(self) -> bool:
+        """The missing part is a standard name of the module whose rename finds nothing (said at the rename)."""
+        return self.part in self.children and self.part not in self.native
+
 
 @dataclass(frozen=True)
 class Misfit:
@@ -84,6 +89,15 @@ def host_gap(start: Any, parts: tuple[str, ...]) -> Gap | None:
                        tuple(introspect.child_names(node)), tuple(module._modules), n)
         node = nxt
     return None
+
+
+def sibling(host: Host, gap: Gap) -> tuple[str, ...]:
+    """(label, class) of ``host``'s parent where the first part a path looked for inside ``host`` is a child of the
+    parent instead (the path leaves its host: a read outside it starts with ^.); () otherwise."""
+    parent = introspect.parent(host) if gap.index == 0 else None
+    if parent is None or introspect.child(parent, gap.part) is None:
+        return ()
+    return (introspect.label(parent) or "model", type(introspect.native(parent)).__name__)
 
 
 def native_gap(host: Host, dotted: str) -> Gap | None:
@@ -216,14 +230,10 @@ def read_misfit(model: AtlasModel, host: Host, label: str, spec: HostSpec, v: Va
     gap = host_gap(start, read.module)
     if gap is not None:
         std = gap.part if gap.at == "model" else f"{pattern_of(gap.at)}.{gap.part}"
-        if gap.part in gap.children and gap.part not in gap.native or std in model._family.rename:
+        if gap.renamed_away or std in model._family.rename:
             return None  # a standard name whose rename finds nothing: said at the rename
-        sibling: tuple[str, ...] = ()
-        if not read.up and not read.scope_root and gap.index == 0:
-            parent = introspect.parent(host)
-            if parent is not None and introspect.child(parent, gap.part) is not None:
-                sibling = (introspect.label(parent) or "model", type(introspect.native(parent)).__name__)
-        return Misfit("read", spec.path, label, spec, v.name, read.text, gap, sibling=sibling)
+        beside = sibling(host, gap) if not read.up and not read.scope_root else ()
+        return Misfit("read", spec.path, label, spec, v.name, read.text, gap, sibling=beside)
     if read.kind == "method":
         mod = resolved(start, read.module)
         if mod is not None and not callable(getattr(mod, read.method or "", None)):
