@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .emit import apiref, cookbook, emit, files, guide, outdir, printouts, pycheck, reference
+from .emit import apiref, cookbook, emit, files, guide, outdir, pages, printouts, pycheck, reference, templating
 from .errors import GenerateError, Problem, SpecError, UserError
 from .language.ir import Atlas, FamilyIR
 from .resolve import treecheck
@@ -61,20 +61,20 @@ def render(atlas: Atlas, printout_texts: dict[str, str] | None = None,
         out[f"generated/families/{f.name}.py"] = adapters[f.name]
         out[f"generated/tests/test_{f.name}.py"] = emit.render_tests(f)
         tests[f.name] = status.tests_digest(out[f"generated/tests/test_{f.name}.py"])
-        out[f"generated/docs/{f.name}.html"], out[f"generated/docs/{f.name}.md"] = emit.render_pages(f, atlas, printout,
+        out[f"generated/docs/{f.name}.html"], out[f"generated/docs/{f.name}.md"] = pages.render_pages(f, atlas, printout,
                                                                                                  status_data, tests[f.name])
         if printout is not None:
             out[printouts.path_for(f.name)] = printout
     guides = guide.pages(guide_texts or {})
     searched = guides + ([guide.parse("cookbook", cookbook_text)] if cookbook_text is not None else [])
-    out["generated/docs/index.html"], out["generated/docs/search.js"], out["generated/docs/matrix.html"] = emit.render_index(
+    out["generated/docs/index.html"], out["generated/docs/search.js"], out["generated/docs/matrix.html"] = pages.render_index(
         atlas, printout_texts, status_data, cookbook_text is not None, tests, [(p.title, p.href) for p in guides],
         guide.entries(searched))
-    out["generated/docs/status.html"] = emit.render_status(atlas, status_data, tests)
+    out["generated/docs/status.html"] = pages.render_status(atlas, status_data, tests)
     out[status.CARRIED] = status.carried(atlas, status_data, tests)
-    out["generated/docs/llms.txt"] = emit.render_llms(atlas, [(p.title, p.href) for p in guides])
-    out["generated/docs/atlas.css"] = emit.env().get_template("atlas.css.j2").render()
-    out["generated/docs/atlas.js"] = emit.env().get_template("atlas.js.j2").render()
+    out["generated/docs/llms.txt"] = pages.render_llms(atlas, [(p.title, p.href) for p in guides])
+    out["generated/docs/atlas.css"] = templating.env().get_template("atlas.css.j2").render()
+    out["generated/docs/atlas.js"] = templating.env().get_template("atlas.js.j2").render()
     out[reference.PATH] = reference.render_md()  # the spec language reference, from the compiler's own models
     out[reference.PAGE] = reference.render_html()
     out[apiref.PAGE] = apiref.render_html(cookbook_text is not None)  # the runtime's API, from its source

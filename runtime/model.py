@@ -15,8 +15,8 @@ from .trace.tracer import Tracer
 from .tree import foreign_names, readout, saes, tables
 from .tree.describe import Support, block_runs, load_facts, render, support
 from .tree.given import refuse_compiled
-from .tree.hosts import Value
 from .tree.targets import ModelTargets
+from .tree.values import Value
 
 
 class AtlasModel(ModelTargets):

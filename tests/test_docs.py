@@ -20,7 +20,7 @@ import torch
 
 from nnatlas import registry, testing
 from nnatlas.compiler.cli import main as nnatlas_main
-from nnatlas.compiler.emit import emit, guide
+from nnatlas.compiler.emit import guide, search_index
 from nnatlas.loading import user_specs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -210,7 +210,7 @@ def test_a_guide_page_name_must_be_words(tmp_path: Path) -> None:
 
 def test_the_site_renders_every_page_of_the_manual_linked_from_the_index_and_searched() -> None:
     index = (GENERATED / "index.html").read_text(encoding="utf-8")
-    search = emit.read_search_script((GENERATED / "search.js").read_text(encoding="utf-8"))
+    search = search_index.read_search_script((GENERATED / "search.js").read_text(encoding="utf-8"))
     found = [e for e in search if e["family"] == guide.FAMILY]
     cookbook = (ROOT / "docs" / "cookbook.md").read_text(encoding="utf-8")
     for name, text in [*GUIDES.items(), ("cookbook", cookbook)]:  # the cookbook's recipes are searched too
@@ -224,7 +224,7 @@ def test_the_site_renders_every_page_of_the_manual_linked_from_the_index_and_sea
             assert any(e["href"] == f"{page.href}#{anchor}" and e["name"] == section.title for e in found), section
     locks = [e for e in found if "fcntl.flock" in e.get("text", "")]
     assert locks and all(e["href"].startswith("guide-caching.html#") for e in locks)
-    assert emit.unpack_search(emit.pack_search(search)) == search
+    assert search_index.unpack_search(search_index.pack_search(search)) == search
 
 
 def test_the_moved_facts_live_in_the_manual() -> None:

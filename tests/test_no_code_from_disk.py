@@ -35,10 +35,10 @@ ALLOWED = {
         "the drafter's config expressions, checked first against a whitelist (names, items, arithmetic; no call but "
         "len, no double underscore), evaluated without builtins: a config.json key cannot reach it as code",
     ("compiler/draft/configexpr.py", "evaluate", "compile(..., 'eval')"): "the same checked expression",
-    ("runtime/testing/checks.py", "run_example", "exec"):
+    ("runtime/testing/examples.py", "run_example", "exec"):
         "the test helpers run a page's code examples (the notes of the specs this nnatlas carries) on a tiny model: "
         "what a page states, CI runs",
-    ("runtime/testing/checks.py", "run_example", "compile(..., 'exec')"): "the same examples, compiled",
+    ("runtime/testing/examples.py", "run_example", "compile(..., 'exec')"): "the same examples, compiled",
 }
 
 

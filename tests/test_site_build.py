@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from nnatlas.compiler import SpecError, build_site, compile_atlas, default_root, plan_printouts, printout_key
-from nnatlas.compiler.emit import emit
+from nnatlas.compiler.emit import emit, pages
 from nnatlas.compiler.emit import printouts as P
 
 ROOT = default_root()
@@ -94,7 +94,7 @@ def test_a_diagram_naming_an_unknown_part_is_a_spec_error(tmp_path: Path) -> Non
         encoding="utf-8")
     atlas = compile_atlas(specs, tmp_path)
     f = next(f for f in atlas.families if f.name == "llama_diag")
-    html = emit.render_page(f, atlas)
+    html = pages.render_page(f, atlas)
     assert 'data-std="attention_output"' in html
 
 

@@ -12,7 +12,7 @@ from html import unescape
 import pytest
 
 from nnatlas.compiler import compile_atlas, default_root
-from nnatlas.compiler.emit import emit
+from nnatlas.compiler.emit import pages, search_index, templating
 
 ROOT = default_root()
 DOCS = ROOT / "generated" / "docs"
@@ -173,7 +173,7 @@ def _kinds(name: str):  # type: ignore[no-untyped-def]
     """(stack, kind, the kind's hosts) of the family's page model, as the page draws them."""
     f = _family(name)
     printout = DOCS / "printouts" / f"{name}.txt"
-    ctx = emit.page_context(f, _atlas(), printout.read_text(encoding="utf-8") if printout.exists() else None)
+    ctx = pages.page_context(f, _atlas(), printout.read_text(encoding="utf-8") if printout.exists() else None)
     for s in ctx["stacks"]:
         rows = ctx["model"].block_hosts(s.name)
         for kind in s.kinds:
@@ -281,7 +281,7 @@ def _variants(q: str) -> list[str]:
 
 @cache
 def _entries() -> list[dict[str, str]]:
-    return emit.read_search_script(_text("search.js"))
+    return search_index.read_search_script(_text("search.js"))
 
 
 def _search(q: str) -> list[dict[str, str]]:
@@ -317,10 +317,10 @@ def test_the_index_loads_its_search_entries_on_first_use_and_links_its_matrix() 
     # Beside them the manual's sections, each with its words once (about 50 KB for docs/ and the cookbook)
     search = _text("search.js")
     manual = [e for e in _entries() if e["family"] == "manual"]
-    guide_bytes = len(emit.script_json(emit.pack_search(manual), compact=True).encode())
+    guide_bytes = len(templating.script_json(search_index.pack_search(manual), compact=True).encode())
     assert guide_bytes < 80_000 and manual
     assert len(search.encode()) - guide_bytes < 11_000 * len(FAMILIES) and '["x",' not in search
-    assert len(_entries()) > 4000 and emit.unpack_search(emit.pack_search(_entries())) == _entries()
+    assert len(_entries()) > 4000 and search_index.unpack_search(search_index.pack_search(_entries())) == _entries()
     assert '<a href="matrix.html">the matrix</a>' in index and '<table class="matrix"' not in index
     matrix = _text("matrix.html")
     assert '<select id="matrix-family">' in matrix and matrix.count('<option value="') == len(FAMILIES) + 1

@@ -10,7 +10,7 @@ from html import unescape
 import pytest
 
 from nnatlas.compiler import compile_atlas, default_root
-from nnatlas.compiler.emit import config_words, emit, page_model
+from nnatlas.compiler.emit import config_words, emit, page_model, pages
 from nnatlas.compiler.emit import printouts as P
 
 ROOT = default_root()
@@ -252,8 +252,8 @@ def test_every_page_renders_for_a_family_without_checkpoints() -> None:
     sizes section, its coming-from table and a Markdown twin."""
     f = _family("gpt2")
     bare = type(f)(**{**f.__dict__, "checkpoints": ()})
-    html = emit.render_page(bare, _atlas())
-    md = emit.render_page_md(bare, _atlas())
+    html = pages.render_page(bare, _atlas())
+    md = pages.render_page_md(bare, _atlas())
     assert "This family records no checkpoint." in html and "This family records no checkpoint." in md
     assert "blocks.{i}.hook_resid_post" in html
 

@@ -12,7 +12,7 @@ import pytest
 
 from nnatlas.compiler import GenerateError, SpecError, compile_atlas, generate
 from nnatlas.compiler.cli import main
-from nnatlas.compiler.emit import emit
+from nnatlas.compiler.emit import emit, pages, pysource
 from nnatlas.compiler.language import expr
 
 
@@ -180,10 +180,10 @@ def test_the_emitter_refuses_a_name_the_resolver_let_through() -> None:
     f = next(f for f in compile_atlas(root / "specs", root).families if f.name == "gpt2")
     key, c, text = f.config[0]
     bad = dataclasses.replace(f, config=((f"{key}(c): pass\nimport os\ndef x", c, text), *f.config[1:]))
-    with pytest.raises(emit.EmitError, match="refusing to write"):
+    with pytest.raises(pysource.EmitError, match="refusing to write"):
         emit.render_family(bad)
-    with pytest.raises(emit.EmitError, match="no Python literal for inf"):
-        emit.pylit(float("inf"))
+    with pytest.raises(pysource.EmitError, match="no Python literal for inf"):
+        pysource.pylit(float("inf"))
 
 
 def test_generate_parses_every_python_file_before_writing_or_running_it(spec_root: Path, monkeypatch: pytest.MonkeyPatch,
@@ -274,7 +274,7 @@ def test_sizes_a_spec_states_are_bounded_where_they_are_used(spec_root: Path) ->
     ckpt = dict(f.checkpoints[0].config)
     ckpt["num_hidden_layers"] = 10**9  # past the resolver's own check (below): the page still draws at most 1024
     f = dataclasses.replace(f, checkpoints=(dataclasses.replace(f.checkpoints[0], config=tuple(ckpt.items())),))
-    page = emit.render_page(f, atlas)  # without a printout the page counts the blocks from the config: capped
+    page = pages.render_page(f, atlas)  # without a printout the page counts the blocks from the config: capped
     assert "family llama" in page and 'max="1023"' in page and page.count('class="tick ') == 1024
 
 

@@ -5,6 +5,7 @@ catches a spec the default tiny model does not, and draw=True serves dense-first
 from __future__ import annotations
 
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import transformers
 
 from nnatlas.testing import suite as T
 from nnatlas.testing import twins
+from nnatlas.testing.identities import identities_checked
 from nnatlas.testing.shrink import ShrinkError, cut, shrink
 
 
@@ -247,6 +249,20 @@ def test_a_drawn_dense_first_count_catches_one_mlp_class_for_every_block() -> No
     own = T.Case("glm4_moe", params, case.inputs, 0, perturbed=True)
     T.check_identities(own, "layers[i].mlp", tuple(range(6)))
 
+
+def test_a_twin_without_a_block_kind_passes_its_identities_without_hypothesis() -> None:
+    """Nemotron-H's dense 9B has no mixture block: its twin checks none of the mixer's expert identities and passes,
+    calling no hypothesis function outside a property test (``assume`` there is deprecated); ``check_identities``
+    called outside one on such a case fails, saying nothing was checked."""
+    checkpoint, path, indices = "nvidia/NVIDIA-Nemotron-Nano-9B-v2", "layers[i].mixer.shared_experts", (0, 1)
+    case = twins.twin_case("nemotron_h", checkpoint)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # hypothesis' deprecation included
+        assert identities_checked(case, path, indices) == 0
+        T.check_twin_identities("nemotron_h", checkpoint, path, indices)
+        with pytest.raises(AssertionError, match=r"no host at layers\[i\]\.mixer\.shared_experts .* nothing was checked"):
+            T.check_identities(case, path, indices)
+    assert identities_checked(case, "layers[i].mixer", (0,)) > 0  # (the twin has mixers: of the other kinds)
 
 def test_a_layout_rule_without_its_reason_is_an_error_at_its_line() -> None:
     from nnatlas.compiler import SpecError

@@ -85,7 +85,7 @@ def test_a_family_load_is_its_generated_model(mypy_lines: dict[int, list[str]]) 
 
 def test_standard_values_read_as_values(mypy_lines: dict[int, list[str]]) -> None:
     for text in ("reveal_type(model.layers[0].self_attn.attention_queries)", "reveal_type(model.layers[0].mlp.output)"):
-        assert mypy_lines[_line(text)] == ['note: Revealed type is "nnatlas.tree.hosts.Value"'], text
+        assert mypy_lines[_line(text)] == ['note: Revealed type is "nnatlas.tree.values.Value"'], text
     assert mypy_lines[_line("reveal_type(model.num_layers)")] == ['note: Revealed type is "Any"']
 
 

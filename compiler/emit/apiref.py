@@ -19,7 +19,7 @@ PAGE = "generated/docs/api.html"
 RUNTIME = Path(__file__).resolve().parent.parent.parent / "runtime"
 # classes the public calls return: (name, module, what returns it)
 RETURNED = (("Tracer", "trace.tracer", "AtlasModel.trace and AtlasModel.generate"),
-            ("Value", "tree.hosts", "AtlasModel.value and a host's standard value"),
+            ("Value", "tree.values", "AtlasModel.value and a host's standard value"),
             ("Support", "tree.describe", "AtlasModel.support"),
             ("StoredCache", "cache.stored", "Cache.load"))
 
@@ -181,7 +181,7 @@ def entries() -> tuple[list[Entry], str]:
 
 def render_html(cookbook: bool = True) -> str:
     """The page; ``cookbook``: the site has a cookbook page to link to."""
-    from .emit import env
+    from .templating import env
 
     items, intro = entries()
     sources = sorted({e.module for e in items} | {"__init__"})

@@ -63,7 +63,7 @@ def code_blocks(body: str) -> list[tuple[str, str]]:
 
 
 def render_html(text: str) -> str:
-    from .emit import env
+    from .templating import env
 
     title, intro, recipes = parse(text)
     sha = hashlib.sha256(text.encode()).hexdigest()

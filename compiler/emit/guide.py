@@ -160,7 +160,7 @@ def pages(texts: dict[str, str]) -> list[Page]:
 
 
 def render_html(page: Page, text: str, everything: list[Page], cookbook: bool = True) -> str:
-    from .emit import env
+    from .templating import env
 
     sha = hashlib.sha256(text.encode()).hexdigest()
     source = f"{SOURCE}/{page.name}.md"

@@ -369,7 +369,7 @@ def _md_cell(text: str) -> str:
 
 
 def render_html() -> str:
-    from .emit import env
+    from .templating import env
 
     return env().get_template("spec.html.j2").render(sections=sections(), header=header(), inline=_inline_html)
 

@@ -121,7 +121,7 @@
     });
     return out;
   }
-  // search.js's packed rows back to the entries (compiler/emit/emit.py's unpack_search, which says each row's fields)
+  // search.js's packed rows back to the entries (compiler/emit/search_index.py's unpack_search, which says each row's fields)
   function unpackSearch(packed) {
     var out = [];
     Object.keys(packed).forEach(function (family) {

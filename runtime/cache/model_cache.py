@@ -28,8 +28,9 @@ from ..trace import conditions
 from ..trace.requests import Box
 from ..trace.tracer import Tracer
 from ..tree import tables
-from ..tree.hosts import Host, HostList, Value
+from ..tree.hosts import Host, HostList
 from ..tree.targets import ModelTargets
+from ..tree.values import Value
 from .stored import StoredCache
 
 _INDEXED = re.compile(r"^(?P<head>.*?)\[(?P<i>\d+)\]$")

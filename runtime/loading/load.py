@@ -15,11 +15,10 @@ from ..errors import InputError, NnatlasError, Unavailable
 from ..inputs.processing import load_processor
 from ..model import AtlasModel
 from ..parallel import tensor_parallel
-from ..spec import Family
+from ..spec import Family, pattern_of
 from ..trace.sites import _KERNEL_ROUTES
 from ..tree import fit
 from ..tree.given import unwrap
-from ..tree.hosts import pattern_of
 from . import user_specs, version_status
 
 

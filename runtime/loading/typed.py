@@ -17,7 +17,8 @@ from typing import Any, overload
 import torch
 
 from ..model import AtlasModel
-from ..tree.hosts import Host, Value
+from ..tree.hosts import Host
+from ..tree.values import Value
 
 Edit = Value | torch.Tensor | float | int | Callable[[Any], Any]  # what an assignment to a value may be
 

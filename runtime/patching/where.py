@@ -13,7 +13,7 @@ from ..errors import InputError, UnknownName
 from ..inputs.prepare import prepare
 from ..inputs.validate import accepted_kwargs
 from ..model import AtlasModel
-from ..tree.hosts import Value
+from ..tree.values import Value
 
 
 def block_value(model: AtlasModel, i: int, name: str) -> Value | None:

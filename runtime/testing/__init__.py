@@ -8,23 +8,19 @@ imported by it; it changes no global setting (the tests' conftest and the genera
     testing.check_identities(case)                        # a generated test's checks (cases: testing.suite.draw_case)
 
 Everything else the generated tests and nnatlas's own tests use (draws, cases, constants, the oracle's pieces) is
-in :mod:`nnatlas.testing.suite`; the modules (``checks``, ``tiny``, ``perturb``, ``oracle``, ``gradients``,
-``values``, ``flex``, ``tp_oracle``) hold the code.
+in :mod:`nnatlas.testing.suite`; the modules hold the code: the drawn cases and fixed inputs (``cases``), the checks
+(``served``: shapes, support(), missing values, native classes; ``identities``, ``edits``, ``image_text``, the
+recomputed ``patterns``, the notes' ``examples``), ``tiny``, ``perturb``, ``oracle``, ``gradients``, ``twins``,
+``values``, ``flex``, ``allocations``, ``tp_oracle``.
 """
 
-from .checks import (
-    PROMPT,
-    check_edit,
-    check_identities,
-    check_identity,
-    check_missing,
-    check_readonly,
-    check_shapes,
-    check_support,
-)
+from .cases import PROMPT
+from .edits import check_edit, check_readonly
 from .gradients import check_gradients
+from .identities import check_identities, check_identity
 from .oracle import check_oracle, oracle_checks
 from .perturb import perturb_config, perturb_params, perturb_tensors
+from .served import check_missing, check_shapes, check_support
 from .tiny import WORDS, build, draw_inputs, shared_build
 from .twins import twin
 

@@ -21,9 +21,18 @@ from ..loading.load import route_kernels
 from ..model import AtlasModel
 from ..spec import pattern_of
 from ..trace.requests import Geometry, grad_through_base
-from .checks import GRAD_BLOCK_VALUES, GRADIENT_COUNTS, GRADIENT_GAPS, _fixed_inputs
+from .cases import _fixed_inputs
 from .tiny import build, draw_inputs
 from .values import each_host, standard_values
+
+GRADIENT_COUNTS: dict[str, tuple[int, int]] = {}  # family -> (values compared, values the backward reached)
+
+
+GRAD_BLOCK_VALUES = ("layer_input", "layer_output", "attention_output", "mlp_output")
+
+
+# Known gaps of the gradient oracle, pinned (a fix makes the test fail: then remove the entry).
+GRADIENT_GAPS: dict[str, str] = {}
 
 
 def _scalar(logits: torch.Tensor, seed: int = 0) -> torch.Tensor:

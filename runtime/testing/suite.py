@@ -4,46 +4,15 @@ exports the few helpers a user calls (see its ``__all__``); this module is for t
 
 from __future__ import annotations
 
-from .checks import (
-    FIXED_SIZES,
+from .allocations import Allocations
+from .cases import FIXED_SIZES, PROMPT, Case, _fixed_inputs, draw_case
+from .edits import _check_edit, check_edit, check_readonly
+from .examples import run_example
+from .flex import uncompiled_flex_attention
+from .gradients import (
     GRAD_BLOCK_VALUES,
     GRADIENT_COUNTS,
     GRADIENT_GAPS,
-    HIDDEN_STATES_AFTER_BLOCKS,
-    ORACLE_ATOL,
-    PATTERN_ERRORS,
-    PATTERN_VALUES,
-    PROMPT,
-    Allocations,
-    Case,
-    _check_edit,
-    _check_shapes,
-    _first_host,
-    _fixed_inputs,
-    _routable,
-    _save_all,
-    _unavailable_term,
-    _vision_specs,
-    check_edit,
-    check_identities,
-    check_identity,
-    check_image_input_errors,
-    check_missing,
-    check_native_class,
-    check_processor_round_trip,
-    check_readonly,
-    check_recomputed_patterns,
-    check_shapes,
-    check_support,
-    check_text_only_load,
-    check_text_prompt,
-    draw_case,
-    identity_ids,
-    recomputed_pattern_loads,
-    run_example,
-)
-from .flex import uncompiled_flex_attention
-from .gradients import (
     LIGHT_KINDS,
     SOAK_KINDS,
     Held,
@@ -57,8 +26,18 @@ from .gradients import (
     grad_soak,
     live_tensors,
 )
+from .identities import _unavailable_term, check_identities, check_identity, identity_ids
+from .image_text import (
+    _vision_specs,
+    check_image_input_errors,
+    check_processor_round_trip,
+    check_text_only_load,
+    check_text_prompt,
+)
 from .layouts import draw_layout, structural_options
 from .oracle import (
+    HIDDEN_STATES_AFTER_BLOCKS,
+    ORACLE_ATOL,
     _accepts,
     _exact,
     _oracle_blocks,
@@ -67,6 +46,7 @@ from .oracle import (
     check_oracle,
     oracle_checks,
 )
+from .patterns import PATTERN_ERRORS, PATTERN_VALUES, check_recomputed_patterns, recomputed_pattern_loads
 from .perturb import (
     NOT_FACTORS,
     config_factors,
@@ -74,6 +54,16 @@ from .perturb import (
     perturb_config,
     perturb_params,
     perturb_tensors,
+)
+from .served import (
+    _check_shapes,
+    _first_host,
+    _routable,
+    _save_all,
+    check_missing,
+    check_native_class,
+    check_shapes,
+    check_support,
 )
 from .shrink import DENSE_FIRST, ShrinkError, layout, shrink
 from .sweeps import SWEEP_ATOL, check_sweep, sweep_prompts

@@ -42,7 +42,8 @@ import nnatlas
 from ..cli.cache import main as cache_main
 from ..model import AtlasModel
 from ..parallel.tensor_parallel import CANNOT_DIFFERENTIATE
-from .checks import _fixed_inputs, served_values
+from .cases import _fixed_inputs
+from .served import served_values
 from .tiny import build
 
 ATOL = 1e-5  # float noise of the ranks' reduction order (measured: below 1e-6 on the tiny models)

@@ -10,8 +10,9 @@ from ..parallel import tensor_parallel
 from ..spec import HostSpec, ValueSpec
 from ..trace import patterns
 from . import tables
-from .hosts import Host, Value, resolve_native
+from .hosts import Host, resolve_native
 from .targets import ModelTargets
+from .values import Value
 
 
 def _value_line(v: ValueSpec) -> str:

@@ -14,7 +14,8 @@ import torch
 from ..errors import NnatlasError
 from ..trace.placeholders import Placeholder
 from ..trace.requests import Box
-from .hosts import LazyExpr, Value
+from .lazy import LazyExpr
+from .values import Value
 
 
 def _a(word: str) -> str:

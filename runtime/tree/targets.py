@@ -3,7 +3,7 @@ site, access and view) on the live model, and why this load cannot serve (or edi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -14,8 +14,9 @@ from ..spec import CALL_DIMS, Condition, Family
 from ..trace import conditions, patterns, sites
 from ..trace.requests import CallDim, SiteKey, Target
 from ..trace.tracer import Tracer
-from .hosts import Host, Value, resolve_native
+from .hosts import Host, resolve_native
 from .model_tree import ModelTree
+from .values import Value
 
 
 class ModelTargets(ModelTree):
@@ -46,7 +47,7 @@ class ModelTargets(ModelTree):
         module = value._host._module
         if value._read.kind in ("call", "op", "method"):
             try:
-                module = self._scope_module(value._host, value._read, value.label)
+                module = self._scope_module(cast(Host, value._host), value._read, value.label)
             except NnatlasError:
                 pass
         if spec.needs.name == "eager" and recomputed(value._read, module, self.config):
@@ -132,7 +133,7 @@ class ModelTargets(ModelTree):
         return tensor_parallel.shard_target(target, self._tp, sizes, axes)
 
     def _resolve_target(self, value: Value) -> Target:
-        read, host = value._read, value._host
+        read, host = value._read, cast(Host, value._host)  # (a handle types its host by what it uses of one)
         view = tuple((op, tuple(self._view_arg(a) for a in args)) for op, args in (
             ((v.name, v.args) for v in value._spec.view) if value._spec else ()))
         dims_module = self._module if _names_call_dims(view) else None  # the model's call gives [batch, seq]

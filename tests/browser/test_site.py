@@ -354,10 +354,10 @@ def test_search_and_trait_filter_narrow_the_index(page: Any, test_site: Path, re
 
     _search(page, "LlamaAttention")
     # the entries atlas.js unpacked from search.js (loaded by the first search) are the ones the compiler packed
-    from nnatlas.compiler.emit import emit
+    from nnatlas.compiler.emit import search_index
 
     index.extend(page.evaluate("window.nnatlasSearch"))
-    assert index == emit.read_search_script((real_site / "search.js").read_text(encoding="utf-8"))
+    assert index == search_index.read_search_script((real_site / "search.js").read_text(encoding="utf-8"))
     assert len(index) > 4000 and {e["kind"] for e in index} >= {"checkpoint", "load class", "native class", "value", "note"}
     assert shown() == hit("LlamaAttention") and "llama" in shown()  # llama, and llava's text model
     assert page.locator("#results li").count() >= 1
