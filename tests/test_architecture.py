@@ -244,7 +244,10 @@ TOOLS = {"nnatlas.compiler.emit.printouts": {"nnatlas", "nnatlas.parallel.tensor
          "nnatlas.compiler.cli": {"nnatlas.cli.cache"},  # the `nnatlas cache` command
          # a draft's oracle on a tiny twin (draft=True), the draft put in the lookup while it is verified
          "nnatlas.compiler.userspec": {"nnatlas.testing.suite", "nnatlas.registry"},
-         "nnatlas.compiler.draft.tiny": {"nnatlas.testing", "nnatlas.testing.suite"},  # the drafter's tiny model, perturbed as the tests do
+         # the drafter's tiny model: the twins' sizes (one shrink rule), laid out and perturbed as the tests do
+         "nnatlas.compiler.draft.tiny_config": {"nnatlas.testing.suite"},
+         "nnatlas.compiler.draft.tiny": {"nnatlas.testing.suite"},
+         "nnatlas.compiler.draft.tiny_build": {"nnatlas.testing"},
          # whether a shipped family loads a type's tiny model; the checkpoint-like layout, by the tests' rule
          "nnatlas.compiler.draft_sweep": {"nnatlas.registry", "nnatlas.testing.suite"}}
 
