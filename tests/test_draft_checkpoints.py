@@ -117,3 +117,33 @@ def test_a_draft_that_cannot_place_a_module_says_which_where_the_draft_is_and_sp
     assert "nnatlas draft" not in message and "--out" not in message, message
     assert message.count("spec=") == 1, message
 
+
+
+def test_token_id_lists_are_no_per_block_list() -> None:
+    """GLM's three eos ids on a three-block stack: the layout rule does not cut them as each block's kind."""
+    from nnatlas.testing.shrink import layout
+
+    given = {"num_hidden_layers": 3, "eos_token_id": [151329, 151336, 151338],
+             "layer_types": ["full_attention", "sliding_attention", "full_attention"]}
+    laid, _ = layout(given, given, "num_hidden_layers")
+    assert "eos_token_id" not in laid and laid["layer_types"] == ["full_attention", "sliding_attention"]
+
+
+def test_blocks_two_lists_tell_apart_are_kinds_of_both(tmp_path: Path) -> None:
+    """Bailing-Hybrid laid out dense-first beside its linear and full attention blocks: no one list tells its three
+    kinds of block apart (block 0 linear and dense, 1 full and a mixture, 2 linear and a mixture); the draft's kinds
+    are of both lists, each block's MLP class the one its kind says."""
+    from nnatlas.compiler.draft import draft, tiny
+
+    base = transformers.BailingHybridConfig()
+    recorded = {k: v for k, v in base.to_dict().items() if k not in ("layer_types", "mlp_layer_types",
+                                                                     "transformers_version")}
+    types = ["linear_attention", "full_attention", "linear_attention"]
+    config = transformers.BailingHybridConfig(**shrink(transformers.BailingHybridConfig, {
+        **recorded, "num_hidden_layers": 3, "layer_types": types, "first_k_dense_replace": 1}))
+    assert config.mlp_layer_types == ["dense", "sparse", "sparse"]
+    config.save_pretrained(tmp_path)
+    text = draft("bailing_hybrid", str(tmp_path)).text
+    for x, y in zip(types, config.mlp_layer_types):
+        assert f"when: \"layer_types[i] == '{x}' and mlp_layer_types[i] == '{y}'\"" in text
+    assert tiny.plan("bailing_hybrid", str(tmp_path)).config["layer_types"] == types

@@ -1,10 +1,12 @@
-"""Match a recorded forward against the vocabulary: which module is the embedding, the blocks,
-the norms around each mixer, the attention and its interface call, the MLP and its activation,
-the router and experts of a mixture, the delta-rule kernel of a linear-attention mixer. Every
-proposal is checked on the recorded tensors; an identity is proposed only when it held."""
+"""Match a recorded forward against the vocabulary: which module is the embedding, the positions, the final norm and
+the head, the blocks (their kinds: by the config's list of each block's kind, two such lists together, or a
+dense-first count) and the norms around each mixer; each block's mixers are matched by :mod:`.match_attention`,
+its MLP or mixture by :mod:`.match_mlp`. Every proposal is checked on the recorded tensors; an identity is proposed
+only when it held."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Any
 
@@ -22,6 +24,11 @@ def _partitions(types: list[str], sigs: dict[Any, list[int]]) -> bool:
     """Whether every block of one kind in ``types`` has one signature (the kinds tell the differing blocks apart)."""
     return all(len({types[i] for i in blocks}) == 1 for blocks in sigs.values()) and \
         all(len({s for s, blocks in sigs.items() if t in {types[i] for i in blocks}}) == 1 for t in set(types))
+
+
+def _kind_name(kind: str) -> str:
+    """A kind of block as a spec names it: ``attention`` for full attention, else the kind in lower case."""
+    return "attention" if kind in ("full_attention", "attention") else re.sub(r"[^a-z0-9_]", "_", kind.lower())
 
 
 def _dense_first(config: Any, sigs: dict[Any, list[int]], n: int) -> tuple[str, int] | None:
@@ -225,9 +232,17 @@ class Matcher(AttentionMatch, MlpMatch):
         # where the blocks differ, the list whose kinds tell them apart (ExaONE-MoE's mlp_layer_types, not its
         # sliding and full layer_types), else the first
         fits = [(t, ts) for t, ts in listed_types if len(sigs) > 1 and _partitions(ts, sigs)]
-        if fits or listed_types:
+        pair = None  # where no one list tells the blocks apart, two together (Bailing-Hybrid: its linear and full
+        # attention blocks by layer_types, its dense first block by mlp_layer_types)
+        if not fits and len(sigs) > 1:
+            pair = next(((a, b) for (a, ta), (b, tb) in itertools.combinations(listed_types, 2)
+                         if _partitions([f"{x}\0{y}" for x, y in zip(ta, tb)], sigs)), None)
+        if pair is not None:
+            lists = dict(listed_types)
+            tname, types = "", [f"{x}\0{y}" for x, y in zip(lists[pair[0]], lists[pair[1]])]
+        elif fits or listed_types:
             tname, types = (fits or listed_types)[0]
-        dense_first = _dense_first(self.config, sigs, n) if len(sigs) > 1 and not fits else None
+        dense_first = _dense_first(self.config, sigs, n) if len(sigs) > 1 and not fits and pair is None else None
         layer_cls = rec.call(f"{layers}.0").cls  # type: ignore[union-attr]
         host = p.host("layers[i]", layer_cls, "the class of every block")
         kinds: list[tuple[str | None, int]] = []
@@ -254,12 +269,15 @@ class Matcher(AttentionMatch, MlpMatch):
             host.cls = None
             host.sure = "one class per kind of block: each kind says its own"
         for kind, i in kinds:
-            kname = "" if kind is None else \
-                "attention" if kind in ("full_attention", "attention") else re.sub(r"[^a-z0-9_]", "_", kind.lower())
-            when = f"{tname}[i] == {kind!r}" if tname else \
-                f"i {'<' if kind == 'dense' else '>='} {dense_first[0]}"  # type: ignore[index]
+            kname = "" if kind is None else "_".join(map(_kind_name, kind.split("\0")))
+            if pair is not None and kind is not None:
+                x, y = kind.split("\0")
+                when = f"{pair[0]}[i] == {x!r} and {pair[1]}[i] == {y!r}"
+            else:
+                when = f"{tname}[i] == {kind!r}" if tname else \
+                    f"i {'<' if kind == 'dense' else '>='} {dense_first[0]}"  # type: ignore[index]
             p.kind = (kname, when) if kind is not None else None
-            self.kind_type = kind
+            self.kind_type = kind.split("\0")[0] if kind is not None else None
             try:
                 values, identities = self.block(layers, i, host)
             finally:
