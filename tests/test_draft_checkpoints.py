@@ -147,3 +147,24 @@ def test_blocks_two_lists_tell_apart_are_kinds_of_both(tmp_path: Path) -> None:
     for x, y in zip(types, config.mlp_layer_types):
         assert f"when: \"layer_types[i] == '{x}' and mlp_layer_types[i] == '{y}'\"" in text
     assert tiny.plan("bailing_hybrid", str(tmp_path)).config["layer_types"] == types
+
+
+@pytest.mark.parametrize("model_type", ["zamba", "zamba2", "nemotron_h"])
+def test_a_given_hybrid_layout_is_drafted_as_given(model_type: str, tmp_path: Path) -> None:
+    """A hybrid stack given laid out off its class's defaults (its kinds' list rotated, as the sweep does): the
+    drafter's tiny stack keeps the given kinds in order and runs, where a cut of it would not build (Zamba: one hybrid
+    block ties its shared block to nothing), the list is under its alias (Zamba 2's layers_block_type) or the block
+    count is derived from it (NemotronH)."""
+    from nnatlas.compiler.draft import tiny
+    from nnatlas.compiler.draft_sweep import checkpoint_like
+
+    plan = tiny.plan(model_type)
+    model = tiny.build(plan, checkpoint_like(plan))
+    given = list(model.config.layers_block_type)
+    assert given != list(tiny.build(plan).config.layers_block_type)  # (off the tiny config's own layout)
+    model.config.save_pretrained(tmp_path)
+    built = tiny.build(tiny.plan(model_type, str(tmp_path)))
+    kinds = list(built.config.layers_block_type)
+    assert set(kinds) == set(given) and kinds[0] == given[0], (kinds, given)
+    with torch.no_grad():
+        built(input_ids=torch.randint(4, 90, (1, 5)))

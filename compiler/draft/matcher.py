@@ -271,8 +271,8 @@ class Matcher(AttentionMatch, MlpMatch):
         for kind, i in kinds:
             kname = "" if kind is None else "_".join(map(_kind_name, kind.split("\0")))
             if pair is not None and kind is not None:
-                x, y = kind.split("\0")
-                when = f"{pair[0]}[i] == {x!r} and {pair[1]}[i] == {y!r}"
+                one, other = kind.split("\0")
+                when = f"{pair[0]}[i] == {one!r} and {pair[1]}[i] == {other!r}"
             else:
                 when = f"{tname}[i] == {kind!r}" if tname else \
                     f"i {'<' if kind == 'dense' else '>='} {dense_first[0]}"  # type: ignore[index]
