@@ -121,7 +121,9 @@ def one(model_type: str, score_only: bool = False) -> dict[str, Any]:
             from nnatlas import registry
 
             plan = tiny.plan(model_type)
-            model = tiny.build(plan, checkpoint_like(plan))
+            params = checkpoint_like(plan)
+            row["layout"] = moved(plan.first(), params)
+            model = tiny.build(plan, params)
             model.config.save_pretrained(tmp)
             # a type a shipped family loads (by its spec, or as the classes of another type: gpt-sw3 runs GPT-2's):
             # its draft is put first, else the shipped family would be the one verified
@@ -146,9 +148,10 @@ def one(model_type: str, score_only: bool = False) -> dict[str, Any]:
 def checkpoint_like(plan: Any) -> dict[str, Any]:
     """The drafter's tiny config with its structural options off their defaults, as released checkpoints have them
     (found by rule, :func:`nnatlas.testing.layouts.structural_options`): a dense-first count of 1 (with a block after
-    it) and each per-block kind list rotated by one; the tiny config as it is when the class refuses that."""
+    it) and each per-block kind list rotated by one; the tiny config as it is when the class or its model refuses that."""
     import copy
 
+    import torch
     import transformers
 
     from nnatlas.testing.suite import DENSE_FIRST, structural_options
@@ -169,13 +172,26 @@ def checkpoint_like(plan: Any) -> dict[str, Any]:
         elif isinstance(options[0], list):
             moved[k] = options[-1]
     try:
-        cls(**copy.deepcopy(moved))
-    except Exception:  # noqa: BLE001 - a combination the class refuses: the tiny config's own layout
+        config = cls(**copy.deepcopy(moved))
+        with torch.device("meta"):  # (the model too: Gemma 4's per-layer sizes by block index, rotated with the kinds)
+            getattr(transformers, plan.model_class)(config)
+    except Exception:  # noqa: BLE001 - a combination the class or its model refuses: the tiny config's own layout
         return params
     return moved
 
 
-COLUMNS = "| model type | built | drafted | generate | verified | values | TODO | hand | why not | swept |"
+def moved(first: dict[str, Any], params: dict[str, Any]) -> str:
+    """The layout column: the structural options ``checkpoint_like`` moved off the tiny config's (``first``), each
+    with its value (one it dropped, derived from another, as ``-``), else ``default``."""
+    out = [f"{k}={params[k]!r}" for k in params if k not in first or params[k] != first[k]]
+    out += [f"{k}=-" for k in first if k not in params]
+    return "; ".join(out).replace("'", "") or "default"
+
+
+COLUMNS = ("| model type | built | drafted | generate | verified | values | TODO | hand | why not | swept | layout |")
+RULE = "|---|---|---|---|---|---|---|---|---|---|---|"
+# when the verified column began to load a checkpoint-like layout (before: the class's default layout)
+CHECKPOINT_LIKE_SINCE = "12-06 21:40"
 
 
 def summary(rows: list[dict[str, Any]], total: int, extra: frozenset[str] | set[str] = frozenset()) -> str:
@@ -191,6 +207,11 @@ def summary(rows: list[dict[str, Any]], total: int, extra: frozenset[str] | set[
             f"perturbed tiny twin, unedited ({100 * len(passing) / max(len(built), 1):.0f}% of those that build, "
             f"{100 * len(passing) / max(done, 1):.0f}% of all swept; {len(partly)} of them served with some values "
             "refused).")
+    laid = [r for r in rows if r.get("layout")]
+    if laid:
+        off = sum(1 for r in laid if r["layout"] != "default")
+        line += (f" Of the {len(laid)} loaded by load(draft=True), {off} were laid out off the drafter's tiny config "
+                 f"(dense-first, kind lists), {len(laid) - off} on its own layout (the layout column).")
     if hand:
         mean = sum(r["share"] for r in hand) / len(hand)
         line += (f" {len(hand)} have a hand-written spec: their drafts find {100 * mean:.0f}% of its standard values "
@@ -211,16 +232,18 @@ def table(rows: list[dict[str, Any]], total: int, started: str, extra: frozenset
         f"{when} (last run started {started}). Each type's draft is used unedited: built (the tiny model builds",
         "on CPU and runs a forward), drafted (a spec was written), generate (it compiles), verified (`load(path,",
         "draft=True)` on a tiny model of the type, laid out as a released checkpoint (`checkpoint_like`: a",
-        "dense-first count of 1, each per-block kind list rotated by one; rows swept before 12-06 21:40 ran the",
-        "class's default layout), serves: its draft's oracle and identities held on a perturbed tiny",
+        "dense-first count of 1, each per-block kind list rotated by one, where the class has such options and both",
+        f"it and its model accept them{_unlaid(rows)}), serves: its draft's oracle and identities held on a perturbed tiny",
         "twin, values that did not refused), values (standard values proposed), TODO (modules it could not map), hand (the share of a",
         "hand-written spec's standard values found at the same hosts with an equal read point; 0% where the",
-        "type has a spec and no draft compiled), swept (when the row was measured: a rerun keeps the rows it has).",
+        "type has a spec and no draft compiled), swept (when the row was measured: a rerun keeps the rows it has),",
+        "layout (the options the verified model had off the drafter's tiny config, `default`: none to move, or the",
+        "class or its model refuses the moved ones; the drafted column's draft is made on the tiny config's own layout).",
         "",
         summary(rows, total, extra),
         "",
         COLUMNS,
-        "|---|---|---|---|---|---|---|---|---|---|",
+        RULE,
     ]
     main = sorted((r for r in rows if r["type"] not in extra), key=lambda r: r["type"])
     others = sorted((r for r in rows if r["type"] in extra), key=lambda r: r["type"])
@@ -228,12 +251,23 @@ def table(rows: list[dict[str, Any]], total: int, started: str, extra: frozenset
         if others and r is others[0]:
             lines += ["", "Hand-written families none of whose model types is a causal-LM one (multimodal wrappers): "
                       "each drafted through its text model and scored against the hand-written spec (not loaded).", "",
-                      COLUMNS, "|---|---|---|---|---|---|---|---|---|---|"]
+                      COLUMNS, RULE]
         share = f"{100 * r['share']:.0f}% ({r.get('hand')})" if r.get("share") is not None else ""
         why = r.get("why", "").replace("|", "\\|")
         lines.append(f"| {r['type']} | {yn(r['built'])} | {yn(r['drafted'])} | {yn(r['generate'] if r['drafted'] else None)} "
-                     f"| {yn(r['tests'])} | {r['values'] or ''} | {r['todos'] or ''} | {share} | {why} | {r.get('swept', '')} |")
+                     f"| {yn(r['tests'])} | {r['values'] or ''} | {r['todos'] or ''} | {share} | {why} | {r.get('swept', '')} "
+                     f"| {r.get('layout', '')} |")
     return "\n".join(lines) + "\n"
+
+
+def _unlaid(rows: list[dict[str, Any]]) -> str:
+    """What the header says of verified rows that record no layout (swept before the column was), if any."""
+    old = [r for r in rows if r.get("tests") is not None and not r.get("layout") and r.get("swept")]
+    if not old:
+        return ""
+    before = sum(1 for r in old if r["swept"] < CHECKPOINT_LIKE_SINCE)
+    return (f"; {len(old)} rows record no layout, swept before it was recorded, {before} of them before "
+            f"{CHECKPOINT_LIKE_SINCE}, on the class's default layout")
 
 
 def read_table(text: str) -> list[dict[str, Any]]:
@@ -259,6 +293,8 @@ def read_table(text: str) -> list[dict[str, Any]]:
             row["hand"] = m.group(2)
         if len(cells) > 9 and cells[9]:
             row["swept"] = cells[9]
+        if len(cells) > 10 and cells[10]:
+            row["layout"] = cells[10]
         rows.append(row)
     return rows
 

@@ -235,10 +235,7 @@ def test_the_size_report_names_the_largest_modules_and_classes() -> None:
 
 # no hand-written module in runtime/ or compiler/ over this many lines (split by concern, not by line count)
 MAX_MODULE_LINES = 600
-OVERSIZED = {  # (being split on branch draft; the lead removes this entry at the merge)
-    "compiler/draft/matcher.py",
-    "compiler/draft/tiny.py",
-}
+OVERSIZED: set[str] = set()  # a module allowed over the limit for now, with the reason (none today)
 
 
 def oversized_modules() -> list[str]:
@@ -262,7 +259,10 @@ TOOLS = {"nnatlas.compiler.emit.printouts": {"nnatlas", "nnatlas.parallel.tensor
          "nnatlas.compiler.cli": {"nnatlas.cli.cache"},  # the `nnatlas cache` command
          # a draft's oracle on a tiny twin (draft=True), the draft put in the lookup while it is verified
          "nnatlas.compiler.userspec": {"nnatlas.testing.suite", "nnatlas.registry"},
-         "nnatlas.compiler.draft.tiny": {"nnatlas.testing", "nnatlas.testing.suite"},  # the drafter's tiny model, perturbed as the tests do
+         # the drafter's tiny model: the twins' sizes (one shrink rule), laid out and perturbed as the tests do
+         "nnatlas.compiler.draft.tiny_config": {"nnatlas.testing.suite"},
+         "nnatlas.compiler.draft.tiny": {"nnatlas.testing.suite"},
+         "nnatlas.compiler.draft.tiny_build": {"nnatlas.testing"},
          # whether a shipped family loads a type's tiny model; the checkpoint-like layout, by the tests' rule
          "nnatlas.compiler.draft_sweep": {"nnatlas.registry", "nnatlas.testing.suite"}}
 

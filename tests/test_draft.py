@@ -449,11 +449,12 @@ def test_the_final_norm_before_a_prediction_head() -> None:
     assert any("lm_head (ModernBertDecoderPredictionHead)" in t for t in p.todos)
 
 
-def test_a_fixed_size_the_config_refuses_keeps_its_default() -> None:
-    """zaya routes each token to one expert (its config refuses num_experts_per_tok=2, the tiny default): the tiny
-    config leaves it at the class's 1, which the draft's mixture still sizes top_k by."""
+def test_a_count_smaller_than_the_tiny_one_is_kept() -> None:
+    """zaya routes each token to one expert (its config refuses num_experts_per_tok=2, the tiny value): the tiny
+    config keeps the class's 1 (shrink's rule, as the twins': a count in AT_MOST is kept when smaller), which the
+    draft's mixture sizes top_k by."""
     d = draft("zaya")
-    assert "num_experts_per_tok" not in d.proposal.tiny.config
+    assert d.proposal.tiny.config["num_experts_per_tok"] == 1
     assert d.proposal.config["top_k"] == "num_experts_per_tok"
 
 

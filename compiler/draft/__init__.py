@@ -1,8 +1,13 @@
 """``nnatlas draft MODEL_TYPE``: a first spec for a transformers model type, written by machine.
 
-    tiny.py      the tiny random model (shrunk config, the draw ranges of the spec's tiny:)
+    tiny.py      the tiny random model (shrunk config, the draw ranges of the spec's tiny:), from
+                 tiny_config.py (the size tables, the Tiny plan), tiny_stack.py (block counts, sections,
+                 per-layer overrides) and tiny_build.py (the model built, perturbed; other sizes to try)
     recorder.py  one forward, recorded (module calls, modeling-module functions, torch ops)
-    matcher.py   the recorded dataflow matched against the vocabulary (a Proposal)
+    matcher.py   the recorded dataflow matched against the vocabulary (a Proposal): the whole model and its
+                 blocks, with match_attention.py (the mixers), match_mlp.py (dense MLPs and mixtures),
+                 match_base.py (the match's state, config entries of measured sizes), measure.py (tensors,
+                 tolerances, the patterns of module classes)
     writer.py    the Proposal as commented YAML (the only place that knows the spec's forms)
     check.py     compile the draft, run its generated tests, compare with a hand-written spec
 """

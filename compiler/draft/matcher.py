@@ -1,92 +1,34 @@
-"""Match a recorded forward against the vocabulary: which module is the embedding, the blocks,
-the norms around each mixer, the attention and its interface call, the MLP and its activation,
-the router and experts of a mixture, the delta-rule kernel of a linear-attention mixer. Every
-proposal is checked on the recorded tensors; an identity is proposed only when it held."""
+"""Match a recorded forward against the vocabulary: which module is the embedding, the positions, the final norm and
+the head, the blocks (their kinds: by the config's list of each block's kind, two such lists together, or a
+dense-first count) and the norms around each mixer; each block's mixers are matched by :mod:`.match_attention`,
+its MLP or mixture by :mod:`.match_mlp`. Every proposal is checked on the recorded tensors; an identity is proposed
+only when it held."""
 
 from __future__ import annotations
 
-import inspect
-import math
+import itertools
 import re
 from typing import Any
 
 import torch
 
-from . import configexpr
-from .proposal import Function, Host, Identity, Kind, Proposal, Value
-from .recorder import FnCall, ModuleCall, Op, Recording
+from .match_attention import AttentionMatch
+from .match_mlp import MlpMatch
+from .measure import DENSE_FIRST, KIND_LISTS, LAYER_TYPES, MLP, NORM, SSM, hidden_in, holds, ident, tensor_of
+from .proposal import Host, Identity, Kind, Proposal, Value
+from .recorder import ModuleCall, Op, Recording
 from .tiny import DraftError, Tiny, _global
-
-# ---- tensors --------------------------------------------------------------------------------
-
-
-def tensor_of(x: Any) -> torch.Tensor | None:
-    if isinstance(x, torch.Tensor):
-        return x
-    if isinstance(x, (tuple, list)) and x and isinstance(x[0], torch.Tensor):
-        return x[0]
-    return None
-
-
-def hidden_in(call: ModuleCall) -> torch.Tensor | None:
-    if call.args and isinstance(call.args[0], torch.Tensor):
-        return call.args[0]
-    for key in ("hidden_states", "x", "input", "hidden_state"):
-        if isinstance(call.kwargs.get(key), torch.Tensor):
-            return call.kwargs[key]  # type: ignore[no-any-return]
-    return next((v for v in call.kwargs.values() if isinstance(v, torch.Tensor) and v.is_floating_point()), None)
-
-
-def err(a: Any, b: Any) -> float | None:
-    """The largest absolute difference, or None when the shapes (or types) differ."""
-    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.shape != b.shape:
-        return None
-    if a.numel() == 0:
-        return 0.0
-    if a.dtype == torch.bool or not a.is_floating_point():
-        return 0.0 if torch.equal(a, b) else math.inf
-    return float((a.double() - b.double()).abs().nan_to_num(0.0).max())
-
-
-def tolerance(e: float | None, scale: float = 1e-4) -> float | None:
-    """The atol an identity with error ``e`` is written with (None: it did not hold)."""
-    if e is None or e > scale:
-        return None
-    if e == 0:
-        return 0.0
-    return float(f"1e{math.ceil(math.log10(e)) + 1}")
-
-
-def holds(a: Any, b: Any, scale: float = 1e-4) -> float | None:
-    """``a`` (or what the callable ``a`` computes) equals ``b`` within ``scale``: the atol to write."""
-    if callable(a):
-        try:
-            a = a()
-        except (RuntimeError, TypeError, ValueError):  # shapes that do not combine: it did not hold
-            return None
-    return tolerance(err(a, b), scale)
-
-
-def ident(check: str, atol: float | None, sure: str) -> Identity:
-    return Identity(check, float(atol or 0.0), 0.0, sure)
-
-
-# ---- names ----------------------------------------------------------------------------------
-
-NORM = re.compile(r"norm", re.I)
-MLP = re.compile(r"mlp|moe|sparse|feedforward|ffn|expert|feed_forward", re.I)
-SSM = re.compile(r"mixer|mamba|ssm", re.I)
-ACT_CLASSES = re.compile(r"activation|gelu|silu|relu|tanh|sigmoid|swish|quickgelu|mish", re.I)
-LAYER_TYPES = ("layer_types", "layers_block_type", "block_types", "layers_block_types", "layer_block_types")
-KIND_LISTS = ("mlp_layer_types", "mlp_types", "ffn_layer_types")  # per-block lists of MLP kinds
-DENSE_FIRST = ("first_k_dense_replace", "num_dense_layers", "first_dense_layers", "moe_layer_start_index",
-               "n_dense_layers")
 
 
 def _partitions(types: list[str], sigs: dict[Any, list[int]]) -> bool:
     """Whether every block of one kind in ``types`` has one signature (the kinds tell the differing blocks apart)."""
     return all(len({types[i] for i in blocks}) == 1 for blocks in sigs.values()) and \
         all(len({s for s, blocks in sigs.items() if t in {types[i] for i in blocks}}) == 1 for t in set(types))
+
+
+def _kind_name(kind: str) -> str:
+    """A kind of block as a spec names it: ``attention`` for full attention, else the kind in lower case."""
+    return "attention" if kind in ("full_attention", "attention") else re.sub(r"[^a-z0-9_]", "_", kind.lower())
 
 
 def _dense_first(config: Any, sigs: dict[Any, list[int]], n: int) -> tuple[str, int] | None:
@@ -99,60 +41,11 @@ def _dense_first(config: Any, sigs: dict[Any, list[int]], n: int) -> tuple[str, 
     return None
 
 
-ACT_OPS = ("silu", "gelu", "relu", "tanh", "sigmoid", "gelu_new", "relu2", "mish", "softplus")
 
 
-class Matcher:
-    def __init__(self, rec: Recording, tiny: Tiny, params: dict[str, Any]):
-        self.rec = rec
-        self.model = rec.model
-        self.tiny = tiny
-        self.params = params
-        self.config = rec.model.config
-        self.modules = dict(rec.model.named_modules())
-        self.input_ids = rec.inputs["input_ids"]
-        self.batch, self.seq = self.input_ids.shape
-        self.p = Proposal(re.sub(r"[^a-z0-9_]", "_", tiny.model_type.lower()), tiny.model_type, tiny.model_class, _title(tiny.model_class), tiny)
-        self.seen: set[str] = set()  # module paths the proposal accounts for
-        self.fitted: set[str] = set()  # config entries a measured size fit
-        self.kind_type: str | None = None  # the layer type of the blocks being matched (a kind of block)
-
-    # -- helpers
-    def name_in(self, host_native: str, child_native: str, standard: str | None, host_std: str) -> str:
-        """How a read point names a child: its standard name when it is renamed to it (or is it)."""
-        if standard is None or child_native == standard:
-            return child_native
-        siblings = {n for n, _ in self.modules[host_native].named_children()}
-        if standard in siblings:  # the standard name is another native child: keep the native one
-            if child_native.isidentifier():
-                return child_native
-            # an item of a ModuleList (LongCat-Flash's input_layernorm.0): a read point names a module by one word,
-            # so the item gets one (input_layernorm_0), renamed to it
-            standard = re.sub(r"\W", "_", child_native)
-            self.p.rename[f"{host_std}.{standard}"] = child_native
-            self.p.rename_sure[f"{host_std}.{standard}"] = f"sure: the item {child_native} of a ModuleList"
-            return standard
-        self.p.rename[f"{host_std}.{standard}"] = child_native
-        self.p.rename_sure[f"{host_std}.{standard}"] = f"likely: {child_native} plays the part of {standard} in the dataflow"
-        return standard
-
-    def role(self, cls: str) -> str:
-        """A module class's name without the model's own (GraniteMoeHybridMambaLayer -> MambaLayer): what it is, for the
-        name patterns (the 'Moe' of the model's name makes no Mamba layer a mixture of experts)."""
-        prefix = _title(self.tiny.model_class)
-        return cls[len(prefix):] if cls.startswith(prefix) and len(cls) > len(prefix) else cls
-
-    def child(self, path: str, parent: str) -> str:
-        return path[len(parent) + 1:] if parent else path
-
-    def cfg_attr(self, value: int, hints: tuple[str, ...]) -> str | None:
-        cfg = self.config.to_dict()
-        names = [k for k, v in cfg.items() if v == value and not isinstance(v, bool)]
-        for h in hints:
-            for n in names:
-                if h in n:
-                    return n
-        return None
+class Matcher(AttentionMatch, MlpMatch):
+    """The whole model (embedding, positions, final norm, head) and its blocks, each block's mixers and MLP matched
+    by the parts it inherits."""
 
     # -- the whole model
     def run(self) -> Proposal:
@@ -339,9 +232,17 @@ class Matcher:
         # where the blocks differ, the list whose kinds tell them apart (ExaONE-MoE's mlp_layer_types, not its
         # sliding and full layer_types), else the first
         fits = [(t, ts) for t, ts in listed_types if len(sigs) > 1 and _partitions(ts, sigs)]
-        if fits or listed_types:
+        pair = None  # where no one list tells the blocks apart, two together (Bailing-Hybrid: its linear and full
+        # attention blocks by layer_types, its dense first block by mlp_layer_types)
+        if not fits and len(sigs) > 1:
+            pair = next(((a, b) for (a, ta), (b, tb) in itertools.combinations(listed_types, 2)
+                         if _partitions([f"{x}\0{y}" for x, y in zip(ta, tb)], sigs)), None)
+        if pair is not None:
+            lists = dict(listed_types)
+            tname, types = "", [f"{x}\0{y}" for x, y in zip(lists[pair[0]], lists[pair[1]])]
+        elif fits or listed_types:
             tname, types = (fits or listed_types)[0]
-        dense_first = _dense_first(self.config, sigs, n) if len(sigs) > 1 and not fits else None
+        dense_first = _dense_first(self.config, sigs, n) if len(sigs) > 1 and not fits and pair is None else None
         layer_cls = rec.call(f"{layers}.0").cls  # type: ignore[union-attr]
         host = p.host("layers[i]", layer_cls, "the class of every block")
         kinds: list[tuple[str | None, int]] = []
@@ -368,12 +269,15 @@ class Matcher:
             host.cls = None
             host.sure = "one class per kind of block: each kind says its own"
         for kind, i in kinds:
-            kname = "" if kind is None else \
-                "attention" if kind in ("full_attention", "attention") else re.sub(r"[^a-z0-9_]", "_", kind.lower())
-            when = f"{tname}[i] == {kind!r}" if tname else \
-                f"i {'<' if kind == 'dense' else '>='} {dense_first[0]}"  # type: ignore[index]
+            kname = "" if kind is None else "_".join(map(_kind_name, kind.split("\0")))
+            if pair is not None and kind is not None:
+                one, other = kind.split("\0")
+                when = f"{pair[0]}[i] == {one!r} and {pair[1]}[i] == {other!r}"
+            else:
+                when = f"{tname}[i] == {kind!r}" if tname else \
+                    f"i {'<' if kind == 'dense' else '>='} {dense_first[0]}"  # type: ignore[index]
             p.kind = (kname, when) if kind is not None else None
-            self.kind_type = kind
+            self.kind_type = kind.split("\0")[0] if kind is not None else None
             try:
                 values, identities = self.block(layers, i, host)
             finally:
@@ -533,509 +437,6 @@ class Matcher:
             identities.append(ident(f"mixer_norm_output == {name}.input", 0.0, "held on the tiny model"))
             self.seen.add(pre.path)
         return True
-
-    def mixer_kind(self, c: ModuleCall) -> str | None:
-        for f in self.rec.fns_in(c.path):
-            if self.attention_fn(f):
-                return "attention"
-            if self.delta_fn(f):
-                return "linear_attention"
-        if re.search(r"attention|attn", self.role(c.cls), re.I) and tensor_of(c.output) is not None:
-            return "attention_inline"  # attention computed in the module's own forward: only its output is sure
-        return None
-
-    @staticmethod
-    def attention_fn(f: FnCall) -> bool:
-        return f.params[:4] == ("module", "query", "key", "value")
-
-    @staticmethod
-    def delta_fn(f: FnCall) -> bool:
-        return "g" in f.kwargs and "beta" in f.kwargs
-
-    # -- attention
-    def attention(self, c: ModuleCall, hpath: str) -> None:
-        p, rec = self.p, self.rec
-        host = p.host(hpath, c.cls, "the module that calls the attention function")
-        self.seen.add(c.path)
-        f = next(f for f in rec.fns_in(c.path) if self.attention_fn(f))
-        fi = rec.fns.index(f)
-        v = host.values
-
-        def arg(k: int) -> Any:
-            return f.args[k] if len(f.args) > k else f.kwargs.get(f.params[k])
-        q, k_, val = arg(1), arg(2), arg(3)
-        out = tensor_of(f.output)
-        H = q.shape[1] if isinstance(q, torch.Tensor) and q.dim() == 4 else None
-        v["attention_queries"] = Value("call:attention.args[1]", sure="sure: the attention function's query")
-        v["attention_keys"] = Value("call:attention.args[2]", sure="sure: its key")
-        v["attention_values"] = Value("call:attention.args[3]", sure="sure: its value")
-        ops = rec.ops_in(c.path, fi, own=False)
-        soft = [o for o in ops if o.name == "softmax"]
-        scores = probs = None
-        keys_len = k_.shape[-2] if isinstance(k_, torch.Tensor) and k_.dim() == 4 else None
-        if soft and keys_len is not None and tensor_of(soft[0].args) is not None and \
-                tensor_of(soft[0].args).shape[-1] != keys_len:  # type: ignore[union-attr]
-            p.todos.append(f"{c.path} ({c.cls}): the softmax runs over {tensor_of(soft[0].args).shape[-1]} columns "  # type: ignore[union-attr]
-                           f"for {keys_len} keys (attention sinks or another extra column): no pattern values")
-            soft = []
-        if soft:
-            s = soft[0]
-            k = [o for o in ops if o.name == "softmax"].index(s)
-            at = f"#{k}" if k else ""
-            v["attention_scores"] = Value(f"call:attention > op:softmax{at}.input[0]", needs="eager",
-                                          sure="sure: the softmax's input in the eager attention function")
-            scores = tensor_of(s.args)
-            drop = [o for o in ops if o.name == "dropout" and o.at > s.at]
-            if drop:
-                v["attention_probabilities"] = Value("call:attention > op:dropout.output", needs="eager",
-                                                     sure="sure: the dropout after the softmax (identity in eval)")
-                probs = tensor_of(drop[0].output)
-            else:
-                v["attention_probabilities"] = Value(f"call:attention > op:softmax{at}.output", needs="eager",
-                                                     sure="likely: the softmax's output (no dropout follows it)")
-                probs = tensor_of(s.output)
-        elif not any("softmax runs over" in t for t in p.todos):
-            p.todos.append(f"{c.path} ({c.cls}): no softmax in its attention function: no pattern values")
-        if out is not None and out.dim() == 4 and H is not None and out.shape[2] == H:
-            v["attention_head_outputs"] = Value("call:attention.output[0]", sure="sure: the attention function's output")
-        oproj = self.out_proj(c)
-        if oproj is not None:
-            oname = self.name_in(c.path, self.child(oproj.path, c.path), "o_proj", hpath)
-            self.seen.add(oproj.path)
-            v["attention_premix"] = Value(f"{oname}.input", view="unflatten(-1, [num_heads, head_dim])",
-                                          sure="sure: the output projection's input, split per head")
-            pin = hidden_in(oproj)
-            if out is not None and pin is not None and out.dim() == 4 and pin.shape[-1] == out.shape[2] * out.shape[3] \
-                    and holds(lambda: pin.unflatten(-1, out.shape[2:]), out) == 0.0:
-                host.identities.append(ident("attention_premix == attention_head_outputs", 0.0, "held on the tiny model"))
-            elif pin is not None and out is not None:
-                p.todos.append(f"{c.path}: the output projection's input is not the heads' output side by side "
-                               "(a gate or another step between them): check attention_premix")
-        v["attention_output"] = Value("output[0]" if isinstance(c.output, (tuple, list)) else "output",
-                                      sure="sure: what the module returns" + (", first" if isinstance(c.output, (tuple, list)) else ""))
-        if probs is not None:
-            e = holds(probs.sum(-1), torch.ones_like(probs.sum(-1)), 1e-5)
-            if e is not None:
-                host.identities.append(ident("sum(attention_probabilities, -1) == 1", 1e-5, "held on the tiny model"))
-            if probs.shape[-1] == probs.shape[-2] and probs.shape[-1] > 1:
-                upper = torch.triu(torch.ones(probs.shape[-2:], dtype=torch.bool), 1)
-                if bool((probs[..., upper] == 0).all()):
-                    host.identities.append(ident("masked(attention_probabilities) == 0", 0.0,
-                                                 "held on the tiny model (causal)"))
-            if scores is not None and holds(torch.softmax(scores.float(), -1).to(scores.dtype), probs, 1e-6) is not None:
-                host.identities.append(ident("softmax(attention_scores, -1) == attention_probabilities", 1e-6,
-                                             "held on the tiny model"))
-        q_dim = q.shape[-1] if isinstance(q, torch.Tensor) else None
-        kv = k_.shape[1] if isinstance(k_, torch.Tensor) and k_.dim() == 4 else None
-        if H is not None and kv is not None and kv < H and "Grouped-query attention" not in p.traits:
-            p.traits.append("Grouped-query attention")
-        if any(n.endswith("rotary_emb") for n in self.modules) and "Rotary positions" not in p.traits:
-            p.traits.append("Rotary positions")
-        self.fit_sizes(H, q_dim, kv, val, c.path)
-        for kid in rec.children_calls(c.path):
-            self.seen.add(kid.path)
-
-    def inline_attention(self, c: ModuleCall, hpath: str) -> None:
-        """An attention module that calls no attention function: its output is its boundary; its
-        queries, keys, values and pattern live inside its own forward, unmapped."""
-        host = self.p.host(hpath, c.cls, "likely: an attention module by its class name")
-        self.seen.add(c.path)
-        host.values["attention_output"] = Value("output[0]" if isinstance(c.output, (tuple, list)) else "output",
-                                                sure="sure: what the module returns")
-        self.p.todos.append(f"{c.path} ({c.cls}) computes its attention in its own forward (no attention function "
-                            "call): its queries, keys, values, pattern and head outputs are not mapped")
-        for kid in self.rec.children_calls(c.path):
-            self.seen.add(kid.path)
-
-    def per_layer(self, text: str, at: str = "0") -> str:
-        """``text`` with each per-layer attribute of a heterogeneous config (one whose blocks' sizes differ, which
-        refuses a global read: AmbiguousGlobalPerLayerAttributeError) read on block 0 (``per_layer_config[0].head_dim``),
-        or ``at`` (``'full_attention'``: the blocks of that kind)."""
-        for attr in sorted(getattr(self.config, "per_layer_attributes", None) or ()):
-            text = re.sub(rf"(?<![\w.\]]){attr}\b", f"per_layer_config[{at}].{attr}", text)
-        return text
-
-    def cfg_eval(self, text: str, at: str = "0") -> Any:
-        """A config expression evaluated on the tiny model's config (a missing attribute is None)."""
-        cfg = self.config
-        text = self.per_layer(text, at)
-
-        class Names(dict):  # type: ignore[type-arg]
-            def __missing__(self, key: str) -> Any:
-                return getattr(cfg, key, None)
-        try:
-            return configexpr.evaluate(text, Names())
-        except Exception:  # noqa: BLE001 - a candidate that does not apply (or is not a config expression)
-            return None
-
-    def fit(self, key: str, measured: int | None, candidates: list[str], where: str) -> None:
-        """Keep the config entry that gives the measured size, or say that none does (a kind of block after the first
-        keeps the entry an earlier kind fit: its blocks' sizes differ from theirs, per_layer_config)."""
-        if measured is None:
-            return
-        if self.p.kind is not None and key in self.fitted and self.cfg_eval(self.p.config.get(key, "")) != measured:
-            # a kind of block whose size differs from the earlier kinds' (a per-layer override): its own config entry,
-            # read on the blocks of its kind (per_layer_config['full_attention'].head_dim), sizes its hosts there
-            kname, at = self.p.kind[0], repr(self.kind_type)
-            for text in dict.fromkeys([self.p.config[key]] + candidates):
-                if text and self.kind_type is not None and self.cfg_eval(text, at) == measured:
-                    entry = f"{key}_{kname}"
-                    self.p.config[entry] = self.per_layer(text, at)
-                    self.p.kind_dims.setdefault(kname, {})[key] = entry
-                    return
-            self.p.todos.append(f"{where}: config.{key} should be {measured} here, unlike on the blocks of another "
-                                f"kind, and no config expression the drafter tried gives it")
-            return
-        for text in dict.fromkeys([self.p.config.get(key, "")] + candidates):
-            if text and self.cfg_eval(text) == measured:
-                self.fitted.add(key)
-                self.p.config[key] = text
-                return
-        self.p.todos.append(f"{where}: config.{key} should be {measured} here and no config expression the drafter "
-                            f"tried gives it (check config.{key})")
-
-    def fit_sizes(self, H: int | None, q_dim: int | None, kv: int | None, val: Any, where: str) -> None:
-        t = self.tiny.names
-        heads, hidden = t["heads"], t["hidden"]
-        self.fit("num_heads", H, [heads, "num_attention_heads", "n_head", "num_heads"], where)
-        self.fit("num_kv_heads", kv, [t.get("kv_heads", heads), "num_key_value_heads", heads, "multi_query_group_num",
-                                      f"1 if multi_query else {heads}"], where)  # (multi-query: one key head)
-        per_head = [f"head_dim or {hidden} // {heads}", "head_dim", "v_head_dim", f"{hidden} // {heads}", "kv_channels",
-                    "qk_head_dim", "qk_nope_head_dim + qk_rope_head_dim", "attention_head_dim"]
-        v_dim = int(val.shape[-1]) if isinstance(val, torch.Tensor) and val.dim() == 4 else None
-        self.fit("head_dim", v_dim, per_head, where)
-        self.fit("qk_head_dim", q_dim, per_head, where)
-
-    def out_proj(self, c: ModuleCall) -> ModuleCall | None:
-        out = tensor_of(c.output)
-        for k in reversed(self.rec.children_calls(c.path)):
-            if isinstance(self.modules[k.path], torch.nn.Dropout):
-                continue
-            if holds(tensor_of(k.output), out) == 0.0 and hidden_in(k) is not None:
-                return k
-        return None
-
-    def neurons_width(self, c: ModuleCall) -> int | None:
-        out = tensor_of(c.output)
-        for k in reversed(self.rec.children_calls(c.path)):
-            x = hidden_in(k)
-            if holds(tensor_of(k.output), out) == 0.0 and x is not None:
-                return int(x.shape[-1])
-        return None
-
-    def size_expr(self, width: int | None, names: tuple[str, ...]) -> str | None:
-        """A config expression of a measured width: a named entry, or a product of two entries."""
-        if width is None:
-            return None
-        ints = {k: v for k, v in self.config.to_dict().items() if isinstance(v, int) and not isinstance(v, bool) and v > 0}
-        for n in names:
-            if ints.get(n) == width:
-                return n
-        inter = [k for k in ints if "intermediate" in k or "ffn" in k]
-        counts = [k for k in ints if "shared" in k]
-        for a in inter:
-            for b in counts:
-                if ints[a] * ints[b] == width:
-                    return f"{a} * {b}"
-        return next((a for a in inter if ints[a] == width), None)
-
-    # -- the delta rule (gated DeltaNet)
-    def delta_net(self, c: ModuleCall, hpath: str) -> None:
-        p, rec = self.p, self.rec
-        host = p.host(hpath, c.cls, "the module that calls the delta-rule kernel")
-        host.stream = "linear_attention"
-        self.seen.add(c.path)
-        f = next(f for f in rec.fns_in(c.path) if self.delta_fn(f))
-        ns = inspect.unwrap(type(self.modules[c.path]).forward).__globals__
-        names = [f.name]
-        route = None
-        sibling = f.name.replace("chunk", "recurrent")
-        if sibling != f.name and callable(ns.get(sibling)):
-            names.append(sibling)
-            sig = inspect.signature(ns[sibling]).parameters
-            if "initial_state" in sig and "output_final_state" in sig:
-                route = {"torch": sibling, "seq_dim": 1, "state_arg": "initial_state", "state_output": 1,
-                         "final_state_flag": "output_final_state"}
-        p.functions["delta_rule"] = Function(names, "the kernel this call runs (a prompt's chunked one or a "
-                                                    "decode step's recurrent one)", route)
-        v = host.values
-        for i, n in enumerate(("attention_queries", "attention_keys", "attention_values")):
-            v[n] = Value(f"fn:delta_rule.args[{i}]", sure="sure: the kernel's query, key and value")
-        v["decays"] = Value("fn:delta_rule.kwargs.g", sure="sure: the kernel's g")
-        v["betas"] = Value("fn:delta_rule.kwargs.beta", sure="sure: the kernel's beta")
-        if "initial_state" in f.kwargs:
-            v["state_input"] = Value("fn:delta_rule.kwargs.initial_state", edit="later", copy=True,
-                                     sure="likely: the cache's buffer, which a decode step overwrites")
-        if route is not None:
-            v["state"] = Value("fn:delta_rule.step.output[1]", needs="torch_kernels", sure="likely: routed token by token")
-            v["states"] = Value("fn:delta_rule.steps.output[1]", needs="torch_kernels", edit="none",
-                                sure="likely: routed token by token")
-        v["attention_head_outputs"] = Value("fn:delta_rule.output[0]", sure="sure: the kernel's output")
-        if isinstance(f.output, tuple) and len(f.output) > 1:
-            v["state_output"] = Value("fn:delta_rule.output[1]", edit="later", sure="likely: the kernel's final state")
-        v["attention_output"] = Value("output" if isinstance(c.output, torch.Tensor) else "output[0]", sure="sure")
-        g, beta = f.kwargs.get("g"), f.kwargs.get("beta")
-        if isinstance(g, torch.Tensor) and bool((g <= 0).all()):
-            host.identities.append(ident("decays <= 0", 0.0, "held on the tiny model"))
-        if isinstance(beta, torch.Tensor) and bool((beta > 0).all()) and bool((beta < 1).all()):
-            host.identities.append(ident("betas > 0", 0.0, "held on the tiny model"))
-            host.identities.append(ident("betas < 1", 0.0, "held on the tiny model"))
-        q, val = f.args[0], f.args[2]
-        # (a config that names the delta rule's heads and widths once, for keys and values alike: linear_num_heads)
-        cfgs = {"heads": (val.shape[2], ("value_heads", "linear_num_heads")),
-                "key_heads": (q.shape[2], ("key_heads", "linear_num_heads")),
-                "key_dim": (q.shape[3], ("key_head_dim", "linear_head_dim")),
-                "value_dim": (val.shape[3], ("value_head_dim", "linear_head_dim"))}
-        for key, (size, hints) in cfgs.items():
-            attr = self.cfg_attr(size, hints)
-            if attr is None:
-                p.todos.append(f"{c.path}: no config attribute gives {key} ({size})")
-            else:
-                p.config[key] = attr
-        for kid in rec.children_calls(c.path):
-            self.seen.add(kid.path)
-
-    # -- MLPs and mixtures
-    def mlp(self, c: ModuleCall, hpath: str) -> None:
-        mod = self.modules[c.path]
-        experts = next((n for n, m in mod.named_children() if _routing_params(m) is not None), None)
-        if experts is not None:
-            self.moe(c, hpath, experts)
-        else:
-            self.dense(c, hpath)
-
-    def dense(self, c: ModuleCall, hpath: str, flat: bool = False, host: Host | None = None) -> None:
-        p, rec = self.p, self.rec
-        host = host or p.host(hpath, c.cls, "the block's MLP")
-        self.seen.add(c.path)
-        v = host.values
-        view = "unflatten(0, [batch, seq])" if flat else None
-        kids = rec.children_calls(c.path)
-        out = tensor_of(c.output)
-        down = next((k for k in reversed(kids) if holds(tensor_of(k.output), out) == 0.0
-                     and not isinstance(self.modules[k.path], torch.nn.Dropout)), None)
-        # (an activation module shared by every block, called once per block, cannot be read per block: its op is)
-        act = next((k for k in kids if ACT_CLASSES.search(k.cls) and not isinstance(self.modules[k.path], torch.nn.Linear)
-                    and sum(x.path == k.path for x in rec.calls) == 1), None)
-        act_ref = None
-        if act is not None:
-            aname = self.name_in(c.path, self.child(act.path, c.path), "act_fn", hpath)
-            act_ref = f"{aname}.output"
-            act_t = tensor_of(act.output)
-            self.seen.add(act.path)
-        else:
-            op = next((o for o in rec.ops_in(c.path) if o.name in ACT_OPS), None)
-            if op is not None:
-                occ = [o for o in rec.ops_in(c.path) if o.name == op.name].index(op)
-                act_ref = f"op:{op.name}{f'#{occ}' if occ else ''}.output"
-                act_t = tensor_of(op.output)
-        if act_ref is not None:
-            v["mlp_activation"] = Value(act_ref, view=view, sure="likely: the activation's output")
-        else:
-            p.todos.append(f"{c.path} ({c.cls}): no activation module or op found: mlp_activation is not mapped")
-        if down is not None:
-            dname = self.name_in(c.path, self.child(down.path, c.path), "down_proj", hpath)
-            self.seen.add(down.path)
-            width = hidden_in(down)
-            if not flat and hpath == "layers[i].mlp" and width is not None:
-                t = self.tiny.names
-                self.fit("intermediate_size", int(width.shape[-1]),
-                         [t.get("intermediate", "intermediate_size"), f"4 * {t['hidden']}", "ffn_hidden_size", "n_inner"],
-                         c.path)
-            v["mlp_neurons"] = Value(f"{dname}.input", view=view, sure="sure: the last projection's input")
-            neurons = hidden_in(down)
-            if act_ref is not None and neurons is not None:
-                tok = "tokens(mlp_neurons) == tokens(mlp_activation)" if flat else "mlp_neurons == mlp_activation"
-                if holds(act_t, neurons) == 0.0:
-                    host.identities.append(ident(tok, 0.0, "held on the tiny model: an ungated MLP"))
-                    up = next((k for k in kids if k.path not in (down.path, act.path if act else "")
-                               and isinstance(self.modules[k.path], torch.nn.Module) and k.start < down.start), None)
-                    if up is not None:
-                        self.name_in(c.path, self.child(up.path, c.path), "up_proj", hpath)
-                        self.seen.add(up.path)
-                else:
-                    for k in kids:
-                        if k.path == down.path or (act is not None and k.path == act.path):
-                            continue
-                        ko = tensor_of(k.output)
-                        if holds(lambda ko=ko: act_t * ko if ko is not None and act_t is not None and ko.shape == act_t.shape else None,
-                                 neurons) == 0.0:
-                            uname = self.name_in(c.path, self.child(k.path, c.path), "up_proj", hpath)
-                            self.seen.add(k.path)
-                            host.identities.append(ident(f"{tok} * {uname}.output", 0.0,
-                                                         "held on the tiny model: a gated MLP"))
-                            if "Gated MLP" not in p.traits and not flat:
-                                p.traits.append("Gated MLP")
-                            break
-        else:
-            p.todos.append(f"{c.path} ({c.cls}): no projection returns the MLP's output: mlp_neurons is not mapped")
-        v["mlp_output"] = Value("output" if isinstance(c.output, torch.Tensor) else "output[0]", view=view, sure="sure")
-        for k in kids:
-            if k.path not in self.seen:
-                self.seen.add(k.path)
-                if not isinstance(self.modules[k.path], (torch.nn.Linear, torch.nn.Dropout)):
-                    p.todos.append(f"{k.path} ({k.cls}) inside the MLP is not mapped")
-
-    def moe(self, c: ModuleCall, hpath: str, experts_name: str) -> None:
-        p, rec = self.p, self.rec
-        host = p.host(hpath, c.cls, "the block's mixture of experts")
-        self.seen.add(c.path)
-        p.traits.append("Mixture of experts")
-        v = host.values
-        bpath = c.path
-        kids = rec.children_calls(bpath)
-        ex = next(k for k in kids if self.child(k.path, bpath) == experts_name)
-        if hasattr(self.modules[ex.path], "_is_expert_parallel"):  # behind transformers' experts interface (its
-            # use_experts_implementation sets this); DBRX's experts loop over the experts in their own forward
-            p.experts = ["eager", "batched_mm", "grouped_mm"]
-        self.name_in(bpath, experts_name, "experts", hpath)
-        self.seen.add(ex.path)
-        ex_in = ex.kwargs if ex.kwargs else {}
-        sig = list(inspect.signature(self.modules[ex.path].forward).parameters)
-        args = {**{n: a for n, a in zip(sig, ex.args)}, **ex_in}
-        idx_name, w_name = _routing_params(self.modules[ex.path]) or ("top_k_index", "top_k_weights")
-        idx, w = args.get(idx_name), args.get(w_name)
-
-        def view_of(t: Any, dims: int = 2) -> str | None:
-            """The view back to [batch, seq, ...] of a tensor over the flattened tokens."""
-            t = tensor_of(t)
-            flat_tokens = t is not None and t.dim() == dims and t.shape[0] == self.batch * self.seq
-            return "unflatten(0, [batch, seq])" if flat_tokens else None
-        v["mlp_activation"] = Value(missing="no activation of one width per token: each token runs through top_k "
-                                            "experts (and any shared expert has its own)", sure="sure")
-        v["mlp_neurons"] = Value(missing="no down projection input of one width per token: each routed expert has "
-                                         "its own, inside the experts interface", sure="sure")
-        ne = self.params.get("num_experts") or next((self.params[k] for k in ("num_local_experts", "n_routed_experts")
-                                                      if k in self.params), None)
-        router = next((k for k in kids if k.start < ex.start and tensor_of(k.output) is not None
-                       and tensor_of(k.output).shape[-1] == ne), None)  # type: ignore[union-attr]
-        logits = None
-        if router is not None:
-            rname = self.name_in(bpath, self.child(router.path, bpath), "router", hpath)
-            self.seen.add(router.path)
-            if isinstance(self.modules[router.path], torch.nn.Linear):
-                logits = tensor_of(router.output)
-                first = "output" if isinstance(router.output, torch.Tensor) else "output[0]"  # a Linear that returns more
-                # one that routes inside its own forward has used the logits before they are returned: not editable there
-                v["router_logits"] = Value(f"{rname}.{first}", view=view_of(logits), edit=None if first == "output" else "none",
-                                           sure="sure: the router's linear" + ("" if first == "output" else
-                                                                              ", which routes in its own forward"))
-            else:
-                lin = next((o for o in rec.ops_in(router.path) if o.name == "linear"), None)
-                if lin is not None:
-                    logits = tensor_of(lin.output)
-                    v["router_logits"] = Value(f"{rname} > op:linear.output", view=view_of(logits),
-                                               sure="likely: the linear inside the router's forward")
-        else:
-            p.todos.append(f"{bpath}: no child gives one logit per expert before the experts run: router_logits")
-        v["expert_weights"] = Value(f"experts.input.{w_name}", view=view_of(w), sure="sure: the experts' argument")
-        v["expert_indices"] = Value(f"experts.input.{idx_name}", view=view_of(idx), sure="sure: the experts' argument")
-        routed = tensor_of(ex.output)
-        slots = None
-        for occ, o in enumerate(x for x in rec.ops_in(ex.path) if x.name == "view"):
-            t = tensor_of(o.output)
-            if t is not None and t.dim() == 3 and routed is not None and holds(t.sum(1), routed, 1e-5) is not None:
-                slots = (occ, t)
-        if slots is not None:
-            occ = slots[0]
-            v["expert_outputs"] = Value(f"experts > call:experts > op:view{f'#{occ}' if occ else ''}.output",
-                                        view=view_of(slots[1], 3),
-                                        needs="experts_mm", sure="likely: the per-slot view the experts sum")
-            host.identities.append(ident("sum(expert_outputs, 2) == routed_output", 1e-6, "held on the tiny model"))
-        v["routed_output"] = Value("experts.output", view=view_of(routed), sure="sure: the experts' output")
-        out = tensor_of(c.output)
-        # (the entries of the config's own sub-configs too, by their path: DBRX's ffn_config.moe_top_k)
-        flat = {**self.params, **{f"{s}.{k}": x for s, d in self.params.items() if isinstance(d, dict)
-                                  for k, x in d.items()}}
-
-        def named(names: tuple[str, ...]) -> str | None:
-            return next((k for n in names for k in flat if k.rsplit(".", 1)[-1] == n), None)
-        n_attr = named(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"))
-        k_attr = named(("num_experts_per_tok", "moe_topk", "moe_top_k")) or next(
-            (k for k in ("num_experts_per_tok", "moe_topk", "top_k") if k in self.params
-             or isinstance(self.config.to_dict().get(k), int)), None)  # (or the config's own default)
-        top_k = next((flat[k] for k in (k_attr, "num_experts_per_tok", "moe_topk") if k and flat.get(k)), None) or \
-            getattr(self.config, "num_experts_per_tok", None)
-        for key, attr in (("num_experts", n_attr), ("top_k", k_attr),
-                          ("norm_topk_prob", "norm_topk_prob" if hasattr(self.config, "norm_topk_prob") else None),
-                          ("moe_intermediate_size", "moe_intermediate_size" if "moe_intermediate_size" in self.params else None)):
-            if attr:
-                p.config[key] = attr
-        shared = next((k for k in kids if k.path not in (ex.path, router.path if router else "")
-                       and MLP.search(self.role(k.cls))), None)
-        if shared is not None:
-            sname = self.name_in(bpath, self.child(shared.path, bpath), "shared_experts", hpath)
-            sh = p.host(f"{hpath}.{sname}", shared.cls, "the shared expert, a dense MLP")
-            self.dense(shared, f"{hpath}.{sname}", flat=view_of(hidden_in(shared)) is not None, host=sh)
-            width = self.neurons_width(shared)
-            size = self.size_expr(width, ("shared_expert_intermediate_size", "shared_intermediate_size"))
-            if size is not None and width != self.params.get(self.tiny.names.get("intermediate", "")):
-                sh.dims["intermediate_size"] = "shared_expert_intermediate_size"
-                p.config["shared_expert_intermediate_size"] = size
-            elif size is None:
-                p.todos.append(f"{shared.path}: its MLP is {width} wide and no config entry gives that width")
-            so = tensor_of(shared.output)
-            gate = next((k for k in kids if isinstance(self.modules[k.path], torch.nn.Linear)
-                         and tensor_of(k.output) is not None and tensor_of(k.output).shape[-1] == 1), None)  # type: ignore[union-attr]
-            muls = [o for o in rec.ops_in(bpath) if o.name == "mul"]
-            for occ, o in enumerate(muls):
-                t = tensor_of(o.output)
-                if gate is not None and so is not None and holds(lambda: torch.sigmoid(tensor_of(gate.output)) * so, t) == 0.0:  # type: ignore[arg-type]
-                    v["shared_expert_output"] = Value(f"op:mul{f'#{occ}' if occ else ''}.output", view=view_of(t),
-                                                      sure="likely: the shared expert times its sigmoid gate")
-                    gname = self.child(gate.path, bpath)
-                    self.seen.add(gate.path)
-                    host.identities.append(ident(f"sigmoid({gname}.output) * {sname}.output == tokens(shared_expert_output)",
-                                                 0.0, "held on the tiny model"))
-                    if routed is not None and out is not None and holds(lambda t=t: (routed + t).reshape(out.shape), out) == 0.0:  # type: ignore[operator]
-                        host.identities.insert(0, ident("routed_output + shared_expert_output == mlp_output", 0.0,
-                                                        "held on the tiny model"))
-                    break
-            else:
-                if so is not None and routed is not None and out is not None and \
-                        holds(lambda: routed.reshape(out.shape) + so.reshape(out.shape), out) is not None:
-                    v["shared_expert_output"] = Value(f"{sname}.output", view=view_of(so),
-                                                      sure="likely: the shared expert's output, added ungated")
-                    e = holds(lambda: routed.reshape(out.shape) + so.reshape(out.shape), out)
-                    host.identities.insert(0, ident("routed_output + shared_expert_output == mlp_output", e,
-                                                    "held on the tiny model"))
-                else:
-                    p.todos.append(f"{bpath}: the shared expert {sname} ({shared.cls}) reaches the output by a way the "
-                                   "drafter does not know (a gate, a scale): shared_expert_output is not mapped")
-        elif routed is not None and out is not None and holds(lambda: routed.reshape(out.shape), out) == 0.0:
-            pass
-        v["mlp_output"] = Value("output" if isinstance(c.output, torch.Tensor) else "output[0]", sure="sure")
-        if logits is not None and isinstance(w, torch.Tensor) and isinstance(idx, torch.Tensor) and top_k:
-            probs = torch.softmax(logits.float(), -1)
-            top = probs.topk(top_k, -1)
-            norm = bool(getattr(self.config, "norm_topk_prob", False))
-            vals = top.values / top.values.sum(-1, keepdim=True) if norm else top.values
-            if holds(vals.to(w.dtype), w, 1e-6) is not None:
-                nt = "norm_topk_prob" if "norm_topk_prob" in p.config else ("True" if norm else "False")
-                host.identities.insert(1, ident(f"expert_weights == topk_weights(softmax(router_logits, -1), top_k, {nt})",
-                                                0.0, "held on the tiny model"))
-            if torch.equal(top.indices, idx):
-                host.identities.insert(2, ident("expert_indices == topk_indices(softmax(router_logits, -1), top_k)", 0.0,
-                                                "held on the tiny model"))
-        for k in kids:
-            self.seen.add(k.path)
-
-
-def _routing_params(m: torch.nn.Module) -> tuple[str, str] | None:
-    """(indices, weights): the parameters of an experts module's forward that take the routing."""
-    try:
-        params = list(inspect.signature(m.forward).parameters)
-    except (TypeError, ValueError):
-        return None
-    idx = next((p for p in params if re.search(r"ind(ex|ices)", p)), None)
-    w = next((p for p in params if "weight" in p), None)
-    return (idx, w) if idx and w else None
-
-
-def _title(model_class: str) -> str:
-    """The product name the causal-LM class carries: MistralForCausalLM -> Mistral."""
-    return re.sub(r"(ForCausalLM|LMHeadModel|ForConditionalGeneration)$", "", model_class) or model_class
-
 
 def match(rec: Recording, tiny: Tiny, params: dict[str, Any]) -> Proposal:
     return Matcher(rec, tiny, params).run()

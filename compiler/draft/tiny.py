@@ -1,115 +1,50 @@
-"""A tiny random model of one transformers model type: its config shrunk, and the draw ranges
-the generated tests will pick from (what goes into the spec's ``tiny:``)."""
+"""A tiny random model of one transformers model type: its config shrunk (the checkpoint twins' rule, laid out as a
+given config is), and the draw ranges the generated tests will pick from (what goes into the spec's ``tiny:``).
+
+    tiny_config.py  the size tables, the Tiny plan, the causal-LM class
+    tiny_stack.py   the stack: block counts, sections, loops, per-layer overrides, other parts
+    tiny_build.py   the model built from a plan, perturbed; other sizes to try
+"""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import fields, is_dataclass
 from typing import Any
 
-from . import configexpr
-from .repair import own_sub_configs, repair
-
-
-class DraftError(Exception):
-    """The drafter cannot go on: no such model type, no causal-LM class, a model that does not build (``built``: it
-    built and ran, and its forward is one no spec describes)."""
-
-    def __init__(self, message: str, built: bool = False):
-        super().__init__(message)
-        self.built = built
-
-
-# config attribute -> the fixed tiny value (the first name of each group that the config has wins)
-LAYERS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
-HEADS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
-KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num")
-HIDDEN = ("hidden_size", "n_embd", "d_model", "dim")
-INTERMEDIATE = ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size")
-FIXED: dict[str, Any] = {
-    "vocab_size": 96, "max_position_embeddings": 64, "n_positions": 64, "n_ctx": 64,
-    "bos_token_id": 2, "eos_token_id": 3, "pad_token_id": 0,
-    # mixtures of experts
-    "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4,
-    "num_experts_per_tok": 2, "moe_topk": 2, "n_shared_experts": 1,
-    "moe_intermediate_size": 8, "shared_expert_intermediate_size": 8, "expert_ffn_hidden": 8,
-    # linear attention / state-space mixers
-    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
-    "state_size": 8, "ssm_state_size": 8, "mamba_d_state": 8, "mamba_n_heads": 4, "mamba_d_head": 8,
-    "time_step_rank": 4, "kv_lora_rank": 8, "q_lora_rank": 16, "qk_rope_head_dim": 4, "qk_nope_head_dim": 8,
-    "v_head_dim": 8, "n_group": 1, "topk_group": 1, "n_groups": 1, "mamba_n_groups": 1, "mamba_ngroups": 1,
-    "sliding_window": 16, "attention_chunk_size": 16, "rotary_dim": 4,
-    # per-layer input embeddings (Gemma 3n, Gemma 4): a table of vocab_size_per_layer_input rows, each one slice
-    # of hidden_size_per_layer_input per block (by default 262144 x 256 per block: half a gigabyte on a tiny model)
-    "vocab_size_per_layer_input": 96, "hidden_size_per_layer_input": 4,
-}
-# a mixture's dense blocks: the tiny config makes every block a mixture (one MLP class per host path)
-ALL_SPARSE: dict[str, Any] = {"first_k_dense_replace": 0, "num_dense_layers": 0, "first_dense_layers": 0,
-                              "moe_layer_start_index": 0, "n_dense_layers": 0, "decoder_sparse_step": 1,
-                              "moe_layer_freq": 1, "moe_every_n_layers": 1, "mlp_only_layers": [],
-                              "expert_layer_period": 1, "expert_layer_offset": 0}
-# (head width, heads, expansion) of a Mamba mixer: heads * head width == expansion * hidden size
-SSM_HEADS = (("mamba_d_head", "mamba_n_heads", "mamba_expand"), ("mamba_head_dim", "mamba_num_heads", "expand"),
-             ("mamba_headdim", "n_mamba_heads", "mamba_expand"))
-ATTENTION_AT = ("attn_layer_indices", "attention_layer_indices")
-DROPOUTS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout",
-            "hidden_dropout_prob", "attention_probs_dropout_prob")
-
-
-@dataclass
-class Tiny:
-    """What the spec's ``tiny:`` says, and the config it builds first."""
-
-    model_type: str
-    model_class: str
-    config_class: str
-    config: dict[str, Any]  # fixed entries
-    draw: dict[str, Any]  # drawn entries: a list of options or an expression of earlier ones
-    notes: list[str] = field(default_factory=list)  # a comment per choice the spec should explain
-    names: dict[str, str] = field(default_factory=dict)  # role (layers, heads, ...) -> config attribute
-    also: list[str] = field(default_factory=list)  # the composite model type asked for, whose text config this is
-
-    def first(self) -> dict[str, Any]:
-        """The first option of every draw (the most layers), evaluated: the config the drafter records."""
-        scope = dict(self.config)
-        params = dict(self.config)
-        for name, options in self.draw.items():
-            if isinstance(options, list):
-                value = options[-1] if name == self.names.get("layers") else options[0]
-            else:
-                value = configexpr.evaluate(options, dict(scope), {"len": len})
-            scope[name] = value
-            if not name.startswith("_"):
-                params[name] = value
-        return params
-
-
-def causal_lm_class(model_type: str, config_cls: type | None = None) -> str:
-    """The causal-LM class of a model type; for a type the mapping lacks (a multimodal wrapper's text config, such as
-    emu3_text_model), the mapped class whose config class is ``config_cls``."""
-    import transformers
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    cls = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
-    if cls is None and config_cls is not None:
-        cls = next((c for c in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() if isinstance(c, str)
-                    and getattr(getattr(transformers, c, None), "config_class", None) is config_cls), None)
-    if cls is None:
-        raise DraftError(f"model type '{model_type}' has no causal-LM class in transformers "
-                         "(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)")
-    return cls if isinstance(cls, str) else cls[0]
-
-
-def _first(cfg: Any, names: tuple[str, ...]) -> str | None:
-    for n in names:
-        if isinstance(getattr(cfg, n, None), int) and not isinstance(getattr(cfg, n), bool):
-            return n
-    return None
-
-
-def listed_flags(cfg: Any, word: str) -> list[tuple[str, bool]]:
-    """The config's boolean entries whose name holds ``word``."""
-    return [(k, v) for k, v in cfg.to_dict().items() if word in k and isinstance(v, bool)]
+from .repair import builds, own_sub_configs, repair
+from .tiny_build import alternatives, build, perturbed, takes_mask
+from .tiny_config import (
+    ALL_SPARSE,
+    ATTENTION_AT,
+    DRAWN,
+    DROPOUTS,
+    FIXED,
+    HEADS,
+    HIDDEN,
+    INTERMEDIATE,
+    KV_HEADS,
+    LAYERS,
+    SSM_HEADS,
+    TOKEN_IDS,
+    DraftError,
+    Tiny,
+    _first,
+    _global,
+    causal_lm_class,
+    listed_flags,
+    tiny_size,
+)
+from .tiny_stack import (
+    _attention_free,
+    _layer_options,
+    _looped,
+    _other_parts,
+    _per_layer,
+    _refused_fixed,
+    _sections,
+    _unaliased,
+)
 
 
 def base_config(model_type: str, path: str | None = None) -> Any:
@@ -202,10 +137,11 @@ def plan(model_type: str, path: str | None = None) -> Tiny:
             if k not in sizes and isinstance(v, (str, float, bool)) and defaults.get(k) != v and k not in (
                     "model_type", "transformers_version", "dtype", "torch_dtype", "_name_or_path"):
                 fixed[k] = v
-    for name, value in FIXED.items():
+    for name in FIXED:
         cur = getattr(base, name, None)
         if isinstance(cur, int) and not isinstance(cur, bool) and not isinstance(getattr(type(base), name, None), property):
-            fixed[name] = value  # (a property is derived: xLSTM's v_head_dim, from its widths)
+            if cur > 0 or name in TOKEN_IDS:  # (0 or less: an option off, as shrink keeps it)
+                fixed[name] = tiny_size(name, cur)  # (a property is derived: xLSTM's v_head_dim, from its widths)
     if "num_experts_per_tok" in base.to_dict() and base.num_experts_per_tok is None and any(
             isinstance(getattr(base, n, None), int) for n in ("num_experts", "n_routed_experts", "num_local_experts")):
         fixed["num_experts_per_tok"] = FIXED["num_experts_per_tok"]
@@ -358,333 +294,33 @@ def _laid_out(base: Any, tiny: Tiny, layers: str) -> None:
     from nnatlas.testing.suite import layout
 
     given = base.to_dict()
+    if not isinstance(given.get(layers), int) and isinstance(getattr(base, layers, None), int):
+        given[layers] = getattr(base, layers)  # (a block count the class derives: NemotronH's, from its kinds' list)
     laid, n = layout(given, given, layers)
     laid.pop(layers, None)
-    changed = {k: v for k, v in laid.items() if k not in tiny.config or tiny.config[k] != v}
-    tiny.config.update(laid)
-    if "layer_types" in laid:
-        tiny.draw.pop("layer_types", None)
-    n = max(n, *(len(v) for v in laid.values() if isinstance(v, (list, str))), 1)
-    tiny.draw[layers] = [n]
+    alias = (getattr(type(base), "attribute_map", None) or {}).get("layer_types")
+    whole = ""
+    for attempt in ("cut", "whole"):
+        if attempt == "whole":  # the cut stack does not build (Zamba: one hybrid block ties its shared block's weights
+            # to nothing) and the given one is small: the given stack whole
+            n_given = given.get(layers)
+            if not isinstance(n_given, int) or n_given > 12 or builds(tiny) is None:
+                break
+            laid = {k: given[k] for k in laid if k in given}
+            n, whole = n_given, " (whole: cut to fewer blocks, the model does not build)"
+        changed = {k: v for k, v in laid.items() if k not in tiny.config or tiny.config[k] != v}
+        tiny.config.update(laid)
+        if "layer_types" in laid or alias in laid:  # (the list under its alias too: Zamba 2's layers_block_type)
+            tiny.draw.pop("layer_types", None)
+            if alias in laid:
+                tiny.config.pop("layer_types", None)
+        n = max(n, *(len(v) for v in laid.values() if isinstance(v, (list, str))), 1)
+        tiny.draw[layers] = [n]
     if changed:
-        tiny.notes.append(f"{layers}: {n}, laid out as the given config ({', '.join(f'{k}: {v!r}' for k, v in changed.items())}): "
-                          "each kind of block it has appears")
+        tiny.notes.append(f"{layers}: {n}, laid out as the given config{whole} "
+                          f"({', '.join(f'{k}: {v!r}' for k, v in changed.items())}): each kind of block it has appears")
 
 
-def takes_mask(model: Any) -> bool:
-    """Whether the model's forward takes an attention_mask: a parameter of its own, or through ``**kwargs`` as
-    transformers' keywords (as nnatlas's inputs check reads the signature)."""
-    import inspect
-
-    params = inspect.signature(type(model).forward).parameters
-    if "attention_mask" in params:
-        return True
-    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
-        return False
-    try:
-        from transformers.utils.generic import TransformersKwargs
-    except ImportError:  # pragma: no cover (another transformers): as nnatlas's inputs check, taken
-        return True
-    return "attention_mask" in TransformersKwargs.__annotations__
-
-
-def alternatives(tiny: Tiny) -> list[tuple[Tiny, str]]:
-    """Other tiny sizes, each with the spec's note on it, for a model whose forward fails at the first ones: a relation
-    the model needs that the config does not check. Fewer key/value heads than query heads (MiMo-V2-Flash doubles the
-    key/value heads of its sliding blocks: with as many as the query heads, a head group is empty); wider heads (xLSTM
-    rounds its config's widths up to a multiple of 64, as its cache is sized, where its layers do not round)."""
-    import copy
-
-    tries = []
-    if tiny.draw.get("_groups") == [1, 2]:
-        tries.append(({"_groups": [2]}, "_groups: [2]: two query heads or more per key/value head"))
-    if tiny.draw.get("_head_dim") in ([8, 16], [16, 8]):
-        tries.append(({"_head_dim": [64]}, "_head_dim: [64]: heads as wide as the model rounds its widths"))
-    if len(tries) > 1:
-        tries.append(({k: v for t, _ in tries for k, v in t.items()}, "; ".join(why for _, why in tries)))
-    out = []
-    for draws, why in tries:
-        other = copy.deepcopy(tiny)
-        other.draw.update(draws)
-        out.append((other, why))
-    return out
-
-
-def _other_parts(base: Any, model_class: str, fixed: dict[str, Any], notes: list[str]) -> None:
-    """A composite config's other parts, built with the causal-LM model but not run on text (Phi-4-multimodal's vision
-    and audio encoders: 870M parameters at their defaults, past the sweep's time): one block each, 32 wide (every
-    entry equal to the part's width), two heads; kept at their defaults when the model does not build so."""
-    import torch
-    import transformers
-
-    text = base.get_text_config() if hasattr(base, "get_text_config") else base
-    shrunk: dict[str, dict[str, Any]] = {}
-    for name in getattr(base, "sub_configs", None) or {}:
-        part = getattr(base, name, None)
-        # (a part with no model type of its own is one the text forward runs: DBRX's attn_config, ffn_config)
-        own = part is not None and not getattr(part, "model_type", None)
-        width = _first(part, HIDDEN) if part is not None and part is not text and not own else None
-        if part is None or width is None:
-            continue
-        given = part.to_dict()
-        sizes = {k: 32 for k, v in given.items() if v == getattr(part, width) and type(v) is int}
-        for names, value in ((LAYERS + ("num_blocks",), 1), (HEADS, 2), (INTERMEDIATE, 32)):
-            n = _first(part, names)
-            if n is not None and n in given:
-                sizes[n] = value
-        shrunk[name] = sizes
-    if not shrunk:
-        return
-    try:
-        with torch.device("meta"):  # (whether it builds so, without the weights)
-            getattr(transformers, model_class)(type(base)(**{**base.to_diff_dict(), **shrunk}))
-    except Exception:  # noqa: BLE001 - a relation the shrunk parts break: their defaults stay
-        return
-    fixed.update(shrunk)
-    notes.append(f"{', '.join(shrunk)}: one block each, 32 wide (the model builds them; a text forward does not run "
-                 "them)")
-
-
-def _sections(base: Any, tiny: Tiny, layers: str) -> None:
-    """Layer counts that split the stack into sections (Dory: n_input_layers + n_recurrent_layers + n_output_layers ==
-    num_hidden_layers, by default 8 + 20 + 8): shrunk with it, each section one block or more, the rest to the
-    largest (a default left as it is would make the tiny stack's middle section negative)."""
-    given = base.to_dict()
-    total = getattr(base, layers, None)
-    parts = {n: getattr(base, n) for n in given if n != layers and re.fullmatch(r"(n|num)_\w+_layers", n)
-             and isinstance(getattr(base, n, None), int) and not isinstance(getattr(base, n), bool)
-             and getattr(base, n) > 0}
-    n = max(tiny.draw[layers])
-    if len(parts) < 2 or sum(parts.values()) != total or n < len(parts):
-        return
-    sizes = dict.fromkeys(parts, 1)
-    sizes[max(parts, key=lambda k: parts[k])] += n - len(parts)
-    tiny.draw[layers] = [n]
-    tiny.config.update(sizes)
-    tiny.notes.append(f"{', '.join(sizes)}: {', '.join(map(str, sizes.values()))}: the sections of the stack, "
-                      f"which sum to {layers} (the checkpoints' {' + '.join(map(str, parts.values()))} == {total})")
-
-
-def _looped(base: Any, tiny: Tiny, layers: str) -> None:
-    """A stack whose blocks from one index to another run several times (Inkling 2 Loop: blocks 6 to 17, 3 passes):
-    the tiny stack holds those blocks, so that its forward loops as the checkpoints' does (a stack cut below the loop's
-    start never loops, and its draft would verify a model no checkpoint is)."""
-    given = base.to_dict()
-    ends = {n: v for n, v in given.items() if re.fullmatch(r"loop\w*_(end|stop)", n) and isinstance(v, int)
-            and not isinstance(v, bool)}
-    passes = [v for n, v in given.items() if re.fullmatch(r"loop\w*(passes|repeats|iterations)", n) and isinstance(v, int)]
-    n = max(tiny.draw[layers])
-    if not ends or not passes or max(passes) < 2 or max(ends.values()) <= n:
-        return
-    end = max(ends.values())
-    tiny.draw[layers] = [end]
-    tiny.notes.append(f"{layers}: {end}, the looped blocks' end ({', '.join(ends)}): a stack cut below the loop never "
-                      "runs it")
-
-
-def _unaliased(base: Any, tiny: Tiny) -> None:
-    """layer_types under the field it names (Zamba 2's attribute_map: layer_types -> layers_block_type): an alias is
-    set after the config's __post_init__, which derives from the field (Zamba 2's hybrid_layer_ids) before that."""
-    field = (getattr(type(base), "attribute_map", None) or {}).get("layer_types")
-    if field and field in base.to_dict() and "layer_types" in tiny.config:
-        tiny.config[field] = tiny.config.pop("layer_types")
-
-
-def _refused_fixed(base: Any, tiny: Tiny) -> None:
-    """A fixed tiny size the config class refuses (ZAYA routes each token to one expert: num_experts_per_tok=1 only)
-    is left at the class default, when that alone makes the tiny config build."""
-    import transformers
-
-    cls = getattr(transformers, tiny.config_class)
-    try:
-        cls(**tiny.first())
-        return
-    except Exception as e:  # noqa: BLE001 - refused: try each fixed size at its default
-        why = str(e).splitlines()[-1][:120]
-    defaults = type(base)().to_dict()
-    for name in [n for n in FIXED if n in tiny.config and n in defaults and defaults[n] != tiny.config[n]]:
-        kept = tiny.config.pop(name)
-        try:
-            cls(**tiny.first())
-        except Exception:  # noqa: BLE001 - not this one
-            tiny.config[name] = kept
-            continue
-        tiny.notes.append(f"{name}: the config's default ({defaults[name]!r}): it refuses {kept!r} ({why})")
-        return
-
-
-def _global(cfg: Any) -> Any:
-    """``cfg``, its per-layer attributes (a heterogeneous config's: transformers' per_layer_config) read as their
-    global values, as the tiny config shrinks them; the per-layer overrides are shrunk apart (``_per_layer``)."""
-    if getattr(cfg, "is_heterogeneous", False):
-        cfg.allow_global_per_layer_attribute_access = True
-    return cfg
-
-
-def _per_layer(base: Any, tiny: Tiny) -> None:
-    """A heterogeneous config (per_layer_config: some blocks' sizes differ from the global ones, as Gemma 4's full
-    blocks' head width): each kind of block the default config overrides keeps its sizes (every per-layer attribute,
-    overridden or global), all shrunk by one factor, the most the tiny config shrank a global one (so that their
-    relations hold: Dots 3's sliding head_dim == qk_nope_head_dim + qk_rope_head_dim), on the tiny stack's blocks of
-    that kind."""
-    import transformers
-
-    spec = base.__dict__.get("_heterogeneity_spec")
-    overrides = getattr(spec, "per_layer_overrides", None)
-    types = list(getattr(base, "layer_types", None) or ())
-    if not overrides or len(types) != base.num_hidden_layers:
-        return
-    explicit = sorted(getattr(spec, "explicit_per_layer_attributes", None) or {a for o in overrides.values() for a in o})
-    default = {a: base._getattr_without_heterogeneous_validation(a, None) for a in explicit}
-    by_kind: dict[str, dict[str, Any]] = {}  # each overridden kind's sizes: its first block's in the default stack
-    for i, kind in enumerate(types):
-        if kind not in by_kind and overrides.get(i):
-            by_kind[kind] = {a: overrides[i].get(a, default[a]) for a in explicit}
-    cls = getattr(transformers, tiny.config_class)
-    params = tiny.first()
-    probe = None
-    tries: tuple[dict[str, Any], ...] = ({"per_layer_config": {}}, {})
-    for given in tries:  # the tiny stack at the globals, or with the class's own overrides
-        try:
-            probe = _global(cls(**{**params, **given}))
-            break
-        except Exception:  # noqa: BLE001 - refused: the next, else the build says why
-            continue
-    if probe is None:
-        return
-    small = {a: probe._getattr_without_heterogeneous_validation(a, None) for a in explicit}
-
-    def size(x: Any) -> bool:
-        return isinstance(x, int) and not isinstance(x, bool) and x > 0
-    ratios = [small[a] / default[a] for a in explicit if size(small[a]) and size(default[a])]
-    if not ratios:
-        return
-    factor = max(ratios)
-    scaled: dict[str, dict[str, Any]] = {}
-    for kind, sizes in by_kind.items():
-        shrunk = {a: max(1, round(v * factor)) if size(v) and size(small[a]) else v for a, v in sizes.items()}
-        shrunk = {a: v for a, v in shrunk.items() if v != small[a]}  # (one equal to the global is dropped)
-        if shrunk:
-            scaled[kind] = shrunk
-    tiny_types = list(getattr(probe, "layer_types", None) or ())
-    per_layer = {i: dict(scaled[k]) for i, k in enumerate(tiny_types) if k in scaled}
-    if not per_layer:
-        return
-    try:
-        cls(**{**params, "per_layer_config": per_layer})
-    except Exception as e:  # noqa: BLE001 - the config refuses the shrunk overrides: the class's own defaults stay
-        tiny.notes.append(f"per_layer_config: the default's overrides, shrunk, are refused ({type(e).__name__}: "
-                          f"{str(e).splitlines()[-1][:120]}); the config class's own per-layer defaults are kept")
-        return
-    tiny.config["per_layer_config"] = per_layer
-    layers = tiny.names["layers"]
-    tiny.draw[layers] = [params[layers]]  # (the overrides name blocks by index: one stack length)
-    tiny.notes.append("per_layer_config: each kind of block the default config overrides keeps its sizes ("
-                      + "; ".join(f"{k}: {', '.join(f'{a} {sizes[a]}' for a in sorted(scaled.get(k, {})))}"
-                                  for k, sizes in by_kind.items()) + f"), all shrunk by one factor ({factor:g})")
-
-
-def _attention_free(base: Any, mixer_heads: str | None = None) -> bool:
-    """A model type with no attention at all: its causal-LM class refuses sdpa, and its config names
-    no head count (a Mamba stack) but its mixer's (``mixer_heads``)."""
-    import transformers
-
-    cls = getattr(transformers, causal_lm_class(base.model_type), None)
-    heads = [n for n in HEADS + KV_HEADS if n != mixer_heads]
-    return cls is not None and not getattr(cls, "_supports_sdpa", True) and _first(base, tuple(heads)) is None
-
-
-def _layer_options(config_cls: Any, layers: str, fixed: dict[str, Any]) -> list[int]:
-    """[2, 3], or, on a stack of several block kinds (config.layer_types), the fewest blocks that
-    hold every kind the default config has."""
-    base = _global(config_cls())
-    default = list(getattr(base, "layer_types", None) or ())
-    kinds = set(default)
-    if len(kinds) == 1 and re.search(r"linear|mamba", default[0]) and getattr(base, "num_attention_heads", None):
-        # a hybrid whose default stack has no attention block: one in the middle of three
-        hybrid = [default[0], "full_attention", default[0]]
-        try:
-            config_cls(**{layers: 3, "layer_types": hybrid})  # (the default sizes: the fixed ones are not matched yet)
-        except Exception:  # noqa: BLE001 - no such block kind here: keep the default's
-            pass
-        else:
-            fixed["layer_types"] = hybrid
-            return [3]
-    if len(kinds) <= 1 and not _explicit_types(config_cls, layers, fixed, 3, default):
-        return [2, 3]
-    for n in range(2, 13):
-        try:
-            types = getattr(config_cls(**{**fixed, layers: n}), "layer_types", None) or ()
-        except Exception:  # noqa: BLE001 - a size this config refuses: try the next one
-            continue
-        if len(types) == n and set(types) == kinds:
-            return [n]
-    # layer_types is a list of the default stack's length, not derived from the layer count: the
-    # tiny stack takes the blocks of the default's first occurrence of each kind, in order
-    first = sorted({default.index(k) for k in kinds})
-    tiny_types = [default[i] for i in first] if len(first) > 1 else [default[0]] * 2
-    n = len(tiny_types)
-    if _explicit_types(config_cls, layers, fixed, n, tiny_types):
-        fixed["layer_types"] = tiny_types
-        return [n]
-    return [2, 3]
-
-
-def _explicit_types(config_cls: Any, layers: str, fixed: dict[str, Any], n: int, types: list[str]) -> bool:
-    """The config builds with these n layer types given, and refuses n blocks without them."""
-    if not types:
-        return False
-    try:
-        cfg = config_cls(**{**fixed, layers: n})
-        if len(getattr(cfg, "layer_types", None) or ()) == n:
-            return False
-    except Exception:  # noqa: BLE001 - refused: layer_types must be given
-        pass
-    try:
-        config_cls(**{**fixed, layers: n, "layer_types": list(types[:n]) + [types[-1]] * (n - len(types))})
-    except Exception:  # noqa: BLE001 - refused even so
-        return False
-    return True
-
-
-def perturbed(tiny: Tiny, params: dict[str, Any], seed: int = 0) -> dict[str, Any]:
-    """``params`` with every scalar factor of the config (and of its text config) drawn away from its default, as
-    the generated tests and a draft's verification draw them (``nnatlas.testing.perturb``): an identity or a read
-    point that holds only at a factor's default (a multiplier of 1, a scale of 0) is then not proposed."""
-    import copy
-
-    import transformers
-
-    from nnatlas.testing import perturb_params
-
-    try:
-        config = getattr(transformers, tiny.config_class)(**copy.deepcopy(params))
-    except Exception as e:  # noqa: BLE001 - the build says so, with the config
-        raise DraftError(f"{tiny.model_class} does not build from the tiny config {params}: {type(e).__name__}: {e}") from e
-    return perturb_params(config, params, seed)
-
-
-def build(tiny: Tiny, params: dict[str, Any] | None = None, attn_implementation: str = "eager", seed: int = 0,
-          perturb: bool = False) -> Any:
-    """The tiny model, float32, eval mode (raises DraftError when it does not build); ``perturb``: its constant
-    weights (biases, norm gains, layer scalars) drawn at random (``nnatlas.testing.perturb_tensors``)."""
-    import torch
-    import transformers
-
-    params = tiny.first() if params is None else params
-    try:
-        config = getattr(transformers, tiny.config_class)(**params)
-        config._attn_implementation = attn_implementation
-        for sub in ("text_config",):
-            if getattr(config, sub, None) is not None:
-                getattr(config, sub)._attn_implementation = attn_implementation
-        torch.manual_seed(seed)
-        model = getattr(transformers, tiny.model_class)(config).float().eval()
-        if perturb:
-            from nnatlas.testing import perturb_tensors
-
-            perturb_tensors(model, seed)
-    except Exception as e:  # noqa: BLE001 - any failure here means: this type does not build tiny
-        raise DraftError(f"{tiny.model_class} does not build from the tiny config {params}: "
-                         f"{type(e).__name__}: {e}") from e
-    return model
+__all__ = ["ALL_SPARSE", "ATTENTION_AT", "DRAWN", "DROPOUTS", "FIXED", "SSM_HEADS", "DraftError", "Tiny", "_global",
+           "alternatives", "base_config", "build", "causal_lm_class", "listed_flags", "perturbed", "plan",
+           "takes_mask", "tiny_size"]

@@ -94,6 +94,8 @@ def wrap(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None,
             fam = user_specs.drafted(hf)
             made = _new(_families.model_class(fam) or AtlasModel, fam, hf, tokenizer, processor, peft)
             found = mismatches(made)
+            if found:  # (drafted on this model's own layout and verified, yet its tree still differs)
+                raise user_specs.unfit_draft(hf, fam, found)
         if found:
             hint = "" if spec is not None else (
                 "\n(nnatlas.wrap(model) without family= picks the family from the model type; "

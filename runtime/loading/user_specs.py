@@ -26,6 +26,7 @@ ENV = "NNATLAS_SPECS"
 
 _COMPILED: dict[tuple[str, str], ModuleType] = {}  # (resolved path, sha256 of it and its folder's specs) -> adapter
 _ORIGINS: dict[tuple[str, str], str] = {}  # a draft's key -> what verified it (support() says it)
+_TEXTS: dict[str, str] = {}  # a drafted family's name -> its spec text (written to a file when it cannot serve)
 
 
 def _key(path: Path, siblings: list[Path]) -> tuple[str, str]:
@@ -126,6 +127,7 @@ def _draft_now(model_type: str, config_json: str, key: tuple[str, str], want: dr
     module = done.module
     _COMPILED[key] = module
     _ORIGINS[key] = _origin(done.held, done.refused)
+    _TEXTS[module.FAMILY.name] = done.text
     record = dataclasses.replace(want, held=tuple(done.held), refused=tuple(done.refused), verify_s=round(done.verify_s, 3))
     turn.write(draft_cache_data.Kept(module.FAMILY.name, done.text, record))
     return module
@@ -194,7 +196,22 @@ def _kept(turn: draft_cache_data.Turn, key: tuple[str, str], want: draft_cache_d
         f" (kept from an earlier load; its {len(held)} checks held again{late})"
     _COMPILED[key] = module
     _ORIGINS[key] = origin
+    _TEXTS[name] = kept.spec
     return module
+
+
+def unfit_draft(model: Any, family: Family, found: Sequence[str]) -> NnatlasError:
+    """The error of a draft (drafted on ``model``'s own config, verified) whose spec still does not fit ``model``'s
+    module tree (``found``: the mismatches, each naming the host or value and the blocks it is on): the draft written
+    to a file to edit, and the one next step, ``spec=FILE``."""
+    types = registry.model_types(model.config)
+    model_type = types[0] if types else family.name
+    file = keep_draft(model_type, _TEXTS.get(family.name, ""))
+    n = len(found)
+    return NnatlasError(f"draft=True: the drafted spec for {model_type} does not fit {type(model).__name__}; nothing "
+                        f"is served. The drafter could not place {n} host{'s' if n != 1 else ''} or "
+                        f"value{'s' if n != 1 else ''} on this model's blocks:\n  " + "\n  ".join(found) +
+                        f"\nThe draft is in {file}: edit what it could not place, then load with spec={file}")
 
 
 def keep_draft(model_type: str, text: str) -> Path:

@@ -49,7 +49,13 @@ _SIZES = SIZES
 # counts that are kept when smaller than the tiny value (one shared expert stays one; top-1 routing stays top-1)
 AT_MOST = frozenset({"num_experts_per_tok", "num_experts_per_token", "moe_k", "moe_topk", "moe_top_k", "top_k", "n_shared_experts", "num_shared_experts",
                      "n_group", "topk_group", "n_groups"})
+# the names a size goes by, in the order a config's first one is taken (the drafter reads its roles from these too)
 LAYERS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+HEADS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
+HIDDEN = ("hidden_size", "n_embd", "d_model", "dim")
+INTERMEDIATE = ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size")
+# special token ids inside the shrunk vocabulary (those past it are moved to these; others: 0)
+TOKEN_IDS = {"bos_token_id": 2, "eos_token_id": 3, "pad_token_id": 0}
 KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num", "kv_n_heads")
 GROUPS = ("n_group", "topk_group", "num_expert_group")  # expert groups: one (the tiny mixture's experts do not split)
 DENSE_FIRST = ("first_k_dense_replace", "num_dense_layers", "first_dense_layers", "moe_layer_start_index",
@@ -146,6 +152,8 @@ def layout(defaults: Mapping[str, Any], given: Mapping[str, Any], layers: str) -
     # per-block lists and pattern strings the checkpoint gives, or the class fills in for its length (Zamba 2's
     # layers_block_type, which it does not derive again from a shorter stack)
     for k, v in {**{k: v for k, v in defaults.items() if isinstance(v, list)}, **given}.items():
+        if TOKEN_ID.search(k):  # (GLM's three eos ids on a three-block stack: no per-block list)
+            continue
         if isinstance(v, list) and _is_int(n_given) and len(v) == n_given and n_given > 1 and all(
                 isinstance(x, (str, bool, int)) and not isinstance(x, list) for x in v):
             lists[k] = v
@@ -222,7 +230,7 @@ def shrink(config_class: Any, recorded: Mapping[str, Any], sizes: Mapping[str, i
     if layers is None:
         raise ShrinkError(f"{config_class.__name__}: no block count ({', '.join(LAYERS)}) in the recorded config")
     n_given = given.get(layers, getattr(built, layers))
-    heads = next((given.get(n, full.get(n)) for n in ("num_attention_heads", "n_head", "num_heads", "n_heads")
+    heads = next((given.get(n, full.get(n)) for n in HEADS
                   if _is_int(given.get(n, full.get(n)))), None)
     params = _shrink_sizes(given, SIZES, heads)
     laid, _ = layout(full, {**given, layers: n_given}, layers)
@@ -233,7 +241,7 @@ def shrink(config_class: Any, recorded: Mapping[str, Any], sizes: Mapping[str, i
     for k, v in given.items():
         if k not in SIZES and SIZE_LIKE.search(k) and _is_int(v) and v in named and params.get(k) == v:
             params[k] = named[v]
-    hidden = next((params[n] for n in ("hidden_size", "n_embd", "d_model", "dim") if _is_int(params.get(n))),
+    hidden = next((params[n] for n in HIDDEN if _is_int(params.get(n))),
                   SIZES["hidden_size"])
     for d_head, n_heads, expand in SSM_HEADS:  # a Mamba mixer's heads tile its expanded width exactly
         ints = [params.get(n, full.get(n)) for n in (d_head, n_heads, expand)]
@@ -269,7 +277,7 @@ def shrink(config_class: Any, recorded: Mapping[str, Any], sizes: Mapping[str, i
     vocab = params.get("vocab_size", SIZES["vocab_size"])
     for k, v in list(full.items()):  # special token ids the shrunk vocabulary does not hold (a class default too)
         if TOKEN_ID.search(k) and _is_int(v) and _is_int(vocab) and v >= vocab:
-            params[k] = {"bos_token_id": 2, "eos_token_id": 3}.get(k, 0)
+            params[k] = TOKEN_IDS.get(k, 0)
         elif TOKEN_ID.search(k) and isinstance(v, list) and _is_int(vocab) and any(_is_int(x) and x >= vocab for x in v):
             params[k] = [3]
     try:

@@ -65,7 +65,24 @@ from .served import (
     check_shapes,
     check_support,
 )
-from .shrink import DENSE_FIRST, ShrinkError, layout, shrink
+from .shrink import (
+    AT_MOST,
+    DENSE_FIRST,
+    GROUPS,
+    HEADS,
+    HIDDEN,
+    INTERMEDIATE,
+    KV_HEADS,
+    LAYERS,
+    SIZES,
+    SSM_HEADS,
+    TOKEN_IDS,
+    WINDOW,
+    WINDOWS,
+    ShrinkError,
+    layout,
+    shrink,
+)
 from .sweeps import SWEEP_ATOL, check_sweep, sweep_prompts
 from .tiny import (
     CPU_ATTENTION,
@@ -110,4 +127,4 @@ from .values import (
     tensor_term,
 )
 
-__all__ = ['Allocations', 'DENSE_FIRST', 'ShrinkError', 'draw_layout', 'layout', 'structural_options', 'check_twin_builds', 'check_twin_identities', 'check_twin_oracle', 'checkpoints', 'shrink', 'twin', 'twin_params', 'COMPARE', 'CPU_ATTENTION', 'Case', 'SWEEP_ATOL', 'check_sweep', 'sweep_prompts', 'FIXED_SIZES', 'GRADIENT_COUNTS', 'GRADIENT_GAPS', 'GRAD_BLOCK_VALUES', 'HIDDEN_STATES_AFTER_BLOCKS', 'Held', 'LIGHT_KINDS', 'NOT_FACTORS', 'ORACLE_ATOL', 'PATTERN_ERRORS', 'PATTERN_VALUES', 'PROMPT', 'SOAK_KINDS', 'Soak', 'WORDS', '_accepts', '_block_index', '_blocks_with', '_check_edit', '_check_gradients', '_check_shapes', '_class_attention', '_close', '_exact', '_first', '_first_host', '_fixed_inputs', '_grad_seen_as', '_nested_copy', '_oracle_blocks', '_oracle_hidden_states', '_oracle_names', '_plain_block_gradients', '_routable', '_save_all', '_scalar', '_set_dotted', '_unavailable_term', '_vision_specs', 'accepted_attention', 'adapter_module', 'assert_identity', 'attention_loads', 'build', 'check_attention_loads', 'check_edit', 'check_gradients', 'check_identities', 'check_identity', 'check_image_input_errors', 'check_missing', 'check_native_class', 'check_oracle', 'check_processor_round_trip', 'check_readonly', 'check_recomputed_patterns', 'check_shapes', 'check_support', 'check_text_only_load', 'check_text_prompt', 'config_factors', 'constant_tensors', 'dims_of', 'draw_case', 'draw_from', 'draw_inputs', 'draw_params', 'each_host', 'expected_shape', 'first_params', 'first_params_from', 'first_variant_params', 'grad_soak', 'host_specs', 'identity_ids', 'image_prompt_inputs', 'live_tensors', 'oracle_checks', 'perturb_config', 'perturb_params', 'perturb_tensors', 'perturbed_params', 'recomputed_pattern_loads', 'resolve_term', 'run_example', 'shared_build', 'standard_values', 'tensor_term', 'tiny_images', 'tiny_of', 'tiny_processor', 'tiny_tokenizer', 'uncompiled_flex_attention', 'variant_from', 'variant_params']
+__all__ = ['Allocations', 'AT_MOST', 'DENSE_FIRST', 'GROUPS', 'HEADS', 'HIDDEN', 'INTERMEDIATE', 'KV_HEADS', 'LAYERS', 'SIZES', 'SSM_HEADS', 'TOKEN_IDS', 'WINDOW', 'WINDOWS', 'ShrinkError', 'draw_layout', 'layout', 'structural_options', 'check_twin_builds', 'check_twin_identities', 'check_twin_oracle', 'checkpoints', 'shrink', 'twin', 'twin_params', 'COMPARE', 'CPU_ATTENTION', 'Case', 'SWEEP_ATOL', 'check_sweep', 'sweep_prompts', 'FIXED_SIZES', 'GRADIENT_COUNTS', 'GRADIENT_GAPS', 'GRAD_BLOCK_VALUES', 'HIDDEN_STATES_AFTER_BLOCKS', 'Held', 'LIGHT_KINDS', 'NOT_FACTORS', 'ORACLE_ATOL', 'PATTERN_ERRORS', 'PATTERN_VALUES', 'PROMPT', 'SOAK_KINDS', 'Soak', 'WORDS', '_accepts', '_block_index', '_blocks_with', '_check_edit', '_check_gradients', '_check_shapes', '_class_attention', '_close', '_exact', '_first', '_first_host', '_fixed_inputs', '_grad_seen_as', '_nested_copy', '_oracle_blocks', '_oracle_hidden_states', '_oracle_names', '_plain_block_gradients', '_routable', '_save_all', '_scalar', '_set_dotted', '_unavailable_term', '_vision_specs', 'accepted_attention', 'adapter_module', 'assert_identity', 'attention_loads', 'build', 'check_attention_loads', 'check_edit', 'check_gradients', 'check_identities', 'check_identity', 'check_image_input_errors', 'check_missing', 'check_native_class', 'check_oracle', 'check_processor_round_trip', 'check_readonly', 'check_recomputed_patterns', 'check_shapes', 'check_support', 'check_text_only_load', 'check_text_prompt', 'config_factors', 'constant_tensors', 'dims_of', 'draw_case', 'draw_from', 'draw_inputs', 'draw_params', 'each_host', 'expected_shape', 'first_params', 'first_params_from', 'first_variant_params', 'grad_soak', 'host_specs', 'identity_ids', 'image_prompt_inputs', 'live_tensors', 'oracle_checks', 'perturb_config', 'perturb_params', 'perturb_tensors', 'perturbed_params', 'recomputed_pattern_loads', 'resolve_term', 'run_example', 'shared_build', 'standard_values', 'tensor_term', 'tiny_images', 'tiny_of', 'tiny_processor', 'tiny_tokenizer', 'uncompiled_flex_attention', 'variant_from', 'variant_params']
