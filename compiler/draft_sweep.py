@@ -188,7 +188,7 @@ def _periods(entries: dict[str, Any]) -> dict[str, Any]:
     interleave_moe_layer_step, Jamba's expert_layer_period as the drafter's tiny config has them) set to 2, as
     released checkpoints have them (Llama 4 Maverick, Jamba), its offset kept under it; a period above 1 already
     lays out two kinds of block and is kept."""
-    from nnatlas.testing.shrink import PERIOD
+    from nnatlas.testing.suite import PERIOD
 
     out: dict[str, Any] = {}
     for k, v in entries.items():

@@ -9,10 +9,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from nnatlas.testing.shrink import PERIOD
-
 from ..language.expr import compile_when, evaluate
 from .measure import DENSE_FIRST, KIND_LISTS, LAYER_TYPES
+from .tiny_config import PERIOD
 
 Groups = dict[Any, list[int]]  # a signature -> the blocks that have it
 
