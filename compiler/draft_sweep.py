@@ -149,9 +149,10 @@ def checkpoint_like(plan: Any) -> dict[str, Any]:
     """The drafter's tiny config with its structural options off their defaults, as released checkpoints have them
     (found by rule, :func:`nnatlas.testing.layouts.structural_options`): a dense-first count of 1 (with a block after
     it), each per-block kind list rotated by one and each period of the stack at 1 set to 2 (:func:`_periods`); the
-    tiny config as it is when the class refuses that."""
+    tiny config as it is when the class or its model refuses that."""
     import copy
 
+    import torch
     import transformers
 
     from nnatlas.testing.suite import DENSE_FIRST, structural_options
@@ -173,8 +174,10 @@ def checkpoint_like(plan: Any) -> dict[str, Any]:
             moved[k] = options[-1]
     moved.update(_periods(cls(**copy.deepcopy(moved)).to_dict()))
     try:
-        cls(**copy.deepcopy(moved))
-    except Exception:  # noqa: BLE001 - a combination the class refuses: the tiny config's own layout
+        config = cls(**copy.deepcopy(moved))
+        with torch.device("meta"):  # (the model too: Gemma 4's per-layer sizes by block index, rotated with the kinds)
+            getattr(transformers, plan.model_class)(config)
+    except Exception:  # noqa: BLE001 - a combination the class or its model refuses: the tiny config's own layout
         return params
     return moved
 

@@ -119,6 +119,62 @@ def test_a_draft_that_cannot_place_a_module_says_which_where_the_draft_is_and_sp
 
 
 
+def test_token_id_lists_are_no_per_block_list() -> None:
+    """GLM's three eos ids on a three-block stack: the layout rule does not cut them as each block's kind."""
+    from nnatlas.testing.shrink import layout
+
+    given = {"num_hidden_layers": 3, "eos_token_id": [151329, 151336, 151338],
+             "layer_types": ["full_attention", "sliding_attention", "full_attention"]}
+    laid, _ = layout(given, given, "num_hidden_layers")
+    assert "eos_token_id" not in laid and laid["layer_types"] == ["full_attention", "sliding_attention"]
+
+
+def test_blocks_two_lists_tell_apart_are_kinds_of_both(tmp_path: Path) -> None:
+    """Bailing-Hybrid laid out dense-first beside its linear and full attention blocks: no one list tells its three
+    kinds of block apart (block 0 linear and dense, 1 full and a mixture, 2 linear and a mixture); the draft gives
+    each list's host its own kinds: layers[i] the mixers' by layer_types, layers[i].mlp the MLPs' by mlp_layer_types
+    (each block's MLP class the one its kind says)."""
+    from nnatlas.compiler.draft import draft, tiny
+
+    base = transformers.BailingHybridConfig()
+    recorded = {k: v for k, v in base.to_dict().items() if k not in ("layer_types", "mlp_layer_types",
+                                                                     "transformers_version")}
+    types = ["linear_attention", "full_attention", "linear_attention"]
+    config = transformers.BailingHybridConfig(**shrink(transformers.BailingHybridConfig, {
+        **recorded, "num_hidden_layers": 3, "layer_types": types, "first_k_dense_replace": 1}))
+    assert config.mlp_layer_types == ["dense", "sparse", "sparse"]
+    config.save_pretrained(tmp_path)
+    text = draft("bailing_hybrid", str(tmp_path)).text
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("  layers[i].mlp:"))
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith("   "))
+    mlp, rest = "\n".join(lines[start:end]), "\n".join(lines[:start] + lines[end:])
+    for x, y in zip(types, config.mlp_layer_types):
+        assert f"when: \"layer_types[i] == '{x}'\"" in rest and f"when: \"mlp_layer_types[i] == '{y}'\"" in mlp
+    assert "layer_types[i] ==" not in mlp.replace("mlp_layer_types", ""), mlp
+    assert tiny.plan("bailing_hybrid", str(tmp_path)).config["layer_types"] == types
+
+
+@pytest.mark.parametrize("model_type", ["zamba", "zamba2", "nemotron_h"])
+def test_a_given_hybrid_layout_is_drafted_as_given(model_type: str, tmp_path: Path) -> None:
+    """A hybrid stack given laid out off its class's defaults (its kinds' list rotated, as the sweep does): the
+    drafter's tiny stack keeps the given kinds in order and runs, where a cut of it would not build (Zamba: one hybrid
+    block ties its shared block to nothing), the list is under its alias (Zamba 2's layers_block_type) or the block
+    count is derived from it (NemotronH)."""
+    from nnatlas.compiler.draft import tiny
+    from nnatlas.compiler.draft_sweep import checkpoint_like
+
+    plan = tiny.plan(model_type)
+    model = tiny.build(plan, checkpoint_like(plan))
+    given = list(model.config.layers_block_type)
+    assert given != list(tiny.build(plan).config.layers_block_type)  # (off the tiny config's own layout)
+    model.config.save_pretrained(tmp_path)
+    built = tiny.build(tiny.plan(model_type, str(tmp_path)))
+    kinds = list(built.config.layers_block_type)
+    assert set(kinds) == set(given) and kinds[0] == given[0], (kinds, given)
+    with torch.no_grad():
+        built(input_ids=torch.randint(4, 90, (1, 5)))
+
 def _released(family: str, **layout: Any) -> Any:
     """A tiny random model of ``family``'s first recorded checkpoint, laid out as it is (``layout``: options changed
     as another released checkpoint has them), its sizes shrunk by the twins' rule."""

@@ -1,10 +1,12 @@
-"""Match a recorded forward against the vocabulary: which module is the embedding, the blocks,
-the norms around each mixer, the attention and its interface call, the MLP and its activation,
-the router and experts of a mixture, the delta-rule kernel of a linear-attention mixer. Every
-proposal is checked on the recorded tensors; an identity is proposed only when it held."""
+"""Match a recorded forward against the vocabulary: which module is the embedding, the positions, the final norm and
+the head, the blocks (their kinds: by the config's list of each block's kind, two such lists together, or a
+dense-first count) and the norms around each mixer; each block's mixers are matched by :mod:`.match_attention`,
+its MLP or mixture by :mod:`.match_mlp`. Every proposal is checked on the recorded tensors; an identity is proposed
+only when it held."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Any
 
@@ -25,6 +27,8 @@ def _kind_name(kind: str) -> str:
 
 
 MLP_ENTRY = re.compile(r"mlp|moe|sparse|expert|dense|ffn", re.I)  # config entries that lay out the MLPs
+
+
 def _lays_out_mlps(name: str, kinds: list[str]) -> bool:
     """Whether a per-block list names the MLPs' kinds (mlp_layer_types; NemotronH's block types of 'moe' and 'mlp')."""
     return bool(MLP_ENTRY.search(name) or any(MLP_ENTRY.search(k) for k in kinds))
@@ -232,6 +236,10 @@ class Matcher(AttentionMatch, MlpMatch):
         # from the mixers (Jamba: attention or Mamba by layers_block_type, a mixture every other block by
         # expert_layer_period), its MLP's own kind (name, when) on the MLP host
         split = self.split_kinds(layers, n, sigs, listed_types) if len(sigs) > 1 and not fits else None
+        pair = None  # else two lists together, each block's kind a conjunction of both
+        if split is None and not fits and len(sigs) > 1:
+            pair = next(((a, b) for (a, ta), (b, tb) in itertools.combinations(listed_types, 2)
+                         if partitions([f"{x}\0{y}" for x, y in zip(ta, tb)], sigs)), None)
         kinds: list[tuple[tuple[str, str, str] | None, int, tuple[str, str] | None]] = []
         # blocks whose sizes differ by kind (a heterogeneous config's per-layer overrides) are kinds, alike or not
         sized = bool(getattr(self.config, "per_layer_attributes", None))
@@ -242,6 +250,14 @@ class Matcher(AttentionMatch, MlpMatch):
             kinds = [(bk, i, mk) for (bk, mk), i in seen_pairs.items()]
             if any(bk is not None for bk, _, _ in kinds):
                 p.traits.append("Hybrid")
+        elif pair is not None:
+            lists = dict(listed_types)
+            by_pair: dict[tuple[str, str], int] = {}
+            for i, xy in enumerate(zip(lists[pair[0]], lists[pair[1]])):
+                by_pair.setdefault(xy, i)
+            kinds = [(("_".join(map(_kind_name, xy)), f"{pair[0]}[i] == {xy[0]!r} and {pair[1]}[i] == {xy[1]!r}", xy[0]),
+                      i, None) for xy, i in by_pair.items()]
+            p.traits.append("Hybrid")
         elif (len(sigs) > 1 or sized) and len(types) == n and len(set(types)) > 1:
             by_type: dict[str, int] = {}
             for i, t in enumerate(types):

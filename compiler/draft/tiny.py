@@ -12,7 +12,7 @@ import re
 from dataclasses import fields, is_dataclass
 from typing import Any
 
-from .repair import own_sub_configs, repair
+from .repair import builds, own_sub_configs, repair
 from .tiny_build import alternatives, build, perturbed, takes_mask
 from .tiny_config import (
     ALL_SPARSE,
@@ -294,17 +294,31 @@ def _laid_out(base: Any, tiny: Tiny, layers: str) -> None:
     from nnatlas.testing.suite import layout
 
     given = base.to_dict()
+    if not isinstance(given.get(layers), int) and isinstance(getattr(base, layers, None), int):
+        given[layers] = getattr(base, layers)  # (a block count the class derives: NemotronH's, from its kinds' list)
     laid, n = layout(given, given, layers)
     laid.pop(layers, None)
-    changed = {k: v for k, v in laid.items() if k not in tiny.config or tiny.config[k] != v}
-    tiny.config.update(laid)
-    if "layer_types" in laid:
-        tiny.draw.pop("layer_types", None)
-    n = max(n, *(len(v) for v in laid.values() if isinstance(v, (list, str))), 1)
-    tiny.draw[layers] = [n]
+    alias = (getattr(type(base), "attribute_map", None) or {}).get("layer_types")
+    whole = ""
+    for attempt in ("cut", "whole"):
+        if attempt == "whole":  # the cut stack does not build (Zamba: one hybrid block ties its shared block's weights
+            # to nothing) and the given one is small: the given stack whole
+            n_given = given.get(layers)
+            if not isinstance(n_given, int) or n_given > 12 or builds(tiny) is None:
+                break
+            laid = {k: given[k] for k in laid if k in given}
+            n, whole = n_given, " (whole: cut to fewer blocks, the model does not build)"
+        changed = {k: v for k, v in laid.items() if k not in tiny.config or tiny.config[k] != v}
+        tiny.config.update(laid)
+        if "layer_types" in laid or alias in laid:  # (the list under its alias too: Zamba 2's layers_block_type)
+            tiny.draw.pop("layer_types", None)
+            if alias in laid:
+                tiny.config.pop("layer_types", None)
+        n = max(n, *(len(v) for v in laid.values() if isinstance(v, (list, str))), 1)
+        tiny.draw[layers] = [n]
     if changed:
-        tiny.notes.append(f"{layers}: {n}, laid out as the given config ({', '.join(f'{k}: {v!r}' for k, v in changed.items())}): "
-                          "each kind of block it has appears")
+        tiny.notes.append(f"{layers}: {n}, laid out as the given config{whole} "
+                          f"({', '.join(f'{k}: {v!r}' for k, v in changed.items())}): each kind of block it has appears")
 
 
 __all__ = ["ALL_SPARSE", "ATTENTION_AT", "DRAWN", "DROPOUTS", "FIXED", "SSM_HEADS", "DraftError", "Tiny", "_global",

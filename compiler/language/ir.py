@@ -7,6 +7,7 @@ is what only the compiler knows (compiled expressions, the spec's positions, the
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,6 +118,8 @@ class HostIR:
         base = re.sub(r"\[([0-9]+)\]", r"_\1", self.path.replace("[i]", "")).replace(".", "_")  # self_attn[0]: _0
         if self.when_text:
             base += "_" + "".join(ch if ch.isalnum() else "_" for ch in self.when_text).strip("_")
+        if len(base) > 84:  # a long condition (two lists together): its start and a digest, one per condition
+            base = base[:64] + "_" + hashlib.sha256(base.encode()).hexdigest()[:8]
         return base
 
 

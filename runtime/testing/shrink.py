@@ -152,6 +152,8 @@ def layout(defaults: Mapping[str, Any], given: Mapping[str, Any], layers: str) -
     # per-block lists and pattern strings the checkpoint gives, or the class fills in for its length (Zamba 2's
     # layers_block_type, which it does not derive again from a shorter stack)
     for k, v in {**{k: v for k, v in defaults.items() if isinstance(v, list)}, **given}.items():
+        if TOKEN_ID.search(k):  # (GLM's three eos ids on a three-block stack: no per-block list)
+            continue
         if isinstance(v, list) and _is_int(n_given) and len(v) == n_given and n_given > 1 and all(
                 isinstance(x, (str, bool, int)) and not isinstance(x, list) for x in v):
             lists[k] = v
