@@ -172,14 +172,19 @@ def checkpoint_like(plan: Any) -> dict[str, Any]:
                     moved.pop(name, None)
         elif isinstance(options[0], list):
             moved[k] = options[-1]
-    moved.update(_periods(cls(**copy.deepcopy(moved)).to_dict()))
-    try:
-        config = cls(**copy.deepcopy(moved))
-        with torch.device("meta"):  # (the model too: Gemma 4's per-layer sizes by block index, rotated with the kinds)
-            getattr(transformers, plan.model_class)(config)
-    except Exception:  # noqa: BLE001 - a combination the class or its model refuses: the tiny config's own layout
+    def builds(laid: dict[str, Any]) -> bool:
+        try:
+            config = cls(**copy.deepcopy(laid))
+            with torch.device("meta"):  # (the model too: Gemma 4's per-layer sizes by block index, rotated with the kinds)
+                getattr(transformers, plan.model_class)(config)
+        except Exception:  # noqa: BLE001 - a combination the class or its model refuses
+            return False
+        return True
+
+    if not builds(moved):  # the tiny config's own layout
         return params
-    return moved
+    periods = {**moved, **_periods(cls(**copy.deepcopy(moved)).to_dict())}
+    return periods if builds(periods) else moved  # (periods the class refuses beside the rest: the rest alone)
 
 
 # a period of the stack (shrink's names: interval, period, freq, step, every) that lays out its blocks

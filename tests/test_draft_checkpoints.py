@@ -278,3 +278,5 @@ def test_the_sweep_lays_periods_out_as_released() -> None:
         config = getattr(transformers, plan.config_class)(**params)
         assert all(getattr(config, k) < 2 for k in params if k.endswith("_offset")), params
     assert "each period of the stack at 1 set to 2" in table([], 0, "now")
+    plan = tiny.plan("dots3_note")  # (its class refuses the rotated layer_types: its own layout, periods or not)
+    assert checkpoint_like(plan) == plan.first()
