@@ -148,7 +148,8 @@ def one(model_type: str, score_only: bool = False) -> dict[str, Any]:
 def checkpoint_like(plan: Any) -> dict[str, Any]:
     """The drafter's tiny config with its structural options off their defaults, as released checkpoints have them
     (found by rule, :func:`nnatlas.testing.layouts.structural_options`): a dense-first count of 1 (with a block after
-    it) and each per-block kind list rotated by one; the tiny config as it is when the class or its model refuses that."""
+    it), each per-block kind list rotated by one and each period of the stack at 1 set to 2 (:func:`_periods`); the
+    tiny config as it is when the class or its model refuses that."""
     import copy
 
     import torch
@@ -171,13 +172,40 @@ def checkpoint_like(plan: Any) -> dict[str, Any]:
                     moved.pop(name, None)
         elif isinstance(options[0], list):
             moved[k] = options[-1]
-    try:
-        config = cls(**copy.deepcopy(moved))
-        with torch.device("meta"):  # (the model too: Gemma 4's per-layer sizes by block index, rotated with the kinds)
-            getattr(transformers, plan.model_class)(config)
-    except Exception:  # noqa: BLE001 - a combination the class or its model refuses: the tiny config's own layout
+    def builds(laid: dict[str, Any]) -> bool:
+        try:
+            config = cls(**copy.deepcopy(laid))
+            with torch.device("meta"):  # (the model too: Gemma 4's per-layer sizes by block index, rotated with the kinds)
+                getattr(transformers, plan.model_class)(config)
+        except Exception:  # noqa: BLE001 - a combination the class or its model refuses
+            return False
+        return True
+
+    if not builds(moved):  # the tiny config's own layout
         return params
-    return moved
+    periods = {**moved, **_periods(cls(**copy.deepcopy(moved)).to_dict())}
+    return periods if builds(periods) else moved  # (periods the class refuses beside the rest: the rest alone)
+
+
+# a period of the stack (shrink's names: interval, period, freq, step, every) that lays out its blocks
+LAID_PERIOD = re.compile(r"layer|moe|expert|sparse|attn|attention|mlp|dense")
+
+
+def _periods(entries: dict[str, Any]) -> dict[str, Any]:
+    """Each period of the stack that is 1 (every block alike: Qwen2-MoE's decoder_sparse_step, Llama 4's
+    interleave_moe_layer_step, Jamba's expert_layer_period as the drafter's tiny config has them) set to 2, as
+    released checkpoints have them (Llama 4 Maverick, Jamba), its offset kept under it; a period above 1 already
+    lays out two kinds of block and is kept."""
+    from nnatlas.testing.suite import PERIOD
+
+    out: dict[str, Any] = {}
+    for k, v in entries.items():
+        if PERIOD.search(k) and LAID_PERIOD.search(k) and isinstance(v, int) and not isinstance(v, bool) and v == 1:
+            out[k] = 2
+            offset = PERIOD.sub("offset", k)
+            if isinstance(entries.get(offset), int) and not isinstance(entries[offset], bool) and entries[offset] >= 2:
+                out[offset] = 1
+    return out
 
 
 def moved(first: dict[str, Any], params: dict[str, Any]) -> str:
@@ -211,7 +239,7 @@ def summary(rows: list[dict[str, Any]], total: int, extra: frozenset[str] | set[
     if laid:
         off = sum(1 for r in laid if r["layout"] != "default")
         line += (f" Of the {len(laid)} loaded by load(draft=True), {off} were laid out off the drafter's tiny config "
-                 f"(dense-first, kind lists), {len(laid) - off} on its own layout (the layout column).")
+                 f"(dense-first, kind lists, periods), {len(laid) - off} on its own layout (the layout column).")
     if hand:
         mean = sum(r["share"] for r in hand) / len(hand)
         line += (f" {len(hand)} have a hand-written spec: their drafts find {100 * mean:.0f}% of its standard values "
@@ -232,7 +260,9 @@ def table(rows: list[dict[str, Any]], total: int, started: str, extra: frozenset
         f"{when} (last run started {started}). Each type's draft is used unedited: built (the tiny model builds",
         "on CPU and runs a forward), drafted (a spec was written), generate (it compiles), verified (`load(path,",
         "draft=True)` on a tiny model of the type, laid out as a released checkpoint (`checkpoint_like`: a",
-        "dense-first count of 1, each per-block kind list rotated by one, where the class has such options and both",
+        "dense-first count of 1, each per-block kind list rotated by one, each period of the stack at 1 set to 2",
+        "(`decoder_sparse_step`, `interleave_moe_layer_step`, `expert_layer_period`: a mixture every other block,",
+        "its offset kept under it), where the class has such options and both",
         f"it and its model accept them{_unlaid(rows)}), serves: its draft's oracle and identities held on a perturbed tiny",
         "twin, values that did not refused), values (standard values proposed), TODO (modules it could not map), hand (the share of a",
         "hand-written spec's standard values found at the same hosts with an equal read point; 0% where the",

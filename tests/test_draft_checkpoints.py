@@ -131,8 +131,9 @@ def test_token_id_lists_are_no_per_block_list() -> None:
 
 def test_blocks_two_lists_tell_apart_are_kinds_of_both(tmp_path: Path) -> None:
     """Bailing-Hybrid laid out dense-first beside its linear and full attention blocks: no one list tells its three
-    kinds of block apart (block 0 linear and dense, 1 full and a mixture, 2 linear and a mixture); the draft's kinds
-    are of both lists, each block's MLP class the one its kind says."""
+    kinds of block apart (block 0 linear and dense, 1 full and a mixture, 2 linear and a mixture); the draft gives
+    each list's host its own kinds: layers[i] the mixers' by layer_types, layers[i].mlp the MLPs' by mlp_layer_types
+    (each block's MLP class the one its kind says)."""
     from nnatlas.compiler.draft import draft, tiny
 
     base = transformers.BailingHybridConfig()
@@ -144,8 +145,13 @@ def test_blocks_two_lists_tell_apart_are_kinds_of_both(tmp_path: Path) -> None:
     assert config.mlp_layer_types == ["dense", "sparse", "sparse"]
     config.save_pretrained(tmp_path)
     text = draft("bailing_hybrid", str(tmp_path)).text
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("  layers[i].mlp:"))
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith("   "))
+    mlp, rest = "\n".join(lines[start:end]), "\n".join(lines[:start] + lines[end:])
     for x, y in zip(types, config.mlp_layer_types):
-        assert f"when: \"layer_types[i] == '{x}' and mlp_layer_types[i] == '{y}'\"" in text
+        assert f"when: \"layer_types[i] == '{x}'\"" in rest and f"when: \"mlp_layer_types[i] == '{y}'\"" in mlp
+    assert "layer_types[i] ==" not in mlp.replace("mlp_layer_types", ""), mlp
     assert tiny.plan("bailing_hybrid", str(tmp_path)).config["layer_types"] == types
 
 
@@ -168,3 +174,109 @@ def test_a_given_hybrid_layout_is_drafted_as_given(model_type: str, tmp_path: Pa
     assert set(kinds) == set(given) and kinds[0] == given[0], (kinds, given)
     with torch.no_grad():
         built(input_ids=torch.randint(4, 90, (1, 5)))
+
+def _released(family: str, **layout: Any) -> Any:
+    """A tiny random model of ``family``'s first recorded checkpoint, laid out as it is (``layout``: options changed
+    as another released checkpoint has them), its sizes shrunk by the twins' rule."""
+    from nnatlas.testing.twins import recorded
+
+    _, config = recorded(family)
+    config_class = transformers.models.auto.configuration_auto.CONFIG_MAPPING[config["model_type"]]
+    config = config_class(**shrink(config_class, {**config, **layout}))
+    torch.manual_seed(0)
+    cls = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]
+    return getattr(transformers, cls)(config).eval()
+
+
+def _served_by_its_draft(hf: Any, folder: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``load(folder, draft=True)`` as for a type no shipped family loads (the shipped one is left out of the lookup):
+    the drafter drafts it from the checkpoint's config; each block's output and the logits exactly transformers'."""
+    import nnatlas
+    from nnatlas import registry
+
+    monkeypatch.setenv("NNATLAS_CACHE", str(folder.parent / "cache"))
+    real = registry.find
+    monkeypatch.setattr(registry, "find", lambda m: None if m.config.model_type == hf.config.model_type else real(m))
+    hf.save_pretrained(folder)
+    model = nnatlas.load(str(folder), draft=True)
+    name = model.family if isinstance(model.family, str) else model.family.name
+    try:
+        assert name.startswith("draft_"), name
+        ids = torch.randint(3, hf.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
+        outs: dict[int, torch.Tensor] = {}
+        hooks = [block.register_forward_hook(lambda m, a, out, i=i: outs.__setitem__(
+            i, (out[0] if isinstance(out, tuple) else out).detach().clone()))
+            for i, block in enumerate(hf.model.layers)]
+        with torch.no_grad():
+            logits = hf(ids).logits
+        for h in hooks:
+            h.remove()
+        n = len(hf.model.layers)
+        with model.trace(ids):
+            blocks = [model.layers[i].layer_output.save() for i in range(n)]
+            got = model.logits.save()
+        for i in range(n):
+            assert torch.equal(blocks[i], outs[i]), i
+        assert torch.equal(got, logits)
+    finally:
+        registry.remove_user(name)
+    return model
+
+
+def test_jamba_laid_out_as_released_serves_its_draft(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Jamba-v0.1's layout (attention every 8th block at offset 4, a mixture every other block at offset 1: the
+    blocks differ along two options at once): the draft gives layers[i] its mixer kinds by the block-type list and
+    layers[i].mlp its own kinds by the expert period, and serves the model exactly."""
+    from nnatlas.compiler.draft import draft
+
+    hf = _released("jamba")
+    assert (hf.config.attn_layer_period, hf.config.attn_layer_offset) == (8, 4)
+    assert (hf.config.expert_layer_period, hf.config.expert_layer_offset) == (2, 1)
+    mlps = {type(layer.feed_forward).__name__ for layer in hf.model.layers}
+    mixers = {type(layer).__name__ for layer in hf.model.layers}
+    assert len(mlps) == len(mixers) == 2
+    _served_by_its_draft(hf, tmp_path / "checkpoint", monkeypatch)
+    text = draft("jamba", str(tmp_path / "checkpoint")).text
+    assert "when: \"i % expert_layer_period == expert_layer_offset\"" in text, text
+    assert "when: \"i % expert_layer_period != expert_layer_offset\"" in text, text
+    lines = text.splitlines()
+    start = lines.index("  layers[i].mlp:  # one class per kind of block: each kind says its own")
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith("   "))
+    assert "expert_layer_period" in "\n".join(lines[start:end]) and "layer_types" not in "\n".join(lines[start:end])
+
+
+@pytest.mark.parametrize(("family", "layout", "when"), [
+    ("qwen2_moe", {"decoder_sparse_step": 2}, "(i + 1) % decoder_sparse_step == 0"),
+    ("llama4_text", {"interleave_moe_layer_step": 2}, "count(moe_layers, i) > 0"),
+])
+def test_a_mixture_every_other_block_serves_its_draft(family: str, layout: dict[str, Any], when: str,
+                                                      tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mixture every other block (Qwen2-MoE's decoder_sparse_step, Llama 4 Maverick's interleave_moe_layer_step):
+    the draft's kinds are the blocks' dense and mixture MLPs, told apart by the period (or the block indices the
+    config derives from it), and it serves the model exactly."""
+    from nnatlas.compiler.draft import draft
+
+    hf = _released(family, **layout)
+    mlp = "feed_forward" if family == "llama4_text" else "mlp"
+    assert len({type(getattr(layer, mlp)).__name__ for layer in hf.model.layers}) == 2
+    _served_by_its_draft(hf, tmp_path / "checkpoint", monkeypatch)
+    assert f"when: \"{when}\"" in draft(family, str(tmp_path / "checkpoint")).text
+
+
+def test_the_sweep_lays_periods_out_as_released() -> None:
+    """``checkpoint_like`` sets a period of the stack that is 1 to 2, its offset under it (Jamba's expert period,
+    Qwen2-MoE's sparse step, Llama 4's interleave step, none of them in the drafter's tiny config at 2), and the
+    table's header says so."""
+    from nnatlas.compiler.draft import tiny
+    from nnatlas.compiler.draft_sweep import checkpoint_like, moved, table
+
+    for model_type, entry in (("jamba", "expert_layer_period"), ("qwen2_moe", "decoder_sparse_step"),
+                              ("llama4_text", "interleave_moe_layer_step")):
+        plan = tiny.plan(model_type)
+        params = checkpoint_like(plan)
+        assert params[entry] == 2 and f"{entry}=2" in moved(plan.first(), params), (model_type, params)
+        config = getattr(transformers, plan.config_class)(**params)
+        assert all(getattr(config, k) < 2 for k in params if k.endswith("_offset")), params
+    assert "each period of the stack at 1 set to 2" in table([], 0, "now")
+    plan = tiny.plan("dots3_note")  # (its class refuses the rotated layer_types: its own layout, periods or not)
+    assert checkpoint_like(plan) == plan.first()

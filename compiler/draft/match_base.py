@@ -32,6 +32,7 @@ class MatchBase:
         self.seen: set[str] = set()  # module paths the proposal accounts for
         self.fitted: set[str] = set()  # config entries a measured size fit
         self.kind_type: str | None = None  # the layer type of the blocks being matched (a kind of block)
+        self.mlp_kind: tuple[str, str] | None = None  # their MLP's own kind (name, when), where it has one
 
     # -- helpers
     def name_in(self, host_native: str, child_native: str, standard: str | None, host_std: str) -> str:

@@ -14,16 +14,11 @@ import torch
 
 from .match_attention import AttentionMatch
 from .match_mlp import MlpMatch
-from .measure import DENSE_FIRST, KIND_LISTS, LAYER_TYPES, MLP, NORM, SSM, hidden_in, holds, ident, tensor_of
+from .measure import MLP, NORM, SSM, hidden_in, holds, ident, tensor_of
 from .proposal import Host, Identity, Kind, Proposal, Value
 from .recorder import ModuleCall, Op, Recording
+from .tell import Groups, kind_lists, partitions, two_kinds
 from .tiny import DraftError, Tiny, _global
-
-
-def _partitions(types: list[str], sigs: dict[Any, list[int]]) -> bool:
-    """Whether every block of one kind in ``types`` has one signature (the kinds tell the differing blocks apart)."""
-    return all(len({types[i] for i in blocks}) == 1 for blocks in sigs.values()) and \
-        all(len({s for s, blocks in sigs.items() if t in {types[i] for i in blocks}}) == 1 for t in set(types))
 
 
 def _kind_name(kind: str) -> str:
@@ -31,16 +26,15 @@ def _kind_name(kind: str) -> str:
     return "attention" if kind in ("full_attention", "attention") else re.sub(r"[^a-z0-9_]", "_", kind.lower())
 
 
-def _dense_first(config: Any, sigs: dict[Any, list[int]], n: int) -> tuple[str, int] | None:
-    """(entry, k) of a dense-first count whose blocks [0, k) and [k, n) are the two signatures of the stack."""
-    for name in DENSE_FIRST:
-        k = getattr(config, name, None)
-        if isinstance(k, int) and not isinstance(k, bool) and 0 < k < n and sorted(map(sorted, sigs.values())) == \
-                sorted([list(range(k)), list(range(k, n))]):
-            return name, k
-    return None
+MLP_ENTRY = re.compile(r"mlp|moe|sparse|expert|dense|ffn", re.I)  # config entries that lay out the MLPs
 
 
+def _lays_out_mlps(name: str, kinds: list[str]) -> bool:
+    """Whether a per-block list names the MLPs' kinds (mlp_layer_types; NemotronH's block types of 'moe' and 'mlp')."""
+    return bool(MLP_ENTRY.search(name) or any(MLP_ENTRY.search(k) for k in kinds))
+
+
+MIXER_ENTRY = re.compile(r"attn|attention|mamba|linear|full|global|local|sliding|conv", re.I)
 
 
 class Matcher(AttentionMatch, MlpMatch):
@@ -161,6 +155,8 @@ class Matcher(AttentionMatch, MlpMatch):
                                    "are left out")
         for h in p.hosts.values():  # a host met on blocks of several kinds proposes its identities once
             h.identities = list({x.check: x for x in h.identities}.values())
+            for k in h.kinds.values():
+                k.identities = list({x.check: x for x in k.identities}.values())
         p.todos = list(dict.fromkeys(p.todos))
         p.config = {k: self.per_layer(v) for k, v in p.config.items()}
         for h in p.hosts.values():  # each kind's own sizes, on every host that has that kind
@@ -218,70 +214,75 @@ class Matcher(AttentionMatch, MlpMatch):
     # -- blocks
     def blocks(self, layers: str, n: int) -> None:
         p, rec = self.p, self.rec
-        sigs: dict[tuple[tuple[str, str], ...], list[int]] = {}
+        sigs: Groups = {}
         for i in range(n):
             kids = rec.children_calls(f"{layers}.{i}")
             sig = tuple(dict.fromkeys((self.child(c.path, f"{layers}.{i}"), c.cls) for c in kids))
             sigs.setdefault(sig, []).append(i)
         tname, types = "layer_types", list(getattr(self.config, "layer_types", None) or [])
-        listed_types = []
-        for name in (*LAYER_TYPES, *KIND_LISTS):  # the config's lists of each block's kind
-            listed = getattr(self.config, name, None)
-            if isinstance(listed, (list, tuple)) and len(listed) == n and len(set(map(str, listed))) > 1:
-                listed_types.append((name, [str(x) for x in listed]))
+        listed_types = kind_lists(self.config, n)  # the config's lists of each block's kind
         # where the blocks differ, the list whose kinds tell them apart (ExaONE-MoE's mlp_layer_types, not its
         # sliding and full layer_types), else the first
-        fits = [(t, ts) for t, ts in listed_types if len(sigs) > 1 and _partitions(ts, sigs)]
-        pair = None  # where no one list tells the blocks apart, two together (Bailing-Hybrid: its linear and full
-        # attention blocks by layer_types, its dense first block by mlp_layer_types)
-        if not fits and len(sigs) > 1:
-            pair = next(((a, b) for (a, ta), (b, tb) in itertools.combinations(listed_types, 2)
-                         if _partitions([f"{x}\0{y}" for x, y in zip(ta, tb)], sigs)), None)
-        if pair is not None:
-            lists = dict(listed_types)
-            tname, types = "", [f"{x}\0{y}" for x, y in zip(lists[pair[0]], lists[pair[1]])]
-        elif fits or listed_types:
+        # (where only the MLPs differ, a list of the MLPs' kinds: Llama 4's layer_types of chunked and full attention
+        # blocks may fall on its mixture blocks on a tiny stack, and not on the checkpoint's)
+        mlps_only = len(sigs) > 1 and len(self.split_sigs(layers, n)[0]) == 1
+        fits = [(t, ts) for t, ts in listed_types if len(sigs) > 1 and partitions(ts, sigs)
+                and (not mlps_only or _lays_out_mlps(t, ts))]
+        if fits or listed_types:
             tname, types = (fits or listed_types)[0]
-        dense_first = _dense_first(self.config, sigs, n) if len(sigs) > 1 and not fits and pair is None else None
         layer_cls = rec.call(f"{layers}.0").cls  # type: ignore[union-attr]
         host = p.host("layers[i]", layer_cls, "the class of every block")
-        kinds: list[tuple[str | None, int]] = []
+        # each block's kind: (kind name, its when, the list's value) on layers[i], and where the MLPs differ apart
+        # from the mixers (Jamba: attention or Mamba by layers_block_type, a mixture every other block by
+        # expert_layer_period), its MLP's own kind (name, when) on the MLP host
+        split = self.split_kinds(layers, n, sigs, listed_types) if len(sigs) > 1 and not fits else None
+        pair = None  # else two lists together, each block's kind a conjunction of both
+        if split is None and not fits and len(sigs) > 1:
+            pair = next(((a, b) for (a, ta), (b, tb) in itertools.combinations(listed_types, 2)
+                         if partitions([f"{x}\0{y}" for x, y in zip(ta, tb)], sigs)), None)
+        kinds: list[tuple[tuple[str, str, str] | None, int, tuple[str, str] | None]] = []
         # blocks whose sizes differ by kind (a heterogeneous config's per-layer overrides) are kinds, alike or not
         sized = bool(getattr(self.config, "per_layer_attributes", None))
-        if dense_first is not None:  # blocks before a dense-first count differ from those after it (GLM-MoE-DSA)
-            types = ["dense" if i < dense_first[1] else "moe" for i in range(n)]
-            tname = ""
-        if (len(sigs) > 1 or sized) and len(types) == n and len(set(types)) > 1:
+        if split is not None:
+            seen_pairs: dict[tuple[Any, Any], int] = {}
+            for i, (bk, mk) in enumerate(split):
+                seen_pairs.setdefault((bk, mk), i)
+            kinds = [(bk, i, mk) for (bk, mk), i in seen_pairs.items()]
+            if any(bk is not None for bk, _, _ in kinds):
+                p.traits.append("Hybrid")
+        elif pair is not None:
+            lists = dict(listed_types)
+            by_pair: dict[tuple[str, str], int] = {}
+            for i, xy in enumerate(zip(lists[pair[0]], lists[pair[1]])):
+                by_pair.setdefault(xy, i)
+            kinds = [(("_".join(map(_kind_name, xy)), f"{pair[0]}[i] == {xy[0]!r} and {pair[1]}[i] == {xy[1]!r}", xy[0]),
+                      i, None) for xy, i in by_pair.items()]
+            p.traits.append("Hybrid")
+        elif (len(sigs) > 1 or sized) and len(types) == n and len(set(types)) > 1:
             by_type: dict[str, int] = {}
             for i, t in enumerate(types):
                 by_type.setdefault(t, i)
-            kinds = [(t, i) for t, i in by_type.items()]
+            kinds = [((_kind_name(t), f"{tname}[i] == {t!r}", t), i, None) for t, i in by_type.items()]
             p.traits.append("Hybrid")
         elif len(sigs) > 1:
-            p.todos.append(f"the blocks differ ({len(sigs)} kinds) but the config has no layer_types to tell them "
-                           "apart: only block 0's kind is mapped")
-            kinds = [(None, 0)]
+            p.todos.append(f"the blocks differ ({len(sigs)} kinds) but the config has no layer_types, dense-first "
+                           "count, index list or period to tell them apart: only block 0's kind is mapped")
+            kinds = [(None, 0, None)]
         else:
-            kinds = [(None, 0)]
+            kinds = [(None, 0, None)]
         common: dict[str, Value] | None = None
-        classes = {rec.call(f"{layers}.{i}").cls for _, i in kinds}  # type: ignore[union-attr]
+        classes = {rec.call(f"{layers}.{i}").cls for _, i, _ in kinds}  # type: ignore[union-attr]
         if len(classes) > 1:
             host.cls = None
             host.sure = "one class per kind of block: each kind says its own"
-        for kind, i in kinds:
-            kname = "" if kind is None else "_".join(map(_kind_name, kind.split("\0")))
-            if pair is not None and kind is not None:
-                one, other = kind.split("\0")
-                when = f"{pair[0]}[i] == {one!r} and {pair[1]}[i] == {other!r}"
-            else:
-                when = f"{tname}[i] == {kind!r}" if tname else \
-                    f"i {'<' if kind == 'dense' else '>='} {dense_first[0]}"  # type: ignore[index]
+        for kind, i, mlp_kind in kinds:
+            kname, when = kind[:2] if kind is not None else ("", "")
             p.kind = (kname, when) if kind is not None else None
-            self.kind_type = kind.split("\0")[0] if kind is not None else None
+            self.kind_type, self.mlp_kind = (kind[2] if kind is not None else None), mlp_kind
             try:
                 values, identities = self.block(layers, i, host)
             finally:
-                p.kind, self.kind_type = None, None
+                p.kind, self.kind_type, self.mlp_kind = None, None, None
             if kind is None:
                 host.values.update(values)
                 host.identities.extend(identities)
@@ -289,7 +290,7 @@ class Matcher(AttentionMatch, MlpMatch):
             kk = host.kinds.setdefault(kname, Kind(kname, when))
             if len(classes) > 1:
                 kk.cls = rec.call(f"{layers}.{i}").cls  # type: ignore[union-attr]
-            kk.identities.extend(identities)
+            kk.identities.extend(x for x in identities if all(y.check != x.check for y in kk.identities))
             kk.values.update(values)
             common = dict(values) if common is None else {k: x for k, x in common.items()
                                                           if k in values and values[k].read == x.read}
@@ -305,6 +306,72 @@ class Matcher(AttentionMatch, MlpMatch):
                 for k in host.kinds.values():
                     k.identities = [y for y in k.identities if y.check != x.check]
         p.merge_kinds()
+
+    def split_sigs(self, layers: str, n: int) -> tuple[Groups, Groups, dict[Any, str]]:
+        """The blocks by their mixers' signature (the block's class and its children but the MLP) and by their MLP's
+        (its name and class), and a path of each MLP signature's module."""
+        rec = self.rec
+        mixer_of: Groups = {}
+        mlp_of: Groups = {}
+        mlp_at: dict[Any, str] = {}
+        for i in range(n):
+            bpath = f"{layers}.{i}"
+            kids = rec.children_calls(bpath)
+            m = next((c for c in kids if MLP.search(self.role(c.cls)) and not NORM.search(c.cls)
+                      and not self.mixer_kind(c)), None)
+            mlp_sig = (self.child(m.path, bpath), m.cls) if m is not None else None
+            mlp_of.setdefault(mlp_sig, []).append(i)
+            mlp_at.setdefault(mlp_sig, m.path if m is not None else "")
+            mixer_sig = (rec.call(bpath).cls,  # type: ignore[union-attr]
+                         tuple(dict.fromkeys((self.child(c.path, bpath), c.cls) for c in kids if c is not m)))
+            mixer_of.setdefault(mixer_sig, []).append(i)
+        return mixer_of, mlp_of, mlp_at
+
+    def split_kinds(self, layers: str, n: int, sigs: Groups, listed: list[tuple[str, list[str]]]
+                    ) -> list[tuple[tuple[str, str, str] | None, tuple[str, str] | None]] | None:
+        """Each block's kind where no one list tells the blocks apart: the mixers' kind (by a list, else a period or
+        count) on layers[i], the MLPs' (by a list, a dense-first count, an index list or a period) on the MLP host
+        where the mixers differ too, else on layers[i]; None where the config tells one of them apart by nothing."""
+        from .match_mlp import _routing_params
+
+        mixer_of, mlp_of, mlp_at = self.split_sigs(layers, n)
+
+        def by_list(groups: Groups, mlp: bool) -> list[tuple[str, str, str]] | None:
+            name, types = next(((t, ts) for t, ts in listed if partitions(ts, groups) and _lays_out_mlps(t, ts) == mlp),
+                               ("", []))
+            return [(_kind_name(t), f"{name}[i] == {t!r}", t) for t in types] if name else None
+
+        def by_entry(groups: Groups, prefer: re.Pattern[str], names: dict[Any, str]) -> list[tuple[str, str, str]] | None:
+            whens = two_kinds(self.config, groups, n, prefer)
+            if whens is None:
+                return None
+            of = {i: s for s, blocks in groups.items() for i in blocks}
+            return [(names[of[i]], whens[of[i]], names[of[i]]) for i in range(n)]
+
+        def mixer_name(sig: Any) -> str:  # the child only this kind of block has (self_attn, mamba), else its class
+            others = {x for s in mixer_of if s != sig for x in s[1]}
+            own = next((c for c, _ in sig[1] if (c, _) not in others), None)
+            return _kind_name(own or self.role(sig[0]))
+
+        def mlp_name(sig: Any) -> str:
+            mod = self.modules.get(mlp_at[sig]) if sig is not None else None
+            routed = mod is not None and any(_routing_params(x) is not None for x in mod.children())
+            return "moe" if routed or re.search(r"moe|sparse|expert|mixture", self.role(sig[1]) if sig else "", re.I) \
+                else "dense"
+
+        mixers = None if len(mixer_of) == 1 else by_list(mixer_of, False) or by_entry(
+            mixer_of, MIXER_ENTRY, {s: mixer_name(s) for s in mixer_of})
+        names = {s: mlp_name(s) for s in mlp_of}
+        mlps = None if len(mlp_of) == 1 else by_list(mlp_of, True) or (
+            by_entry(mlp_of, MLP_ENTRY, names) if len(set(names.values())) == len(names) else None)
+        if (len(mixer_of) > 1 and mixers is None) or (len(mlp_of) > 1 and mlps is None) or (mixers is mlps is None):
+            return None
+        if mixers is None:  # only the MLPs differ: the kinds are the blocks' (GLM-MoE's dense-first, Qwen2-MoE's step)
+            return [(k, None) for k in mlps]  # type: ignore[union-attr]
+        if mlps is None:
+            return [(k, None) for k in mixers]
+        taken = {k[0] for k in mixers}
+        return [(a, (f"mlp_{b[0]}" if b[0] in taken else b[0], b[1])) for a, b in zip(mixers, mlps)]
 
     def block(self, layers: str, i: int, host: Host) -> tuple[dict[str, Value], list[Identity]]:
         rec, p = self.rec, self.p
@@ -364,7 +431,11 @@ class Matcher(AttentionMatch, MlpMatch):
             m = mlps[0]
             name = self.name_in(bpath, self.child(m.path, bpath), "mlp", "layers[i]")
             mlp_out = tensor_of(m.output)
-            self.mlp(m, f"layers[i].{name}")
+            p.sub_kind = (f"layers[i].{name}", *self.mlp_kind) if self.mlp_kind else None
+            try:  # (the MLP's hosts take the MLP's own kind where its blocks differ apart from the mixers')
+                self.mlp(m, f"layers[i].{name}")
+            finally:
+                p.sub_kind = None
             values["mlp_input"] = Value(f"{name}.input", sure="sure: the MLP's first argument")
             pre = next((nm for nm in norms if holds(tensor_of(nm.output), hidden_in(m)) == 0.0
                         and nm.path not in self.seen), None)

@@ -77,15 +77,21 @@ class Proposal:
     extends: str | None = None
     # while the matcher walks one kind's block: (kind, its when), and each kind's hosts, merged by merge_kinds
     kind: tuple[str, str] | None = None
+    # while it walks the MLP of a block whose MLP has a kind of its own (the MLP host path, kind, its when): the
+    # hosts at and under that path take that kind, not the block's
+    sub_kind: tuple[str, str, str] | None = None
     per_kind: dict[str, dict[str, Host]] = field(default_factory=dict)
     whens: dict[str, str] = field(default_factory=dict)
     kind_dims: dict[str, dict[str, str]] = field(default_factory=dict)  # kind -> its own sizes (per-layer overrides)
 
     def host(self, path: str, cls: str, sure: str = "") -> Host:
         hosts = self.hosts
-        if self.kind is not None:
-            self.whens[self.kind[0]] = self.kind[1]
-            hosts = self.per_kind.setdefault(self.kind[0], {})
+        kind = self.kind
+        if self.sub_kind is not None and (path == self.sub_kind[0] or path.startswith(self.sub_kind[0] + ".")):
+            kind = self.sub_kind[1:]
+        if kind is not None:
+            self.whens[kind[0]] = kind[1]
+            hosts = self.per_kind.setdefault(kind[0], {})
         if path not in hosts:
             hosts[path] = Host(path, cls, sure=sure)
         return hosts[path]
@@ -126,7 +132,8 @@ class Proposal:
                 kk = host.kinds.setdefault(k, Kind(k, self.whens[k]))
                 kk.cls = h.cls if len(classes) > 1 else None
                 kk.values.update({n: v for n, v in h.values.items() if n not in common})
-                kk.identities.extend(x for x in h.identities if x.check not in shared)
+                kk.identities.extend(x for x in h.identities if x.check not in shared
+                                     and all(y.check != x.check for y in kk.identities))
         self.per_kind.clear()
 
     def values(self) -> dict[str, set[str]]:

@@ -15,6 +15,7 @@ from nnatlas.testing.suite import (  # the twins' size table and name groups (nn
     INTERMEDIATE,
     KV_HEADS,
     LAYERS,
+    PERIOD,
     SIZES,
     TOKEN_IDS,
     WINDOW,
@@ -133,5 +134,5 @@ def _global(cfg: Any) -> Any:
 
 # (the name groups are shrink's, said here once for the drafter's modules)
 __all__ = ["ALL_SPARSE", "ATTENTION_AT", "DRAWN", "DROPOUTS", "FIXED", "HEADS", "HIDDEN", "INTERMEDIATE", "KV_HEADS",
-           "LAYERS", "SSM_HEADS", "TOKEN_IDS", "DraftError", "Tiny", "_first", "_global", "causal_lm_class",
+           "LAYERS", "PERIOD", "SSM_HEADS", "TOKEN_IDS", "DraftError", "Tiny", "_first", "_global", "causal_lm_class",
            "listed_flags", "tiny_size"]
