@@ -4,12 +4,9 @@ body one at a time (each recorded request then names its step or token)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ..errors import InputError, NnatlasError
-
-if TYPE_CHECKING:
-    from .tracer import Tracer
 
 
 def _show(sl: int | slice) -> str:
@@ -23,7 +20,7 @@ class Steps:
     """``tracer.iter[...]``: generation steps under ``model.generate``; in a trace, the tokens of a
     per-token value (a recurrent kernel's ``state`` under ``route_kernels``)."""
 
-    def __init__(self, tracer: Tracer):
+    def __init__(self, tracer: Any):  # (a Tracer, which imports this module)
         self.tracer = tracer
 
     def __getitem__(self, sl: int | slice) -> Iterator[int]:

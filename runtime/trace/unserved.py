@@ -5,14 +5,13 @@ read point never fired (never reached)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import NotReached, OutOfOrderError
 from . import conditions
 from .requests import Request
 
-if TYPE_CHECKING:
-    from .tracer import Tracer
+# (each function takes the Tracer as Any: nnatlas.trace.tracer imports this module)
 
 
 def check_reached(inputs: Mapping[str, Any], sited: list[Request]) -> None:
@@ -31,7 +30,7 @@ def check_reached(inputs: Mapping[str, Any], sited: list[Request]) -> None:
                          f"{'it' if len(missing) == 1 else 'them'}. Fix: {missing[0][1].fix}")
 
 
-def served(tracer: Tracer, ordered: list[Request], derived: bool) -> None:
+def served(tracer: Any, ordered: list[Request], derived: bool) -> None:
     """After the forward: raise what it could not serve (out of order, never reached)."""
     if tracer._late is not None:
         raise_late(tracer, *tracer._late)
@@ -49,7 +48,7 @@ def served(tracer: Tracer, ordered: list[Request], derived: bool) -> None:
                          "nothing in this call reaches that point (check the inputs, the block kind, the step)")
 
 
-def raise_late(tracer: Tracer, first: Request, later: Request) -> None:
+def raise_late(tracer: Any, first: Request, later: Request) -> None:
     """``later``'s site fired while ``first`` still waited (``Tracer._out_of_order``): which error that was."""
     if tracer.fired:  # first's site fired after later's: the body asked in the wrong order
         raise OutOfOrderError(first.label, later.label)
