@@ -1,7 +1,7 @@
 """Saving what a trace's body computes from values: ``sae.encode(x).save()``, ``nnatlas.save((x @ W, x.norm()))``.
 
 Inside the body a value (``model.layers[1].layer_output``) has no tensor yet, so arithmetic and torch functions on
-it build a deferred expression (:class:`nnatlas.tree.hosts.LazyExpr`) over the values it reads. ``.save()`` on one, or
+it build a deferred expression (:class:`nnatlas.tree.lazy.LazyExpr`) over the values it reads. ``.save()`` on one, or
 ``nnatlas.save(...)`` on one or on a tuple, list or dict of them (:mod:`nnatlas.tree.saving`), records a request that the forward serves as soon
 as the last value it reads is produced: the expression is evaluated there (before any later edit of those values
 lands), and its result fills the tensor ``save()`` handed back, as a value's save does: a placeholder in the body

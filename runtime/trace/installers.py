@@ -78,7 +78,7 @@ class Plan:
     that wrap it until the next plan is built (``SiteInstaller._sweep``) or 16 newer ones push them out."""
 
     __slots__ = ("shadows", "routes", "route_configs", "op_names", "dims_modules", "children", "impls", "force",
-                 "modules", "scoped")
+                 "modules", "scoped", "plain")
 
     def __init__(self) -> None:
         self.shadows: dict[tuple[int, str], _Shadow] = {}
@@ -91,6 +91,9 @@ class Plan:
         self.force = op_scopes.FORCE_OP_MODE
         self.modules: set[int] = set()  # the ids of every module it holds (filled when built)
         self.scoped = False  # whether it counts ops (op scopes: a forward may push a TorchFunctionMode)
+        # only wrappers of instances' attributes (no op names to swap, interface routes, dims hooks): what
+        # ``SiteInstaller.reuse`` puts on and takes off alone
+        self.plain = False
 
     def valid(self) -> bool:
         if self.force is not op_scopes.FORCE_OP_MODE:
@@ -104,6 +107,10 @@ class Plan:
             if len(now) != len(children) or any(a is not b for a, b in zip(now, children, strict=True)):
                 return False
         return not self.impls or all(sites.attention_implementation(cfg) == impl for cfg, impl in self.impls)
+
+    def put_on(self) -> None:
+        for sh in self.shadows.values():
+            sh.d[sh.name] = sh.final
 
     def take_off(self) -> None:
         for sh in self.shadows.values():
@@ -143,8 +150,7 @@ class SiteInstaller:
         plan = self.plans.get(key)
         if plan is not None:
             if plan.valid():
-                for sh in plan.shadows.values():  # (put on)
-                    sh.d[sh.name] = sh.final
+                plan.put_on()
                 restore.append(plan.take_off)
                 if plan.op_names:
                     self._op_swaps(installed).split(plan.op_names)
@@ -163,6 +169,24 @@ class SiteInstaller:
         if plan.route_configs:
             self._acquire_routes(plan, restore)
         return key, plan
+
+    def reuse(self, by_site: dict[SiteKey, list[Request]], serve: Callable[[SiteKey, Any], Any],
+              call_dims: dict[int, tuple[int, int]]) -> tuple[Any, Plan] | None:
+        """A trace's sites laid out as an earlier trace's (no view dims), whose plan is still valid and
+        plain (``Plan.plain``): (its key, the plan), with ``live`` pointed at this trace; its wrappers go on
+        with ``plan.put_on()`` and off with :meth:`off`. None where :meth:`install` is needed (nothing changed)."""
+        key = (tuple(by_site), ())
+        plan = self.plans.get(key)
+        if plan is None or not plan.plain or not plan.valid():
+            return None
+        live = self.live
+        live.serve, live.mine, live.by_site = serve, call_dims, by_site
+        return key, plan
+
+    def off(self, plan: Plan) -> None:
+        """Take a reused plain plan's wrappers off and clear ``live`` (what :meth:`install` leaves to ``restore``)."""
+        plan.take_off()
+        self.live.clear()
 
     def _sweep(self, root: torch.nn.Module) -> None:
         """Drop the plans that hold a module no longer in the model (one replaced between traces): a
@@ -271,6 +295,7 @@ class SiteInstaller:
         for h in installed:
             if isinstance(h, op_scopes.OpSwaps):
                 plan.op_names = set(h.names)
+        plan.plain = not (plan.op_names or routes or plan.scoped or plan.dims_modules)
 
     def _dims_hook(self, mod: torch.nn.Module, args: Any, kwargs: Any) -> None:
         """The call's [batch, seq]: of the model's input ids, or its input embeddings."""

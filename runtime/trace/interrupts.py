@@ -89,7 +89,7 @@ def enter() -> bool:
     global _depth
     if _get_ident() != _MAIN:
         return False
-    if _depth == 0:
+    if not _depth:
         try:
             for sig in SIGNALS:
                 current = _getsignal(sig)

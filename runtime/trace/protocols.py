@@ -3,7 +3,7 @@ installers and the input checks see it, a trace as the edit checks see it, and a
 edit checks see it.
 
 The tracer layer (``trace``, ``installers``, ``validate``) and ``inputs`` annotate against these, not
-against :class:`nnatlas.AtlasModel` or :class:`nnatlas.tree.hosts.Value`, so no module imports one above its
+against :class:`nnatlas.AtlasModel` or :class:`nnatlas.tree.values.Value`, so no module imports one above its
 own layer, not even for a type checker. Every member here is one the wrapped model (value, trace)
 really has; mypy checks that wherever one is passed down.
 """
@@ -71,7 +71,7 @@ class ValueHost(Protocol):
 
 
 class EditedValue(Protocol):
-    """A value handle (:class:`nnatlas.tree.hosts.Value`) as an edit of it is checked."""
+    """A value handle (:class:`nnatlas.tree.values.Value`) as an edit of it is checked."""
 
     @property
     def label(self) -> str: ...

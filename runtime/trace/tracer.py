@@ -12,18 +12,18 @@ still waiting raises :class:`OutOfOrderError` naming both, as an interleaved tra
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from contextvars import Token
 from operator import attrgetter
 from typing import Any
 
 import torch
 
-from ..errors import InputError, NnatlasError, NotReached, OutOfOrderError
-from . import conditions, interrupts, op_scopes, sites
+from ..errors import InputError, NnatlasError
+from . import interrupts, op_scopes, sites, unserved
 from .computed import serve_ready
 from .function_sites import FunctionInstaller
-from .installers import installer_of
+from .installers import SiteInstaller, installer_of
 from .placeholders import Placeholder, abandon
 from .protocols import WrappedModel
 from .requests import (
@@ -39,10 +39,15 @@ from .requests import (
     fill,
     save_with_grad,
 )
+from .steps import Steps
 
 _SEQ = attrgetter("seq")  # (sorted's key in C: no Python call per request)
+_DONE = attrgetter("done")
 _len_modes = torch._C._len_torch_function_stack
 _set_grad = torch._C._set_grad_enabled  # (torch.set_grad_enabled, without its object)
+_grad_enabled = torch._C.is_grad_enabled
+_Tensor = torch.Tensor
+_set_running = RUNNING_TRACE.set
 
 # ---- the tracer ----------------------------------------------------------------------------
 
@@ -68,6 +73,9 @@ class Tracer:
     # or "never fired" (NotReached)
     _late: tuple[Request, Request] | None = None
     _lock_held = False
+    # every request a plain save (no copy, the site's first call) of a site of its own, in a trace that
+    # reused its plan (``_execute``): ``serve`` takes its short path
+    _saves = False
     _guarded = False  # whether __enter__ counted in ``interrupts`` (the main thread's)
     grad_live = False  # whether this forward keeps autograd (trace(grad=True), with grad mode on)
     edits = False  # whether the body edits an input-side value (the forward then gets copies of the inputs)
@@ -128,9 +136,9 @@ class Tracer:
         return r
 
     @property
-    def iter(self) -> _Steps:
+    def iter(self) -> Steps:
         """Generation steps: ``for step in tracer.iter[0:3]:`` records the body once per step."""
-        return _Steps(self)
+        return Steps(self)
 
     # -- the context manager --
     # Opening and closing are critical sections (``interrupts``): a signal landing in them, or in
@@ -140,16 +148,16 @@ class Tracer:
     def __enter__(self) -> Tracer:
         self._guarded = interrupts.enter()
         try:
-            model = self.model
-            lock = model._lock
+            d = self.model.__dict__  # (the model's own attributes: AtlasModel's __getattr__ is for its names)
+            lock = d["_lock"]
             if not lock.acquire(False):
                 while not lock.acquire(timeout=0.05):  # another thread traces this model: wait, interruptibly
                     if interrupts.pending():
                         interrupts.deliver()
             self._lock_held = True
-            if model._tracer is not None:
+            if d["_tracer"] is not None:
                 raise NnatlasError("a trace of this model is already open; traces do not nest")
-            model.__dict__["_tracer"] = self  # (AtlasModel.__setattr__ is for its properties)
+            d["_tracer"] = self
             if interrupts._pending:  # an interrupt while opening: close again, then raise it
                 interrupts.deliver()
         except BaseException:
@@ -159,27 +167,35 @@ class Tracer:
 
     @interrupts.critical
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        d = self.model.__dict__
         try:
-            model = self.model
-            if model._tracer is self:
-                model.__dict__["_tracer"] = None
+            if d["_tracer"] is self:
+                d["_tracer"] = None
                 if exc_type is None:
                     self._execute()
                 else:
                     abandon([r.payload for r in self.requests])
-        finally:
-            self._close()
+        finally:  # (_close, inlined)
+            try:
+                if d["_tracer"] is self:
+                    d["_tracer"] = None
+                if self._lock_held:
+                    self._lock_held = False
+                    d["_lock"].release()
+            finally:
+                guarded, self._guarded = self._guarded, False
+                interrupts.leave(guarded)
 
     @interrupts.critical
     def _close(self) -> None:
-        """Clear the model's tracer, release its lock and the signal handlers (idempotent)."""
+        """Clear the model's tracer, release its lock and the signal handlers (idempotent; ``__exit__`` inlines it)."""
         try:
-            model = self.model
-            if model._tracer is self:
-                model.__dict__["_tracer"] = None
+            d = self.model.__dict__
+            if d["_tracer"] is self:
+                d["_tracer"] = None
             if self._lock_held:
                 self._lock_held = False
-                model._lock.release()
+                d["_lock"].release()
         finally:
             guarded, self._guarded = self._guarded, False
             interrupts.leave(guarded)
@@ -189,21 +205,40 @@ class Tracer:
         reqs = self.by_site.get(key)
         if reqs is None:
             return payload
+        if self._saves:  # the short path (a trace whose every request is a plain save of a site of its own)
+            r = reqs[0]
+            if r.done:
+                return payload  # (a later call of the site: the save is its first call's)
+            if self.strict:
+                i = self._cursor  # (the first request not served yet: the one served last is before it)
+                first = self._ordered[i]
+                if first is not r:
+                    return self._out_of_order(first, r, payload)
+                self._cursor = i + 1
+            get = r.target.get  # type: ignore[union-attr]  # (every request in by_site has a target)
+            value = payload if get is _same else get(payload)
+            holder = r.payload
+            if type(holder) is _Tensor and isinstance(value, _Tensor):
+                holder.data = value
+            else:
+                fill(holder, value, r.label)
+            r.done = True
+            return payload
         step = self.step
         fired = id(reqs) if step == 0 else (id(reqs), step)  # (a site's list of requests: one per site for the trace)
         n = self.fired.get(fired, 0)
         self.fired[fired] = n + 1
-        strict = self.strict
         for r in reqs:
-            if r.step != step:
-                continue
             call = r.call
-            if call != -1 and (r.done or call != n):
+            if r.step != step or (call != -1 and (r.done or call != n)):
                 continue
-            if strict and r.ordered:  # the first request not served yet must be this one (_first_undone, inlined)
+            if r.ordered and self.strict:  # the first request not served yet must be this one (_first_undone, inlined)
                 ordered = self._ordered
-                i, end = self._cursor, len(ordered)
-                if i == end or ordered[i] is not r:  # (served in body order, the cursor is on it already)
+                i = self._cursor
+                if i < len(ordered) and ordered[i] is r:  # served in body order: the cursor moves on past it
+                    self._cursor = i + 1
+                else:
+                    end = len(ordered)
                     while i < end and (ordered[i].done or not ordered[i].ordered):
                         i += 1
                     self._cursor = i
@@ -216,7 +251,7 @@ class Tracer:
                 holder = r.payload
                 if self.grad_live:
                     save_with_grad(t, r, payload, value)
-                elif type(holder) is torch.Tensor and isinstance(value, torch.Tensor):
+                elif type(holder) is _Tensor and isinstance(value, _Tensor):
                     holder.data = value
                 else:
                     fill(holder, value, r.label)
@@ -230,6 +265,7 @@ class Tracer:
         only counts whether ``first``'s site fires (in a list of its own), and ``_execute`` raises, once the
         forward ends, the error that says which it was: computed later, or never reached."""
         self._late = (first, later)
+        self._saves = False
         self.by_site = {k: [] for k, reqs in self.by_site.items() if any(q is first for q in reqs)}
         self.fired = {}
         return payload
@@ -339,41 +375,66 @@ class Tracer:
             return torch.full_like(current, val)
         return val
 
-    def _check_reached(self, sited: list[Request]) -> None:
-        """A value whose call condition these inputs do not meet is never computed: say so now,
-        before the forward, rather than let a later request wait on it."""
-        missing = []
-        for r in sited:
-            cond = r.target.reached if r.target is not None else None
-            if cond is not None and not conditions.call_met(cond.name, self.inputs):
-                label = r.owner.label if r.owner is not None else r.label
-                if (label, cond) not in missing:
-                    missing.append((label, cond))
-        if missing:
-            parts = [f"{label} {cond.says}" for label, cond in missing]
-            raise NotReached(f"{'; '.join(parts)}; this call has none, so the forward never computes "
-                             f"{'it' if len(missing) == 1 else 'them'}. Fix: {missing[0][1].fix}")
-
     def _execute(self) -> None:
         ordered = self._ordered = sorted(self.requests, key=_SEQ)
         by_site = self.by_site
         special = False  # a derived value, or a target with more than a site (Target.special)
+        saves = True  # every request a plain save of a site of its own (``_saves``)
         for r in ordered:
             holder = r.payload
             if type(holder) is Placeholder:  # the body's placeholder becomes a plain tensor, to be filled
                 holder.__dict__.pop("_nnatlas_label", None)
                 holder.__class__ = torch.Tensor  # type: ignore[assignment]  # (the body's object, made plain)
             t = r.target
-            if t is None:
+            if t is None or t.special:
                 special = True
-                continue
-            if t.special:
-                special = True
+                if t is None:
+                    continue
+            if r.action != "save" or t.copy or r.call:
+                saves = False
             reqs = by_site.get(t.site)
             if reqs is None:
                 by_site[t.site] = [r]
             else:
                 reqs.append(r)
+                saves = False
+        model = self.model
+        installer = model.__dict__.get("_site_installer") or installer_of(model)
+        # the common trace (reads and edits of sites laid out as an earlier trace's, whose plain plan is still
+        # valid): put that plan's wrappers on, run the forward, take them off; anything more, _execute_general
+        if (special or not ordered or self.edits or self.grad or self.steps is not None or self.computed is not None
+                or sites._KERNEL_ROUTES.get() or "_kernels" in model.__dict__):
+            reused = None
+        else:
+            reused = installer.reuse(by_site, self.serve, self.call_dims)
+        if reused is None:
+            self._execute_general(ordered, special, installer)
+            return
+        plan = reused[1]
+        if saves:
+            self._saves = True
+        grad = _grad_enabled()
+        token = _set_running(self.call_dims)
+        try:
+            plan.put_on()
+            _set_grad(False)  # (grad_live: no trace(grad=True) here)
+            if interrupts._pending:  # an interrupt while installing: raise it before the forward
+                interrupts.deliver()
+            self.output = self._forward()
+        except BaseException:
+            installer.forget(reused[0])  # (a forward that raised may have left a wrapper's state half way)
+            raise
+        finally:  # (_teardown's steps, none of which raises)
+            _set_grad(grad)
+            installer.off(plan)
+            RUNNING_TRACE.reset(token)
+        if self._late is not None or not all(map(_DONE, ordered)):  # (no derived value here: no request has an owner)
+            unserved.served(self, ordered, False)
+
+    def _execute_general(self, ordered: list[Request], special: bool, installer: SiteInstaller) -> None:
+        """``_execute`` for any trace: call conditions, module-level functions, view dims, derived and computed
+        values, edits of inputs, generation steps, grad, op scopes and interface routes."""
+        by_site = self.by_site
         conditional = functions = derived = False
         dims: tuple[torch.nn.Module, ...] = ()  # the modules whose calls give views their dims
         if special:
@@ -389,15 +450,14 @@ class Tracer:
                 if t.dims_module is not None and t.dims_module not in dims:
                     dims = (*dims, t.dims_module)
         if conditional:
-            self._check_reached([r for r in ordered if r.target is not None])
+            unserved.check_reached(self.inputs, [r for r in ordered if r.target is not None])
         if self.edits:
             self._own_inputs()
         installed: list[Any] = []
         restore: list[Callable[[], None]] = []
         tokens: list[Token[Any]] = []
         model = self.model
-        installer = model.__dict__.get("_site_installer") or installer_of(model)
-        grad = torch.is_grad_enabled()
+        grad = _grad_enabled()
         modes = -1  # the torch function modes on the stack before the forward, where its op scopes may push some
         plan_key = None
         if self.computed is not None:
@@ -441,28 +501,7 @@ class Tracer:
         finally:
             self.__dict__.pop("_finish", None)  # (the bound method held on the instance: no cycle left)
             _teardown(installed, restore, tokens, grad, modes)
-        if self._late is not None:
-            self._raise_late(*self._late)
-        missing = None
-        for r in ordered:
-            if not r.done and r.owner is None:
-                missing = [r for r in ordered if not r.done and r.owner is None]
-                break
-        if derived:  # a derived value and its inputs point at each other: unlinked, they go with the last reference
-            for r in ordered:
-                r.owner = r.deps = None
-        if missing:
-            names = ", ".join(r.label + (f" (step {r.step})" if self.steps is not None else "") for r in missing)
-            raise NotReached(f"the forward finished without computing {names}: "
-                             "nothing in this call reaches that point (check the inputs, the block kind, the step)")
-
-    def _raise_late(self, first: Request, later: Request) -> None:
-        if self.fired:  # first's site fired after later's: the body asked in the wrong order
-            raise OutOfOrderError(first.label, later.label)
-        raise NotReached(f"{first.label} was never computed: its read point never fired in this forward, so "
-                         f"{later.label}, asked for after it, could not be served in the body's order. Nothing in this "
-                         "call reaches that point (check the inputs, the block kind, the step); in a spec of your own, "
-                         "check the read point names a module or op the forward really calls")
+        unserved.served(self, ordered, derived)
 
     def _own_inputs(self) -> None:
         """The forward gets copies of the input tensors (the dict its call reads is this one), so that
@@ -516,51 +555,3 @@ def _teardown(installed: list[Any], restore: list[Callable[[], None]], tokens: l
             error = error or e
     if error is not None:
         raise error
-
-
-def _show(sl: int | slice) -> str:
-    if not isinstance(sl, slice):
-        return str(sl)
-    text = f"{'' if sl.start is None else sl.start}:{'' if sl.stop is None else sl.stop}"
-    return text + (f":{sl.step}" if sl.step is not None else "")
-
-
-class _Steps:
-    """``tracer.iter[...]``: generation steps under ``model.generate``; in a trace, the tokens of a
-    per-token value (a recurrent kernel's ``state`` under ``route_kernels``)."""
-
-    def __init__(self, tracer: Tracer):
-        self.tracer = tracer
-
-    def __getitem__(self, sl: int | slice) -> Iterator[int]:
-        total = self.tracer.steps
-        per_call = total is None
-        if per_call:
-            total = self.tracer.calls
-            if total is None:
-                raise NnatlasError("tracer.iter walks generation steps (model.generate) or the tokens of a trace "
-                                   "whose inputs have a known length")
-        assert total is not None
-        what = "tokens of this call" if per_call else "generation steps (max_new_tokens)"
-        ends = (sl.start, sl.stop) if isinstance(sl, slice) else (sl,)
-        if isinstance(sl, slice) and sl.step is not None and sl.step <= 0:
-            raise InputError(f"tracer.iter[{_show(sl)}]: expected a positive step")
-        if any(e is not None and not -total <= e <= total for e in ends) or (not isinstance(sl, slice) and sl == total):
-            raise InputError(f"tracer.iter[{_show(sl)}]: there are {total} {what}: expected steps in 0..{total - 1}")
-        steps = range(total)[sl] if isinstance(sl, slice) else [range(total)[sl]]
-        if not steps:
-            raise InputError(f"tracer.iter[{_show(sl)}] holds no step of the {total} {what}")
-        return self._walk(list(steps), per_call)
-
-    def _walk(self, steps: list[int], per_call: bool) -> Iterator[int]:
-        try:
-            for s in steps:
-                if per_call:
-                    self.tracer.current_call = s
-                else:
-                    self.tracer.current_step = s
-                yield s
-        finally:
-            self.tracer.current_step = 0
-            self.tracer.current_call = -1
-
