@@ -24,12 +24,26 @@ if _typing.TYPE_CHECKING:
     from .model import AtlasModel
     from .registry import all_families
     from .trace.requests import Box
-    from .tree.saving import save
 
 _LAZY = {"AtlasModel": "model", "load": "loading.load", "wrap": "loading.load", "route_kernels": "loading.load",
          "all_families": "registry", "Box": "trace.requests", "Cache": "cache.model_cache",
-         "CacheError": "cache.data", "save": "tree.saving"}
+         "CacheError": "cache.data"}
 _SUBMODULES = {"plot": "views.plot", "show": "views.show", "testing": "testing"}  # imported when first named
+
+
+def save(obj: _typing.Any) -> _typing.Any:
+    """Keep a tensor computed in a trace's body from values (or a tuple, list or dict of them, the same container
+    back): the real tensor after the ``with`` block, as ``.save()`` on a value or an expression gives.
+
+        with model.trace(prompt):
+            x = model.layers[1].layer_output
+            feats, err = nnatlas.save((sae.encode(x), (sae.decode(sae.encode(x)) - x).norm(dim=-1)))
+    """
+    # defined here, not served by __getattr__ as the other names are: nnsight, imported beside nnatlas, puts a
+    # ``save`` on every object (object.save), which a module's lookup finds before it asks __getattr__
+    from .tree.saving import save as _save
+
+    return _save(obj)
 
 
 def __getattr__(name: str) -> object:

@@ -158,6 +158,8 @@ def public_names() -> tuple[list[str], dict[str, str], str]:
                 names = list(ast.literal_eval(node.value))
             elif isinstance(target, ast.Name) and target.id == "_LAZY" and node.value is not None:
                 where.update(ast.literal_eval(node.value))
+        elif isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):  # defined in the package itself
+            where[node.name] = "__init__"
     return names, where, ast.get_docstring(tree) or ""
 
 

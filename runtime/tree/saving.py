@@ -23,13 +23,7 @@ def _a(word: str) -> str:
 
 
 def save(obj: Any) -> Any:
-    """Keep a tensor computed in a trace's body from values (or a tuple, list or dict of them, the same container
-    back): the real tensor after the ``with`` block, as ``.save()`` on a value or an expression gives.
-
-        with model.trace(prompt):
-            x = model.layers[1].layer_output
-            feats, err = nnatlas.save((sae.encode(x), (sae.decode(sae.encode(x)) - x).norm(dim=-1)))
-    """
+    """What ``nnatlas.save(obj)`` does (:func:`nnatlas.save`, which documents it)."""
     return _save(obj, "")
 
 
