@@ -41,9 +41,7 @@ def save(obj: _typing.Any) -> _typing.Any:
     """
     # defined here, not served by __getattr__ as the other names are: nnsight, imported beside nnatlas, puts a
     # ``save`` on every object (object.save), which a module's lookup finds before it asks __getattr__
-    from .tree.saving import save as _save
-
-    return _save(obj)
+    return _importlib.import_module(".tree.saving", __name__).save(obj)
 
 
 def __getattr__(name: str) -> object:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import json
 import subprocess
 import sys
 import time
@@ -61,11 +62,16 @@ def test_writes_only_what_changed(spec_root: Path) -> None:
     spec.write_text(spec.read_text().replace("title: GPT-2", "title: GPT-2 (edited)"))
     result = generate(spec_root)
     # the family's own files (their headers carry the spec's sha256), the printout of gpt_bigcode (it
-    # extends gpt2: its printout is cached under the merged specs) and the files made from every spec
+    # extends gpt2: its printout is cached under the merged specs), the files made from every spec, and the
+    # carried version status (gpt2's cells, measured on the spec before the edit, are stale now)
     assert set(result.changed) == {"generated/families/gpt2.py", "generated/tests/test_gpt2.py", "generated/docs/gpt2.html",
                                    "generated/docs/gpt2.md", "generated/docs/printouts/gpt2.txt",
                                    "generated/docs/printouts/gpt_bigcode.txt", "generated/docs/index.html",
-                                   "generated/docs/matrix.html", "generated/docs/status.html", "generated/docs/llms.txt", "generated/families/__init__.py"}
+                                   "generated/docs/matrix.html", "generated/docs/status.html", "generated/docs/llms.txt",
+                                   "generated/families/__init__.py", "generated/families/version_status.json"}
+    carried = json.loads((spec_root / "generated/families/version_status.json").read_text())["families"]
+    assert all(cell["stale"] for cell in carried["gpt2"].values())
+    assert not any(cell.get("stale") for cell in carried["llama"].values())
     for p, t in stamp.items():
         rel = p.relative_to(spec_root).as_posix()
         if rel not in result.changed:
