@@ -175,20 +175,12 @@ class Tracer:
                     self._execute()
                 else:
                     abandon([r.payload for r in self.requests])
-        finally:  # (_close, inlined)
-            try:
-                if d["_tracer"] is self:
-                    d["_tracer"] = None
-                if self._lock_held:
-                    self._lock_held = False
-                    d["_lock"].release()
-            finally:
-                guarded, self._guarded = self._guarded, False
-                interrupts.leave(guarded)
+        finally:
+            self._close()
 
     @interrupts.critical
     def _close(self) -> None:
-        """Clear the model's tracer, release its lock and the signal handlers (idempotent; ``__exit__`` inlines it)."""
+        """Clear the model's tracer, release its lock and the signal handlers (idempotent)."""
         try:
             d = self.model.__dict__
             if d["_tracer"] is self:
