@@ -187,25 +187,11 @@ def checkpoint_like(plan: Any) -> dict[str, Any]:
     return periods if builds(periods) else moved  # (periods the class refuses beside the rest: the rest alone)
 
 
-# a period of the stack (shrink's names: interval, period, freq, step, every) that lays out its blocks
-LAID_PERIOD = re.compile(r"layer|moe|expert|sparse|attn|attention|mlp|dense")
-
-
 def _periods(entries: dict[str, Any]) -> dict[str, Any]:
-    """Each period of the stack that is 1 (every block alike: Qwen2-MoE's decoder_sparse_step, Llama 4's
-    interleave_moe_layer_step, Jamba's expert_layer_period as the drafter's tiny config has them) set to 2, as
-    released checkpoints have them (Llama 4 Maverick, Jamba), its offset kept under it; a period above 1 already
-    lays out two kinds of block and is kept."""
-    from nnatlas.testing.suite import PERIOD
+    """Each period of the stack that is 1 set to 2, its offset under it (the perturbed tiny models' rule)."""
+    from nnatlas.testing.layouts import stack_periods
 
-    out: dict[str, Any] = {}
-    for k, v in entries.items():
-        if PERIOD.search(k) and LAID_PERIOD.search(k) and isinstance(v, int) and not isinstance(v, bool) and v == 1:
-            out[k] = 2
-            offset = PERIOD.sub("offset", k)
-            if isinstance(entries.get(offset), int) and not isinstance(entries[offset], bool) and entries[offset] >= 2:
-                out[offset] = 1
-    return out
+    return stack_periods(entries)
 
 
 def moved(first: dict[str, Any], params: dict[str, Any]) -> str:

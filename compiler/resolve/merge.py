@@ -38,7 +38,7 @@ class Merged:
 
 
 def _droppable(path: DataPath) -> bool:
-    return bool(path) and (path[-1] == "values"
+    return bool(path) and (path[-1] in ("values", "kinds")
                            or path in (("hosts",), ("rename",), ("config",), ("tiny",), ("tiny", "draw")))
 
 
@@ -54,8 +54,8 @@ EXPLICIT = ("identities",)  # over inherited ones, say how: `identities+:` appen
 
 def merge(base: Merged, top: Merged, found: Problems | None = None, inheriting: bool = True) -> Merged:
     """``top`` over ``base``: mappings merge key by key, anything else (lists too) is replaced;
-    ``name: null`` drops an inherited entry of ``values``, ``hosts``, ``rename``, ``config``, ``tiny``
-    or ``tiny.draw`` (elsewhere null is a value: ``tiny.config`` passes it to the config class).
+    ``name: null`` drops an inherited entry of ``values``, a host's ``kinds``, ``hosts``, ``rename``, ``config``,
+    ``tiny`` or ``tiny.draw`` (elsewhere null is a value: ``tiny.config`` passes it to the config class).
     ``name+: [...]`` appends to an inherited list, ``name=: [...]`` replaces it; over inherited
     identities one of the two is required (a plain ``identities:`` there is an error).
     Positions follow what was set."""

@@ -2,6 +2,9 @@
 config's structural options, found by rule from the config class, never listed per family:
 
 - dense-first counts (:data:`nnatlas.testing.shrink.DENSE_FIRST`): 0 up to 2, never the whole stack;
+- a period of the stack that is 1 (:func:`stack_periods`: Qwen2-MoE's ``decoder_sparse_step``, ERNIE's
+  ``moe_layer_interval``): 1 or 2 (where its offset fits under 2);
+- an empty list of block indices that take the other kind (``mlp_only_layers``): empty, or the first block;
 - per-block kind lists (an entry as long as the stack, two kinds or more): as given, reversed, or rotated by one
   (each kind still at least once);
 - ``tie_word_embeddings``: tied or not;
@@ -20,9 +23,11 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .shrink import DENSE_FIRST, LAYERS, WINDOW
+from .shrink import DENSE_FIRST, LAYERS, PERIOD, WINDOW
 
 BIAS = re.compile(r"bias$")
+LAID_PERIOD = re.compile(r"layer|moe|expert|sparse|attn|attention|mlp|dense")  # a period that lays out the blocks
+INDEX_LIST = re.compile(r"(mlp|dense|moe|sparse|expert)\w*_layers$")  # block indices of one kind (mlp_only_layers)
 NOT_LAYOUT = re.compile(r"router|gate|correction|e_score|aux|init|moe_bias")  # (a router's bias is a factor's business)
 
 
@@ -40,6 +45,14 @@ def structural_options(config: Any) -> dict[str, list[Any]]:
         v = entries.get(k)
         if isinstance(v, int) and not isinstance(v, bool) and isinstance(n, int) and n > 1:
             out[k] = list(dict.fromkeys([v, *range(0, min(2, n - 1) + 1)]))
+    if isinstance(n, int) and n > 1:
+        moved = stack_periods(entries)
+        for k, v in moved.items():
+            if PERIOD.search(k) and PERIOD.sub("offset", k) not in moved:  # (a period whose offset moves too: not drawn)
+                out[k] = [entries[k], v]
+        for k, v in entries.items():
+            if v == [] and INDEX_LIST.search(k):
+                out[k] = [[], [0]]
     for k, v in entries.items():
         if isinstance(v, list) and isinstance(n, int) and len(v) == n and n > 1 and all(isinstance(x, str) for x in v) \
                 and len(set(v)) > 1:
@@ -55,6 +68,21 @@ def structural_options(config: Any) -> dict[str, list[Any]]:
         if isinstance(v, bool) and BIAS.search(k) and not NOT_LAYOUT.search(k):
             out[k] = [v, not v]
     return {k: v for k, v in out.items() if len(v) > 1}
+
+
+def stack_periods(entries: Mapping[str, Any]) -> dict[str, Any]:
+    """Each period of the stack that is 1 (every block alike: Qwen2-MoE's decoder_sparse_step, Llama 4's
+    interleave_moe_layer_step, Jamba's expert_layer_period as the drafter's tiny config has them) set to 2, as
+    released checkpoints have them (Llama 4 Maverick, Jamba), its offset (``..._offset``) moved under it where it
+    is 2 or more; a period above 1 already lays out two kinds of block and is kept."""
+    out: dict[str, Any] = {}
+    for k, v in entries.items():
+        if PERIOD.search(k) and LAID_PERIOD.search(k) and isinstance(v, int) and not isinstance(v, bool) and v == 1:
+            out[k] = 2
+            offset = PERIOD.sub("offset", k)
+            if isinstance(entries.get(offset), int) and not isinstance(entries[offset], bool) and entries[offset] >= 2:
+                out[offset] = 1
+    return out
 
 
 def draw_layout(config_class: Any, params: Mapping[str, Any], choose: Callable[[str, list[Any]], Any],

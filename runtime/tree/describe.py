@@ -56,13 +56,14 @@ def _render(model: ModelTargets, module: torch.nn.Module, pattern: str, index: i
     for name, child in module._modules.items():
         if child is None:
             continue
+        at = index  # a child of a block is on that block: its kind's specs apply (a mixture's values, not a dense MLP's)
         if id(child) in targets:
-            std, sub = targets[id(child)], targets[id(child)]
+            std, sub, at = targets[id(child)], targets[id(child)], None
         else:
             std = rev.get(name, name)
             sub = f"{pattern}.{std}" if pattern else ""
         shown = std if std == name else f"{std}/{name}"
-        lines.append(f"({shown}): {_render(model, child, sub, None, targets)}")
+        lines.append(f"({shown}): {_render(model, child, sub, at, targets)}")
     lines += [_value_line(v) for s in specs for v in s.values]
     if not lines:
         return _leaf(module)

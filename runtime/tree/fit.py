@@ -267,6 +267,19 @@ def rename_places(model: AtlasModel, std: str, natives: tuple[str, ...]) -> list
     return out
 
 
+def _needed(model: AtlasModel, fam: Family, std: str) -> bool:
+    """Whether a block of ``model`` has a host spec that reads through the renamed child ``std`` (the parent's
+    values that read at it, or a host at it or under it): False only where every such spec is a kind's and no
+    block is of that kind."""
+    parent, _, child = std.rpartition(".")
+    users = [h for h in fam.hosts if h.path == std or h.path.startswith(std + ".")]
+    users += [h for h in fam.hosts if h.path == parent and any(tuple(v.read.module[:1]) == (child,) for v in h.values)]
+    if not users or any(h.when is None for h in users) or "[i]" not in std:
+        return True
+    blocks = len(hosts_at(model, std.partition("[i]")[0] + "[i]"))
+    return any(h.when(model._config_view, i) for h in users for i in range(blocks))
+
+
 def _renames(model: AtlasModel, fam: Family) -> Iterator[Misfit]:
     # the renames into a vision encoder a text-only load does not build (qwen3_5_text's projector inside its vision)
     unbuilt = [n for std, natives in fam.rename.items() if optional(fam, std) for n in natives]
@@ -274,7 +287,8 @@ def _renames(model: AtlasModel, fam: Family) -> Iterator[Misfit]:
         if optional(fam, std) or any(n.startswith(f"{u}.") for n in natives for u in unbuilt):
             continue
         places = rename_places(model, std, tuple(natives))
-        # a child some blocks have (a router on the mixture blocks only) is missing only when no block has it
-        if places and all(gap is not None for _, _, gap in places):
+        # a child some blocks have (a router on the mixture blocks only) is missing only when no block has it, and
+        # only where some block needs it (Nemotron-H's dense 9B has no mixture block, so no block reads a router)
+        if places and all(gap is not None for _, _, gap in places) and _needed(model, fam, std):
             for label, _, gap in places:
                 yield Misfit("rename", std, label, gap=gap, natives=tuple(natives))
