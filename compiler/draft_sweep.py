@@ -189,7 +189,7 @@ def checkpoint_like(plan: Any) -> dict[str, Any]:
 
 def _periods(entries: dict[str, Any]) -> dict[str, Any]:
     """Each period of the stack that is 1 set to 2, its offset under it (the perturbed tiny models' rule)."""
-    from nnatlas.testing.layouts import stack_periods
+    from nnatlas.testing.suite import stack_periods
 
     return stack_periods(entries)
 
