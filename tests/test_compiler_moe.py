@@ -50,19 +50,21 @@ tiny:
 hosts:
   layers[i].mlp:
     class: Qwen3NextSparseMoeBlock
+    kinds: null  # qwen3_next's two (moe and dense) dropped: one class on every block
     dims: {intermedate_size: moe_intermediate_size, hidden_size: nope}
     values:
       mlp_activation: {missing: "   "}
       mlp_neurons: {missing: "no such thing", read: output}
       router_logits: {read: "router > op:linear.output", view: "unflatten(0, [batch, tokens])"}
+  layers[i].mlp.shared_experts: {kind: null}  # on every block
 """)
     text = str(err)
     assert "specs/broken.yaml:6:" in text and "unknown experts implementation 'fused'" in text
-    assert "specs/broken.yaml:10:" in text and "unknown dim 'intermedate_size'" in text
+    assert "specs/broken.yaml:11:" in text and "unknown dim 'intermedate_size'" in text
     assert "dim hidden_size sized by 'nope', which is not a config entry" in text
-    assert "specs/broken.yaml:12:" in text and "say why the family has no mlp_activation" in text
-    assert "specs/broken.yaml:13:" in text and "a missing value has only its reason" in text
-    assert "specs/broken.yaml:14:" in text and "view names 'tokens'" in text
+    assert "specs/broken.yaml:13:" in text and "say why the family has no mlp_activation" in text
+    assert "specs/broken.yaml:14:" in text and "a missing value has only its reason" in text
+    assert "specs/broken.yaml:15:" in text and "view names 'tokens'" in text
     assert all(p.file == "specs/broken.yaml" for p in err.problems)
 
 

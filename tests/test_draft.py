@@ -583,3 +583,15 @@ def test_a_checkpoints_own_sub_configs_are_no_other_parts(tmp_path: Path) -> Non
     tiny.build(tiny.plan("dbrx")).config.save_pretrained(tmp_path)
     ffn = tiny.plan("dbrx", str(tmp_path)).config["ffn_config"]
     assert (ffn["ffn_hidden_size"], ffn["moe_num_experts"], ffn["moe_top_k"]) == (24, 4, 2)
+
+
+def test_a_draft_pins_the_layout_options_it_has_no_kinds_along(drafts: dict[str, object]) -> None:
+    """qwen3_next drafted on its uniform tiny stack (every block a mixture): no MLP kinds, so its perturbed tests
+    must not draw mlp_only_layers [0] or decoder_sparse_step 2 (a dense block the draft does not describe: its tests
+    failed so, e.g. `nnatlas draft glm4_moe` on a drawn first_k_dense_replace of 2); the block kinds it has
+    (layer_types) are drawn as any layout is."""
+    d = _draft(drafts, "qwen3_next")
+    layouts = yaml.safe_load(d.text)["tiny"]["layouts"]  # type: ignore[attr-defined]
+    assert layouts["decoder_sparse_step"]["pin"] == 1 and layouts["mlp_only_layers"]["pin"] == []
+    assert "drafted again on its layout" in layouts["mlp_only_layers"]["reason"]
+    assert "layer_types" not in layouts

@@ -55,7 +55,8 @@ def test_two_gloo_ranks_serve_the_values_edits_and_gradients_of_one_process(tmp_
     # the values a rank holds a shard of: the heads of every attention, the neurons of a dense MLP
     assert any("attention_queries: num_heads" in v for v in report["llama"]["sharded_values"])
     assert any("mlp_neurons: intermediate_size" in v for v in report["llama"]["sharded_values"])
-    assert "layers[0].mlp.expert_outputs" in report["qwen3_moe"]["edits"]
+    # the tiny qwen3_moe keeps a dense block first (mlp_only_layers [0]): its neurons, then the mixture's experts
+    assert {"layers[0].mlp.mlp_neurons", "layers[1].mlp.expert_outputs"} <= set(report["qwen3_moe"]["edits"])
     assert report["jamba"]["edits"] and report["llava"]["edits"]
     assert report["llama"]["max_generate_diff"] is not None  # generate, with an edit at every step
     # nnatlas cache --tp 2: one copy of the model over the 2 ranks writes the rows of one process

@@ -175,6 +175,15 @@ def _reads(f: FamilyIR, rename: dict[str, tuple[str, ...]]) -> dict[str, dict[st
     return out
 
 
+def _all_reads(f: FamilyIR, rename: dict[str, tuple[str, ...]]) -> dict[str, dict[str, list[str]]]:
+    """Each value's reads at each host path, over all of the path's kinds."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for h in f.hosts:
+        for v in h.values:
+            out.setdefault(h.path, {}).setdefault(v.name, []).append(_canonical(v, h.path, rename))
+    return out
+
+
 def _canonical(v: object, host: str, rename: dict[str, tuple[str, ...]]) -> str:
     """A read point with every standard child name replaced by the native one, and its view."""
     read = getattr(v, "read", None)
@@ -193,7 +202,11 @@ def _canonical(v: object, host: str, rename: dict[str, tuple[str, ...]]) -> str:
 
 
 def compare(draft: FamilyIR, hand: FamilyIR) -> Comparison:
+    """The draft's reads against the hand spec's, value by value. Where the hand spec's kinds read one value two ways
+    at one host path (a mixture's mlp_activation missing, a dense block's act_fn.output), the draft matches either:
+    it is drafted on one layout, which may have one of those kinds only."""
     dr, hr = _reads(draft, dict(draft.rename)), _reads(hand, dict(hand.rename))
+    each = _all_reads(hand, dict(hand.rename))
     matched: dict[str, list[str]] = {}
     differ: dict[str, list[tuple[str, str, str]]] = {}
     missing: dict[str, list[str]] = {}
@@ -203,7 +216,7 @@ def compare(draft: FamilyIR, hand: FamilyIR) -> Comparison:
         for name, read in vals.items():
             if name not in got:
                 missing.setdefault(host, []).append(name)
-            elif got[name] == read or _equivalent(read, got[name]):
+            elif any(got[name] == r or _equivalent(r, got[name]) for r in each[host][name]):
                 matched.setdefault(host, []).append(name)
             else:
                 differ.setdefault(host, []).append((name, read, got[name]))

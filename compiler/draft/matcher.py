@@ -400,21 +400,29 @@ class Matcher(AttentionMatch, MlpMatch):
             done = self.ssm_block(bpath, kids, norms, x, out, values, identities)
             if done:
                 return values, identities
+        if not mixers and mlps:  # a state-space mixer before an MLP (Jamba's Mamba blocks)
+            ssm = self.ssm_mixer(kids, x, exclude={m.path for m in mlps})
+            if ssm is not None:
+                mixers.append((ssm, "ssm"))
+                mixer_paths.add(ssm.path)
         if not mixers:
             p.todos.append(f"no mixer found in {bpath} ({call.cls}): its children "
                            + ", ".join(f"{self.child(c.path, bpath)} ({c.cls})" for c in kids))
         mixer_out = None
         for c, kind in mixers[:1]:
-            std = "linear_attn" if kind == "linear_attention" else "self_attn"
+            std = {"linear_attention": "linear_attn", "ssm": "mixer"}.get(kind, "self_attn")
             name = self.name_in(bpath, self.child(c.path, bpath), std, "layers[i]")
             mixer_out = tensor_of(c.output)
-            if kind == "attention":
+            mixer_ref = f"{name}.attention_output"
+            if kind == "ssm":
+                self.ssm_host(c, f"layers[i].{name}")
+                mixer_ref = f"{name}.mixer_output"
+            elif kind == "attention":
                 self.attention(c, f"layers[i].{name}")
             elif kind == "attention_inline":
                 self.inline_attention(c, f"layers[i].{name}")
             else:
                 self.delta_net(c, f"layers[i].{name}")
-            mixer_ref = f"{name}.attention_output"
             pre = next((nm for nm in norms if holds(tensor_of(nm.output), hidden_in(c)) == 0.0), None)
             if pre is not None:
                 nname = self.name_in(bpath, self.child(pre.path, bpath), "input_layernorm", "layers[i]")
@@ -482,11 +490,9 @@ class Matcher(AttentionMatch, MlpMatch):
                   out: torch.Tensor | None, values: dict[str, Value], identities: list[Identity]) -> bool:
         """A block of a norm and one mixer that is neither attention nor an MLP (a Mamba mixer): its
         output added to the block's input is the block's output. Only the mixer's output is mapped."""
-        p = self.p
         if x is None or out is None:
             return False
-        mixer = next((c for c in kids if not NORM.search(c.cls) and SSM.search(self.role(c.cls)) and tensor_of(c.output) is not None
-                      and tensor_of(c.output).shape == x.shape), None)  # type: ignore[union-attr]
+        mixer = self.ssm_mixer(kids, x)
         if mixer is None:
             return False
         mixer_out = tensor_of(mixer.output)
@@ -494,12 +500,8 @@ class Matcher(AttentionMatch, MlpMatch):
         if e is None:
             return False
         name = self.name_in(bpath, self.child(mixer.path, bpath), "mixer", "layers[i]")
-        host = p.host(f"layers[i].{name}", mixer.cls, "the block's state-space mixer (its output is added to the stream)")
-        host.values["mixer_output"] = Value("output" if isinstance(mixer.output, torch.Tensor) else "output[0]",
-                                            sure="sure: what the mixer returns, added to the block's input")
-        self.seen.update({bpath, mixer.path, *(k.path for k in self.rec.children_calls(mixer.path))})
-        p.todos.append(f"{mixer.path} ({mixer.cls}): a state-space mixer: only its output is mapped (its scan's "
-                       "inputs, gates and states are not)")
+        self.ssm_host(mixer, f"layers[i].{name}")
+        self.seen.add(bpath)
         identities.append(ident(f"layer_input + {name}.mixer_output == layer_output", e, "held on the tiny model"))
         pre = next((nm for nm in norms if holds(tensor_of(nm.output), hidden_in(mixer)) == 0.0), None)
         if pre is not None:
@@ -508,6 +510,26 @@ class Matcher(AttentionMatch, MlpMatch):
             identities.append(ident(f"mixer_norm_output == {name}.input", 0.0, "held on the tiny model"))
             self.seen.add(pre.path)
         return True
+
+    def ssm_mixer(self, kids: list[ModuleCall], x: torch.Tensor | None,
+                  exclude: frozenset[str] | set[str] = frozenset()) -> ModuleCall | None:
+        """The block's state-space mixer: a child that is no norm, named as a mixer (mixer, mamba, ssm), returning
+        the stream's shape (None where there is none)."""
+        if x is None:
+            return None
+        return next((c for c in kids if c.path not in exclude and not NORM.search(c.cls) and SSM.search(self.role(c.cls))
+                     and tensor_of(c.output) is not None and tensor_of(c.output).shape == x.shape), None)  # type: ignore[union-attr]
+
+    def ssm_host(self, mixer: ModuleCall, hpath: str) -> None:
+        """The mixer's host, its output mapped (a TODO says its scan's values are not)."""
+        p = self.p
+        host = p.host(hpath, mixer.cls, "the block's state-space mixer (its output is added to the stream)")
+        host.values["mixer_output"] = Value("output" if isinstance(mixer.output, torch.Tensor) else "output[0]",
+                                            sure="sure: what the mixer returns, added to the block's input")
+        self.seen.update({mixer.path, *(k.path for k in self.rec.children_calls(mixer.path))})
+        p.todos.append(f"{mixer.path} ({mixer.cls}): a state-space mixer: only its output is mapped (its scan's "
+                       "inputs, gates and states are not)")
+
 
 def match(rec: Recording, tiny: Tiny, params: dict[str, Any]) -> Proposal:
     return Matcher(rec, tiny, params).run()

@@ -178,9 +178,37 @@ def write(p: Proposal, transformers_version: str) -> str:
     for key, options in t.draw.items():
         lines.append(f"    {key}: {flow(options)}")
     lines += ["  batch: [1, 3]", "  seq: [1, 7]", "  examples: 4"]
+    pins = _layout_pins(p)
+    if pins:
+        lines.append("  layouts:")
+        for key, value in pins.items():
+            lines.append(f"    {key}:")
+            lines.append(f"      pin: {flow(value)}")
+            lines.append("      reason: >")
+            lines.append(f"        the draft has no block kinds along {key} (one class per host path): a checkpoint")
+            lines.append("        laid out otherwise is drafted again on its layout (load(draft=True), nnatlas draft --config)")
     if p.experts:
         lines.append(f"  experts: {flow(p.experts)}")
     return "\n".join(lines) + "\n"
+
+
+def _layout_pins(p: Proposal) -> dict[str, Any]:
+    """The structural options that lay out which blocks take which module (dense-first counts, periods, index
+    lists) along which the draft found no kinds, each at its tiny value: the perturbed tests would draw a layout
+    the draft does not describe (the kinds it found name their options in their whens)."""
+    import copy
+
+    import transformers
+
+    from nnatlas.testing.suite import moves_block_kinds, structural_options
+
+    first = p.tiny.first()
+    try:
+        found = structural_options(getattr(transformers, p.tiny.config_class)(**copy.deepcopy(first)))
+    except Exception:  # noqa: BLE001 - a config the drafter could not build is said elsewhere
+        return {}
+    whens = " ".join(p.whens.values())
+    return {k: options[0] for k, options in found.items() if moves_block_kinds(k) and k not in whens}
 
 
 def _own_modules(p: Proposal) -> list[str]:

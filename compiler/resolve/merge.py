@@ -37,7 +37,9 @@ class Merged:
             p = p[:-1]
 
 
-def _droppable(path: DataPath) -> bool:
+def _droppable(path: DataPath, key: str = "") -> bool:
+    if key == "kinds" and len(path) == 2 and path[0] == "hosts":
+        return True  # a host's inherited kinds, all of them
     return bool(path) and (path[-1] in ("values", "kinds")
                            or path in (("hosts",), ("rename",), ("config",), ("tiny",), ("tiny", "draw")))
 
@@ -54,7 +56,7 @@ EXPLICIT = ("identities",)  # over inherited ones, say how: `identities+:` appen
 
 def merge(base: Merged, top: Merged, found: Problems | None = None, inheriting: bool = True) -> Merged:
     """``top`` over ``base``: mappings merge key by key, anything else (lists too) is replaced;
-    ``name: null`` drops an inherited entry of ``values``, a host's ``kinds``, ``hosts``, ``rename``, ``config``,
+    ``name: null`` drops an inherited entry of ``values``, a host's ``kinds`` (or ``kinds: null`` all of them), ``hosts``, ``rename``, ``config``,
     ``tiny`` or ``tiny.draw`` (elsewhere null is a value: ``tiny.config`` passes it to the config class).
     ``name+: [...]`` appends to an inherited list, ``name=: [...]`` replaces it; over inherited
     identities one of the two is required (a plain ``identities:`` there is an error).
@@ -120,7 +122,7 @@ class _Merge:
                 self.moved(tp, p, value, offset)
                 self.out.where[p] = self.top.where.get(tp, self.top.pos(tp))
                 continue
-            if value is None and key in dst and _droppable(path):
+            if value is None and key in dst and _droppable(path, key):
                 del dst[key]  # `name: null` drops an inherited entry
                 continue
             if (key in EXPLICIT and self.inheriting and isinstance(dst.get(key), list) and dst[key]

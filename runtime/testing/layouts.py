@@ -85,6 +85,12 @@ def stack_periods(entries: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def moves_block_kinds(name: str) -> bool:
+    """Whether the structural option ``name`` decides which blocks take which module (a dense-first count, a period
+    of the stack, a list of block indices): a spec without kinds along it describes one of its values only."""
+    return name in DENSE_FIRST or bool(PERIOD.search(name) and LAID_PERIOD.search(name)) or bool(INDEX_LIST.search(name))
+
+
 def draw_layout(config_class: Any, params: Mapping[str, Any], choose: Callable[[str, list[Any]], Any],
                 rules: Mapping[str, Any] | None = None, family: str = "") -> dict[str, Any]:
     """``params`` with each structural option of the config they build drawn by ``choose(label, options)``
