@@ -263,6 +263,8 @@ TOOLS = {"nnatlas.compiler.emit.printouts": {"nnatlas", "nnatlas.parallel.tensor
          "nnatlas.compiler.draft.tiny_config": {"nnatlas.testing.suite"},
          "nnatlas.compiler.draft.tiny": {"nnatlas.testing.suite"},
          "nnatlas.compiler.draft.tiny_build": {"nnatlas.testing"},
+         # the structural options a draft pins where it found no kinds along them, by the tests' layout rule
+         "nnatlas.compiler.draft.writer": {"nnatlas.testing.suite"},
          # whether a shipped family loads a type's tiny model; the checkpoint-like layout, by the tests' rule
          "nnatlas.compiler.draft_sweep": {"nnatlas.registry", "nnatlas.testing.suite"}}
 
