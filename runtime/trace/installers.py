@@ -136,6 +136,9 @@ class SiteInstaller:
     def __init__(self) -> None:
         self.live = Live()
         self.plans: dict[Any, Plan] = {}
+        # the traces of plain saves replayed (``nnatlas.trace.replay``), by the ids of their targets: each holds
+        # a plan of ``plans`` (dropped with any plan: nothing here outlives the plans)
+        self.replays: dict[tuple[int, ...], Any] = {}
         self._building: Plan | None = None
 
     def install(self, root: torch.nn.Module, by_site: dict[SiteKey, list[Request]], serve: Callable[[SiteKey, Any], Any],
@@ -156,12 +159,14 @@ class SiteInstaller:
                     self._op_swaps(installed).split(plan.op_names)
             else:
                 del self.plans[key]
+                self.replays.clear()
                 plan = None
         if plan is None:
             self._sweep(root)
             plan = self._build(dims, installed, restore)  # (its wrappers written, its op names swapped)
             if len(self.plans) >= PLANS_KEPT:
                 del self.plans[next(iter(self.plans))]
+                self.replays.clear()
             self.plans[key] = plan
         if plan.dims_modules:
             for dm in plan.dims_modules:
@@ -192,6 +197,7 @@ class SiteInstaller:
         """Drop the plans that hold a module no longer in the model (one replaced between traces): a
         plan holds the modules it wraps, and would keep a replaced module, weights and all, alive.
         Run before each build (a layout not seen before), not on reuse."""
+        self.replays.clear()
         if self.plans:
             present = {id(m) for m in root.modules()}
             for key in [k for k, p in self.plans.items() if not p.modules <= present]:
@@ -200,6 +206,13 @@ class SiteInstaller:
     def forget(self, key: Any) -> None:
         """Build afresh next time (a forward that raised may have left a wrapper's state half way)."""
         self.plans.pop(key, None)
+        self.replays.clear()
+
+    def remember(self, replay: Any) -> None:
+        """Keep a trace of plain saves for replay (``nnatlas.trace.replay.Replay``; at most ``PLANS_KEPT``)."""
+        if len(self.replays) >= PLANS_KEPT:
+            self.replays.clear()
+        self.replays[tuple(map(id, replay.targets))] = replay
 
     def _build(self, dims: tuple[torch.nn.Module, ...], installed: list[Any], restore: list[Callable[[], None]]) -> Plan:
         plan = self._building = Plan()

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..errors import InputError, NnatlasError
-from . import interrupts, op_scopes, sites, unserved
+from . import interrupts, op_scopes, replay, sites, unserved
 from .computed import serve_ready
 from .function_sites import FunctionInstaller
 from .installers import SiteInstaller, installer_of
@@ -67,6 +67,12 @@ class Tracer:
     _tokens: int | None = None  # the tokens of this call, when given or found (``calls``)
     _call: Callable[..., Any] | None = None  # what a trace calls with its inputs as keywords (else ``_run()``)
     _ordered: list[Request] | tuple[()] = ()  # the requests in body order (made when the block ends)
+    # the body's saves recorded without a request (``Value.save``, while it has asked nothing else): each one's
+    # target, then its holder; made into requests when the block ends unless the trace is replayed (``replay``)
+    _quick: list[Any]
+    _quick_made = 0  # how many of the requests were made of those
+    _replay: replay.Replay | None = None  # what a replayed trace serves (``replay.execute``)
+    _pending: list[Any]  # the holders of a replayed trace not served yet (None: served)
     _state: set[int] | None = None  # the storages of the model's weights (made at the first in-place edit)
     # (first, later): the first request still waiting when a later one's site fired; the forward then runs
     # on, serving nothing, counting only whether ``first``'s site fires: "computed later" (OutOfOrderError)
@@ -107,6 +113,7 @@ class Tracer:
         if calls is not None:
             self._tokens = calls
         self.requests: list[Request] = []
+        self._quick = []
         self.by_site: dict[SiteKey, list[Request]] = {}
         self.fired: dict[int | tuple[int, int], int] = {}  # times each site fired (by id of its list in by_site, and step)
         self.call_dims: dict[int, tuple[int, int]] = {}
@@ -174,7 +181,7 @@ class Tracer:
                 if exc_type is None:
                     self._execute()
                 else:
-                    abandon([r.payload for r in self.requests])
+                    abandon([*self._quick[1::2], *(r.payload for r in self.requests)])
         finally:
             self._close()
 
@@ -367,7 +374,28 @@ class Tracer:
             return torch.full_like(current, val)
         return val
 
+    _serve_replay = replay.serve  # (what a replayed trace's wrappers call: a bound method)
+
+    def _materialize(self) -> None:
+        """The saves recorded without a request (``_quick``) as the requests they stand for: the first in body
+        order (none was recorded after another request), each a plain save of its target's first call."""
+        quick = self._quick
+        made = [Request(j, t.label, "save", t, h, 0, 0) for j, (t, h) in enumerate(zip(quick[::2], quick[1::2], strict=True))]
+        self.requests[:0] = made
+        self._quick_made = len(made)
+
     def _execute(self) -> None:
+        quick = self._quick
+        if quick:  # saves recorded without requests: replayed, if an earlier trace recorded the same (``replay``)
+            model = self.model
+            if not (self.requests or self.grad or self.steps is not None or sites._KERNEL_ROUTES.get()
+                    or "_kernels" in model.__dict__):
+                installer = model.__dict__.get("_site_installer")
+                found = None if installer is None else installer.replays.get(tuple(map(id, quick[::2])))
+                if found is not None and installer.plans.get(found.plan_key) is found.plan and found.plan.valid():
+                    replay.execute(self, installer, found)
+                    return
+            self._materialize()
         ordered = self._ordered = sorted(self.requests, key=_SEQ)
         by_site = self.by_site
         special = False  # a derived value, or a target with more than a site (Target.special)
@@ -405,6 +433,8 @@ class Tracer:
         plan = reused[1]
         if saves:
             self._saves = True
+            if self._quick_made == len(ordered):  # (the next trace that records the same saves replays this one)
+                installer.remember(replay.Replay([r.target for r in ordered], *reused))  # type: ignore[misc]
         grad = _grad_enabled()
         token = _set_running(self.call_dims)
         try:
