@@ -120,6 +120,36 @@ class Plan:
                 sh.d[sh.name] = sh.previous
 
 
+class Plans(dict[Any, Plan]):
+    """The plans an installer keeps, by layout; and the traces replayed on them (``replays``: each holds one of these
+    plans, and they all go whenever a plan goes or is replaced, whoever removes it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # the traces of plain saves replayed (``nnatlas.trace.replay``), by the id of their first target
+        self.replays: dict[int, Any] = {}
+
+    def __setitem__(self, key: Any, plan: Plan) -> None:
+        self.replays.clear()
+        super().__setitem__(key, plan)
+
+    def __delitem__(self, key: Any) -> None:
+        self.replays.clear()
+        super().__delitem__(key)
+
+    def pop(self, *args: Any) -> Any:
+        self.replays.clear()
+        return super().pop(*args)
+
+    def popitem(self) -> tuple[Any, Plan]:
+        self.replays.clear()
+        return super().popitem()
+
+    def clear(self) -> None:
+        self.replays.clear()
+        super().clear()
+
+
 def installer_of(model: WrappedModel) -> SiteInstaller:
     """The model's installer (made on its first trace), which keeps its plans."""
     d = model.__dict__
@@ -135,10 +165,8 @@ class SiteInstaller:
 
     def __init__(self) -> None:
         self.live = Live()
-        self.plans: dict[Any, Plan] = {}
-        # the traces of plain saves replayed (``nnatlas.trace.replay``), by the ids of their targets: each holds
-        # a plan of ``plans`` (dropped with any plan: nothing here outlives the plans)
-        self.replays: dict[tuple[int, ...], Any] = {}
+        self.plans = Plans()
+        self.replays = self.plans.replays  # (dropped with any plan: nothing here outlives the plans)
         self._building: Plan | None = None
 
     def install(self, root: torch.nn.Module, by_site: dict[SiteKey, list[Request]], serve: Callable[[SiteKey, Any], Any],
@@ -159,14 +187,12 @@ class SiteInstaller:
                     self._op_swaps(installed).split(plan.op_names)
             else:
                 del self.plans[key]
-                self.replays.clear()
                 plan = None
         if plan is None:
             self._sweep(root)
             plan = self._build(dims, installed, restore)  # (its wrappers written, its op names swapped)
             if len(self.plans) >= PLANS_KEPT:
                 del self.plans[next(iter(self.plans))]
-                self.replays.clear()
             self.plans[key] = plan
         if plan.dims_modules:
             for dm in plan.dims_modules:
@@ -197,7 +223,6 @@ class SiteInstaller:
         """Drop the plans that hold a module no longer in the model (one replaced between traces): a
         plan holds the modules it wraps, and would keep a replaced module, weights and all, alive.
         Run before each build (a layout not seen before), not on reuse."""
-        self.replays.clear()
         if self.plans:
             present = {id(m) for m in root.modules()}
             for key in [k for k, p in self.plans.items() if not p.modules <= present]:
@@ -206,13 +231,12 @@ class SiteInstaller:
     def forget(self, key: Any) -> None:
         """Build afresh next time (a forward that raised may have left a wrapper's state half way)."""
         self.plans.pop(key, None)
-        self.replays.clear()
 
     def remember(self, replay: Any) -> None:
         """Keep a trace of plain saves for replay (``nnatlas.trace.replay.Replay``; at most ``PLANS_KEPT``)."""
         if len(self.replays) >= PLANS_KEPT:
             self.replays.clear()
-        self.replays[tuple(map(id, replay.targets))] = replay
+        self.replays[id(replay.targets[0])] = replay
 
     def _build(self, dims: tuple[torch.nn.Module, ...], installed: list[Any], restore: list[Callable[[], None]]) -> Plan:
         plan = self._building = Plan()

@@ -11,10 +11,7 @@ is left on a saved value.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable
-from itertools import repeat
-from operator import attrgetter
 from typing import Any
 
 import torch
@@ -70,14 +67,13 @@ def placeholder(empty: torch.Tensor, label: str) -> torch.Tensor:
 
 
 ABANDONED = " (abandoned)"
-_dict_of = attrgetter("__dict__")
 
 
 def plain(holders: list[Any]) -> None:
-    """Placeholders that ``save()`` made (each labelled) become plain tensors, as the block ends: the label
-    dropped, the class ``torch.Tensor`` again (the same objects; no Python step per holder)."""
-    deque(map(dict.pop, map(_dict_of, holders), repeat("_nnatlas_label"), repeat(None)), 0)
-    deque(map(setattr, holders, repeat("__class__"), repeat(torch.Tensor)), 0)
+    """Placeholders that ``save()`` made become plain tensors again, as the block ends (the same objects)."""
+    for h in holders:
+        h.__dict__.pop("_nnatlas_label", None)
+        h.__class__ = torch.Tensor
 
 
 def abandon(holders: Iterable[Any]) -> None:

@@ -29,9 +29,9 @@ _set_running = RUNNING_TRACE.set
 
 class Replay:
     """The requests of a trace of plain saves, each at a site of its own, kept by the model's installer
-    (``SiteInstaller.replays``) under the ids of their targets in body order: the targets (held, so that their
-    ids stay theirs), each site's place among them, what reads each value, and the plan the traces reuse
-    (``plan_key``, ``plan``: used while the installer still keeps that plan and it is valid)."""
+    (``SiteInstaller.replays``) under the id of the first: the targets in body order (held, so that their ids stay
+    theirs), each site's place among them, what reads each value, and the plan the traces reuse (``plan_key``,
+    ``plan``: dropped when the installer drops any plan, used while the plan is valid)."""
 
     __slots__ = ("targets", "sites", "gets", "plan_key", "plan")
 
@@ -45,9 +45,8 @@ class Replay:
 def execute(tracer: Any, installer: Any, replay: Replay) -> None:
     """``Tracer._execute`` for a trace recorded as ``replay``'s: the plan's wrappers on, the forward, off again
     (whatever happened); then what was not served raises as the general path says it."""
-    holders = tracer._quick[1::2]
+    holders = tracer._pending = tracer._quick[1::2]  # (a holder served is None here)
     plain(holders)  # (the body's placeholders become plain tensors, to be filled)
-    tracer._pending = holders[:]  # (a holder served is None here)
     tracer._replay = replay
     tracer._saves = True  # (every request a plain save of a site of its own)
     live = installer.live

@@ -90,6 +90,10 @@ class Tracer:
     available: set[tuple[int, int, int]] | None = None  # (read point, condition, config) a save found served
     # the body's saves of tensors computed from values, not served yet (nnatlas.trace.computed): (request, expression)
     computed: list[tuple[Request, Expr]] | None = None
+    # made when the block ends (``_execute``; a replayed trace makes them only where it goes the general way)
+    by_site: dict[SiteKey, list[Request]]  # the requests by site
+    fired: dict[int | tuple[int, int], int]  # times each site fired (by id of its list in by_site, and step)
+    _run: Callable[[], Any] | None = None  # the forward (or generate) where no ``_call`` is given
 
     def __init__(self, model: WrappedModel, run: Callable[[], Any] | None, order: str = "strict", grad: bool = False,
                  steps: int | None = None, calls: int | None = None, inputs: Mapping[str, Any] | None = None,
@@ -102,20 +106,20 @@ class Tracer:
                 raise ValueError("order is 'strict' or 'any'")
             self.strict = False
         self.model = model
-        self._run = run
-        if call is not None:
+        if call is None:
+            self._run = run
+        else:
             self._call = call
-        if grad:
-            self.grad = grad
-        if steps is not None:
-            self.steps = steps
+        if grad or steps is not None or calls is not None:  # (none of them in a plain trace)
+            if grad:
+                self.grad = grad
+            if steps is not None:
+                self.steps = steps
+            if calls is not None:
+                self._tokens = calls
         self.inputs: Mapping[str, Any] = inputs or {}
-        if calls is not None:
-            self._tokens = calls
         self.requests: list[Request] = []
         self._quick = []
-        self.by_site: dict[SiteKey, list[Request]] = {}
-        self.fired: dict[int | tuple[int, int], int] = {}  # times each site fired (by id of its list in by_site, and step)
         self.call_dims: dict[int, tuple[int, int]] = {}
 
     @property
@@ -391,13 +395,14 @@ class Tracer:
             if not (self.requests or self.grad or self.steps is not None or sites._KERNEL_ROUTES.get()
                     or "_kernels" in model.__dict__):
                 installer = model.__dict__.get("_site_installer")
-                found = None if installer is None else installer.replays.get(tuple(map(id, quick[::2])))
-                if found is not None and installer.plans.get(found.plan_key) is found.plan and found.plan.valid():
+                found = None if installer is None else installer.replays.get(id(quick[0]))
+                if found is not None and found.targets == quick[::2] and found.plan.valid():
                     replay.execute(self, installer, found)
                     return
             self._materialize()
         ordered = self._ordered = sorted(self.requests, key=_SEQ)
-        by_site = self.by_site
+        by_site = self.by_site = {}
+        self.fired = {}
         special = False  # a derived value, or a target with more than a site (Target.special)
         saves = True  # every request a plain save of a site of its own (``_saves``)
         for r in ordered:
