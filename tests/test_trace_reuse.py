@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import nnatlas
-
 from nnatlas.errors import NotReached, OutOfOrderError
 from nnatlas.testing.suite import build, draw_inputs, first_params
 from nnatlas.trace import interrupts, op_scopes, sites
