@@ -49,7 +49,6 @@ OPEN: set[CodeType] = set()  # ... unless an open frame comes first, walking up 
 _depth = 0  # traces open in the main thread
 _saved: dict[int, Any] = {}  # signal -> the handler that was there before ours
 _pending: list[tuple[int, FrameType | None]] = []  # deferred signals, with the frame each landed in
-_signal_set = _signal.signal
 
 
 def critical(fn: Any) -> Any:
@@ -96,7 +95,7 @@ def enter() -> bool:
                 current = _getsignal(sig)
                 if current is not _handler and callable(current):
                     _saved[sig] = current
-                    _signal_set(sig, _handler)
+                    _signal.signal(sig, _handler)
         except BaseException:
             _restore()
             raise
@@ -124,17 +123,6 @@ def leave(counted: bool) -> None:
         deliver()
         return
     if not _saved and not _pending:  # no signal had a Python handler to wrap: nothing to put back
-        return
-    if len(_saved) == 1:  # (the usual case, SIGINT alone: ``_restore`` and what follows it below, for one)
-        sig, original = _saved.popitem()
-        try:
-            if _getsignal(sig) is _handler:
-                _signal_set(sig, original)
-            if _pending:
-                _call(_take(), {sig: original})
-        except BaseException:
-            del _pending[:]
-            raise
         return
     handlers = dict(_saved)
     # (one handler goes back in one step: no bytecode runs between its sigaction and its entry in Python's
