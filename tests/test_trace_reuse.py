@@ -5,15 +5,21 @@ order rules, and nothing left on the model afterwards."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+import nnatlas
 from nnatlas.errors import NotReached, OutOfOrderError
 from nnatlas.testing.suite import build, draw_inputs, first_params
 from nnatlas.trace import interrupts, op_scopes, sites
 from nnatlas.trace.installers import installer_of
+from nnatlas.trace.requests import Request
+
+RUNTIME = str(Path(nnatlas.__file__).parent)
 
 
 @pytest.fixture(scope="module")
@@ -180,3 +186,52 @@ def test_a_forward_patched_between_reused_traces_is_the_one_run(llama: Any) -> N
     finally:
         del block.forward
     _clean(model)
+
+
+def test_a_trace_recorded_as_the_one_before_is_replayed_with_no_request_and_no_plan_made(
+        llama: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The structure that makes the fixed cost of a trace: a body that saves what the trace before it saved
+    (plain saves, each at a site of its own) records no Request, builds no plan and groups nothing; the
+    tracer finds the earlier trace's replay by its targets and runs it (nnatlas.trace.replay). Its values
+    are the first trace's, and nothing is left on the model."""
+    model, inputs = llama
+    want = _outputs(model, inputs)
+
+    def body() -> list[torch.Tensor]:
+        with model.trace(inputs):
+            saved = [model.layers[0].layer_output.save(), model.layers[1].layer_output.save()]
+        return saved
+
+    for _ in range(3):  # (the first builds the plan, the second leaves its replay)
+        body()
+    made: list[str] = []
+    init = Request.__init__
+
+    def counted(self: Request, *args: Any, **kwargs: Any) -> None:
+        made.append(args[1])
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(Request, "__init__", counted)
+    calls: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(RUNTIME):
+            calls.append(frame.f_code.co_qualname)
+
+    sys.setprofile(profile)
+    try:
+        got = body()
+    finally:
+        sys.setprofile(None)
+    assert made == [], made
+    general = ("SiteInstaller.install", "SiteInstaller.reuse", "SiteInstaller._build", "Tracer._materialize",
+               "Tracer._execute_general")
+    assert "execute" in calls and not [c for c in calls if c in general], calls
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert type(got[0]) is torch.Tensor and not got[0].__dict__
+    _clean(model)
+    with model.trace(inputs):  # another body: the general way again (requests made), and served
+        other = model.layers[1].layer_output.save()
+    assert made == ["layers[1].layer_output"]
+    torch.testing.assert_close(other, want[1], rtol=0, atol=0)

@@ -120,6 +120,36 @@ class Plan:
                 sh.d[sh.name] = sh.previous
 
 
+class Plans(dict[Any, Plan]):
+    """The plans an installer keeps, by layout; and the traces replayed on them (``replays``: each holds one of these
+    plans, and they all go whenever a plan goes or is replaced, whoever removes it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # the traces of plain saves replayed (``nnatlas.trace.replay``), by the id of their first target
+        self.replays: dict[int, Any] = {}
+
+    def __setitem__(self, key: Any, plan: Plan) -> None:
+        self.replays.clear()
+        super().__setitem__(key, plan)
+
+    def __delitem__(self, key: Any) -> None:
+        self.replays.clear()
+        super().__delitem__(key)
+
+    def pop(self, *args: Any) -> Any:
+        self.replays.clear()
+        return super().pop(*args)
+
+    def popitem(self) -> tuple[Any, Plan]:
+        self.replays.clear()
+        return super().popitem()
+
+    def clear(self) -> None:
+        self.replays.clear()
+        super().clear()
+
+
 def installer_of(model: WrappedModel) -> SiteInstaller:
     """The model's installer (made on its first trace), which keeps its plans."""
     d = model.__dict__
@@ -135,7 +165,8 @@ class SiteInstaller:
 
     def __init__(self) -> None:
         self.live = Live()
-        self.plans: dict[Any, Plan] = {}
+        self.plans = Plans()
+        self.replays = self.plans.replays  # (dropped with any plan: nothing here outlives the plans)
         self._building: Plan | None = None
 
     def install(self, root: torch.nn.Module, by_site: dict[SiteKey, list[Request]], serve: Callable[[SiteKey, Any], Any],
@@ -200,6 +231,12 @@ class SiteInstaller:
     def forget(self, key: Any) -> None:
         """Build afresh next time (a forward that raised may have left a wrapper's state half way)."""
         self.plans.pop(key, None)
+
+    def remember(self, replay: Any) -> None:
+        """Keep a trace of plain saves for replay (``nnatlas.trace.replay.Replay``; at most ``PLANS_KEPT``)."""
+        if len(self.replays) >= PLANS_KEPT:
+            self.replays.clear()
+        self.replays[id(replay.targets[0])] = replay
 
     def _build(self, dims: tuple[torch.nn.Module, ...], installed: list[Any], restore: list[Callable[[], None]]) -> Plan:
         plan = self._building = Plan()

@@ -69,6 +69,13 @@ def placeholder(empty: torch.Tensor, label: str) -> torch.Tensor:
 ABANDONED = " (abandoned)"
 
 
+def plain(holders: list[Any]) -> None:
+    """Placeholders that ``save()`` made become plain tensors again, as the block ends (the same objects)."""
+    for h in holders:
+        h.__dict__.pop("_nnatlas_label", None)
+        h.__class__ = torch.Tensor
+
+
 def abandon(holders: Iterable[Any]) -> None:
     """The block raised: its placeholders are never filled, and every use says so (they stay placeholders)."""
     for h in holders:

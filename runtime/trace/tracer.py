@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..errors import InputError, NnatlasError
-from . import interrupts, op_scopes, sites, unserved
+from . import interrupts, op_scopes, replay, sites, unserved
 from .computed import serve_ready
 from .function_sites import FunctionInstaller
 from .installers import SiteInstaller, installer_of
@@ -67,6 +67,12 @@ class Tracer:
     _tokens: int | None = None  # the tokens of this call, when given or found (``calls``)
     _call: Callable[..., Any] | None = None  # what a trace calls with its inputs as keywords (else ``_run()``)
     _ordered: list[Request] | tuple[()] = ()  # the requests in body order (made when the block ends)
+    # the body's saves recorded without a request (``Value.save``, while it has asked nothing else): each one's
+    # target, then its holder; made into requests when the block ends unless the trace is replayed (``replay``)
+    _quick: list[Any]
+    _quick_made = 0  # how many of the requests were made of those
+    _replay: replay.Replay | None = None  # what a replayed trace serves (``replay.execute``)
+    _pending: list[Any]  # the holders of a replayed trace not served yet (None: served)
     _state: set[int] | None = None  # the storages of the model's weights (made at the first in-place edit)
     # (first, later): the first request still waiting when a later one's site fired; the forward then runs
     # on, serving nothing, counting only whether ``first``'s site fires: "computed later" (OutOfOrderError)
@@ -84,6 +90,10 @@ class Tracer:
     available: set[tuple[int, int, int]] | None = None  # (read point, condition, config) a save found served
     # the body's saves of tensors computed from values, not served yet (nnatlas.trace.computed): (request, expression)
     computed: list[tuple[Request, Expr]] | None = None
+    # made when the block ends (``_execute``; a replayed trace makes them only where it goes the general way)
+    by_site: dict[SiteKey, list[Request]]  # the requests by site
+    fired: dict[int | tuple[int, int], int]  # times each site fired (by id of its list in by_site, and step)
+    _run: Callable[[], Any] | None = None  # the forward (or generate) where no ``_call`` is given
 
     def __init__(self, model: WrappedModel, run: Callable[[], Any] | None, order: str = "strict", grad: bool = False,
                  steps: int | None = None, calls: int | None = None, inputs: Mapping[str, Any] | None = None,
@@ -96,19 +106,20 @@ class Tracer:
                 raise ValueError("order is 'strict' or 'any'")
             self.strict = False
         self.model = model
-        self._run = run
-        if call is not None:
+        if call is None:
+            self._run = run
+        else:
             self._call = call
-        if grad:
-            self.grad = grad
-        if steps is not None:
-            self.steps = steps
+        if grad or steps is not None or calls is not None:  # (none of them in a plain trace)
+            if grad:
+                self.grad = grad
+            if steps is not None:
+                self.steps = steps
+            if calls is not None:
+                self._tokens = calls
         self.inputs: Mapping[str, Any] = inputs or {}
-        if calls is not None:
-            self._tokens = calls
         self.requests: list[Request] = []
-        self.by_site: dict[SiteKey, list[Request]] = {}
-        self.fired: dict[int | tuple[int, int], int] = {}  # times each site fired (by id of its list in by_site, and step)
+        self._quick = []
         self.call_dims: dict[int, tuple[int, int]] = {}
 
     @property
@@ -174,7 +185,7 @@ class Tracer:
                 if exc_type is None:
                     self._execute()
                 else:
-                    abandon([r.payload for r in self.requests])
+                    abandon([*self._quick[1::2], *(r.payload for r in self.requests)])
         finally:
             self._close()
 
@@ -367,9 +378,31 @@ class Tracer:
             return torch.full_like(current, val)
         return val
 
+    _serve_replay = replay.serve  # (what a replayed trace's wrappers call: a bound method)
+
+    def _materialize(self) -> None:
+        """The saves recorded without a request (``_quick``) as the requests they stand for: the first in body
+        order (none was recorded after another request), each a plain save of its target's first call."""
+        quick = self._quick
+        made = [Request(j, t.label, "save", t, h, 0, 0) for j, (t, h) in enumerate(zip(quick[::2], quick[1::2], strict=True))]
+        self.requests[:0] = made
+        self._quick_made = len(made)
+
     def _execute(self) -> None:
+        quick = self._quick
+        if quick:  # saves recorded without requests: replayed, if an earlier trace recorded the same (``replay``)
+            model = self.model
+            if not (self.requests or self.grad or self.steps is not None or sites._KERNEL_ROUTES.get()
+                    or "_kernels" in model.__dict__):
+                installer = model.__dict__.get("_site_installer")
+                found = None if installer is None else installer.replays.get(id(quick[0]))
+                if found is not None and found.targets == quick[::2] and found.plan.valid():
+                    replay.execute(self, installer, found)
+                    return
+            self._materialize()
         ordered = self._ordered = sorted(self.requests, key=_SEQ)
-        by_site = self.by_site
+        by_site = self.by_site = {}
+        self.fired = {}
         special = False  # a derived value, or a target with more than a site (Target.special)
         saves = True  # every request a plain save of a site of its own (``_saves``)
         for r in ordered:
@@ -405,6 +438,8 @@ class Tracer:
         plan = reused[1]
         if saves:
             self._saves = True
+            if self._quick_made == len(ordered):  # (the next trace that records the same saves replays this one)
+                installer.remember(replay.Replay([r.target for r in ordered], *reused))  # type: ignore[misc]
         grad = _grad_enabled()
         token = _set_running(self.call_dims)
         try:

@@ -233,6 +233,9 @@ class HostList(Generic[H]):
         return len(self._module)
 
     def __getitem__(self, i: int) -> H:
+        host = self._hosts.get(i) if type(i) is int else None
+        if host is not None and self._module._modules.get(str(i)) is host._module:  # (found before: the same block)
+            return host
         if not isinstance(i, int):
             raise TypeError(f"{self._label}[...] takes one integer index")
         n = len(self._module)

@@ -152,8 +152,8 @@ class Value(_Lazy):
         if local:
             return self._save_local(tracer)
         fast = d.get("_fast_save")
-        if fast is not None:  # saved before: (target, empty holder or None for a Box, path, scoped, call)
-            target, empty, parts, scoped, call = fast
+        if fast is not None:  # saved before: (target, empty holder or None for a Box, path, scoped, call, quick)
+            target, empty, parts, scoped, call, quick = fast
             if parts is not None:  # the path from the host must still lead to the same module
                 node: torch.nn.Module | None = host._module
                 for part in parts:
@@ -166,6 +166,12 @@ class Value(_Lazy):
                     holder = empty.new()
                     holder.__class__ = Placeholder
                     holder.__dict__["_nnatlas_label"] = target.label
+                    if quick and not tracer.requests and not tracer.current_step:
+                        # a plain save while the body has asked nothing else: recorded without a request (the
+                        # tracer makes it one when the block ends, unless it replays the trace: nnatlas.trace.replay)
+                        tracer._quick += (target, holder)
+                        tracer.seq += 1
+                        return holder
                 else:
                     holder = Box(target.label)
                 seq = tracer.seq
@@ -190,7 +196,10 @@ class Value(_Lazy):
             scoped = None if spec is None or spec.needs is None else self._read.kind in ("call", "op", "method")
             d["_fast_save"] = (target, None if kind is Box else _EMPTY[kind],
                                None if cached[1] is None else tuple(cached[1].split(".")), scoped,
-                               None if target.per_call else target.call)
+                               None if target.per_call else target.call,
+                               # a plain save of the site's first call (what the tracer's short paths serve)
+                               kind is not Box and not target.per_call and target.call == 0 and not target.special
+                               and not target.copy)
         return holder
 
     def _save_local(self, tracer: Tracer) -> Any:
