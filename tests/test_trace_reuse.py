@@ -5,21 +5,18 @@ order rules, and nothing left on the model afterwards."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-import nnatlas
 from nnatlas.errors import NotReached, OutOfOrderError
 from nnatlas.testing.suite import build, draw_inputs, first_params
 from nnatlas.trace import interrupts, op_scopes, sites
 from nnatlas.trace.installers import installer_of
 from nnatlas.trace.requests import Request
 
-RUNTIME = str(Path(nnatlas.__file__).parent)
+from .test_cost import runtime_calls
 
 
 @pytest.fixture(scope="module")
@@ -212,17 +209,8 @@ def test_a_trace_recorded_as_the_one_before_is_replayed_with_no_request_and_no_p
         init(self, *args, **kwargs)
 
     monkeypatch.setattr(Request, "__init__", counted)
-    calls: list[str] = []
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code.co_filename.startswith(RUNTIME):
-            calls.append(frame.f_code.co_qualname)
-
-    sys.setprofile(profile)
-    try:
+    with runtime_calls() as calls:
         got = body()
-    finally:
-        sys.setprofile(None)
     assert made == [], made
     general = ("SiteInstaller.install", "SiteInstaller.reuse", "SiteInstaller._build", "Tracer._materialize",
                "Tracer._execute_general")

@@ -277,7 +277,7 @@ def _needed(model: AtlasModel, fam: Family, std: str) -> bool:
     if not users or any(h.when is None for h in users) or "[i]" not in std:
         return True
     blocks = len(hosts_at(model, std.partition("[i]")[0] + "[i]"))
-    return any(h.when(model._config_view, i) for h in users for i in range(blocks))
+    return any(h.when is not None and h.when(model._config_view, i) for h in users for i in range(blocks))
 
 
 def _renames(model: AtlasModel, fam: Family) -> Iterator[Misfit]:
