@@ -83,13 +83,17 @@ def test_nnsight_reads_the_same_values_where_it_can(capsys: pytest.CaptureFixtur
     """With the optional ``bench`` extra: nnsight's side of (c) on a hybrid family reads every value
     it can express, and ours/nnsight compares the two on exactly that subset."""
     pytest.importorskip("nnsight", reason="nnsight is the optional `bench` extra (pip install -e '.[bench]')")
-    # (no deep rows, no cache row: the table's other tests run them; 67 s of CI otherwise)
+    # (no deep rows, no cache row, no full-size sweep rows nor grad soak: the table's other tests run them, the sweep
+    # rows at their smallest with nnsight's loop; 67 s and 130 s of CI otherwise; the fixed-cost row with nnsight's
+    # trace, briefly)
     assert run.main(["--families", "qwen3_5_text", "--cases", "c", "--runs", "2", "--mid-layers", "0",
-                     "--deep", "", "--cache-docs", "0", "--tp-runs", "0"]) == 0
+                     "--deep", "", "--cache-docs", "0", "--tp-runs", "0", "--sweep-runs", "0", "--grad-traces", "0",
+                     "--fixed-runs", "5"]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if "(c) save every standard value" in line)
     assert "vs nnsight on the 55 of 79 values it can read (not 24: fn reads and what derives from them)" in row
     assert " - " not in row.split("(eager)")[1][:60]  # an nnsight time and ratio, not a dash
+    assert re.search(r"torch forward hook [+-]\d+, nnatlas [+-]\d+ \(.*\), nnsight [+-]\d+", out), out  # the fixed cost, beside nnsight
 
 
 def test_the_cache_row_runs_the_command() -> None:
