@@ -241,8 +241,9 @@ class FactorRaw(Strict):
 
 class TinyLayoutRaw(Strict):
     """How the perturbed tiny models draw one structural option of the config (found by rule from the config class:
-    dense-first counts, per-block kind lists, tie_word_embeddings, a sliding window on or off, bias flags): the
-    choices narrowed, or the option pinned, each with its reason (true of the released checkpoints), never silently."""
+    dense-first counts, stack periods, block index lists, per-block kind lists, tie_word_embeddings, a sliding window
+    on or off, bias flags): the choices narrowed, or the option pinned, each with its reason (true of the released
+    checkpoints), never silently."""
 
     options: list[Scalar | list[Scalar]] | None = Field(
         default=None, description="the values the perturbed models draw from (needs reason)")
