@@ -148,14 +148,14 @@ def one(model_type: str, score_only: bool = False) -> dict[str, Any]:
 def checkpoint_like(plan: Any) -> dict[str, Any]:
     """The drafter's tiny config with its structural options off their defaults, as released checkpoints have them
     (found by rule, :func:`nnatlas.testing.layouts.structural_options`): a dense-first count of 1 (with a block after
-    it), each per-block kind list rotated by one and each period of the stack at 1 set to 2 (:func:`_periods`); the
+    it), each per-block kind list rotated by one and each period of the stack at 1 set to 2 (:func:`nnatlas.testing.layouts.stack_periods`); the
     tiny config as it is when the class or its model refuses that."""
     import copy
 
     import torch
     import transformers
 
-    from nnatlas.testing.suite import DENSE_FIRST, structural_options
+    from nnatlas.testing.suite import DENSE_FIRST, stack_periods, structural_options
 
     params = plan.first()
     cls = getattr(transformers, plan.config_class)
@@ -183,15 +183,8 @@ def checkpoint_like(plan: Any) -> dict[str, Any]:
 
     if not builds(moved):  # the tiny config's own layout
         return params
-    periods = {**moved, **_periods(cls(**copy.deepcopy(moved)).to_dict())}
+    periods = {**moved, **stack_periods(cls(**copy.deepcopy(moved)).to_dict())}
     return periods if builds(periods) else moved  # (periods the class refuses beside the rest: the rest alone)
-
-
-def _periods(entries: dict[str, Any]) -> dict[str, Any]:
-    """Each period of the stack that is 1 set to 2, its offset under it (the perturbed tiny models' rule)."""
-    from nnatlas.testing.suite import stack_periods
-
-    return stack_periods(entries)
 
 
 def moved(first: dict[str, Any], params: dict[str, Any]) -> str:

@@ -23,7 +23,7 @@ from nnatlas.testing import draw_inputs
 from nnatlas.testing import suite as T
 from nnatlas.testing.layouts import structural_options
 
-# family, config class, model class, the layout moved off the releases', the blocks that keep a dense MLP
+# family, the layout moved off the releases', the blocks that keep a dense MLP
 LAYOUTS = [
     ("qwen3_moe", {"mlp_only_layers": [0], "decoder_sparse_step": 1, "num_hidden_layers": 3}, [0]),
     ("qwen3_moe", {"mlp_only_layers": [], "decoder_sparse_step": 2, "num_hidden_layers": 4}, [0, 2]),
@@ -43,8 +43,6 @@ LAYOUTS = [
 def _built(family: str, layout: dict[str, Any]) -> nnatlas.AtlasModel:
     tiny = T.tiny_of(family, None)
     params = {**T.first_params(family), **layout}
-    if "layer_types" in params and len(params["layer_types"]) != params["num_hidden_layers"]:
-        params["layer_types"] = (["linear_attention"] * 3 + ["full_attention"]) * (params["num_hidden_layers"] // 4)
     config = getattr(transformers, tiny["config_class"])(**params)
     config._attn_implementation = "eager"
     torch.manual_seed(0)
@@ -169,3 +167,18 @@ def test_a_hybrids_printout_shows_its_mixers_values() -> None:
     model = T.shared_build("jamba")
     text = str(model)
     assert "(attention_queries) -> Queries" in text and "(state_output) ->" in text
+
+
+def test_a_shipped_family_picked_by_model_type_is_checked_against_the_tree() -> None:
+    """wrap(model) with no family= and no check= holds the tree against the shipped spec too: a block whose MLP is a
+    class no kind of the spec names is refused, with what to do next (before, a shipped family picked by its model
+    type was served unchecked)."""
+    tiny = T.tiny_of("qwen3_moe", None)
+    hf = getattr(transformers, tiny["model_class"])(getattr(transformers, tiny["config_class"])(
+        **T.first_params("qwen3_moe"))).eval()
+    hf.model.layers[1].mlp = torch.nn.Identity()  # a mixture block, by the config
+    with pytest.raises(nnatlas.NnatlasError, match=r"(?s)the spec names class Qwen3MoeSparseMoeBlock, the module is "
+                       r"Identity \(on layers\[1\]\.mlp\).*the shipped spec does not describe this model's layout: "
+                       r"`nnatlas draft qwen3_moe --config FOLDER --out FILE`.*check=False serves it unchecked"):
+        nnatlas.wrap(hf)
+    assert nnatlas.wrap(hf, check=False).family == "qwen3_moe"

@@ -164,24 +164,21 @@ class Comparison:
         return sum(len(v) for v in self.matched.values()) / total if total else 0.0
 
 
-def _reads(f: FamilyIR, rename: dict[str, tuple[str, ...]]) -> dict[str, dict[str, str]]:
-    out: dict[str, dict[str, str]] = {}
+def _all_reads(f: FamilyIR, rename: dict[str, tuple[str, ...]]) -> dict[str, dict[str, list[str]]]:
+    """Each value's reads at each host path (the vision encoder's aside), over all of the path's kinds."""
+    out: dict[str, dict[str, list[str]]] = {}
     for h in f.hosts:
         if h.path.startswith("vision"):
             continue
         vals = out.setdefault(h.path, {})
         for v in h.values:
-            vals[v.name] = _canonical(v, h.path, rename)
+            vals.setdefault(v.name, []).append(_canonical(v, h.path, rename))
     return out
 
 
-def _all_reads(f: FamilyIR, rename: dict[str, tuple[str, ...]]) -> dict[str, dict[str, list[str]]]:
-    """Each value's reads at each host path, over all of the path's kinds."""
-    out: dict[str, dict[str, list[str]]] = {}
-    for h in f.hosts:
-        for v in h.values:
-            out.setdefault(h.path, {}).setdefault(v.name, []).append(_canonical(v, h.path, rename))
-    return out
+def _reads(f: FamilyIR, rename: dict[str, tuple[str, ...]]) -> dict[str, dict[str, str]]:
+    """Each value's read at each host path (the last kind's, where kinds read it two ways)."""
+    return {path: {name: reads[-1] for name, reads in vals.items()} for path, vals in _all_reads(f, rename).items()}
 
 
 def _canonical(v: object, host: str, rename: dict[str, tuple[str, ...]]) -> str:
@@ -205,27 +202,26 @@ def compare(draft: FamilyIR, hand: FamilyIR) -> Comparison:
     """The draft's reads against the hand spec's, value by value. Where the hand spec's kinds read one value two ways
     at one host path (a mixture's mlp_activation missing, a dense block's act_fn.output), the draft matches either:
     it is drafted on one layout, which may have one of those kinds only."""
-    dr, hr = _reads(draft, dict(draft.rename)), _reads(hand, dict(hand.rename))
-    each = _all_reads(hand, dict(hand.rename))
+    dr, hr = _reads(draft, dict(draft.rename)), _all_reads(hand, dict(hand.rename))
     matched: dict[str, list[str]] = {}
     differ: dict[str, list[tuple[str, str, str]]] = {}
     missing: dict[str, list[str]] = {}
     extra: dict[str, list[str]] = {}
     for host, vals in hr.items():
         got = dr.get(host, {})
-        for name, read in vals.items():
+        for name, reads in vals.items():
             if name not in got:
                 missing.setdefault(host, []).append(name)
-            elif any(got[name] == r or _equivalent(r, got[name]) for r in each[host][name]):
+            elif any(got[name] == r or _equivalent(r, got[name]) for r in reads):
                 matched.setdefault(host, []).append(name)
             else:
-                differ.setdefault(host, []).append((name, read, got[name]))
+                differ.setdefault(host, []).append((name, reads[-1], got[name]))
         for name in got:
             if name not in vals:
                 extra.setdefault(host, []).append(name)
-    for host, vals in dr.items():
+    for host, drafted in dr.items():
         if host not in hr:
-            extra.setdefault(host, []).extend(vals)
+            extra.setdefault(host, []).extend(drafted)
     return Comparison(matched, differ, missing, extra)
 
 

@@ -4,6 +4,7 @@ the spec language grows (parts, ``identities+:``, sibling reads), only this file
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from ..language.names import module_names
@@ -207,8 +208,8 @@ def _layout_pins(p: Proposal) -> dict[str, Any]:
         found = structural_options(getattr(transformers, p.tiny.config_class)(**copy.deepcopy(first)))
     except Exception:  # noqa: BLE001 - a config the drafter could not build is said elsewhere
         return {}
-    whens = " ".join(p.whens.values())
-    return {k: options[0] for k, options in found.items() if moves_block_kinds(k) and k not in whens}
+    named = {n for when in p.whens.values() for n in re.findall(r"[A-Za-z_]\w*", when)}
+    return {k: options[0] for k, options in found.items() if moves_block_kinds(k) and k not in named}
 
 
 def _own_modules(p: Proposal) -> list[str]:

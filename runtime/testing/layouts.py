@@ -77,7 +77,7 @@ def stack_periods(entries: Mapping[str, Any]) -> dict[str, Any]:
     is 2 or more; a period above 1 already lays out two kinds of block and is kept."""
     out: dict[str, Any] = {}
     for k, v in entries.items():
-        if PERIOD.search(k) and LAID_PERIOD.search(k) and isinstance(v, int) and not isinstance(v, bool) and v == 1:
+        if _stack_period(k) and isinstance(v, int) and not isinstance(v, bool) and v == 1:
             out[k] = 2
             offset = PERIOD.sub("offset", k)
             if isinstance(entries.get(offset), int) and not isinstance(entries[offset], bool) and entries[offset] >= 2:
@@ -88,7 +88,12 @@ def stack_periods(entries: Mapping[str, Any]) -> dict[str, Any]:
 def moves_block_kinds(name: str) -> bool:
     """Whether the structural option ``name`` decides which blocks take which module (a dense-first count, a period
     of the stack, a list of block indices): a spec without kinds along it describes one of its values only."""
-    return name in DENSE_FIRST or bool(PERIOD.search(name) and LAID_PERIOD.search(name)) or bool(INDEX_LIST.search(name))
+    return name in DENSE_FIRST or _stack_period(name) or bool(INDEX_LIST.search(name))
+
+
+def _stack_period(name: str) -> bool:
+    """A period (shrink's names: interval, period, freq, step, every) that lays out the blocks."""
+    return bool(PERIOD.search(name) and LAID_PERIOD.search(name))
 
 
 def draw_layout(config_class: Any, params: Mapping[str, Any], choose: Callable[[str, list[Any]], Any],
