@@ -7,10 +7,15 @@ the inputs' checks, opening and closing (the lock, the interrupt handlers), the 
 wrappers on and taking them off. Each is a difference of medians' worth of noise on a loaded machine: the
 row is the median over rounds of (call - plain call of the same round), and the verdict compares nnatlas with
 the hook measured in the same rounds. Issue 39's target: nnatlas within 30 µs of the hook.
+
+A second line, in rounds of its own, times the steps such a trace takes written by hand in one function
+(``by_hand``): the C-level work a trace cannot skip, without nnatlas' Python around it. Where nnatlas misses and
+the steps by hand do not, what is left to cut is nnatlas' own Python path, not the steps.
 """
 
 from __future__ import annotations
 
+import _signal
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +24,9 @@ import torch
 from nnatlas.model import AtlasModel
 from nnatlas.testing import build, draw_inputs
 from nnatlas.testing.suite import first_params
+from nnatlas.trace import interrupts
+from nnatlas.trace.placeholders import Placeholder
+from nnatlas.trace.requests import RUNNING_TRACE
 
 from .timing import Timings, measure
 from .workloads import Theirs, hooked_forward, value_module
@@ -26,6 +34,7 @@ from .workloads import Theirs, hooked_forward, value_module
 LAYERS, HIDDEN, SEQ = 4, 32, 8
 OVER_HOOK = 30e-6  # seconds nnatlas may add over one torch forward hook
 BLOCK = 1  # the block whose output the row saves
+BY_HAND = "inputs checked, signal guard on and off, lock, placeholder, context, wrapper, .data"
 
 
 def tiny_llama() -> tuple[AtlasModel, dict[str, torch.Tensor]]:
@@ -70,16 +79,83 @@ def workloads(model: AtlasModel, inputs: dict[str, torch.Tensor], with_nnsight: 
     return fns
 
 
+def by_hand(model: AtlasModel, inputs: dict[str, torch.Tensor]) -> Callable[[], Any]:
+    """The steps a trace of this one save takes, written by hand in one function without nnatlas' Python around
+    them (the why of a miss): the inputs copied and checked (the ids' in-place version, the mask's shape, the
+    device), the interrupt guard's handler put on each signal that has a Python handler and put back (one
+    ``sigaction`` each way, as ``nnatlas.trace.interrupts`` does), the model's lock, a placeholder made and made a
+    plain tensor again, the running-trace context variable, the block's instance-forward wrapper, ``.data``
+    pointed at the output, grad mode off and back."""
+    hf, lock = model.native, model._lock
+    module = value_module(model.layers[BLOCK].layer_output)
+    empty, device = torch.empty(0), next(hf.parameters()).device
+    original = module.forward
+    held: dict[str, Any] = {}
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if RUNNING_TRACE.get() is not held.get("mine"):
+            return original(*args, **kwargs)
+        out = original(*args, **kwargs)
+        held["holder"].data = out
+        return out
+
+    def steps() -> Any:
+        x = dict(inputs)
+        ids, mask = x["input_ids"], x["attention_mask"]
+        if ids._version < 0 or mask.shape != ids.shape or ids.device != device:
+            raise AssertionError("fixed cost: the inputs do not pass")
+        wrapped = {sig: h for sig in interrupts.SIGNALS if callable(h := _signal.getsignal(sig))}
+        for sig in wrapped:
+            _signal.signal(sig, interrupts._handler)
+        if not lock.acquire(False):
+            raise AssertionError("fixed cost: the model's lock is held")
+        try:
+            holder = empty.new()
+            holder.__class__ = Placeholder  # type: ignore[assignment]
+            holder.__dict__["_nnatlas_label"] = "layers[1].layer_output"
+            del holder.__dict__["_nnatlas_label"]
+            holder.__class__ = torch.Tensor  # type: ignore[assignment]
+            mine: dict[int, Any] = {}
+            held["mine"], held["holder"] = mine, holder
+            token, grad, d = RUNNING_TRACE.set(mine), torch.is_grad_enabled(), module.__dict__
+            try:
+                d["forward"] = forward
+                torch._C._set_grad_enabled(False)
+                hf(**x)
+            finally:
+                torch._C._set_grad_enabled(grad)
+                del d["forward"]
+                RUNNING_TRACE.reset(token)
+                held.clear()
+        finally:
+            lock.release()
+            for sig, h in wrapped.items():
+                _signal.signal(sig, h)
+        return holder
+
+    return steps
+
+
 def row(runs: int, with_nnsight: bool) -> tuple[str, bool]:
-    """The printed row and whether nnatlas is within ``OVER_HOOK`` of the hook. Refuses (AssertionError) when
-    the three do not read the same tensor: the row times the same read three ways."""
+    """The printed row and whether nnatlas is within ``OVER_HOOK`` of the hook; then, in rounds of their own (so that
+    they do not warm nnatlas' code for the row), the steps by hand beside the hook. Refuses (AssertionError) when
+    they do not all read the same tensor: the row times the same read each way."""
     model, inputs = tiny_llama()
     fns = workloads(model, inputs, with_nnsight)
+    steps = by_hand(model, inputs)
     reads = {name: fn() for name, fn in fns.items() if name != "plain"}
+    reads["by hand"] = steps()
     for name, got in reads.items():
         torch.testing.assert_close(got, reads["hook"], rtol=0, atol=0, msg=f"fixed cost: {name} read another tensor")
     t = measure(fns, runs)
-    return text(t, runs), met(t)
+    floor = measure({"plain": fns["plain"], "hook": fns["hook"], "steps": steps}, runs)
+    return f"{text(t, runs)}\n{steps_text(floor)}", met(t)
+
+
+def steps_text(t: Timings) -> str:
+    """The steps by hand (``by_hand``), in µs over a plain forward, beside the hook of their rounds."""
+    return (f"  the steps a trace takes, by hand in one function ({BY_HAND}): {t.over['steps'] * 1e6:+.0f}, "
+            f"the hook {t.over['hook'] * 1e6:+.0f} in the same rounds")
 
 
 def met(t: Timings) -> bool:

@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nthe fixed cost of a trace: {fixed_cost.__doc__.splitlines()[0].split(': ', 1)[1]}")
         fixed, ok = fixed_cost.row(args.fixed_runs, with_nnsight)
         print(fixed)
-        (table.met if ok else table.misses).append("fixed cost of a trace: " + fixed.split("): ", 1)[1])
+        (table.met if ok else table.misses).append("fixed cost of a trace: " + fixed.splitlines()[0].split("): ", 1)[1])
     print("\nmemory (saving makes no copies): bytes allocated by the traced forward beyond the plain one")
     for row in mem_rows:
         print("  " + row)

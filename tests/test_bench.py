@@ -41,7 +41,8 @@ def test_the_bench_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "compiler: nnatlas generate --check" in out and "targets met:" in out
     assert re.search(r"the fixed cost of a trace: one save on a tiny llama \(4 blocks, hidden 32, 8 tokens\).*\n  5 "
                      r"paired rounds, µs over a [0-9.]+ ms forward .*: torch forward hook [+-]\d+, nnatlas [+-]\d+ "
-                     r"\((ok|MISS) ≤ hook \+ 30: [+-]\d+\)\n", out)
+                     r"\((ok|MISS) ≤ hook \+ 30: [+-]\d+\)\n  the steps a trace takes, by hand in one function \(.*\): "
+                     r"[+-]\d+, the hook [+-]\d+ in the same rounds\n", out)
     for layers in (3, 12):  # every (b) row's floors, met or missed
         assert re.search(rf"  llama tiny \(h16 L{layers}\) +\(b\) ours [0-9.]+, torch forward hooks [0-9.]+, "
                          r"bare forward wrappers [0-9.]+\n", out), layers
