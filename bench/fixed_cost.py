@@ -87,8 +87,9 @@ def by_hand(model: AtlasModel, inputs: dict[str, torch.Tensor]) -> Callable[[], 
     plain tensor again, the running-trace context variable, the block's instance-forward wrapper, ``.data``
     pointed at the output, grad mode off and back."""
     hf, lock = model.native, model._lock
-    module = value_module(model.layers[BLOCK].layer_output)
-    empty, device = torch.empty(0), next(hf.parameters()).device
+    handle = model.layers[BLOCK].layer_output
+    module, label = value_module(handle), handle.label
+    empty, param = torch.empty(0), next(hf.parameters())  # (the device read on each call, as ``prepare`` does)
     original = module.forward
     held: dict[str, Any] = {}
 
@@ -102,7 +103,7 @@ def by_hand(model: AtlasModel, inputs: dict[str, torch.Tensor]) -> Callable[[], 
     def steps() -> Any:
         x = dict(inputs)
         ids, mask = x["input_ids"], x["attention_mask"]
-        if ids._version < 0 or mask.shape != ids.shape or ids.device != device:
+        if ids._version < 0 or mask.shape != ids.shape or ids.device != param.device:
             raise AssertionError("fixed cost: the inputs do not pass")
         wrapped = {sig: h for sig in interrupts.SIGNALS if callable(h := _signal.getsignal(sig))}
         for sig in wrapped:
@@ -112,19 +113,23 @@ def by_hand(model: AtlasModel, inputs: dict[str, torch.Tensor]) -> Callable[[], 
         try:
             holder = empty.new()
             holder.__class__ = Placeholder  # type: ignore[assignment]
-            holder.__dict__["_nnatlas_label"] = "layers[1].layer_output"
+            holder.__dict__["_nnatlas_label"] = label
             del holder.__dict__["_nnatlas_label"]
             holder.__class__ = torch.Tensor  # type: ignore[assignment]
             mine: dict[int, Any] = {}
             held["mine"], held["holder"] = mine, holder
-            token, grad, d = RUNNING_TRACE.set(mine), torch.is_grad_enabled(), module.__dict__
+            token, grad, d = RUNNING_TRACE.set(mine), torch._C.is_grad_enabled(), module.__dict__
+            previous = d.get("forward")  # (an instance's own forward, accelerate's: put back after, as a plan does)
             try:
                 d["forward"] = forward
                 torch._C._set_grad_enabled(False)
                 hf(**x)
             finally:
                 torch._C._set_grad_enabled(grad)
-                del d["forward"]
+                if previous is None:
+                    del d["forward"]
+                else:
+                    d["forward"] = previous
                 RUNNING_TRACE.reset(token)
                 held.clear()
         finally:
