@@ -22,6 +22,7 @@ import torch
 
 import nnatlas
 from nnatlas import testing as T
+from nnatlas.errors import NnatlasError
 from nnatlas.trace import interrupts, op_scopes, sites
 from nnatlas.trace.requests import RUNNING_TRACE
 
@@ -350,6 +351,66 @@ def test_handlers_are_wrapped_only_while_a_trace_is_open() -> None:
             model.logits.save()
             raise KeyboardInterrupt
     assert signal.getsignal(signal.SIGINT) is before and not interrupts.installed() and model._tracer is None
+
+
+def test_the_handlers_kept_while_a_trace_is_open_are_let_go_when_it_closes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ``interrupts`` keeps of the user's handlers (to put them back, and to hand them what was deferred) is
+    kept only while a trace is open: after a trace, one whose body raised, one whose closing delivered a deferred
+    Ctrl-C, one whose opening failed and one that could not wrap every handler, nothing of it is left (a handler object would stay referenced, and the
+    next trace would wrap from stale entries)."""
+    model = T.build("gpt2", attn_implementation="eager")
+    inputs = T.draw_inputs(model.vocab_size, 1, 4, [0], seed=1)
+    got: list[int] = []
+
+    def alarm(signum: int, frame: Any) -> None:
+        got.append(signum)
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    try:
+        with model.trace(inputs):
+            assert set(interrupts._saved) == {int(signal.SIGINT), int(signal.SIGALRM)}
+            model.logits.save()
+        assert interrupts._saved == {}
+        with pytest.raises(KeyboardInterrupt):
+            with model.trace(inputs):
+                raise KeyboardInterrupt
+        assert interrupts._saved == {}
+        with pytest.raises(KeyboardInterrupt):
+            with model.trace(inputs):
+                model.logits.save()
+                interrupts._pending.append((int(signal.SIGALRM), None))  # (deferred: delivered as the trace closes)
+                interrupts._pending.append((int(signal.SIGINT), None))
+        assert got == [int(signal.SIGALRM)] and interrupts._saved == {} and interrupts._pending == []
+        model._lock.acquire()  # (held by another trace: opening fails after the handlers were wrapped)
+        model.__dict__["_tracer"] = object()
+        try:
+            with pytest.raises(NnatlasError, match="already open"):
+                with model.trace(inputs):
+                    pass
+        finally:
+            model.__dict__["_tracer"] = None
+            model._lock.release()
+        assert interrupts._saved == {} and not interrupts.installed()
+        real = interrupts._signal
+
+        class Refusing:  # (SIGINT is wrapped first; wrapping SIGALRM then fails)
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+            def signal(self, sig: int, handler: Any) -> Any:
+                if sig == signal.SIGALRM and handler is interrupts._handler:
+                    raise OSError("refused")
+                return real.signal(sig, handler)
+
+        monkeypatch.setattr(interrupts, "_signal", Refusing())
+        with pytest.raises(OSError, match="refused"):
+            with model.trace(inputs):
+                pass
+        monkeypatch.undo()
+        assert interrupts._saved == {} and not interrupts.installed() and interrupts._depth == 0
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    assert signal.getsignal(signal.SIGALRM) is previous
 
 
 def test_an_interrupt_while_waiting_for_another_threads_trace_raises_promptly() -> None:

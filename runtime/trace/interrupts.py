@@ -91,23 +91,24 @@ def enter() -> bool:
         return False
     if not _depth:
         try:
-            for sig in SIGNALS:
-                current = _getsignal(sig)
+            for sig, current in zip(SIGNALS, map(_getsignal, SIGNALS)):
                 if current is not _handler and callable(current):
                     _saved[sig] = current
                     _signal.signal(sig, _handler)
         except BaseException:
             _restore()
+            _saved.clear()
             raise
     _depth += 1
     return True
 
 
 def _restore() -> None:
-    for sig in list(_saved):
+    """Put the original handlers back (``_saved`` keeps them: the caller clears it once what was deferred is
+    delivered to them)."""
+    for sig, original in _saved.items():
         if _getsignal(sig) is _handler:
-            _signal.signal(sig, _saved[sig])
-        del _saved[sig]
+            _signal.signal(sig, original)
 
 
 @critical
@@ -124,7 +125,6 @@ def leave(counted: bool) -> None:
         return
     if not _saved and not _pending:  # no signal had a Python handler to wrap: nothing to put back
         return
-    handlers = dict(_saved)
     # (one handler goes back in one step: no bytecode runs between its sigaction and its entry in Python's
     # table, so no signal can find it half way)
     held = _hold() if len(_saved) > 1 else None
@@ -133,13 +133,14 @@ def leave(counted: bool) -> None:
         # what was deferred, including a signal that landed while the handlers were put back (this
         # frame is critical: it waited), goes to the original handlers, before any signal held meanwhile
         if _pending:
-            _call(_take(), handlers)
+            _call(_take(), _saved)
     except BaseException:
         # an original handler raised (the one a signal reached right after it was put back, or a deferred
         # one's): what is still deferred goes with that exception, not to a later trace
         del _pending[:]
         raise
     finally:
+        _saved.clear()
         if held is not None:  # (_release, inlined)
             _MASK(_signal.SIG_SETMASK, held)  # type: ignore[misc]
 

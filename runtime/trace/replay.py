@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from . import interrupts, unserved
+from . import interrupts, sites, unserved
 from .placeholders import plain
 from .requests import RUNNING_TRACE, Request, SiteKey, Target, _same, fill
 
@@ -25,6 +25,7 @@ _Tensor = torch.Tensor
 _set_grad = torch._C._set_grad_enabled
 _grad_enabled = torch._C.is_grad_enabled
 _set_running = RUNNING_TRACE.set
+_kernel_routes = sites._KERNEL_ROUTES.get
 
 
 class Replay:
@@ -42,16 +43,28 @@ class Replay:
         self.plan_key, self.plan = plan_key, plan
 
 
-def execute(tracer: Any, installer: Any, replay: Replay) -> None:
-    """``Tracer._execute`` for a trace recorded as ``replay``'s: the plan's wrappers on, the forward, off again
-    (whatever happened); then what was not served raises as the general path says it."""
-    holders = tracer._pending = tracer._quick[1::2]  # (a holder served is None here)
+def execute(tracer: Any) -> bool:
+    """``Tracer._execute`` for a trace recorded as an earlier one (its ``_quick`` saves alone, nothing else asked):
+    find that trace's :class:`Replay`, check its plan is still valid, put the wrappers on, run the forward, take
+    them off again (whatever happened); then what was not served raises as the general path says it. False, with
+    nothing done, where the trace is not one to replay (the tracer goes the general way)."""
+    quick = tracer._quick
+    md = tracer.model.__dict__
+    if tracer.requests or tracer.grad or tracer.steps is not None or _kernel_routes() or "_kernels" in md:
+        return False
+    installer = md.get("_site_installer")
+    found = None if installer is None else installer.replays.get(id(quick[0]))
+    if found is None or found.targets != quick[::2]:
+        return False
+    plan = found.plan
+    if not plan.valid():
+        return False
+    holders = tracer._pending = quick[1::2]  # (a holder served is None here)
     plain(holders)  # (the body's placeholders become plain tensors, to be filled)
-    tracer._replay = replay
-    tracer._saves = True  # (every request a plain save of a site of its own)
+    tracer._replay = found
+    tracer._saves = True  # (every request a plain save of a site of its own: serve's short path)
     live = installer.live
     live.serve, live.mine = tracer._serve_replay, tracer.call_dims
-    plan = replay.plan
     grad = _grad_enabled()
     token = _set_running(tracer.call_dims)
     try:
@@ -61,7 +74,7 @@ def execute(tracer: Any, installer: Any, replay: Replay) -> None:
             interrupts.deliver()
         tracer.output = tracer._forward()
     except BaseException:
-        installer.forget(replay.plan_key)  # (a forward that raised may have left a wrapper's state half way)
+        installer.forget(found.plan_key)  # (a forward that raised may have left a wrapper's state half way)
         raise
     finally:  # (none of these raises)
         _set_grad(grad)
@@ -70,6 +83,7 @@ def execute(tracer: Any, installer: Any, replay: Replay) -> None:
         RUNNING_TRACE.reset(token)
     if tracer._cursor != len(holders) or tracer._late is not None:
         unserved.served(tracer, tracer._ordered if tracer._late is not None else requests(tracer), False)
+    return True
 
 
 def serve(tracer: Any, key: SiteKey, payload: Any) -> Any:

@@ -48,6 +48,7 @@ _set_grad = torch._C._set_grad_enabled  # (torch.set_grad_enabled, without its o
 _grad_enabled = torch._C.is_grad_enabled
 _Tensor = torch.Tensor
 _set_running = RUNNING_TRACE.set
+_new = object.__new__
 
 # ---- the tracer ----------------------------------------------------------------------------
 
@@ -121,6 +122,14 @@ class Tracer:
         self.requests: list[Request] = []
         self._quick = []
         self.call_dims: dict[int, tuple[int, int]] = {}
+
+    @classmethod
+    def _plain(cls, model: WrappedModel, inputs: Mapping[str, Any], call: Callable[..., Any]) -> Tracer:
+        """``Tracer(model, None, inputs=inputs, call=call)``, made without ``__init__``'s choices: a trace of the
+        forward in body order, without grad (``model.trace``'s common case)."""
+        self = _new(cls)
+        self.model, self._call, self.inputs, self.requests, self._quick, self.call_dims = model, call, inputs, [], [], {}
+        return self
 
     @property
     def calls(self) -> int | None:
@@ -389,16 +398,9 @@ class Tracer:
         self._quick_made = len(made)
 
     def _execute(self) -> None:
-        quick = self._quick
-        if quick:  # saves recorded without requests: replayed, if an earlier trace recorded the same (``replay``)
-            model = self.model
-            if not (self.requests or self.grad or self.steps is not None or sites._KERNEL_ROUTES.get()
-                    or "_kernels" in model.__dict__):
-                installer = model.__dict__.get("_site_installer")
-                found = None if installer is None else installer.replays.get(id(quick[0]))
-                if found is not None and found.targets == quick[::2] and found.plan.valid():
-                    replay.execute(self, installer, found)
-                    return
+        if self._quick:  # saves recorded without requests: replayed, if an earlier trace recorded the same (``replay``)
+            if replay.execute(self):
+                return
             self._materialize()
         ordered = self._ordered = sorted(self.requests, key=_SEQ)
         by_site = self.by_site = {}

@@ -146,16 +146,13 @@ class Value(_Lazy):
         ``local=True`` gives the rank's own shard, without communication, its ``tp_shard`` naming the sharded
         axis (see :mod:`nnatlas.parallel.tensor_parallel`). On a model that is not sharded it is the whole value."""
         d = self.__dict__
-        host = d["_host"]
-        model = host._model
-        tracer = model._tracer or model._active_tracer(self.label)
-        if local:
-            return self._save_local(tracer)
         fast = d.get("_fast_save")
-        if fast is not None:  # saved before: (target, empty holder or None for a Box, path, scoped, call, quick)
-            target, empty, parts, scoped, call, quick = fast
+        if fast is not None and not local:
+            # saved before: (target, empty holder or None for a Box, path, scoped, call, quick, the model's __dict__)
+            target, empty, parts, scoped, call, quick, md = fast
+            tracer = md["_tracer"] or d["_host"]._model._active_tracer(self.label)
             if parts is not None:  # the path from the host must still lead to the same module
-                node: torch.nn.Module | None = host._module
+                node: torch.nn.Module | None = d["_host"]._module
                 for part in parts:
                     node = node._modules.get(part)  # type: ignore[union-attr]  # (None ends the walk)
                     if node is None:
@@ -179,6 +176,11 @@ class Value(_Lazy):
                                                tracer.current_call if call is None else call))
                 tracer.seq = seq + 1
                 return holder
+        host = d["_host"]
+        model = host._model
+        tracer = model._tracer or model._active_tracer(self.label)
+        if local:
+            return self._save_local(tracer)
         kind = d.get("_kind")
         if kind is None:
             kind = d["_kind"] = self._holder_kind()  # (static: the value's layout and read point)
@@ -199,7 +201,7 @@ class Value(_Lazy):
                                None if target.per_call else target.call,
                                # a plain save of the site's first call (what the tracer's short paths serve)
                                kind is not Box and not target.per_call and target.call == 0 and not target.special
-                               and not target.copy)
+                               and not target.copy, model.__dict__)
         return holder
 
     def _save_local(self, tracer: Tracer) -> Any:
