@@ -43,6 +43,9 @@ def test_the_bench_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
                      r"paired rounds, µs over a [0-9.]+ ms forward .*: torch forward hook [+-]\d+, nnatlas [+-]\d+ "
                      r"\((ok|MISS) ≤ hook \+ 30: [+-]\d+\)\n  the steps a trace takes, by hand in one function \(.*\): "
                      r"[+-]\d+, the hook [+-]\d+ in the same rounds\n", out)
+    # and the trace's own path warm, the forward one norm call (what resolves a microsecond): the line after them
+    assert re.search(r"in the same rounds\n  its own path warm \(the forward one call of the norm where layer_mid is read, "
+                     r"\d+ µs\): nnatlas [+-][0-9.]+, a forward pre-hook [+-][0-9.]+ in the same rounds\n", out), out
     for layers in (3, 12):  # every (b) row's floors, met or missed
         assert re.search(rf"  llama tiny \(h16 L{layers}\) +\(b\) ours [0-9.]+, torch forward hooks [0-9.]+, "
                          r"bare forward wrappers [0-9.]+\n", out), layers
