@@ -46,9 +46,10 @@ class AtlasModel(ModelTargets):
         module = self._module
         if "_peft" in self.__dict__ or module.__dict__.get("_compiled_call_impl") is not None:
             module = self._runner()  # (a PeftModel's forward; a model compiled in place is refused)
+        prepared = prepare(self, inputs, kwargs)
         if grad is False and order == "strict":  # (the common trace, made without Tracer.__init__'s choices)
-            return Tracer._plain(self, prepare(self, inputs, kwargs), module)
-        return Tracer(self, None, order, grad, inputs=prepare(self, inputs, kwargs), call=module)
+            return Tracer._plain(self, prepared, module)
+        return Tracer(self, None, order, grad, inputs=prepared, call=module)
 
     @property
     def peft(self) -> Any:

@@ -219,6 +219,19 @@ def test_a_block_list_found_before_is_one_lookup() -> None:
     assert again is layers and calls == ["ModelTree.__getattr__"]  # (the child's lookup inlined there)
 
 
+def test_the_common_tracer_holds_what_init_would_give_it() -> None:
+    """``model.trace``'s common tracer (body order, no grad) is made without ``Tracer.__init__`` (``Tracer._plain``):
+    it must hold the same attributes, with the same values, as ``__init__`` gives it, so that the two cannot drift."""
+    model, inputs = _llama()
+    made = model.trace(inputs)
+    assert type(made) is Tracer
+    init = Tracer(model, None, "strict", False, inputs=made.inputs, call=made._call)
+    assert made.__dict__.keys() == init.__dict__.keys(), (made.__dict__.keys(), init.__dict__.keys())
+    for name, value in init.__dict__.items():
+        assert made.__dict__[name] is value or made.__dict__[name] == value, name
+    assert type(model.trace(inputs, order="any")) is Tracer and not model.trace(inputs, order="any").strict
+
+
 def test_a_trace_finds_its_token_count_only_when_asked() -> None:
     """``model.trace(...)`` reads no size of the inputs: the token count ``tracer.iter`` walks is
     found the first time it is asked (most traces never ask)."""

@@ -356,8 +356,8 @@ def test_handlers_are_wrapped_only_while_a_trace_is_open() -> None:
 def test_the_handlers_kept_while_a_trace_is_open_are_let_go_when_it_closes(monkeypatch: pytest.MonkeyPatch) -> None:
     """What ``interrupts`` keeps of the user's handlers (to put them back, and to hand them what was deferred) is
     kept only while a trace is open: after a trace, one whose body raised, one whose closing delivered a deferred
-    Ctrl-C, one whose opening failed and one that could not wrap every handler, nothing of it is left (a handler object would stay referenced, and the
-    next trace would wrap from stale entries)."""
+    Ctrl-C, one whose opening failed and one that could not wrap every handler, nothing of it is left (a handler
+    object would stay referenced, and the next trace would wrap from stale entries)."""
     model = T.build("gpt2", attn_implementation="eager")
     inputs = T.draw_inputs(model.vocab_size, 1, 4, [0], seed=1)
     got: list[int] = []
